@@ -1,0 +1,286 @@
+//! Environment contracts: how a rank learns who it is (MPI, Slurm, torchrun variables) and the
+//! variables tchrun itself sets. Pure functions over a variable lookup, so both binaries and
+//! the tests use the same code.
+
+/// torchrun's contract, set by `tchrun exec` for every rank and read by `tchrun-worker`.
+pub const RANK: &str = "RANK";
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+pub const NODE_RANK: &str = "NODE_RANK";
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+pub const MASTER_PORT: &str = "MASTER_PORT";
+/// Log directory handed from the launcher to the ranks.
+pub const TCHRUN_LOG_DIR: &str = "TCHRUN_LOG_DIR";
+/// Prefixes of variables the launcher forwards to remote ranks.
+pub const FORWARD_PREFIXES: &[&str] = &["TCHRUN_", "NCCL_", "CUDA_", "GLOO_", "TORCH_", "OMP_"];
+/// Exact names the launcher forwards to remote ranks.
+pub const FORWARD_NAMES: &[&str] = &["LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "VIRTUAL_ENV"];
+
+/// Who started this process, decided before MPI is touched (MPI_Init aborts under
+/// `srun --mpi=none`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartedBy {
+    /// OpenMPI's mpirun or `srun --mpi=pmix`: `OMPI_COMM_WORLD_*` or `PMIX_RANK` present.
+    Mpi,
+    /// An srun task without PMIx: `SLURM_STEP_ID` and `SLURM_PROCID` set.
+    Slurm,
+    /// torchrun's variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`).
+    Torchrun,
+    /// None of these: a single process.
+    Single,
+}
+
+/// Decides how this process was started. Under mpirun inside an sbatch allocation every rank
+/// inherits misleading `SLURM_PROCID`, so MPI's variables win.
+pub fn started_by(get: &dyn Fn(&str) -> Option<String>) -> StartedBy {
+    if get("OMPI_COMM_WORLD_RANK").is_some() || get("PMIX_RANK").is_some() {
+        StartedBy::Mpi
+    } else if get(RANK).is_some() && get(WORLD_SIZE).is_some() {
+        StartedBy::Torchrun
+    } else if get("SLURM_STEP_ID").is_some() && get("SLURM_PROCID").is_some() {
+        StartedBy::Slurm
+    } else {
+        StartedBy::Single
+    }
+}
+
+/// Where a rank sits in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankEnv {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_size: usize,
+    pub node_rank: usize,
+    /// Address of rank 0's store (None: rank 0 picks and shares it, as under MPI).
+    pub master_addr: Option<String>,
+    pub master_port: Option<u16>,
+}
+
+/// A variable of the rank contract is missing or malformed.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    #[error("environment variable {name} is not set; {hint}")]
+    Missing { name: &'static str, hint: &'static str },
+    #[error("environment variable {name}={value:?} is not valid: {why}")]
+    Invalid { name: &'static str, value: String, why: String },
+}
+
+fn parse<T: std::str::FromStr>(
+    get: &dyn Fn(&str) -> Option<String>,
+    name: &'static str,
+    hint: &'static str,
+) -> Result<T, EnvError>
+where
+    T::Err: std::fmt::Display,
+{
+    let value = get(name).ok_or(EnvError::Missing { name, hint })?;
+    value.trim().parse().map_err(|e: T::Err| EnvError::Invalid {
+        name,
+        value: value.clone(),
+        why: e.to_string(),
+    })
+}
+
+fn parse_or<T: std::str::FromStr>(
+    get: &dyn Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: T,
+) -> Result<T, EnvError>
+where
+    T::Err: std::fmt::Display,
+{
+    match get(name) {
+        None => Ok(default),
+        Some(_) => parse(get, name, ""),
+    }
+}
+
+fn check_rank(env: RankEnv) -> Result<RankEnv, EnvError> {
+    if env.world_size == 0 || env.rank >= env.world_size {
+        return Err(EnvError::Invalid {
+            name: RANK,
+            value: env.rank.to_string(),
+            why: format!("rank must be below the world size {}", env.world_size),
+        });
+    }
+    if env.local_size == 0 || env.local_rank >= env.local_size {
+        return Err(EnvError::Invalid {
+            name: LOCAL_RANK,
+            value: env.local_rank.to_string(),
+            why: format!("local rank must be below the local world size {}", env.local_size),
+        });
+    }
+    Ok(env)
+}
+
+const TORCHRUN_HINT: &str = "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun's contract) or start the ranks with mpirun/srun";
+
+/// torchrun's contract: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (+ optional
+/// `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `NODE_RANK`).
+pub fn from_torchrun(get: &dyn Fn(&str) -> Option<String>) -> Result<RankEnv, EnvError> {
+    let rank: usize = parse(get, RANK, TORCHRUN_HINT)?;
+    let world_size: usize = parse(get, WORLD_SIZE, TORCHRUN_HINT)?;
+    let local_rank = parse_or(get, LOCAL_RANK, rank)?;
+    let local_size = parse_or(get, LOCAL_WORLD_SIZE, world_size)?;
+    let node_rank = parse_or(get, NODE_RANK, 0usize)?;
+    let master_addr = get(MASTER_ADDR).ok_or(EnvError::Missing { name: MASTER_ADDR, hint: TORCHRUN_HINT })?;
+    let master_port: u16 = parse(get, MASTER_PORT, TORCHRUN_HINT)?;
+    check_rank(RankEnv {
+        rank,
+        world_size,
+        local_rank,
+        local_size,
+        node_rank,
+        master_addr: Some(master_addr),
+        master_port: Some(master_port),
+    })
+}
+
+const SLURM_HINT: &str = "run inside an srun job step";
+
+/// Slurm's task contract (srun without PMIx): `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`,
+/// `SLURM_NODEID`, first host of `SLURM_STEP_NODELIST`/`SLURM_JOB_NODELIST`. `MASTER_ADDR` and
+/// `MASTER_PORT` override; the port otherwise derives from the job and step ids.
+pub fn from_slurm(get: &dyn Fn(&str) -> Option<String>) -> Result<RankEnv, EnvError> {
+    let rank: usize = parse(get, "SLURM_PROCID", SLURM_HINT)?;
+    let world_size: usize = parse(get, "SLURM_NTASKS", SLURM_HINT)?;
+    let local_rank: usize = parse_or(get, "SLURM_LOCALID", 0usize)?;
+    let node_rank: usize = parse_or(get, "SLURM_NODEID", 0usize)?;
+    let local_size = match get("SLURM_STEP_TASKS_PER_NODE").or_else(|| get("SLURM_TASKS_PER_NODE")) {
+        Some(v) => tasks_per_node(&v, node_rank).ok_or(EnvError::Invalid {
+            name: "SLURM_TASKS_PER_NODE",
+            value: v.clone(),
+            why: "expected Slurm's form such as 2(x3),1".into(),
+        })?,
+        None => world_size,
+    };
+    let master_addr = match get(MASTER_ADDR) {
+        Some(a) => a,
+        None => {
+            let list = get("SLURM_STEP_NODELIST")
+                .or_else(|| get("SLURM_JOB_NODELIST"))
+                .ok_or(EnvError::Missing { name: "SLURM_JOB_NODELIST", hint: SLURM_HINT })?;
+            first_host(&list).ok_or(EnvError::Invalid {
+                name: "SLURM_JOB_NODELIST",
+                value: list.clone(),
+                why: "no host in the node list".into(),
+            })?
+        }
+    };
+    let master_port = match get(MASTER_PORT) {
+        Some(_) => parse(get, MASTER_PORT, "")?,
+        None => {
+            let job: u64 = parse_or(get, "SLURM_JOB_ID", 0u64)?;
+            let step: u64 = parse_or(get, "SLURM_STEP_ID", 0u64)?;
+            // A port in 20000..40000 that all tasks of the step compute alike.
+            (20000 + (job.wrapping_mul(31).wrapping_add(step)) % 20000) as u16
+        }
+    };
+    check_rank(RankEnv {
+        rank,
+        world_size,
+        local_rank,
+        local_size,
+        node_rank,
+        master_addr: Some(master_addr),
+        master_port: Some(master_port),
+    })
+}
+
+/// Tasks on node `node` from Slurm's compressed `2(x3),1` form.
+pub fn tasks_per_node(spec: &str, node: usize) -> Option<usize> {
+    let mut seen = 0usize;
+    for part in spec.split(',') {
+        let (count, repeat) = match part.split_once("(x") {
+            Some((c, r)) => (c.trim().parse::<usize>().ok()?, r.trim_end_matches(')').parse::<usize>().ok()?),
+            None => (part.trim().parse::<usize>().ok()?, 1),
+        };
+        if node < seen + repeat {
+            return Some(count);
+        }
+        seen += repeat;
+    }
+    None
+}
+
+/// First host of a Slurm host list: `node[07-09,12],gpu1` → `node07`.
+pub fn first_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let end = list.find(',').unwrap_or(list.len());
+    let bracket = list.find('[');
+    match bracket {
+        Some(b) if b < end => {
+            let close = list[b..].find(']')? + b;
+            let inner = &list[b + 1..close];
+            let first = inner.split(',').next()?.split('-').next()?;
+            Some(format!("{}{}{}", &list[..b], first, &list[close + 1..].split(',').next().unwrap_or("")))
+        }
+        _ => {
+            let host = &list[..end];
+            (!host.is_empty()).then(|| host.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn detection_prefers_mpi_over_inherited_slurm() {
+        let v = vars(&[("OMPI_COMM_WORLD_RANK", "1"), ("SLURM_PROCID", "0"), ("SLURM_STEP_ID", "0")]);
+        assert_eq!(started_by(&v), StartedBy::Mpi);
+        let v = vars(&[("SLURM_PROCID", "3"), ("SLURM_STEP_ID", "0")]);
+        assert_eq!(started_by(&v), StartedBy::Slurm);
+        let v = vars(&[("RANK", "0"), ("WORLD_SIZE", "2")]);
+        assert_eq!(started_by(&v), StartedBy::Torchrun);
+        assert_eq!(started_by(&vars(&[])), StartedBy::Single);
+    }
+
+    #[test]
+    fn torchrun_env() {
+        let v = vars(&[("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")]);
+        let e = from_torchrun(&v).expect("valid env");
+        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_size), (1, 4, 1, 2));
+        assert_eq!(e.master_addr.as_deref(), Some("10.0.0.1"));
+        let bad = vars(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "a"), ("MASTER_PORT", "1")]);
+        assert!(from_torchrun(&bad).is_err());
+        let missing = vars(&[("RANK", "0"), ("WORLD_SIZE", "1")]);
+        let err = from_torchrun(&missing).expect_err("no master");
+        assert!(err.to_string().contains("MASTER_ADDR"), "{err}");
+        let junk = vars(&[("RANK", "x"), ("WORLD_SIZE", "1")]);
+        assert!(from_torchrun(&junk).expect_err("junk").to_string().contains("RANK=\"x\""));
+    }
+
+    #[test]
+    fn slurm_env() {
+        let v = vars(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1"), ("SLURM_NODEID", "1"),
+            ("SLURM_TASKS_PER_NODE", "2(x2)"), ("SLURM_JOB_NODELIST", "gpu[07-08]"), ("SLURM_JOB_ID", "42"),
+            ("SLURM_STEP_ID", "0")]);
+        let e = from_slurm(&v).expect("valid");
+        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_size, e.node_rank), (3, 4, 1, 2, 1));
+        assert_eq!(e.master_addr.as_deref(), Some("gpu07"));
+        assert_eq!(e.master_port, Some(20000 + (42 * 31) % 20000));
+    }
+
+    #[test]
+    fn host_lists() {
+        assert_eq!(first_host("node[07-09,12],gpu1").as_deref(), Some("node07"));
+        assert_eq!(first_host("a,b").as_deref(), Some("a"));
+        assert_eq!(first_host("solo").as_deref(), Some("solo"));
+        assert_eq!(first_host("").as_deref(), None);
+        assert_eq!(tasks_per_node("2(x3),1", 3), Some(1));
+        assert_eq!(tasks_per_node("2(x3),1", 2), Some(2));
+        assert_eq!(tasks_per_node("4", 0), Some(4));
+        assert_eq!(tasks_per_node("4", 1), None);
+    }
+}

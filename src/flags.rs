@@ -1,0 +1,178 @@
+//! Every flag shared by `tchrun` and `tchrun-worker`: name, default, range, help and
+//! `TCHRUN_<FLAG>` variable live here, so both binaries and `--help` never drift.
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+/// Parses `--lr`: a finite float >= f64::EPSILON (the seed's `>=double.Epsilon`).
+pub fn parse_lr(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !v.is_finite() || v < f64::EPSILON {
+        return Err(format!("must be a finite number >= {:e} (f64::EPSILON), got {s}", f64::EPSILON));
+    }
+    Ok(v)
+}
+
+/// Training parameters (defaults from the "Train PyTorch Model" seed).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct TrainParams {
+    /// Passes over the training set.
+    #[arg(long, env = "TCHRUN_EPOCHS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub epochs: u32,
+    /// Images per rank per step.
+    #[arg(long, env = "TCHRUN_BATCH_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub batch_size: u32,
+    /// Epochs of linear learning-rate warmup.
+    #[arg(long, env = "TCHRUN_WARMUP_EPOCHS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..), allow_negative_numbers = true)]
+    pub warmup_epochs: u32,
+    /// Base learning rate; the effective LR is lr × world size. The seed's table says 0.1, its
+    /// text 0.001: tchrun uses 0.001.
+    #[arg(long, env = "TCHRUN_LR", default_value_t = 0.001, value_parser = parse_lr, allow_negative_numbers = true)]
+    pub lr: f64,
+    /// Seeds weight init, shuffling and augmentation.
+    #[arg(long, env = "TCHRUN_SEED", default_value_t = 1, allow_negative_numbers = true)]
+    pub seed: i64,
+    /// Stop after this many epochs without a lower validation loss.
+    #[arg(long, env = "TCHRUN_PATIENCE", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub patience: u32,
+    /// Log a training line every N iterations.
+    #[arg(long, env = "TCHRUN_PRINT_FREQ", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub print_freq: u32,
+}
+
+/// Where a rank computes and how ranks talk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// The c10d backend (auto: nccl on CUDA, gloo on CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    Auto,
+    Nccl,
+    Gloo,
+}
+
+impl Device {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Device::Auto => "auto",
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Nccl => "nccl",
+            Backend::Gloo => "gloo",
+        }
+    }
+}
+
+/// Flags every rank reads (the launcher passes them through).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct RankFlags {
+    /// Compute device.
+    #[arg(long, env = "TCHRUN_DEVICE", value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
+    /// Collective backend (auto: nccl on CUDA, gloo on CPU).
+    #[arg(long, env = "TCHRUN_BACKEND", value_enum, default_value_t = Backend::Auto)]
+    pub backend: Backend,
+    /// Directory of the per-rank driver logs (default: <output>/logs, or ./tchrun-logs).
+    #[arg(long, env = "TCHRUN_LOG_DIR")]
+    pub log_dir: Option<PathBuf>,
+    /// Seconds a collective or the store may wait for the other ranks before failing.
+    #[arg(long, env = "TCHRUN_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+}
+
+impl RankFlags {
+    /// The flags as command-line arguments for a rank.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut v = vec![
+            "--device".into(),
+            self.device.as_str().into(),
+            "--backend".into(),
+            self.backend.as_str().into(),
+            "--timeout".into(),
+            self.timeout.to_string(),
+        ];
+        if let Some(d) = &self.log_dir {
+            v.push("--log-dir".into());
+            v.push(d.display().to_string());
+        }
+        v
+    }
+}
+
+impl TrainParams {
+    /// The parameters as command-line arguments for a rank.
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            "--epochs".into(),
+            self.epochs.to_string(),
+            "--batch-size".into(),
+            self.batch_size.to_string(),
+            "--warmup-epochs".into(),
+            self.warmup_epochs.to_string(),
+            "--lr".into(),
+            format!("{:e}", self.lr),
+            format!("--seed={}", self.seed),
+            "--patience".into(),
+            self.patience.to_string(),
+            "--print-freq".into(),
+            self.print_freq.to_string(),
+        ]
+    }
+}
+
+/// Default log directory of jobs that have no `--output`.
+pub const DEFAULT_LOG_DIR: &str = "tchrun-logs";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        p: TrainParams,
+        #[command(flatten)]
+        r: RankFlags,
+    }
+
+    #[test]
+    fn defaults_are_the_seeds() {
+        let c = Cli::try_parse_from(["x"]).expect("defaults parse");
+        assert_eq!((c.p.epochs, c.p.batch_size, c.p.warmup_epochs, c.p.seed, c.p.patience, c.p.print_freq), (5, 16, 0, 1, 3, 10));
+        assert_eq!(c.p.lr, 0.001);
+    }
+
+    #[test]
+    fn ranges_are_enforced() {
+        for bad in [["x", "--epochs", "0"], ["x", "--batch-size", "0"], ["x", "--lr", "0"], ["x", "--lr", "nan"],
+            ["x", "--patience", "0"], ["x", "--print-freq", "0"], ["x", "--warmup-epochs", "-1"]] {
+            let err = Cli::try_parse_from(bad).expect_err("out of range");
+            assert!(err.to_string().contains(bad[1]), "{err}");
+        }
+        assert!(Cli::try_parse_from(["x", "--seed", "-7"]).is_ok());
+    }
+
+    #[test]
+    fn args_round_trip() {
+        let c = Cli::try_parse_from(["x", "--epochs", "7", "--lr", "0.05", "--seed", "-3", "--backend", "gloo"]).expect("parse");
+        let mut argv = vec!["x".to_string()];
+        argv.extend(c.p.to_args());
+        argv.extend(c.r.to_args());
+        let d = Cli::try_parse_from(argv).expect("reparse");
+        assert_eq!(c.p, d.p);
+        assert_eq!(c.r, d.r);
+    }
+}

@@ -1,0 +1,13 @@
+//! Shared contracts of tchrun: the job spec and its flags, defaults and ranges, log and output
+//! file names, environment variables, error kinds and exit codes, and the on-disk schemas.
+//! Both binaries (`tchrun`, `tchrun-worker`) call these; no name or code is written twice.
+//! Architecture Invariant: this crate links neither libtorch nor MPI.
+
+pub mod env;
+pub mod exit;
+pub mod files;
+pub mod flags;
+pub mod model;
+
+/// tchrun's version, written into every driver log header.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,233 @@
+//! Model directory format (`model.json`): architecture, input size, normalization, and for a
+//! trained model the class names, training parameters and final metrics. Weights live beside it
+//! in `model.safetensors` (torchvision `state_dict` names). Never pickles.
+use crate::files::{MODEL_JSON, MODEL_WEIGHTS};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Version of the `model.json` schema this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Smallest and largest accepted input sizes (pixels, square).
+pub const MIN_INPUT_SIZE: u32 = 16;
+pub const MAX_INPUT_SIZE: u32 = 1024;
+
+/// Supported architectures (torchvision names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    Resnet101,
+    Resnet152,
+    Densenet121,
+    Densenet161,
+    Densenet169,
+    Densenet201,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 9] = [
+        Arch::Resnet18,
+        Arch::Resnet34,
+        Arch::Resnet50,
+        Arch::Resnet101,
+        Arch::Resnet152,
+        Arch::Densenet121,
+        Arch::Densenet161,
+        Arch::Densenet169,
+        Arch::Densenet201,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Resnet18 => "resnet18",
+            Arch::Resnet34 => "resnet34",
+            Arch::Resnet50 => "resnet50",
+            Arch::Resnet101 => "resnet101",
+            Arch::Resnet152 => "resnet152",
+            Arch::Densenet121 => "densenet121",
+            Arch::Densenet161 => "densenet161",
+            Arch::Densenet169 => "densenet169",
+            Arch::Densenet201 => "densenet201",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// Per-channel normalization applied to RGB inputs scaled to [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Normalization {
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+impl Default for Normalization {
+    /// ImageNet's mean and standard deviation.
+    fn default() -> Self {
+        Normalization { mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225] }
+    }
+}
+
+/// Contents of `model.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub format_version: u32,
+    pub arch: Arch,
+    pub input_size: u32,
+    #[serde(default)]
+    pub normalization: Normalization,
+    /// Class names in index order; empty for an untrained model.
+    #[serde(default)]
+    pub class_names: Vec<String>,
+    /// Training parameters used (trained models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<serde_json::Value>,
+    /// Final metrics (trained models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<serde_json::Value>,
+}
+
+impl ModelConfig {
+    pub fn untrained(arch: Arch, input_size: u32, normalization: Normalization) -> ModelConfig {
+        ModelConfig {
+            format_version: FORMAT_VERSION,
+            arch,
+            input_size,
+            normalization,
+            class_names: Vec::new(),
+            training: None,
+            metrics: None,
+        }
+    }
+
+    /// A trained model has class names and weights.
+    pub fn is_trained(&self) -> bool {
+        !self.class_names.is_empty()
+    }
+}
+
+/// The seed's `InvalidModelDirectoryError`.
+#[derive(Debug, thiserror::Error)]
+#[error("InvalidModelDirectoryError: {path}: {detail}")]
+pub struct InvalidModelDirectory {
+    pub path: PathBuf,
+    pub detail: String,
+}
+
+fn invalid(path: &Path, detail: impl Into<String>) -> InvalidModelDirectory {
+    InvalidModelDirectory { path: path.to_path_buf(), detail: detail.into() }
+}
+
+/// Checks a configuration's values (used for files read and for flags given).
+pub fn check_input_size(size: u32) -> Result<(), String> {
+    if (MIN_INPUT_SIZE..=MAX_INPUT_SIZE).contains(&size) {
+        Ok(())
+    } else {
+        Err(format!("input size {size} is outside {MIN_INPUT_SIZE}..={MAX_INPUT_SIZE}"))
+    }
+}
+
+/// Reads and validates `<dir>/model.json`. With `need_weights`, also requires
+/// `model.safetensors` (a trained model, as `score` needs).
+pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelDirectory> {
+    let ext = dir.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    if matches!(ext.as_deref(), Some("pt") | Some("pth") | Some("pkl") | Some("ckpt")) {
+        return Err(invalid(
+            dir,
+            "pickled PyTorch files are refused (unpickling runs arbitrary code); give a model \
+             directory made by `tchrun model init --arch ARCH --output DIR` (weights as safetensors)",
+        ));
+    }
+    if !dir.is_dir() {
+        return Err(invalid(
+            dir,
+            "not a directory; create an untrained model with `tchrun model init --arch resnet18 --output DIR`",
+        ));
+    }
+    let file = dir.join(MODEL_JSON);
+    let text = std::fs::read_to_string(&file).map_err(|e| {
+        invalid(&file, format!("cannot read {MODEL_JSON} ({e}); a model directory is made by `tchrun model init`"))
+    })?;
+    let raw: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| invalid(&file, format!("not valid JSON: {e}")))?;
+    if let Some(arch) = raw.get("arch").and_then(|a| a.as_str()) {
+        if Arch::from_name(arch).is_none() {
+            let known: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+            return Err(invalid(&file, format!("unknown arch '{arch}'; supported: {}", known.join(", "))));
+        }
+    }
+    let cfg: ModelConfig = serde_json::from_value(raw)
+        .map_err(|e| invalid(&file, format!("not a tchrun model description: {e}")))?;
+    if cfg.format_version != FORMAT_VERSION {
+        return Err(invalid(
+            &file,
+            format!("format_version {} is not supported (this tchrun reads {FORMAT_VERSION})", cfg.format_version),
+        ));
+    }
+    check_input_size(cfg.input_size).map_err(|e| invalid(&file, e))?;
+    if cfg.normalization.std.iter().any(|s| !(s.is_finite() && *s > 0.0))
+        || cfg.normalization.mean.iter().any(|m| !m.is_finite())
+    {
+        return Err(invalid(&file, "normalization std must be finite and > 0, mean finite"));
+    }
+    if need_weights {
+        if !cfg.is_trained() {
+            return Err(invalid(&file, "untrained model (no class names): train it with `tchrun train` first"));
+        }
+        let weights = dir.join(MODEL_WEIGHTS);
+        if !weights.is_file() {
+            return Err(invalid(&weights, "missing weights of a trained model"));
+        }
+    }
+    for entry in std::fs::read_dir(dir).map_err(|e| invalid(dir, e.to_string()))?.flatten() {
+        let name = entry.file_name().to_string_lossy().to_lowercase();
+        if name.ends_with(".pt") || name.ends_with(".pth") || name.ends_with(".pkl") {
+            return Err(invalid(
+                &entry.path(),
+                "pickled weights are refused (unpickling runs arbitrary code); tchrun reads model.safetensors only",
+            ));
+        }
+    }
+    Ok(cfg)
+}
+
+/// Serializes a configuration for `model.json`.
+pub fn to_json(cfg: &ModelConfig) -> String {
+    let mut s = serde_json::to_string_pretty(cfg).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, text: &str) {
+        std::fs::write(dir.join(MODEL_JSON), text).expect("write model.json");
+    }
+
+    #[test]
+    fn round_trip_and_errors() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let cfg = ModelConfig::untrained(Arch::Densenet121, 64, Normalization::default());
+        write(t.path(), &to_json(&cfg));
+        assert_eq!(load(t.path(), false).expect("valid"), cfg);
+        let err = load(t.path(), true).expect_err("untrained").to_string();
+        assert!(err.starts_with("InvalidModelDirectoryError:") && err.contains("untrained"), "{err}");
+
+        write(t.path(), r#"{"format_version":1,"arch":"vgg16","input_size":224}"#);
+        let err = load(t.path(), false).expect_err("bad arch").to_string();
+        assert!(err.contains("vgg16") && err.contains("resnet18"), "{err}");
+        write(t.path(), "{not json");
+        assert!(load(t.path(), false).expect_err("bad json").to_string().contains("not valid JSON"));
+        write(t.path(), r#"{"format_version":1,"arch":"resnet18","input_size":4}"#);
+        assert!(load(t.path(), false).expect_err("small").to_string().contains("input size 4"));
+        let missing = t.path().join("nope");
+        assert!(load(&missing, false).expect_err("missing").to_string().contains("not a directory"));
+        assert!(load(Path::new("weights.pth"), false).expect_err("pickle").to_string().contains("pickled"));
+    }
+}
