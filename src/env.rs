@@ -62,9 +62,16 @@ pub struct RankEnv {
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
     #[error("environment variable {name} is not set; {hint}")]
-    Missing { name: &'static str, hint: &'static str },
+    Missing {
+        name: &'static str,
+        hint: &'static str,
+    },
     #[error("environment variable {name}={value:?} is not valid: {why}")]
-    Invalid { name: &'static str, value: String, why: String },
+    Invalid {
+        name: &'static str,
+        value: String,
+        why: String,
+    },
 }
 
 fn parse<T: std::str::FromStr>(
@@ -109,7 +116,10 @@ fn check_rank(env: RankEnv) -> Result<RankEnv, EnvError> {
         return Err(EnvError::Invalid {
             name: LOCAL_RANK,
             value: env.local_rank.to_string(),
-            why: format!("local rank must be below the local world size {}", env.local_size),
+            why: format!(
+                "local rank must be below the local world size {}",
+                env.local_size
+            ),
         });
     }
     Ok(env)
@@ -125,7 +135,10 @@ pub fn from_torchrun(get: &dyn Fn(&str) -> Option<String>) -> Result<RankEnv, En
     let local_rank = parse_or(get, LOCAL_RANK, rank)?;
     let local_size = parse_or(get, LOCAL_WORLD_SIZE, world_size)?;
     let node_rank = parse_or(get, NODE_RANK, 0usize)?;
-    let master_addr = get(MASTER_ADDR).ok_or(EnvError::Missing { name: MASTER_ADDR, hint: TORCHRUN_HINT })?;
+    let master_addr = get(MASTER_ADDR).ok_or(EnvError::Missing {
+        name: MASTER_ADDR,
+        hint: TORCHRUN_HINT,
+    })?;
     let master_port: u16 = parse(get, MASTER_PORT, TORCHRUN_HINT)?;
     check_rank(RankEnv {
         rank,
@@ -148,7 +161,8 @@ pub fn from_slurm(get: &dyn Fn(&str) -> Option<String>) -> Result<RankEnv, EnvEr
     let world_size: usize = parse(get, "SLURM_NTASKS", SLURM_HINT)?;
     let local_rank: usize = parse_or(get, "SLURM_LOCALID", 0usize)?;
     let node_rank: usize = parse_or(get, "SLURM_NODEID", 0usize)?;
-    let local_size = match get("SLURM_STEP_TASKS_PER_NODE").or_else(|| get("SLURM_TASKS_PER_NODE")) {
+    let local_size = match get("SLURM_STEP_TASKS_PER_NODE").or_else(|| get("SLURM_TASKS_PER_NODE"))
+    {
         Some(v) => tasks_per_node(&v, node_rank).ok_or(EnvError::Invalid {
             name: "SLURM_TASKS_PER_NODE",
             value: v.clone(),
@@ -161,7 +175,10 @@ pub fn from_slurm(get: &dyn Fn(&str) -> Option<String>) -> Result<RankEnv, EnvEr
         None => {
             let list = get("SLURM_STEP_NODELIST")
                 .or_else(|| get("SLURM_JOB_NODELIST"))
-                .ok_or(EnvError::Missing { name: "SLURM_JOB_NODELIST", hint: SLURM_HINT })?;
+                .ok_or(EnvError::Missing {
+                    name: "SLURM_JOB_NODELIST",
+                    hint: SLURM_HINT,
+                })?;
             first_host(&list).ok_or(EnvError::Invalid {
                 name: "SLURM_JOB_NODELIST",
                 value: list.clone(),
@@ -194,7 +211,10 @@ pub fn tasks_per_node(spec: &str, node: usize) -> Option<usize> {
     let mut seen = 0usize;
     for part in spec.split(',') {
         let (count, repeat) = match part.split_once("(x") {
-            Some((c, r)) => (c.trim().parse::<usize>().ok()?, r.trim_end_matches(')').parse::<usize>().ok()?),
+            Some((c, r)) => (
+                c.trim().parse::<usize>().ok()?,
+                r.trim_end_matches(')').parse::<usize>().ok()?,
+            ),
             None => (part.trim().parse::<usize>().ok()?, 1),
         };
         if node < seen + repeat {
@@ -215,7 +235,12 @@ pub fn first_host(list: &str) -> Option<String> {
             let close = list[b..].find(']')? + b;
             let inner = &list[b + 1..close];
             let first = inner.split(',').next()?.split('-').next()?;
-            Some(format!("{}{}{}", &list[..b], first, &list[close + 1..].split(',').next().unwrap_or("")))
+            Some(format!(
+                "{}{}{}",
+                &list[..b],
+                first,
+                &list[close + 1..].split(',').next().unwrap_or("")
+            ))
         }
         _ => {
             let host = &list[..end];
@@ -230,13 +255,20 @@ mod tests {
     use std::collections::HashMap;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| m.get(k).cloned()
     }
 
     #[test]
     fn detection_prefers_mpi_over_inherited_slurm() {
-        let v = vars(&[("OMPI_COMM_WORLD_RANK", "1"), ("SLURM_PROCID", "0"), ("SLURM_STEP_ID", "0")]);
+        let v = vars(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_STEP_ID", "0"),
+        ]);
         assert_eq!(started_by(&v), StartedBy::Mpi);
         let v = vars(&[("SLURM_PROCID", "3"), ("SLURM_STEP_ID", "0")]);
         assert_eq!(started_by(&v), StartedBy::Slurm);
@@ -247,27 +279,60 @@ mod tests {
 
     #[test]
     fn torchrun_env() {
-        let v = vars(&[("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2"),
-            ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")]);
+        let v = vars(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ]);
         let e = from_torchrun(&v).expect("valid env");
-        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_size), (1, 4, 1, 2));
+        assert_eq!(
+            (e.rank, e.world_size, e.local_rank, e.local_size),
+            (1, 4, 1, 2)
+        );
         assert_eq!(e.master_addr.as_deref(), Some("10.0.0.1"));
-        let bad = vars(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "a"), ("MASTER_PORT", "1")]);
+        let bad = vars(&[
+            ("RANK", "4"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "a"),
+            ("MASTER_PORT", "1"),
+        ]);
         assert!(from_torchrun(&bad).is_err());
         let missing = vars(&[("RANK", "0"), ("WORLD_SIZE", "1")]);
         let err = from_torchrun(&missing).expect_err("no master");
         assert!(err.to_string().contains("MASTER_ADDR"), "{err}");
         let junk = vars(&[("RANK", "x"), ("WORLD_SIZE", "1")]);
-        assert!(from_torchrun(&junk).expect_err("junk").to_string().contains("RANK=\"x\""));
+        assert!(from_torchrun(&junk)
+            .expect_err("junk")
+            .to_string()
+            .contains("RANK=\"x\""));
     }
 
     #[test]
     fn slurm_env() {
-        let v = vars(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1"), ("SLURM_NODEID", "1"),
-            ("SLURM_TASKS_PER_NODE", "2(x2)"), ("SLURM_JOB_NODELIST", "gpu[07-08]"), ("SLURM_JOB_ID", "42"),
-            ("SLURM_STEP_ID", "0")]);
+        let v = vars(&[
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_TASKS_PER_NODE", "2(x2)"),
+            ("SLURM_JOB_NODELIST", "gpu[07-08]"),
+            ("SLURM_JOB_ID", "42"),
+            ("SLURM_STEP_ID", "0"),
+        ]);
         let e = from_slurm(&v).expect("valid");
-        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_size, e.node_rank), (3, 4, 1, 2, 1));
+        assert_eq!(
+            (
+                e.rank,
+                e.world_size,
+                e.local_rank,
+                e.local_size,
+                e.node_rank
+            ),
+            (3, 4, 1, 2, 1)
+        );
         assert_eq!(e.master_addr.as_deref(), Some("gpu07"));
         assert_eq!(e.master_port, Some(20000 + (42 * 31) % 20000));
     }

@@ -79,9 +79,15 @@ mod tests {
     #[test]
     fn worker_codes_map() {
         assert_eq!(ErrorKind::from_worker_exit(0), None);
-        assert_eq!(ErrorKind::from_worker_exit(2), Some(ErrorKind::InvalidInput));
+        assert_eq!(
+            ErrorKind::from_worker_exit(2),
+            Some(ErrorKind::InvalidInput)
+        );
         assert_eq!(ErrorKind::from_worker_exit(5), Some(ErrorKind::Diverged));
         assert_eq!(ErrorKind::from_worker_exit(1), Some(ErrorKind::RankFailed));
-        assert_eq!(ErrorKind::from_worker_exit(137), Some(ErrorKind::RankFailed));
+        assert_eq!(
+            ErrorKind::from_worker_exit(137),
+            Some(ErrorKind::RankFailed)
+        );
     }
 }

@@ -5,9 +5,15 @@ use std::path::PathBuf;
 
 /// Parses `--lr`: a finite float >= f64::EPSILON (the seed's `>=double.Epsilon`).
 pub fn parse_lr(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number"))?;
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number"))?;
     if !v.is_finite() || v < f64::EPSILON {
-        return Err(format!("must be a finite number >= {:e} (f64::EPSILON), got {s}", f64::EPSILON));
+        return Err(format!(
+            "must be a finite number >= {:e} (f64::EPSILON), got {s}",
+            f64::EPSILON
+        ));
     }
     Ok(v)
 }
@@ -29,7 +35,12 @@ pub struct TrainParams {
     #[arg(long, env = "TCHRUN_LR", default_value_t = 0.001, value_parser = parse_lr, allow_negative_numbers = true)]
     pub lr: f64,
     /// Seeds weight init, shuffling and augmentation.
-    #[arg(long, env = "TCHRUN_SEED", default_value_t = 1, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        env = "TCHRUN_SEED",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
     pub seed: i64,
     /// Stop after this many epochs without a lower validation loss.
     #[arg(long, env = "TCHRUN_PATIENCE", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
@@ -151,14 +162,31 @@ mod tests {
     #[test]
     fn defaults_are_the_seeds() {
         let c = Cli::try_parse_from(["x"]).expect("defaults parse");
-        assert_eq!((c.p.epochs, c.p.batch_size, c.p.warmup_epochs, c.p.seed, c.p.patience, c.p.print_freq), (5, 16, 0, 1, 3, 10));
+        assert_eq!(
+            (
+                c.p.epochs,
+                c.p.batch_size,
+                c.p.warmup_epochs,
+                c.p.seed,
+                c.p.patience,
+                c.p.print_freq
+            ),
+            (5, 16, 0, 1, 3, 10)
+        );
         assert_eq!(c.p.lr, 0.001);
     }
 
     #[test]
     fn ranges_are_enforced() {
-        for bad in [["x", "--epochs", "0"], ["x", "--batch-size", "0"], ["x", "--lr", "0"], ["x", "--lr", "nan"],
-            ["x", "--patience", "0"], ["x", "--print-freq", "0"], ["x", "--warmup-epochs", "-1"]] {
+        for bad in [
+            ["x", "--epochs", "0"],
+            ["x", "--batch-size", "0"],
+            ["x", "--lr", "0"],
+            ["x", "--lr", "nan"],
+            ["x", "--patience", "0"],
+            ["x", "--print-freq", "0"],
+            ["x", "--warmup-epochs", "-1"],
+        ] {
             let err = Cli::try_parse_from(bad).expect_err("out of range");
             assert!(err.to_string().contains(bad[1]), "{err}");
         }
@@ -167,7 +195,18 @@ mod tests {
 
     #[test]
     fn args_round_trip() {
-        let c = Cli::try_parse_from(["x", "--epochs", "7", "--lr", "0.05", "--seed", "-3", "--backend", "gloo"]).expect("parse");
+        let c = Cli::try_parse_from([
+            "x",
+            "--epochs",
+            "7",
+            "--lr",
+            "0.05",
+            "--seed",
+            "-3",
+            "--backend",
+            "gloo",
+        ])
+        .expect("parse");
         let mut argv = vec!["x".to_string()];
         argv.extend(c.p.to_args());
         argv.extend(c.r.to_args());

@@ -68,7 +68,10 @@ pub struct Normalization {
 impl Default for Normalization {
     /// ImageNet's mean and standard deviation.
     fn default() -> Self {
-        Normalization { mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225] }
+        Normalization {
+            mean: [0.485, 0.456, 0.406],
+            std: [0.229, 0.224, 0.225],
+        }
     }
 }
 
@@ -119,7 +122,10 @@ pub struct InvalidModelDirectory {
 }
 
 fn invalid(path: &Path, detail: impl Into<String>) -> InvalidModelDirectory {
-    InvalidModelDirectory { path: path.to_path_buf(), detail: detail.into() }
+    InvalidModelDirectory {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
 }
 
 /// Checks a configuration's values (used for files read and for flags given).
@@ -127,15 +133,23 @@ pub fn check_input_size(size: u32) -> Result<(), String> {
     if (MIN_INPUT_SIZE..=MAX_INPUT_SIZE).contains(&size) {
         Ok(())
     } else {
-        Err(format!("input size {size} is outside {MIN_INPUT_SIZE}..={MAX_INPUT_SIZE}"))
+        Err(format!(
+            "input size {size} is outside {MIN_INPUT_SIZE}..={MAX_INPUT_SIZE}"
+        ))
     }
 }
 
 /// Reads and validates `<dir>/model.json`. With `need_weights`, also requires
 /// `model.safetensors` (a trained model, as `score` needs).
 pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelDirectory> {
-    let ext = dir.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    if matches!(ext.as_deref(), Some("pt") | Some("pth") | Some("pkl") | Some("ckpt")) {
+    let ext = dir
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    if matches!(
+        ext.as_deref(),
+        Some("pt") | Some("pth") | Some("pkl") | Some("ckpt")
+    ) {
         return Err(invalid(
             dir,
             "pickled PyTorch files are refused (unpickling runs arbitrary code); give a model \
@@ -150,14 +164,22 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
     }
     let file = dir.join(MODEL_JSON);
     let text = std::fs::read_to_string(&file).map_err(|e| {
-        invalid(&file, format!("cannot read {MODEL_JSON} ({e}); a model directory is made by `tchrun model init`"))
+        invalid(
+            &file,
+            format!(
+                "cannot read {MODEL_JSON} ({e}); a model directory is made by `tchrun model init`"
+            ),
+        )
     })?;
-    let raw: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| invalid(&file, format!("not valid JSON: {e}")))?;
+    let raw: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| invalid(&file, format!("not valid JSON: {e}")))?;
     if let Some(arch) = raw.get("arch").and_then(|a| a.as_str()) {
         if Arch::from_name(arch).is_none() {
             let known: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
-            return Err(invalid(&file, format!("unknown arch '{arch}'; supported: {}", known.join(", "))));
+            return Err(invalid(
+                &file,
+                format!("unknown arch '{arch}'; supported: {}", known.join(", ")),
+            ));
         }
     }
     let cfg: ModelConfig = serde_json::from_value(raw)
@@ -165,25 +187,41 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
     if cfg.format_version != FORMAT_VERSION {
         return Err(invalid(
             &file,
-            format!("format_version {} is not supported (this tchrun reads {FORMAT_VERSION})", cfg.format_version),
+            format!(
+                "format_version {} is not supported (this tchrun reads {FORMAT_VERSION})",
+                cfg.format_version
+            ),
         ));
     }
     check_input_size(cfg.input_size).map_err(|e| invalid(&file, e))?;
-    if cfg.normalization.std.iter().any(|s| !(s.is_finite() && *s > 0.0))
+    if cfg
+        .normalization
+        .std
+        .iter()
+        .any(|s| !(s.is_finite() && *s > 0.0))
         || cfg.normalization.mean.iter().any(|m| !m.is_finite())
     {
-        return Err(invalid(&file, "normalization std must be finite and > 0, mean finite"));
+        return Err(invalid(
+            &file,
+            "normalization std must be finite and > 0, mean finite",
+        ));
     }
     if need_weights {
         if !cfg.is_trained() {
-            return Err(invalid(&file, "untrained model (no class names): train it with `tchrun train` first"));
+            return Err(invalid(
+                &file,
+                "untrained model (no class names): train it with `tchrun train` first",
+            ));
         }
         let weights = dir.join(MODEL_WEIGHTS);
         if !weights.is_file() {
             return Err(invalid(&weights, "missing weights of a trained model"));
         }
     }
-    for entry in std::fs::read_dir(dir).map_err(|e| invalid(dir, e.to_string()))?.flatten() {
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| invalid(dir, e.to_string()))?
+        .flatten()
+    {
         let name = entry.file_name().to_string_lossy().to_lowercase();
         if name.ends_with(".pt") || name.ends_with(".pth") || name.ends_with(".pkl") {
             return Err(invalid(
@@ -197,7 +235,8 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
 
 /// Serializes a configuration for `model.json`.
 pub fn to_json(cfg: &ModelConfig) -> String {
-    let mut s = serde_json::to_string_pretty(cfg).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    let mut s =
+        serde_json::to_string_pretty(cfg).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
     s
 }
@@ -217,17 +256,38 @@ mod tests {
         write(t.path(), &to_json(&cfg));
         assert_eq!(load(t.path(), false).expect("valid"), cfg);
         let err = load(t.path(), true).expect_err("untrained").to_string();
-        assert!(err.starts_with("InvalidModelDirectoryError:") && err.contains("untrained"), "{err}");
+        assert!(
+            err.starts_with("InvalidModelDirectoryError:") && err.contains("untrained"),
+            "{err}"
+        );
 
-        write(t.path(), r#"{"format_version":1,"arch":"vgg16","input_size":224}"#);
+        write(
+            t.path(),
+            r#"{"format_version":1,"arch":"vgg16","input_size":224}"#,
+        );
         let err = load(t.path(), false).expect_err("bad arch").to_string();
         assert!(err.contains("vgg16") && err.contains("resnet18"), "{err}");
         write(t.path(), "{not json");
-        assert!(load(t.path(), false).expect_err("bad json").to_string().contains("not valid JSON"));
-        write(t.path(), r#"{"format_version":1,"arch":"resnet18","input_size":4}"#);
-        assert!(load(t.path(), false).expect_err("small").to_string().contains("input size 4"));
+        assert!(load(t.path(), false)
+            .expect_err("bad json")
+            .to_string()
+            .contains("not valid JSON"));
+        write(
+            t.path(),
+            r#"{"format_version":1,"arch":"resnet18","input_size":4}"#,
+        );
+        assert!(load(t.path(), false)
+            .expect_err("small")
+            .to_string()
+            .contains("input size 4"));
         let missing = t.path().join("nope");
-        assert!(load(&missing, false).expect_err("missing").to_string().contains("not a directory"));
-        assert!(load(Path::new("weights.pth"), false).expect_err("pickle").to_string().contains("pickled"));
+        assert!(load(&missing, false)
+            .expect_err("missing")
+            .to_string()
+            .contains("not a directory"));
+        assert!(load(Path::new("weights.pth"), false)
+            .expect_err("pickle")
+            .to_string()
+            .contains("pickled"));
     }
 }

@@ -16,9 +16,15 @@ fn main() {
         ),
     };
     let lib = lib.canonicalize().unwrap_or(lib);
-    let torch_dir = lib.parent().map(Path::to_path_buf).unwrap_or_else(|| lib.clone());
+    let torch_dir = lib
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| lib.clone());
     let include = torch_dir.join("include");
-    let site = torch_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| torch_dir.clone());
+    let site = torch_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| torch_dir.clone());
     let cuda_inc = site.join("nvidia/cu13/include");
     let nccl_inc = site.join("nvidia/nccl/include");
     let with_nccl = env::var_os("TCHRUN_NO_NCCL").is_none()
@@ -55,6 +61,22 @@ fn main() {
         );
     }
     build.compile("tchrun_c10d_shim");
+
+    // The torch version for the driver-log header.
+    let version = std::fs::read_to_string(torch_dir.join("version.py"))
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("__version__ = ")
+                    .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=TCHRUN_TORCH_VERSION={version}");
+    println!(
+        "cargo:rerun-if-changed={}",
+        torch_dir.join("version.py").display()
+    );
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     if with_nccl {

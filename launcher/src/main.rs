@@ -1,1 +1,127 @@
-fn main(){}
+//! `tchrun`: validates a job before any rank starts, launches its ranks through mpirun, srun or
+//! local processes, tees launch output into `70_mpi_log`, and reports the first failing rank.
+//! Architecture Invariant: the launcher links neither libtorch nor MPI.
+mod job;
+mod launch;
+mod report;
+mod supervise;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tchrun::exit::ErrorKind;
+use tchrun::flags::RankFlags;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tchrun",
+    version,
+    about = "Distributed training launcher and trainer (mpirun, Slurm, local)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Check collectives on every rank and measure all-reduce bandwidth (first thing to run on a cluster).
+    Selftest(SelftestArgs),
+    /// Run any program as the ranks with torchrun's environment contract.
+    Exec(ExecArgs),
+    /// Print the failure summary of a job's log directory, or a per-rank overview.
+    Logs {
+        /// The job's log directory.
+        dir: PathBuf,
+    },
+}
+
+#[derive(Args, Debug)]
+struct SelftestArgs {
+    #[command(flatten)]
+    launch: launch::LaunchArgs,
+    #[command(flatten)]
+    rank: RankFlags,
+    /// Message sizes in bytes for the bandwidth table.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Timed all-reduce iterations per size.
+    #[arg(long)]
+    iters: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct ExecArgs {
+    #[command(flatten)]
+    launch: launch::LaunchArgs,
+    /// Directory of the per-rank driver logs.
+    #[arg(long, env = "TCHRUN_LOG_DIR")]
+    log_dir: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    program: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                ErrorKind::InvalidInput.exit_code()
+            } else {
+                0
+            };
+            let _ = e.print();
+            return ExitCode::from(code as u8);
+        }
+    };
+    let result = match cli.cmd {
+        Cmd::Selftest(a) => {
+            let mut args = vec!["selftest".to_string()];
+            let mut rank = a.rank.clone();
+            let log_dir = job::absolute(
+                rank.log_dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR)),
+            );
+            rank.log_dir = Some(log_dir.clone());
+            args.extend(rank.to_args());
+            if !a.sizes.is_empty() {
+                let s: Vec<String> = a.sizes.iter().map(|s| s.to_string()).collect();
+                args.push(format!("--sizes={}", s.join(",")));
+            }
+            if let Some(i) = a.iters {
+                args.push(format!("--iters={i}"));
+            }
+            job::run_job(&a.launch, log_dir, args)
+        }
+        Cmd::Exec(a) => {
+            let log_dir = job::absolute(
+                a.log_dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR)),
+            );
+            let mut args = vec![
+                "exec".to_string(),
+                format!("--log-dir={}", log_dir.display()),
+                "--".into(),
+            ];
+            args.extend(a.program.iter().cloned());
+            job::run_job(&a.launch, log_dir, args)
+        }
+        Cmd::Logs { dir } => match report::logs_command(&dir) {
+            Ok(text) => {
+                print!("{text}");
+                Ok(0)
+            }
+            Err(e) => Err(job::JobError::invalid(e)),
+        },
+    };
+    match result {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("tchrun: error: {}", e.message);
+            ExitCode::from(e.kind.exit_code() as u8)
+        }
+    }
+}

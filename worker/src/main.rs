@@ -1,1 +1,347 @@
-fn main(){}
+//! `tchrun-worker`: one rank of a tchrun job. Started by mpirun, srun, `tchrun` or by hand;
+//! joins the job (bootstrap), opens its driver log, builds the c10d process group and runs
+//! the subcommand. Architecture Invariant: the worker never spawns ranks.
+mod bootstrap;
+mod driver_log;
+mod ffi;
+mod pg;
+mod selftest;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use tchrun::exit::ErrorKind;
+use tchrun::flags::{Backend, Device as DeviceFlag, RankFlags, DEFAULT_LOG_DIR};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tchrun-worker",
+    version,
+    about = "One rank of a tchrun job (started by mpirun, srun or tchrun)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Check collectives across all ranks with exact values, then measure all-reduce bandwidth.
+    Selftest(SelftestArgs),
+    /// Set torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR, ...) and exec PROGRAM.
+    Exec(ExecArgs),
+}
+
+#[derive(Args, Debug)]
+struct SelftestArgs {
+    #[command(flatten)]
+    rank: RankFlags,
+    /// Message sizes in bytes for the bandwidth table.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "4096,65536,1048576,16777216"
+    )]
+    sizes: Vec<usize>,
+    /// Timed all-reduce iterations per size.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Write the bandwidth table as JSON to this file (rank 0).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ExecArgs {
+    /// Directory of the per-rank driver logs.
+    #[arg(long, env = "TCHRUN_LOG_DIR", default_value = DEFAULT_LOG_DIR)]
+    log_dir: PathBuf,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    program: Vec<String>,
+}
+
+/// A rank's failure with the kind that decides its exit code.
+struct Fatal {
+    kind: ErrorKind,
+    err: anyhow::Error,
+}
+
+impl Fatal {
+    fn invalid(err: anyhow::Error) -> Fatal {
+        Fatal {
+            kind: ErrorKind::InvalidInput,
+            err,
+        }
+    }
+    fn rank(err: anyhow::Error) -> Fatal {
+        Fatal {
+            kind: ErrorKind::RankFailed,
+            err,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                ErrorKind::InvalidInput.exit_code()
+            } else {
+                0
+            };
+            let _ = e.print();
+            return ExitCode::from(code as u8);
+        }
+    };
+    let result = match cli.cmd {
+        Cmd::Selftest(a) => run_selftest(a),
+        Cmd::Exec(a) => run_exec(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((console, f)) => {
+            let msg = format!("{:#}", f.err);
+            tracing::error!("{msg}");
+            let line = format!("tchrun-worker: error: {msg}");
+            match console {
+                Some(c) => c.err(&line),
+                None => eprintln!("{line}"),
+            }
+            ExitCode::from(f.kind.exit_code() as u8)
+        }
+    }
+}
+
+type RankResult = Result<(), (Option<driver_log::Console>, Fatal)>;
+
+/// Device and backend after `auto` is resolved.
+fn resolve(flags: &RankFlags, local_rank: usize) -> Result<(tch::Device, pg::BackendKind), Fatal> {
+    let cuda = tch::Cuda::is_available();
+    let device = match flags.device {
+        DeviceFlag::Auto if cuda => tch::Device::Cuda(local_rank % tch::Cuda::device_count().max(1) as usize),
+        DeviceFlag::Auto | DeviceFlag::Cpu => tch::Device::Cpu,
+        DeviceFlag::Cuda if cuda => tch::Device::Cuda(local_rank % tch::Cuda::device_count().max(1) as usize),
+        DeviceFlag::Cuda => {
+            return Err(Fatal::invalid(anyhow::anyhow!(
+                "--device cuda: no CUDA device is visible on this host; use --device cpu or check CUDA_VISIBLE_DEVICES"
+            )))
+        }
+    };
+    let backend = match (flags.backend, device.is_cuda()) {
+        (Backend::Auto, true) => pg::BackendKind::Nccl,
+        (Backend::Auto, false) | (Backend::Gloo, _) => pg::BackendKind::Gloo,
+        (Backend::Nccl, true) => pg::BackendKind::Nccl,
+        (Backend::Nccl, false) => return Err(Fatal::invalid(anyhow::anyhow!(
+            "--backend nccl needs CUDA tensors but the device is cpu; use --backend gloo (or auto)"
+        ))),
+    };
+    Ok((device, backend))
+}
+
+fn device_name(d: tch::Device) -> String {
+    match d {
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".into(),
+    }
+}
+
+/// Intra-op threads: the host's cores shared among the ranks on it (no oversubscription).
+fn set_threads(local_size: usize) {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let n = std::env::var("TCHRUN_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or((cores / local_size.max(1)).max(1));
+    tch::set_num_threads(n as i32);
+}
+
+/// Identify the rank, open its driver log, join the store and build the process group.
+struct Rank {
+    joined: bootstrap::Joined,
+    pg: pg::ProcessGroup,
+    device: tch::Device,
+    console: driver_log::Console,
+}
+
+fn start_rank(
+    flags: &RankFlags,
+    default_log_dir: PathBuf,
+    command: &str,
+) -> Result<Rank, (Option<driver_log::Console>, Fatal)> {
+    let t0 = Instant::now();
+    let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
+    let (device, backend) = resolve(flags, id.local_rank).map_err(|f| (None, f))?;
+    let log_dir = flags.log_dir.clone().unwrap_or(default_log_dir);
+    let header = driver_log::Header {
+        host: &id.host,
+        rank: id.rank,
+        local_rank: id.local_rank,
+        world_size: id.world_size,
+        device: &device_name(device),
+        backend: backend.name(),
+        command,
+        started_by: &format!("{:?}", id.started_by),
+    };
+    let (_path, console) = driver_log::open(&log_dir, &header)
+        .with_context(|| {
+            format!(
+                "cannot write the driver log in {} (check --log-dir)",
+                log_dir.display()
+            )
+        })
+        .map_err(|e| (None, Fatal::rank(e)))?;
+    set_threads(id.local_size);
+    let timeout = Duration::from_secs(flags.timeout);
+    let joined = match id.join(timeout) {
+        Ok(j) => j,
+        Err(e) => {
+            return Err((
+                Some(console),
+                Fatal::rank(anyhow::Error::new(e).context("joining the job")),
+            ))
+        }
+    };
+    let info = &joined.info;
+    tracing::info!(
+        rank = info.rank,
+        world_size = info.world_size,
+        local_rank = info.local_rank,
+        node_rank = info.node_rank,
+        master = %format!("{}:{}", info.master_addr, info.master_port),
+        local_addr = %info.local_addr,
+        "joined the store"
+    );
+    let pg = match pg::ProcessGroup::new(
+        &joined.store,
+        "tchrun/world",
+        backend,
+        info.rank,
+        info.world_size,
+        timeout,
+        &info.local_addr,
+    ) {
+        Ok(pg) => pg,
+        Err(e) => {
+            return Err((
+                Some(console),
+                Fatal::rank(anyhow::Error::new(e).context("creating the process group")),
+            ))
+        }
+    };
+    tracing::info!(
+        backend = backend.name(),
+        secs = t0.elapsed().as_secs_f64(),
+        "process group ready"
+    );
+    Ok(Rank {
+        joined,
+        pg,
+        device,
+        console,
+    })
+}
+
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+fn run_selftest(a: SelftestArgs) -> RankResult {
+    let rank = start_rank(&a.rank, PathBuf::from(DEFAULT_LOG_DIR), &command_line())?;
+    let Rank {
+        joined,
+        pg,
+        device,
+        console,
+    } = rank;
+    let fail = |e: anyhow::Error| Fatal::rank(e);
+    let body = || -> Result<(), Fatal> {
+        let failed = selftest::check_collectives(&pg, device).map_err(|e| fail(e.into()))?;
+        for f in &failed {
+            tracing::error!("selftest check failed: {f}");
+        }
+        let total = selftest::total_failures(&pg, failed.len()).map_err(|e| fail(e.into()))?;
+        if total > 0 {
+            return Err(fail(anyhow::anyhow!(
+                "{total} collective check(s) failed across the ranks (this rank: {}); see the driver logs",
+                if failed.is_empty() { "none".to_string() } else { failed.join("; ") }
+            )));
+        }
+        tracing::info!(
+            "collectives correct: all_reduce sum/avg/max, broadcast, all_gather, barrier"
+        );
+        let rows = selftest::bandwidth(&pg, device, &a.sizes, a.iters as usize)
+            .map_err(|e| fail(e.into()))?;
+        let table = selftest::format_table(&rows, pg.size(), pg.backend().name());
+        tracing::info!("\n{table}");
+        if pg.rank() == 0 {
+            console.out(&format!(
+                "selftest: {} ranks on {} ({}): all_reduce, broadcast, all_gather, barrier correct",
+                pg.size(),
+                device_name(device),
+                pg.backend().name()
+            ));
+            console.out(table.trim_end());
+            if let Some(path) = &a.json {
+                let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
+                std::fs::write(path, text)
+                    .with_context(|| format!("writing {}", path.display()))
+                    .map_err(Fatal::invalid)?;
+            }
+        }
+        pg.barrier().map_err(|e| fail(e.into()))?;
+        Ok(())
+    };
+    let r = body();
+    drop(pg);
+    drop(joined);
+    r.map_err(|f| (Some(console), f))
+}
+
+fn run_exec(a: ExecArgs) -> RankResult {
+    use std::os::unix::process::CommandExt;
+    let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
+    let header = driver_log::Header {
+        host: &id.host,
+        rank: id.rank,
+        local_rank: id.local_rank,
+        world_size: id.world_size,
+        device: "(program's)",
+        backend: "(program's)",
+        command: &command_line(),
+        started_by: &format!("{:?}", id.started_by),
+    };
+    let (_path, console) = driver_log::open(&a.log_dir, &header)
+        .with_context(|| {
+            format!(
+                "cannot write the driver log in {} (check --log-dir)",
+                a.log_dir.display()
+            )
+        })
+        .map_err(|e| (None, Fatal::rank(e)))?;
+    let info = match id.master_for_program() {
+        Ok(i) => i,
+        Err(e) => return Err((Some(console), Fatal::rank(e.into()))),
+    };
+    use tchrun::env as c;
+    tracing::info!(program = %a.program.join(" "), master = %format!("{}:{}", info.master_addr, info.master_port), "exec");
+    let err = std::process::Command::new(&a.program[0])
+        .args(&a.program[1..])
+        .env(c::RANK, info.rank.to_string())
+        .env(c::WORLD_SIZE, info.world_size.to_string())
+        .env(c::LOCAL_RANK, info.local_rank.to_string())
+        .env(c::LOCAL_WORLD_SIZE, info.local_size.to_string())
+        .env(c::NODE_RANK, info.node_rank.to_string())
+        .env(c::MASTER_ADDR, &info.master_addr)
+        .env(c::MASTER_PORT, info.master_port.to_string())
+        .exec();
+    Err((
+        Some(console),
+        Fatal::invalid(anyhow::anyhow!("cannot run {:?}: {err}", a.program[0])),
+    ))
+}

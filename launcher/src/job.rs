@@ -1,0 +1,409 @@
+//! One job from flags to exit code: pre-flight → plan → (dry run | supervise) → outcome.
+use crate::launch::{self, CommandSpec, LaunchArgs, LauncherKind, Plan};
+use crate::report::{self, FailureSummary};
+use crate::supervise::{self, Ended, Settings};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tchrun::exit::ErrorKind;
+use tchrun::files;
+
+/// A job that could not run, with the kind that decides the exit code.
+#[derive(Debug)]
+pub struct JobError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl JobError {
+    pub fn invalid(message: impl Into<String>) -> JobError {
+        JobError {
+            kind: ErrorKind::InvalidInput,
+            message: message.into(),
+        }
+    }
+    pub fn launch(message: impl Into<String>) -> JobError {
+        JobError {
+            kind: ErrorKind::LaunchFailed,
+            message: message.into(),
+        }
+    }
+}
+
+/// `p` made absolute against the current directory (ranks may run elsewhere).
+pub fn absolute(p: PathBuf) -> PathBuf {
+    if p.is_absolute() {
+        p
+    } else {
+        std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+fn default_worker() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let w = exe.parent()?.join("tchrun-worker");
+    w.is_file().then_some(w)
+}
+
+fn cores() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}
+
+/// Pre-flight of the launch flags: everything checkable before a rank starts.
+pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
+    let worker = match &args.worker {
+        Some(w) => absolute(w.clone()),
+        None => default_worker().ok_or_else(|| {
+            JobError::invalid("tchrun-worker not found beside tchrun; pass --worker PATH (the same path on every node)")
+        })?,
+    };
+    if !worker.is_file() {
+        return Err(JobError::invalid(format!(
+            "--worker {}: no such file; build it with `cargo build --release` or pass the right path",
+            worker.display()
+        )));
+    }
+    let in_slurm = std::env::var_os("SLURM_JOB_ID").is_some();
+    let kind = match args.launcher {
+        LauncherKind::Auto if in_slurm && args.hostfile.is_none() && args.hosts.is_empty() => LauncherKind::Srun,
+        LauncherKind::Auto if on_path("mpirun") => LauncherKind::Mpirun,
+        LauncherKind::Auto if args.nodes == 1 && args.hostfile.is_none() && args.hosts.is_empty() => LauncherKind::Local,
+        LauncherKind::Auto => {
+            return Err(JobError::invalid(
+                "a multi-node job needs mpirun (install OpenMPI: scripts/setup.sh) or a Slurm allocation",
+            ))
+        }
+        k => k,
+    };
+    match kind {
+        LauncherKind::Mpirun if !on_path("mpirun") => {
+            return Err(JobError::invalid("--launcher mpirun: mpirun is not on PATH; install OpenMPI (scripts/setup.sh) or use --launcher local"))
+        }
+        LauncherKind::Srun if !on_path("srun") => {
+            return Err(JobError::invalid("--launcher srun: srun is not on PATH; run inside a Slurm allocation or use --launcher mpirun"))
+        }
+        LauncherKind::Srun if !in_slurm => {
+            return Err(JobError::invalid("--launcher srun: not inside a Slurm allocation (SLURM_JOB_ID unset); use `tchrun sbatch` or salloc"))
+        }
+        LauncherKind::Local if args.nodes > 1 || args.hostfile.is_some() || !args.hosts.is_empty() => {
+            return Err(JobError::invalid(format!(
+                "--launcher local runs on this host only; --nodes {} needs --launcher mpirun or srun",
+                args.nodes
+            )))
+        }
+        _ => {}
+    }
+    let mut hosts = Vec::new();
+    if let Some(f) = &args.hostfile {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| JobError::invalid(format!("--hostfile {}: {e}", f.display())))?;
+        hosts = launch::parse_hostfile(f, &text)
+            .map_err(|e| JobError::invalid(format!("--hostfile {e}")))?;
+        if hosts.is_empty() {
+            return Err(JobError::invalid(format!(
+                "--hostfile {}: no hosts in it",
+                f.display()
+            )));
+        }
+    } else if !args.hosts.is_empty() {
+        hosts = args
+            .hosts
+            .iter()
+            .map(|h| launch::Host {
+                name: h.clone(),
+                slots: None,
+            })
+            .collect();
+    }
+    if !hosts.is_empty() && (args.nodes as usize) > hosts.len() {
+        return Err(JobError::invalid(format!(
+            "--nodes {} is more than the {} host(s) given ({}); lower --nodes or add hosts",
+            args.nodes,
+            hosts.len(),
+            hosts
+                .iter()
+                .map(|h| h.name.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        )));
+    }
+    if hosts.is_empty() && kind != LauncherKind::Srun {
+        if args.nodes > 1 {
+            return Err(JobError::invalid(format!(
+                "--nodes {} needs the hosts: pass --hostfile FILE or --hosts a,b (or run inside a Slurm allocation)",
+                args.nodes
+            )));
+        }
+        let c = cores();
+        if args.procs_per_node > c && !args.oversubscribe {
+            return Err(JobError::invalid(format!(
+                "--procs-per-node {} exceeds the {c} CPU cores of this host; lower --procs-per-node to {c} or pass --oversubscribe",
+                args.procs_per_node
+            )));
+        }
+    }
+    let mpirun_args = match &args.mpirun_args {
+        Some(s) => {
+            shell_words::split(s).map_err(|e| JobError::invalid(format!("--mpirun-args: {e}")))?
+        }
+        None => Vec::new(),
+    };
+    Ok(Plan {
+        kind,
+        nodes: args.nodes,
+        procs_per_node: args.procs_per_node,
+        hosts: if args.hostfile.is_some() {
+            Vec::new()
+        } else {
+            hosts
+        },
+        hostfile: args.hostfile.clone().map(absolute),
+        oversubscribe: args.oversubscribe,
+        worker,
+        log_dir,
+        mpirun_args,
+        as_root: nix::unistd::geteuid().is_root(),
+    })
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
+        .local_addr()?
+        .port())
+}
+
+/// The commands for a plan.
+fn commands(plan: &Plan, worker_args: &[String]) -> Result<Vec<CommandSpec>, JobError> {
+    let forward = launch::forwarded_vars(std::env::vars().map(|(k, _)| k));
+    Ok(match plan.kind {
+        LauncherKind::Mpirun | LauncherKind::Auto => {
+            vec![launch::mpirun_command(plan, worker_args, &forward)]
+        }
+        LauncherKind::Srun => vec![launch::srun_command(plan, worker_args)],
+        LauncherKind::Local => {
+            let port =
+                free_port().map_err(|e| JobError::launch(format!("no free local port: {e}")))?;
+            launch::local_commands(plan, worker_args, port)
+        }
+    })
+}
+
+fn print_dry_run(plan: &Plan, specs: &[CommandSpec]) {
+    println!(
+        "# launcher: {:?}, {} rank(s): {} node(s) x {} per node",
+        plan.kind,
+        plan.world_size(),
+        plan.nodes,
+        plan.procs_per_node
+    );
+    println!("# log directory: {}", plan.log_dir.display());
+    let forward = launch::forwarded_vars(std::env::vars().map(|(k, _)| k));
+    if !forward.is_empty() {
+        println!("# environment forwarded to the ranks:");
+        for k in &forward {
+            let v = std::env::var(k).unwrap_or_default();
+            let shown = if launch::is_secret(k) {
+                "<redacted>".to_string()
+            } else {
+                v
+            };
+            println!("#   {k}={shown}");
+        }
+    }
+    for s in specs {
+        let env: Vec<String> = s
+            .env
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k}={}",
+                    if launch::is_secret(k) {
+                        "<redacted>"
+                    } else {
+                        v
+                    }
+                )
+            })
+            .collect();
+        if env.is_empty() {
+            println!("{}", s.display());
+        } else {
+            println!("{} {}", env.join(" "), s.display());
+        }
+    }
+}
+
+/// Removes driver logs and summaries of an earlier job in the same directory, so that what is
+/// there after the run belongs to this run.
+fn clear_stale(log_dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(log_dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if files::driver_log_rank(&name).is_some() || name == files::FAILURE_JSON {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// mpirun's "Process name: [[job,1],R] ... Exit code: C" of the first failing rank.
+fn mpirun_first_failure(tail: &[String]) -> (Option<usize>, Option<i32>) {
+    let mut rank = None;
+    let mut code = None;
+    for l in tail {
+        let t = l.trim();
+        if let Some(rest) = t.strip_prefix("Process name:") {
+            rank = rest
+                .trim()
+                .trim_end_matches(']')
+                .rsplit(',')
+                .next()
+                .and_then(|r| r.trim().parse().ok());
+        } else if let Some(rest) = t.strip_prefix("Exit code:") {
+            code = rest.trim().parse().ok();
+        }
+    }
+    (rank, code)
+}
+
+fn launch_failure_message(plan: &Plan, tail: &[String]) -> String {
+    let text = tail.join("\n");
+    if text.contains("not enough slots") {
+        format!(
+            "mpirun refused {} rank(s): not enough slots. Lower --procs-per-node ({}) or --nodes ({}), \
+             raise slots= in the --hostfile, or pass --oversubscribe",
+            plan.world_size(),
+            plan.procs_per_node,
+            plan.nodes
+        )
+    } else if text.contains("unable to reliably start")
+        || text.contains("ORTE does not know how to route")
+    {
+        "mpirun could not start its daemons on the hosts (ssh failed or a host is unreachable); check --hostfile/--hosts and passwordless ssh".into()
+    } else if text.contains("was unable to find the specified executable")
+        || text.contains("No such file")
+    {
+        format!("the worker {} was not found on every node; install it at the same path or pass --worker", plan.worker.display())
+    } else {
+        "the ranks could not be started".into()
+    }
+}
+
+/// Runs a job end to end; returns the exit code.
+pub fn run_job(
+    args: &LaunchArgs,
+    log_dir: PathBuf,
+    worker_args: Vec<String>,
+) -> Result<i32, JobError> {
+    let plan = plan(args, log_dir)?;
+    let specs = commands(&plan, &worker_args)?;
+    if args.dry_run {
+        print_dry_run(&plan, &specs);
+        return Ok(0);
+    }
+    std::fs::create_dir_all(&plan.log_dir).map_err(|e| {
+        JobError::invalid(format!(
+            "--log-dir {}: cannot create it: {e}",
+            plan.log_dir.display()
+        ))
+    })?;
+    clear_stale(&plan.log_dir);
+    let mpi_log_path = files::mpi_log(&plan.log_dir);
+    let mut mpi_log = std::fs::File::create(&mpi_log_path)
+        .map_err(|e| JobError::invalid(format!("cannot write {}: {e}", mpi_log_path.display())))?;
+    {
+        use std::io::Write;
+        for s in &specs {
+            let _ = writeln!(mpi_log, "# {}", s.display());
+        }
+    }
+    let settings = Settings {
+        fail_fast: plan.kind == LauncherKind::Local,
+        grace: Duration::from_secs(10),
+        prefixes: Vec::new(),
+    };
+    let outcome = supervise::run(&specs, mpi_log, &settings)
+        .map_err(|e| JobError::launch(format!("{e} (see {})", mpi_log_path.display())))?;
+    if let Some(sig) = outcome.interrupted {
+        let kind = if sig == signal_hook::consts::SIGINT {
+            ErrorKind::InterruptedInt
+        } else {
+            ErrorKind::InterruptedTerm
+        };
+        eprintln!(
+            "tchrun: interrupted; all ranks stopped (logs in {})",
+            plan.log_dir.display()
+        );
+        return Ok(kind.exit_code());
+    }
+    let Some(first) = outcome.first_failure.clone() else {
+        return Ok(0);
+    };
+    let logs = report::read_driver_logs(&plan.log_dir);
+    if logs.is_empty() {
+        let message = launch_failure_message(&plan, &outcome.tail);
+        let summary = FailureSummary {
+            rank: None,
+            host: None,
+            local_rank: None,
+            exit_code: Some(first.ended.as_code()),
+            signal: None,
+            time: None,
+            classification: "launch error".into(),
+            message: message.clone(),
+            log: None,
+            tail: outcome.tail.iter().rev().take(15).rev().cloned().collect(),
+            exit_status: ErrorKind::LaunchFailed.exit_code(),
+        };
+        report::write_summary(&plan.log_dir, &summary);
+        return Err(JobError::launch(format!(
+            "{message}\n  launcher output: {}",
+            mpi_log_path.display()
+        )));
+    }
+    // Which rank: local ranks are one process each; mpirun names the first one.
+    let (hint_rank, hint_code) = match plan.kind {
+        LauncherKind::Local => (Some(first.index), Some(first.ended.as_code())),
+        _ => mpirun_first_failure(&outcome.tail),
+    };
+    let code = hint_code.unwrap_or(first.ended.as_code());
+    let kind = ErrorKind::from_worker_exit(code).unwrap_or(ErrorKind::RankFailed);
+    let culprit = report::first_failing(&logs, hint_rank);
+    let (message, classification) = match culprit.and_then(|c| c.first_error.clone()) {
+        Some((_, msg)) => (msg.clone(), report::classify(&msg).to_string()),
+        None => match first.ended {
+            Ended::Signal(s) => (format!("killed by signal {s}"), "killed by signal".into()),
+            Ended::Code(c) if c > 128 => (
+                format!("killed by signal {}", c - 128),
+                "killed by signal".into(),
+            ),
+            Ended::Code(c) => (format!("exited with code {c}"), "error".into()),
+        },
+    };
+    let summary = FailureSummary {
+        rank: culprit.map(|c| c.rank),
+        host: culprit.map(|c| c.host.clone()),
+        local_rank: culprit.and_then(|c| c.local_rank),
+        exit_code: Some(code),
+        signal: match first.ended {
+            Ended::Signal(s) => Some(s),
+            _ => None,
+        },
+        time: culprit.and_then(|c| c.first_error.as_ref().map(|e| e.0.clone())),
+        classification,
+        message,
+        log: culprit.map(|c| c.path.clone()),
+        tail: culprit.map(|c| c.tail.clone()).unwrap_or_default(),
+        exit_status: kind.exit_code(),
+    };
+    report::write_summary(&plan.log_dir, &summary);
+    eprint!("{}", report::render(&summary, &plan.log_dir));
+    Ok(kind.exit_code())
+}

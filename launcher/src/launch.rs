@@ -1,0 +1,364 @@
+//! Launch policy: which launcher runs the ranks and the exact command line it gets. Pure
+//! functions from a validated `Plan` to `CommandSpec`s, unit-tested; nothing here spawns.
+use clap::{Args, ValueEnum};
+use std::path::{Path, PathBuf};
+
+/// How ranks are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LauncherKind {
+    /// srun inside a Slurm allocation, else mpirun when installed, else local processes.
+    Auto,
+    Mpirun,
+    Srun,
+    Local,
+}
+
+/// Launch flags (the design's names; each also reads `TCHRUN_<FLAG>`).
+#[derive(Args, Debug, Clone)]
+pub struct LaunchArgs {
+    /// Nodes to run on.
+    #[arg(long, env = "TCHRUN_NODES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub nodes: u32,
+    /// Ranks per node (at most the GPUs per node on CUDA, the cores on CPU).
+    #[arg(long, env = "TCHRUN_PROCS_PER_NODE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub procs_per_node: u32,
+    /// How to start the ranks.
+    #[arg(long, env = "TCHRUN_LAUNCHER", value_enum, default_value_t = LauncherKind::Auto)]
+    pub launcher: LauncherKind,
+    /// OpenMPI hostfile (`host slots=N` lines).
+    #[arg(long, env = "TCHRUN_HOSTFILE", conflicts_with = "hosts")]
+    pub hostfile: Option<PathBuf>,
+    /// Comma-separated hosts (instead of --hostfile).
+    #[arg(long, env = "TCHRUN_HOSTS", value_delimiter = ',')]
+    pub hosts: Vec<String>,
+    /// Allow more ranks than slots/cores (mpirun --oversubscribe).
+    #[arg(long, env = "TCHRUN_OVERSUBSCRIBE")]
+    pub oversubscribe: bool,
+    /// Print the exact command and environment, start nothing.
+    #[arg(long, env = "TCHRUN_DRY_RUN")]
+    pub dry_run: bool,
+    /// The tchrun-worker binary (default: the one beside tchrun, which must exist at the same
+    /// path on every node).
+    #[arg(long, env = "TCHRUN_WORKER")]
+    pub worker: Option<PathBuf>,
+    /// Extra arguments for mpirun, one string (e.g. "--mca btl self,tcp").
+    #[arg(long, env = "TCHRUN_MPIRUN_ARGS", allow_hyphen_values = true)]
+    pub mpirun_args: Option<String>,
+}
+
+/// A host of a hostfile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub name: String,
+    pub slots: Option<u32>,
+}
+
+/// A hostfile line that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}:{line}: {why}")]
+pub struct HostfileError {
+    pub path: PathBuf,
+    pub line: usize,
+    pub why: String,
+}
+
+/// Parses OpenMPI's hostfile syntax: `host [slots=N] [max_slots=N]`, `#` comments.
+pub fn parse_hostfile(path: &Path, text: &str) -> Result<Vec<Host>, HostfileError> {
+    let mut hosts: Vec<Host> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let err = |why: String| HostfileError {
+            path: path.to_path_buf(),
+            line: i + 1,
+            why,
+        };
+        let mut parts = line.split_whitespace();
+        let name = parts.next().unwrap_or_default().to_string();
+        if name.contains('=') {
+            return Err(err(format!("expected a host name first, got '{name}'")));
+        }
+        let mut slots = None;
+        for p in parts {
+            match p.split_once('=') {
+                Some(("slots", v)) | Some(("max_slots", v)) | Some(("max-slots", v)) => {
+                    let n: u32 = v
+                        .parse()
+                        .map_err(|_| err(format!("'{p}': slots must be a positive integer")))?;
+                    if n == 0 {
+                        return Err(err(format!("'{p}': slots must be a positive integer")));
+                    }
+                    if p.starts_with("slots") {
+                        slots = Some(n);
+                    }
+                }
+                _ => return Err(err(format!("unknown field '{p}' (expected slots=N)"))),
+            }
+        }
+        if let Some(h) = hosts.iter_mut().find(|h| h.name == name) {
+            // OpenMPI adds up repeated hosts.
+            h.slots = Some(h.slots.unwrap_or(1) + slots.unwrap_or(1));
+        } else {
+            hosts.push(Host { name, slots });
+        }
+    }
+    Ok(hosts)
+}
+
+/// A validated launch.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub kind: LauncherKind,
+    pub nodes: u32,
+    pub procs_per_node: u32,
+    pub hosts: Vec<Host>,
+    pub hostfile: Option<PathBuf>,
+    pub oversubscribe: bool,
+    pub worker: PathBuf,
+    pub log_dir: PathBuf,
+    pub mpirun_args: Vec<String>,
+    pub as_root: bool,
+}
+
+impl Plan {
+    pub fn world_size(&self) -> u32 {
+        self.nodes * self.procs_per_node
+    }
+}
+
+/// One process to spawn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandSpec {
+    pub program: String,
+    pub args: Vec<String>,
+    /// Variables set for the child (on top of the inherited environment).
+    pub env: Vec<(String, String)>,
+}
+
+impl CommandSpec {
+    /// The command as one shell-quoted line.
+    pub fn display(&self) -> String {
+        // shell_words quotes every '=': keep `--flag=value` words readable.
+        let plain = |w: &str| {
+            !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+        };
+        std::iter::once(&self.program)
+            .chain(&self.args)
+            .map(|w| {
+                if plain(w) {
+                    w.clone()
+                } else {
+                    shell_words::quote(w).into_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// Names of the variables forwarded to remote ranks, from the current environment.
+pub fn forwarded_vars(vars: impl Iterator<Item = String>) -> Vec<String> {
+    use tchrun::env::{FORWARD_NAMES, FORWARD_PREFIXES};
+    let mut v: Vec<String> = vars
+        .filter(|k| {
+            FORWARD_NAMES.contains(&k.as_str()) || FORWARD_PREFIXES.iter().any(|p| k.starts_with(p))
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// `mpirun -np N --map-by ppr:P:node ... WORKER ARGS`.
+pub fn mpirun_command(plan: &Plan, worker_args: &[String], forward: &[String]) -> CommandSpec {
+    let mut args = vec!["-np".to_string(), plan.world_size().to_string()];
+    args.extend([
+        "--map-by".into(),
+        format!("ppr:{}:node", plan.procs_per_node),
+    ]);
+    // Ranks size their own thread pools (cores / local ranks); OpenMPI's default core
+    // binding would pin each rank to one core.
+    args.extend(["--bind-to".into(), "none".into()]);
+    if let Some(f) = &plan.hostfile {
+        args.extend(["--hostfile".into(), f.display().to_string()]);
+    } else if !plan.hosts.is_empty() {
+        let hosts: Vec<String> = plan
+            .hosts
+            .iter()
+            .map(|h| format!("{}:{}", h.name, plan.procs_per_node))
+            .collect();
+        args.extend(["--host".into(), hosts.join(",")]);
+    }
+    if plan.oversubscribe {
+        args.push("--oversubscribe".into());
+    }
+    if plan.as_root {
+        args.push("--allow-run-as-root".into());
+    }
+    for k in forward {
+        args.extend(["-x".into(), k.clone()]);
+    }
+    args.extend(plan.mpirun_args.iter().cloned());
+    args.push(plan.worker.display().to_string());
+    args.extend(worker_args.iter().cloned());
+    CommandSpec {
+        program: "mpirun".into(),
+        args,
+        env: Vec::new(),
+    }
+}
+
+/// `srun --nodes N --ntasks-per-node P --mpi=pmix ... WORKER ARGS` (inside an allocation).
+pub fn srun_command(plan: &Plan, worker_args: &[String]) -> CommandSpec {
+    let mut args = vec![
+        format!("--nodes={}", plan.nodes),
+        format!("--ntasks={}", plan.world_size()),
+        format!("--ntasks-per-node={}", plan.procs_per_node),
+        "--mpi=pmix".into(),
+        "--kill-on-bad-exit=1".into(),
+        "--export=ALL".into(),
+    ];
+    if plan.oversubscribe {
+        args.push("--overcommit".into());
+    }
+    args.push(plan.worker.display().to_string());
+    args.extend(worker_args.iter().cloned());
+    CommandSpec {
+        program: "srun".into(),
+        args,
+        env: Vec::new(),
+    }
+}
+
+/// One local process per rank with torchrun's environment contract.
+pub fn local_commands(plan: &Plan, worker_args: &[String], master_port: u16) -> Vec<CommandSpec> {
+    use tchrun::env as c;
+    let world = plan.world_size();
+    (0..world)
+        .map(|rank| CommandSpec {
+            program: plan.worker.display().to_string(),
+            args: worker_args.to_vec(),
+            env: vec![
+                (c::RANK.into(), rank.to_string()),
+                (c::WORLD_SIZE.into(), world.to_string()),
+                (c::LOCAL_RANK.into(), rank.to_string()),
+                (c::LOCAL_WORLD_SIZE.into(), world.to_string()),
+                (c::NODE_RANK.into(), "0".into()),
+                (c::MASTER_ADDR.into(), "127.0.0.1".into()),
+                (c::MASTER_PORT.into(), master_port.to_string()),
+            ],
+        })
+        .collect()
+}
+
+/// Whether an environment variable's value must not be shown.
+pub fn is_secret(name: &str) -> bool {
+    let n = name.to_ascii_uppercase();
+    ["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"]
+        .iter()
+        .any(|s| n.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        Plan {
+            kind: LauncherKind::Mpirun,
+            nodes: 2,
+            procs_per_node: 4,
+            hosts: vec![
+                Host {
+                    name: "a".into(),
+                    slots: None,
+                },
+                Host {
+                    name: "b".into(),
+                    slots: None,
+                },
+            ],
+            hostfile: None,
+            oversubscribe: false,
+            worker: PathBuf::from("/opt/tchrun/tchrun-worker"),
+            log_dir: PathBuf::from("/tmp/logs"),
+            mpirun_args: vec![],
+            as_root: true,
+        }
+    }
+
+    #[test]
+    fn mpirun_line() {
+        let c = mpirun_command(&plan(), &["selftest".into()], &["TCHRUN_X".into()]);
+        assert_eq!(
+            c.display(),
+            "mpirun -np 8 --map-by ppr:4:node --bind-to none --host a:4,b:4 --allow-run-as-root -x TCHRUN_X /opt/tchrun/tchrun-worker selftest"
+        );
+    }
+
+    #[test]
+    fn srun_line() {
+        let c = srun_command(&plan(), &["train".into()]);
+        assert!(
+            c.display()
+                .starts_with("srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --mpi=pmix"),
+            "{}",
+            c.display()
+        );
+    }
+
+    #[test]
+    fn local_env() {
+        let mut p = plan();
+        p.nodes = 1;
+        p.procs_per_node = 2;
+        let cs = local_commands(&p, &[], 29511);
+        assert_eq!(cs.len(), 2);
+        assert!(cs[1].env.contains(&("RANK".into(), "1".into())));
+        assert!(cs[1].env.contains(&("MASTER_PORT".into(), "29511".into())));
+    }
+
+    #[test]
+    fn hostfiles() {
+        let p = Path::new("hf");
+        let h = parse_hostfile(
+            p,
+            "# c\nnode1 slots=2\nnode2 max_slots=4 slots=3\n\nnode1\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            h,
+            vec![
+                Host {
+                    name: "node1".into(),
+                    slots: Some(3)
+                },
+                Host {
+                    name: "node2".into(),
+                    slots: Some(3)
+                }
+            ]
+        );
+        let e = parse_hostfile(p, "node1 slots=x").expect_err("bad");
+        assert_eq!(e.line, 1);
+        assert!(parse_hostfile(p, "node1 cpus=2").is_err());
+        assert!(parse_hostfile(p, "slots=2").is_err());
+    }
+
+    #[test]
+    fn secrets_and_forwarding() {
+        assert!(
+            is_secret("HF_TOKEN") && is_secret("aws_secret_access_key") && !is_secret("NCCL_DEBUG")
+        );
+        let f = forwarded_vars(
+            ["NCCL_DEBUG", "HOME", "TCHRUN_EPOCHS", "PATH"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        assert_eq!(f, vec!["NCCL_DEBUG", "PATH", "TCHRUN_EPOCHS"]);
+    }
+}

@@ -1,0 +1,245 @@
+//! A failure is data: reads the driver logs of a log directory, decides which rank failed
+//! first and why, and renders the summary (terminal and `failure.json`); also the per-rank
+//! overview of `tchrun logs DIR`.
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tchrun::files;
+
+/// What a driver log says about its rank.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankLog {
+    pub rank: usize,
+    pub path: PathBuf,
+    pub host: String,
+    pub local_rank: Option<usize>,
+    pub pid: Option<u32>,
+    /// Timestamp and text of the first ERROR event, if any.
+    pub first_error: Option<(String, String)>,
+    /// The last meaningful lines (libtorch's C++ stack frames left out).
+    pub tail: Vec<String>,
+}
+
+const TAIL: usize = 15;
+
+fn is_noise(line: &str) -> bool {
+    let t = line.trim_start();
+    t.starts_with("frame #") || t.starts_with("Exception raised from") || t.is_empty()
+}
+
+/// Reads one driver log.
+pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
+    let bytes = std::fs::read(path).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let mut host = String::from("?");
+    let mut local_rank = None;
+    let mut pid = None;
+    let mut first_error = None;
+    let mut body = Vec::new();
+    let mut in_header = true;
+    for line in text.lines() {
+        if in_header {
+            if line == "---" {
+                in_header = false;
+                continue;
+            }
+            if let Some((k, v)) = line.split_once(": ") {
+                match k {
+                    "host" => host = v.to_string(),
+                    "local_rank" => local_rank = v.parse().ok(),
+                    "pid" => pid = v.parse().ok(),
+                    _ => {}
+                }
+            }
+            continue;
+        }
+        if first_error.is_none() {
+            if let Some((ts, rest)) = line.split_once("  ERROR ") {
+                first_error = Some((ts.trim().to_string(), rest.trim().to_string()));
+            }
+        }
+        if !is_noise(line) {
+            body.push(line.to_string());
+        }
+    }
+    let tail = body[body.len().saturating_sub(TAIL)..].to_vec();
+    Some(RankLog {
+        rank,
+        path: path.to_path_buf(),
+        host,
+        local_rank,
+        pid,
+        first_error,
+        tail,
+    })
+}
+
+/// All driver logs of a directory, by rank.
+pub fn read_driver_logs(dir: &Path) -> Vec<RankLog> {
+    let mut logs: Vec<RankLog> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    files::driver_log_rank(&name).and_then(|r| read_driver_log(&e.path(), r))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    logs.sort_by_key(|l| l.rank);
+    logs
+}
+
+/// Kinds of failure tchrun can tell apart.
+pub fn classify(text: &str) -> &'static str {
+    let t = text.to_ascii_lowercase();
+    if t.contains("out of memory") || t.contains("cannot allocate memory") {
+        "out of memory"
+    } else if t.contains("nan") && t.contains("loss") || t.contains("diverged") {
+        "training diverged (NaN/inf loss)"
+    } else if t.contains("nccl") || t.contains("cuda error") || t.contains("cudnn") {
+        "CUDA/NCCL error"
+    } else if t.contains("dataseterror")
+        || t.contains("badimage")
+        || t.contains("image") && t.contains("decode")
+    {
+        "data error"
+    } else if t.contains("invalidmodeldirectoryerror") || t.contains("invalid") {
+        "invalid input"
+    } else if t.contains("connection")
+        || t.contains("timed out")
+        || t.contains("gloo")
+        || t.contains("c10d")
+    {
+        "communication error (a peer failed or the network is unreachable)"
+    } else {
+        "error"
+    }
+}
+
+/// The failure summary of a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FailureSummary {
+    pub rank: Option<usize>,
+    pub host: Option<String>,
+    pub local_rank: Option<usize>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub time: Option<String>,
+    pub classification: String,
+    pub message: String,
+    pub log: Option<PathBuf>,
+    pub tail: Vec<String>,
+    pub exit_status: i32,
+}
+
+/// Picks the first failing rank: the earliest first ERROR among the logs, else `hint_rank`
+/// (what mpirun or the supervisor saw exit first).
+pub fn first_failing<'a>(logs: &'a [RankLog], hint_rank: Option<usize>) -> Option<&'a RankLog> {
+    let by_error = logs
+        .iter()
+        .filter(|l| l.first_error.is_some())
+        .min_by(|a, b| {
+            a.first_error
+                .as_ref()
+                .map(|e| &e.0)
+                .cmp(&b.first_error.as_ref().map(|e| &e.0))
+        });
+    match (hint_rank, by_error) {
+        (Some(r), Some(e)) => {
+            // A rank that died without an ERROR line (killed) is the root cause over peers
+            // that merely lost it afterwards.
+            let hinted = logs.iter().find(|l| l.rank == r);
+            match hinted {
+                Some(h) if h.first_error.is_none() => Some(h),
+                _ => Some(e),
+            }
+        }
+        (None, Some(e)) => Some(e),
+        (Some(r), None) => logs.iter().find(|l| l.rank == r),
+        (None, None) => None,
+    }
+}
+
+/// Renders a summary for the terminal.
+pub fn render(s: &FailureSummary, log_dir: &Path) -> String {
+    let mut out = String::new();
+    match s.rank {
+        Some(r) => {
+            out.push_str(&format!(
+                "tchrun: rank {r} failed first (host {}, local rank {})",
+                s.host.as_deref().unwrap_or("?"),
+                s.local_rank
+                    .map(|l| l.to_string())
+                    .unwrap_or_else(|| "?".into())
+            ));
+            if let Some(c) = s.exit_code {
+                out.push_str(&format!(", exit code {c}"));
+            }
+            if let Some(sig) = s.signal {
+                out.push_str(&format!(", killed by signal {sig}"));
+            }
+            if let Some(t) = &s.time {
+                out.push_str(&format!(", at {t}"));
+            }
+            out.push('\n');
+        }
+        None => out.push_str("tchrun: the job failed\n"),
+    }
+    out.push_str(&format!("  cause: {}: {}\n", s.classification, s.message));
+    match &s.log {
+        Some(p) => {
+            out.push_str(&format!("  last lines of {}:\n", p.display()));
+            for l in &s.tail {
+                out.push_str(&format!("    | {l}\n"));
+            }
+        }
+        None => out.push_str(&format!(
+            "  no driver log was written; see {} for the launcher's output\n",
+            files::mpi_log(log_dir).display()
+        )),
+    }
+    out
+}
+
+/// Writes `failure.json` (best effort: the summary is also printed).
+pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
+    if let Ok(text) = serde_json::to_string_pretty(s) {
+        let tmp = log_dir.join(format!(".{}.tmp", files::FAILURE_JSON));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, log_dir.join(files::FAILURE_JSON));
+        }
+    }
+}
+
+/// `tchrun logs DIR`: the stored failure summary, or a per-rank overview.
+pub fn logs_command(dir: &Path) -> Result<String, String> {
+    if !dir.is_dir() {
+        return Err(format!(
+            "{}: not a directory; give a job's log directory (default <output>/logs)",
+            dir.display()
+        ));
+    }
+    if let Ok(text) = std::fs::read_to_string(dir.join(files::FAILURE_JSON)) {
+        if let Ok(s) = serde_json::from_str::<FailureSummary>(&text) {
+            return Ok(render(&s, dir));
+        }
+    }
+    let logs = read_driver_logs(dir);
+    if logs.is_empty() {
+        return Ok(format!(
+            "no driver logs in {}; see {}\n",
+            dir.display(),
+            files::mpi_log(dir).display()
+        ));
+    }
+    let mut out = format!(
+        "{} ranks logged in {}; no failure recorded\n",
+        logs.len(),
+        dir.display()
+    );
+    for l in &logs {
+        let last = l.tail.last().map(String::as_str).unwrap_or("");
+        out.push_str(&format!("  rank {:>3} {:<16} {}\n", l.rank, l.host, last));
+    }
+    Ok(out)
+}

@@ -1,0 +1,193 @@
+//! Helpers of the integration tests: the real binaries, bounded runs, temp dirs.
+#![allow(dead_code)]
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Directory of the built binaries (`target/release` when the tests run from there).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    assert!(
+        dir.join("tchrun").is_file() && dir.join("tchrun-worker").is_file(),
+        "build the binaries first: cargo build --release (looked in {})",
+        dir.display()
+    );
+    dir
+}
+
+pub fn tchrun() -> Command {
+    let mut c = Command::new(bin_dir().join("tchrun"));
+    c.env("RUST_BACKTRACE", "0");
+    c
+}
+
+pub fn worker_path() -> PathBuf {
+    bin_dir().join("tchrun-worker")
+}
+
+pub fn worker() -> Command {
+    Command::new(worker_path())
+}
+
+/// `mpirun` with what running as root on a small machine needs.
+pub fn mpirun(np: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-np",
+        &np.to_string(),
+    ]);
+    c
+}
+
+/// The result of a bounded run.
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+    pub what: String,
+}
+
+impl Run {
+    /// Everything a failing assertion should show.
+    pub fn explain(&self) -> String {
+        format!(
+            "command: {}\nexit: {:?} after {:.1}s\n--- stdout\n{}\n--- stderr\n{}",
+            self.what,
+            self.code,
+            self.elapsed.as_secs_f64(),
+            self.stdout,
+            self.stderr
+        )
+    }
+}
+
+/// Runs `cmd` to its end or kills it (and its process group) after `limit`.
+pub fn run(cmd: &mut Command, limit: Duration) -> Run {
+    use std::os::unix::process::CommandExt;
+    let what = format!("{cmd:?}");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let pid = child.id() as i32;
+    let out = child.stdout.take().expect("stdout");
+    let err = child.stderr.take().expect("stderr");
+    let to = std::thread::spawn(move || std::io::read_to_string(out).unwrap_or_default());
+    let te = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            unsafe { libc_kill(-pid, 9) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    let stdout = to.join().unwrap_or_default();
+    let stderr = te.join().unwrap_or_default();
+    let code = status.and_then(|s| s.code());
+    assert!(
+        status.is_some(),
+        "timed out after {limit:?}: {what}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    Run {
+        code,
+        stdout,
+        stderr,
+        elapsed,
+        what,
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("tchrun-test-")
+        .tempdir()
+        .expect("tempdir")
+}
+
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Asserts the driver logs 0..n exist with their header and returns their texts.
+pub fn driver_logs(dir: &Path, n: usize) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    let logs: Vec<String> = (0..n)
+        .map(|r| {
+            let p = dir.join(format!("70_driver_log_{r}"));
+            assert!(p.is_file(), "missing {} (dir has {names:?})", p.display());
+            read(&p)
+        })
+        .collect();
+    assert!(
+        !dir.join(format!("70_driver_log_{n}")).exists(),
+        "more driver logs than ranks: {names:?}"
+    );
+    for (r, text) in logs.iter().enumerate() {
+        for field in [
+            "host: ",
+            &format!("rank: {r}\n"),
+            "local_rank: ",
+            &format!("world_size: {n}\n"),
+            "pid: ",
+            "device: ",
+            "backend: ",
+            "tchrun: ",
+            "torch: 2.11.0",
+        ] {
+            assert!(
+                text.contains(field),
+                "driver log {r} lacks '{field}':\n{text}"
+            );
+        }
+    }
+    logs
+}

@@ -1,0 +1,68 @@
+//! Raw declarations of csrc/c10d_shim.h. Only `pg.rs` calls these.
+use std::os::raw::{c_char, c_int, c_void};
+
+#[repr(C)]
+pub struct Store {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct Pg {
+    _private: [u8; 0],
+}
+
+extern "C" {
+    pub fn tchrun_c10d_free_error(err: *mut c_char);
+    pub fn tchrun_c10d_has_nccl() -> c_int;
+    pub fn tchrun_store_new(
+        host: *const c_char,
+        port: u16,
+        is_server: c_int,
+        num_workers: c_int,
+        timeout_ms: i64,
+        out: *mut *mut Store,
+        out_port: *mut u16,
+    ) -> *mut c_char;
+    pub fn tchrun_store_free(store: *mut Store);
+    pub fn tchrun_store_set(
+        store: *mut Store,
+        key: *const c_char,
+        value: *const u8,
+        len: usize,
+    ) -> *mut c_char;
+    pub fn tchrun_store_get(
+        store: *mut Store,
+        key: *const c_char,
+        out: *mut *mut u8,
+        out_len: *mut usize,
+    ) -> *mut c_char;
+    pub fn tchrun_pg_new(
+        store: *mut Store,
+        prefix: *const c_char,
+        backend: *const c_char,
+        rank: c_int,
+        size: c_int,
+        timeout_ms: i64,
+        gloo_host: *const c_char,
+        out: *mut *mut Pg,
+    ) -> *mut c_char;
+    pub fn tchrun_pg_free(pg: *mut Pg);
+    pub fn tchrun_pg_allreduce(
+        pg: *mut Pg,
+        tensors: *mut *mut c_void,
+        n: usize,
+        op: c_int,
+    ) -> *mut c_char;
+    pub fn tchrun_pg_broadcast(
+        pg: *mut Pg,
+        tensors: *mut *mut c_void,
+        n: usize,
+        root: c_int,
+    ) -> *mut c_char;
+    pub fn tchrun_pg_allgather(
+        pg: *mut Pg,
+        input: *mut c_void,
+        outputs: *mut *mut c_void,
+        n_out: usize,
+    ) -> *mut c_char;
+    pub fn tchrun_pg_barrier(pg: *mut Pg) -> *mut c_char;
+}

@@ -1,0 +1,277 @@
+//! Safe wrapper over the c10d shim: `Store` (TCPStore) and `ProcessGroup` (Gloo or NCCL).
+//! Every shim call goes through `check`, which turns a returned C++ message into `C10dError`.
+use crate::ffi;
+use std::ffi::{CStr, CString};
+use std::os::raw::c_char;
+use std::time::Duration;
+use tch::Tensor;
+
+/// A libtorch c10d call failed; the message is libtorch's, without its C++ backtrace.
+#[derive(Debug, thiserror::Error)]
+#[error("c10d {op}: {message}")]
+pub struct C10dError {
+    pub op: &'static str,
+    pub message: String,
+}
+
+fn check(op: &'static str, err: *mut c_char) -> Result<(), C10dError> {
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated malloc'd string owned by us.
+    let message = unsafe { CStr::from_ptr(err) }
+        .to_string_lossy()
+        .trim()
+        .to_string();
+    unsafe { ffi::tchrun_c10d_free_error(err) };
+    Err(C10dError { op, message })
+}
+
+fn cstring(op: &'static str, s: &str) -> Result<CString, C10dError> {
+    CString::new(s).map_err(|_| C10dError {
+        op,
+        message: format!("string contains NUL: {s:?}"),
+    })
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Whether this binary was compiled with ProcessGroupNCCL.
+pub fn has_nccl() -> bool {
+    unsafe { ffi::tchrun_c10d_has_nccl() != 0 }
+}
+
+/// A c10d TCPStore: rank 0 serves, the others connect.
+pub struct Store {
+    raw: *mut ffi::Store,
+    port: u16,
+}
+
+// SAFETY: c10d's TCPStore is thread-safe; the handle is only freed in Drop.
+unsafe impl Send for Store {}
+
+impl Store {
+    /// Serves on `host:port` (port 0: a free port, see `port()`).
+    pub fn serve(
+        host: &str,
+        port: u16,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Result<Store, C10dError> {
+        Store::new(host, port, true, world_size, timeout)
+    }
+
+    /// Connects to rank 0's store, retrying until `timeout`.
+    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Store, C10dError> {
+        Store::new(host, port, false, 0, timeout)
+    }
+
+    fn new(
+        host: &str,
+        port: u16,
+        server: bool,
+        workers: usize,
+        timeout: Duration,
+    ) -> Result<Store, C10dError> {
+        let op = if server {
+            "TCPStore serve"
+        } else {
+            "TCPStore connect"
+        };
+        let chost = cstring(op, host)?;
+        let mut raw = std::ptr::null_mut();
+        let mut actual = 0u16;
+        let workers = i32::try_from(workers).unwrap_or(i32::MAX);
+        check(op, unsafe {
+            ffi::tchrun_store_new(
+                chost.as_ptr(),
+                port,
+                server as i32,
+                workers,
+                millis(timeout),
+                &mut raw,
+                &mut actual,
+            )
+        })
+        .map_err(|e| C10dError {
+            op,
+            message: format!("{host}:{port}: {}", e.message),
+        })?;
+        Ok(Store { raw, port: actual })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<(), C10dError> {
+        let k = cstring("store set", key)?;
+        check("store set", unsafe {
+            ffi::tchrun_store_set(self.raw, k.as_ptr(), value.as_ptr(), value.len())
+        })
+    }
+
+    /// Waits (store timeout) for `key` and returns its value.
+    pub fn get(&self, key: &str) -> Result<Vec<u8>, C10dError> {
+        let k = cstring("store get", key)?;
+        let mut out = std::ptr::null_mut();
+        let mut len = 0usize;
+        check("store get", unsafe {
+            ffi::tchrun_store_get(self.raw, k.as_ptr(), &mut out, &mut len)
+        })?;
+        // SAFETY: on success `out` holds `len` malloc'd bytes that we now own.
+        let v = unsafe { std::slice::from_raw_parts(out, len) }.to_vec();
+        unsafe { ffi::tchrun_c10d_free_error(out as *mut c_char) };
+        Ok(v)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        unsafe { ffi::tchrun_store_free(self.raw) }
+    }
+}
+
+/// Reduction of an all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum = 0,
+    Avg = 1,
+    Max = 2,
+    Min = 3,
+}
+
+/// The c10d backend a group uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Gloo,
+    Nccl,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Gloo => "gloo",
+            BackendKind::Nccl => "nccl",
+        }
+    }
+}
+
+/// A c10d process group over all ranks of the job.
+pub struct ProcessGroup {
+    raw: *mut ffi::Pg,
+    rank: usize,
+    size: usize,
+    backend: BackendKind,
+}
+
+// SAFETY: c10d backends may be used from any thread; we never share &mut across threads.
+unsafe impl Send for ProcessGroup {}
+
+impl ProcessGroup {
+    /// Creates the group on its own `PrefixStore` named `name` (two groups on one raw store
+    /// collide). `local_addr` is the address this rank's Gloo device binds.
+    pub fn new(
+        store: &Store,
+        name: &str,
+        backend: BackendKind,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+        local_addr: &str,
+    ) -> Result<ProcessGroup, C10dError> {
+        let op = "ProcessGroup create";
+        if backend == BackendKind::Nccl && !has_nccl() {
+            return Err(C10dError {
+                op,
+                message: "this tchrun-worker was built without NCCL support; rebuild after scripts/setup.sh \
+                          installs the CUDA headers, or use --backend gloo"
+                    .into(),
+            });
+        }
+        let prefix = cstring(op, name)?;
+        let b = cstring(op, backend.name())?;
+        let host = cstring(op, local_addr)?;
+        let mut raw = std::ptr::null_mut();
+        check(op, unsafe {
+            ffi::tchrun_pg_new(
+                store.raw,
+                prefix.as_ptr(),
+                b.as_ptr(),
+                rank as i32,
+                size as i32,
+                millis(timeout),
+                host.as_ptr(),
+                &mut raw,
+            )
+        })?;
+        Ok(ProcessGroup {
+            raw,
+            rank,
+            size,
+            backend,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    pub fn backend(&self) -> BackendKind {
+        self.backend
+    }
+
+    /// All-reduce in place on every tensor (same shapes on every rank).
+    pub fn all_reduce(&self, tensors: &mut [&mut Tensor], op: ReduceOp) -> Result<(), C10dError> {
+        let mut ptrs: Vec<*mut std::ffi::c_void> = tensors
+            .iter_mut()
+            .map(|t| t.as_mut_ptr() as *mut _)
+            .collect();
+        check("allreduce", unsafe {
+            ffi::tchrun_pg_allreduce(self.raw, ptrs.as_mut_ptr(), ptrs.len(), op as i32)
+        })
+    }
+
+    /// Broadcast in place from `root` to every rank.
+    pub fn broadcast(&self, tensors: &mut [&mut Tensor], root: usize) -> Result<(), C10dError> {
+        let mut ptrs: Vec<*mut std::ffi::c_void> = tensors
+            .iter_mut()
+            .map(|t| t.as_mut_ptr() as *mut _)
+            .collect();
+        check("broadcast", unsafe {
+            ffi::tchrun_pg_broadcast(self.raw, ptrs.as_mut_ptr(), ptrs.len(), root as i32)
+        })
+    }
+
+    /// Every rank's `input`, in rank order.
+    pub fn all_gather(&self, input: &Tensor) -> Result<Vec<Tensor>, C10dError> {
+        let mut outputs: Vec<Tensor> = (0..self.size).map(|_| input.empty_like()).collect();
+        let mut ptrs: Vec<*mut std::ffi::c_void> = outputs
+            .iter_mut()
+            .map(|t| t.as_mut_ptr() as *mut _)
+            .collect();
+        check("allgather", unsafe {
+            ffi::tchrun_pg_allgather(
+                self.raw,
+                input.as_ptr() as *mut _,
+                ptrs.as_mut_ptr(),
+                ptrs.len(),
+            )
+        })?;
+        Ok(outputs)
+    }
+
+    pub fn barrier(&self) -> Result<(), C10dError> {
+        check("barrier", unsafe { ffi::tchrun_pg_barrier(self.raw) })
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        unsafe { ffi::tchrun_pg_free(self.raw) }
+    }
+}
