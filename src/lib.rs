@@ -3,6 +3,7 @@
 //! Both binaries (`tchrun`, `tchrun-worker`) call these; no name or code is written twice.
 //! Architecture Invariant: this crate links neither libtorch nor MPI.
 
+pub mod data;
 pub mod env;
 pub mod exit;
 pub mod files;
