@@ -12,7 +12,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 APT_PKGS=(openmpi-bin libopenmpi-dev libclang-dev libgloo-dev g++ pkg-config
-          slurmctld slurmd slurm-client munge iproute2 procps util-linux)
+          slurmctld slurmd slurm-client munge iproute2 procps util-linux fonts-dejavu-core)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -400,10 +400,25 @@ pub fn shard_real_count(len: usize, rank: usize, world: usize) -> usize {
 // Augmentation
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Training augmentation settings (torchvision's defaults: scale (0.08, 1), flip on).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainAugment {
+    /// Lower bound of RandomResizedCrop's area scale.
+    pub min_scale: f64,
+    /// RandomHorizontalFlip(0.5).
+    pub hflip: bool,
+}
+
+impl Default for TrainAugment {
+    fn default() -> Self {
+        TrainAugment { min_scale: 0.08, hflip: true }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Augment {
-    /// RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3)) + RandomHorizontalFlip(0.5).
-    Train,
+    /// RandomResizedCrop(size, scale=(min_scale, 1), ratio=(3/4, 4/3)) + RandomHorizontalFlip(0.5).
+    Train(TrainAugment),
     /// Resize(round(size * 256 / 224)) + CenterCrop(size).
     Eval,
 }
@@ -418,14 +433,14 @@ fn crop_params(
 ) -> ((f64, f64, f64, f64), bool) {
     let (wf, hf) = (w as f64, h as f64);
     match aug {
-        Augment::Train => {
+        Augment::Train(t) => {
             let (wi, hi) = (w as i64, h as i64);
             let area = wf * hf;
-            let (s0, s1) = (0.08f64, 1.0f64);
+            let (s0, s1) = (t.min_scale.clamp(1e-3, 1.0), 1.0f64);
             let (lr0, lr1) = ((3.0f64 / 4.0).ln(), (4.0f64 / 3.0).ln());
             let mut found = None;
             for _ in 0..10 {
-                let target_area = area * rng.gen_range(s0..s1);
+                let target_area = area * if s0 < s1 { rng.gen_range(s0..s1) } else { s1 };
                 let aspect = rng.gen_range(lr0..lr1).exp();
                 let cw = (target_area * aspect).sqrt().round_ties_even() as i64;
                 let ch = (target_area / aspect).sqrt().round_ties_even() as i64;
@@ -454,7 +469,7 @@ fn crop_params(
                 };
                 ((wi - cw) / 2, (hi - ch) / 2, cw, ch)
             });
-            let flip = rng.gen_bool(0.5);
+            let flip = rng.gen_bool(0.5) && t.hflip;
             ((left as f64, top as f64, cw as f64, ch as f64), flip)
         }
         Augment::Eval => {
@@ -1140,7 +1155,7 @@ mod tests {
         let f = ImageFolder::scan(d.path()).unwrap();
         assert_eq!(f.samples.len(), 21);
         let idx: Vec<usize> = (0..21).rev().collect();
-        for aug in [Augment::Train, Augment::Eval] {
+        for aug in [Augment::Train(TrainAugment::default()), Augment::Eval] {
             let it = load_batches(&f, idx.clone(), cfg(32, 8, 2, aug));
             assert_eq!(it.len(), 3);
             let batches: Vec<Batch> = it.map(|b| b.unwrap()).collect();
@@ -1269,7 +1284,7 @@ mod tests {
         let f = ImageFolder::scan(d.path()).unwrap();
         let idx = shard(f.samples.len(), 1, 2, 42, 3, true);
         let run = |threads: usize, seed: i64| -> Vec<f32> {
-            let mut c = cfg(24, 3, threads, Augment::Train);
+            let mut c = cfg(24, 3, threads, Augment::Train(TrainAugment::default()));
             c.seed = seed;
             load_batches(&f, idx.clone(), c)
                 .flat_map(|b| b.unwrap().images)
@@ -1287,7 +1302,7 @@ mod tests {
         make_dataset(d.path(), 1, 6);
         fs::write(d.path().join("class0/002.jpg"), b"not a jpeg at all").unwrap();
         let f = ImageFolder::scan(d.path()).unwrap();
-        let mut it = load_batches(&f, (0..6).collect(), cfg(16, 2, 2, Augment::Train));
+        let mut it = load_batches(&f, (0..6).collect(), cfg(16, 2, 2, Augment::Train(TrainAugment::default())));
         let b0 = it.next().unwrap().unwrap();
         it.recycle(b0);
         let e = it.next().unwrap().unwrap_err();
@@ -1314,7 +1329,7 @@ mod tests {
         }
         let f = ImageFolder::scan(d.path()).unwrap();
         let idx: Vec<usize> = (0..40).cycle().take(4000).collect();
-        let mut it = load_batches(&f, idx, cfg(64, 8, 3, Augment::Train));
+        let mut it = load_batches(&f, idx, cfg(64, 8, 3, Augment::Train(TrainAugment::default())));
         let _ = it.next().unwrap().unwrap();
         let t = Instant::now();
         drop(it);
@@ -1363,7 +1378,7 @@ mod tests {
             .unwrap_or(1);
         let total = 2000usize;
         let idx: Vec<usize> = (0..n_files as usize).cycle().take(total).collect();
-        for aug in [Augment::Train, Augment::Eval] {
+        for aug in [Augment::Train(TrainAugment::default()), Augment::Eval] {
             for threads in [1, cores] {
                 let mut c = cfg(224, 32, threads, aug);
                 c.prefetch = 4;

@@ -215,3 +215,146 @@ mod tests {
         assert_eq!(c.r, d.r);
     }
 }
+
+/// Mixed precision on CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Amp {
+    /// Full fp32.
+    Off,
+    /// bfloat16 autocast (no loss scaling needed).
+    Bf16,
+    /// float16 autocast with dynamic loss scaling.
+    Fp16,
+}
+
+impl Amp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Amp::Off => "off",
+            Amp::Bf16 => "bf16",
+            Amp::Fp16 => "fp16",
+        }
+    }
+}
+
+fn parse_nonneg(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("must be a finite number >= 0, got {s}"));
+    }
+    Ok(v)
+}
+
+fn parse_scale(s: &str) -> Result<f64, String> {
+    let v = parse_nonneg(s)?;
+    if v <= 0.0 || v > 1.0 {
+        return Err(format!("must be in (0, 1], got {s}"));
+    }
+    Ok(v)
+}
+
+fn parse_power(s: &str) -> Result<f64, String> {
+    let v = parse_nonneg(s)?;
+    if v <= 0.0 {
+        return Err(format!("must be > 0, got {s}"));
+    }
+    Ok(v)
+}
+
+/// Optimizer and input-pipeline options beyond the seed's parameters (documented, overridable).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct TrainOptions {
+    /// SGD momentum.
+    #[arg(long, env = "TCHRUN_MOMENTUM", default_value_t = 0.9, value_parser = parse_nonneg)]
+    pub momentum: f64,
+    /// SGD weight decay (L2), applied to every parameter as torch.optim.SGD does.
+    #[arg(long, env = "TCHRUN_WEIGHT_DECAY", default_value_t = 1e-4, value_parser = parse_nonneg)]
+    pub weight_decay: f64,
+    /// Power of the polynomial LR decay after warmup: lr × (1 - t)^power, t going 0 → 1.
+    #[arg(long, env = "TCHRUN_LR_POWER", default_value_t = 1.0, value_parser = parse_power)]
+    pub lr_power: f64,
+    /// Lower bound of RandomResizedCrop's area scale (torchvision: 0.08; raise it for tiny
+    /// images such as digits).
+    #[arg(long, env = "TCHRUN_MIN_CROP_SCALE", default_value_t = 0.08, value_parser = parse_scale)]
+    pub min_crop_scale: f64,
+    /// Turn off the random horizontal flip (for data where mirroring changes the class).
+    #[arg(long, env = "TCHRUN_NO_HFLIP")]
+    pub no_hflip: bool,
+    /// Skip (and count in the log) images that cannot be decoded instead of failing.
+    #[arg(long, env = "TCHRUN_SKIP_BAD_IMAGES")]
+    pub skip_bad_images: bool,
+    /// Refuse images whose header declares more pixels than this (decompression bombs).
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = 89_478_485, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_pixels: u64,
+    /// Decode/augment threads per rank (default: cores / ranks on the node).
+    #[arg(long, env = "TCHRUN_LOADER_THREADS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub loader_threads: Option<u32>,
+    /// Mixed precision on CUDA (ignored on CPU).
+    #[arg(long, env = "TCHRUN_AMP", value_enum, default_value_t = Amp::Off)]
+    pub amp: Amp,
+    /// Continue from the last checkpoint in --output.
+    #[arg(long, env = "TCHRUN_RESUME")]
+    pub resume: bool,
+}
+
+impl TrainOptions {
+    pub fn to_args(&self) -> Vec<String> {
+        let mut v = vec![
+            format!("--momentum={:e}", self.momentum),
+            format!("--weight-decay={:e}", self.weight_decay),
+            format!("--lr-power={:e}", self.lr_power),
+            format!("--max-image-pixels={}", self.max_image_pixels),
+            format!("--amp={}", self.amp.as_str()),
+            format!("--min-crop-scale={:e}", self.min_crop_scale),
+        ];
+        if self.no_hflip {
+            v.push("--no-hflip".into());
+        }
+        if self.skip_bad_images {
+            v.push("--skip-bad-images".into());
+        }
+        if let Some(t) = self.loader_threads {
+            v.push(format!("--loader-threads={t}"));
+        }
+        if self.resume {
+            v.push("--resume".into());
+        }
+        v
+    }
+}
+
+/// The inputs and outputs of a training job ("Train PyTorch Model"'s ports).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct TrainJob {
+    /// Untrained model directory (made by `tchrun model init`).
+    #[arg(long, env = "TCHRUN_MODEL")]
+    pub model: PathBuf,
+    /// Training image directory (one sub-folder per class).
+    #[arg(long, env = "TCHRUN_TRAIN")]
+    pub train: PathBuf,
+    /// Validation image directory (the same classes).
+    #[arg(long, env = "TCHRUN_VALID")]
+    pub valid: PathBuf,
+    /// Trained model directory to write (model.json, model.safetensors, metrics).
+    #[arg(long, env = "TCHRUN_OUTPUT")]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub params: TrainParams,
+    #[command(flatten)]
+    pub options: TrainOptions,
+}
+
+impl TrainJob {
+    /// The job as arguments for `tchrun-worker train` (paths as given: make them absolute first).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut v = vec![
+            format!("--model={}", self.model.display()),
+            format!("--train={}", self.train.display()),
+            format!("--valid={}", self.valid.display()),
+            format!("--output={}", self.output.display()),
+        ];
+        v.extend(self.params.to_args());
+        v.extend(self.options.to_args());
+        v
+    }
+}

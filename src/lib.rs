@@ -8,7 +8,9 @@ pub mod env;
 pub mod exit;
 pub mod files;
 pub mod flags;
+pub mod metrics;
 pub mod model;
+pub mod schedule;
 
 /// tchrun's version, written into every driver log header.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <ATen/autocast_mode.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -200,6 +202,10 @@ char* tchrun_pg_barrier(tchrun_pg* pg) {
     opts.timeout = pg->timeout;
     wait_work(pg, pg->backend->barrier(opts));
   })
+}
+
+char* tchrun_autocast_set_cuda_dtype(int bf16) {
+  PROTECT({ at::autocast::set_autocast_dtype(at::kCUDA, bf16 != 0 ? at::kBFloat16 : at::kHalf); })
 }
 
 }  // extern "C"

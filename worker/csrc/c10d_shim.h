@@ -39,6 +39,9 @@ char* tchrun_pg_broadcast(tchrun_pg* pg, tchrun_tensor* tensors, size_t n, int r
 char* tchrun_pg_allgather(tchrun_pg* pg, tchrun_tensor input, tchrun_tensor* outputs, size_t n_out);
 char* tchrun_pg_barrier(tchrun_pg* pg);
 
+// Autocast dtype on CUDA: bf16=1 bfloat16, 0 float16 (tch's autocast enables, this picks the type).
+char* tchrun_autocast_set_cuda_dtype(int bf16);
+
 #ifdef __cplusplus
 }
 #endif

@@ -65,4 +65,5 @@ extern "C" {
         n_out: usize,
     ) -> *mut c_char;
     pub fn tchrun_pg_barrier(pg: *mut Pg) -> *mut c_char;
+    pub fn tchrun_autocast_set_cuda_dtype(bf16: c_int) -> *mut c_char;
 }

@@ -2,10 +2,17 @@
 //! joins the job (bootstrap), opens its driver log, builds the c10d process group and runs
 //! the subcommand. Architecture Invariant: the worker never spawns ranks.
 mod bootstrap;
+mod ddp;
 mod driver_log;
 mod ffi;
+mod gradcheck;
+mod models;
+mod outputs;
 mod pg;
+mod plot;
+mod score;
 mod selftest;
+mod train;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -32,6 +39,46 @@ enum Cmd {
     Selftest(SelftestArgs),
     /// Set torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR, ...) and exec PROGRAM.
     Exec(ExecArgs),
+    /// Train an image classifier data-parallel (one rank; start N with mpirun/srun/tchrun).
+    Train(TrainArgs),
+    /// Score images with a trained model directory into a CSV (single process).
+    Score(ScoreArgs),
+    /// Check that the cross-rank averaged gradient equals the combined-batch gradient.
+    #[command(hide = true)]
+    Gradcheck(GradcheckArgs),
+}
+
+#[derive(Args, Debug)]
+struct TrainArgs {
+    #[command(flatten)]
+    job: tchrun::flags::TrainJob,
+    #[command(flatten)]
+    rank: RankFlags,
+}
+
+#[derive(Args, Debug)]
+struct ScoreArgs {
+    /// Trained model directory (model.json + model.safetensors).
+    #[arg(long, env = "TCHRUN_MODEL")]
+    model: PathBuf,
+    /// Directory of images to score (searched recursively).
+    #[arg(long)]
+    images: PathBuf,
+    /// CSV file to write.
+    #[arg(long)]
+    output: PathBuf,
+    /// Images per forward pass.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    batch_size: u32,
+    /// Compute device.
+    #[arg(long, env = "TCHRUN_DEVICE", value_enum, default_value_t = DeviceFlag::Auto)]
+    device: DeviceFlag,
+}
+
+#[derive(Args, Debug)]
+struct GradcheckArgs {
+    #[command(flatten)]
+    rank: RankFlags,
 }
 
 #[derive(Args, Debug)]
@@ -100,6 +147,9 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Selftest(a) => run_selftest(a),
         Cmd::Exec(a) => run_exec(a),
+        Cmd::Train(a) => run_train(a),
+        Cmd::Score(a) => run_score(a),
+        Cmd::Gradcheck(a) => run_gradcheck(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -344,4 +394,60 @@ fn run_exec(a: ExecArgs) -> RankResult {
         Some(console),
         Fatal::invalid(anyhow::anyhow!("cannot run {:?}: {err}", a.program[0])),
     ))
+}
+
+fn run_train(a: TrainArgs) -> RankResult {
+    let default_logs = a.job.output.join(tchrun::files::DEFAULT_LOG_SUBDIR);
+    // Input errors need no log directory: report them before anything is written to --output.
+    let inputs = train::check_inputs(&a.job).map_err(|e| (None, Fatal { kind: e.kind(), err: e.into() }))?;
+    let rank = start_rank(&a.rank, default_logs, &command_line())?;
+    let Rank { joined, pg, device, console } = rank;
+    let is_rank0 = pg.rank() == 0;
+    let say = |line: &str| {
+        if is_rank0 {
+            console.out(line);
+        } else {
+            tracing::info!("{line}");
+        }
+    };
+    let ctx = train::RankCtx { pg: &pg, device, local_size: joined.info.local_size, say: &say };
+    let r = train::train(&a.job, inputs, &ctx);
+    drop(pg);
+    drop(joined);
+    r.map_err(|e| (Some(console), Fatal { kind: e.kind(), err: e.into() }))
+}
+
+fn run_score(a: ScoreArgs) -> RankResult {
+    let flags = RankFlags { device: a.device, backend: Backend::Auto, log_dir: None, timeout: 60 };
+    let (device, _) = resolve(&flags, 0).map_err(|f| (None, f))?;
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    match score::score(&a.model, &a.images, &a.output, a.batch_size as usize, device, threads) {
+        Ok(n) => {
+            println!("scored {n} image(s) into {}", a.output.display());
+            Ok(())
+        }
+        Err(e) => {
+            let kind = if e.is_input_error() { ErrorKind::InvalidInput } else { ErrorKind::RankFailed };
+            Err((None, Fatal { kind, err: e.into() }))
+        }
+    }
+}
+
+fn run_gradcheck(a: GradcheckArgs) -> RankResult {
+    let rank = start_rank(&a.rank, PathBuf::from(DEFAULT_LOG_DIR), &command_line())?;
+    let Rank { joined, pg, console, .. } = rank;
+    let r = gradcheck::run(&pg);
+    let is_rank0 = pg.rank() == 0;
+    drop(pg);
+    drop(joined);
+    match r {
+        Ok(diff) if diff <= 1e-6 => {
+            if is_rank0 {
+                console.out(&format!("gradcheck: max |distributed - combined batch| = {diff:.3e} (tolerance 1e-6)"));
+            }
+            Ok(())
+        }
+        Ok(diff) => Err((Some(console), Fatal::rank(anyhow::anyhow!("gradcheck: difference {diff:e} exceeds 1e-6")))),
+        Err(e) => Err((Some(console), Fatal::rank(e.into()))),
+    }
 }

@@ -38,6 +38,11 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Picks the CUDA autocast dtype (bfloat16 or float16) for `tch::autocast`.
+pub fn set_autocast_dtype(bf16: bool) -> Result<(), C10dError> {
+    check("autocast dtype", unsafe { ffi::tchrun_autocast_set_cuda_dtype(bf16 as i32) })
+}
+
 /// Whether this binary was compiled with ProcessGroupNCCL.
 pub fn has_nccl() -> bool {
     unsafe { ffi::tchrun_c10d_has_nccl() != 0 }

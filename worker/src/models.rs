@@ -1,0 +1,76 @@
+//! The architectures (tch's vision models, torchvision parameter names) and their weights as
+//! torchvision `state_dict`s in safetensors: what Python's `load_state_dict(strict=True)` takes.
+use std::collections::BTreeMap;
+use std::path::Path;
+use tch::{nn, Kind, Tensor};
+use tchrun::model::Arch;
+
+/// Builds `arch` with `classes` outputs under `root`.
+pub fn build(arch: Arch, root: &nn::Path, classes: i64) -> Box<dyn nn::ModuleT> {
+    use tch::vision::{densenet, resnet};
+    match arch {
+        Arch::Resnet18 => Box::new(resnet::resnet18(root, classes)),
+        Arch::Resnet34 => Box::new(resnet::resnet34(root, classes)),
+        Arch::Resnet50 => Box::new(resnet::resnet50(root, classes)),
+        Arch::Resnet101 => Box::new(resnet::resnet101(root, classes)),
+        Arch::Resnet152 => Box::new(resnet::resnet152(root, classes)),
+        Arch::Densenet121 => Box::new(densenet::densenet121(root, classes)),
+        Arch::Densenet161 => Box::new(densenet::densenet161(root, classes)),
+        Arch::Densenet169 => Box::new(densenet::densenet169(root, classes)),
+        Arch::Densenet201 => Box::new(densenet::densenet201(root, classes)),
+    }
+}
+
+/// Every variable of the store by name (sorted: the same order on every rank).
+pub fn named(vs: &nn::VarStore) -> BTreeMap<String, Tensor> {
+    vs.variables().into_iter().collect()
+}
+
+/// A batch-norm layer's buffers are what torchvision calls `running_mean`/`running_var`;
+/// torchvision also keeps `num_batches_tracked`, which tch does not.
+pub fn is_buffer(name: &str) -> bool {
+    name.ends_with(".running_mean") || name.ends_with(".running_var")
+}
+
+/// The state dict as torchvision names it: tch's variables plus `num_batches_tracked` for each
+/// batch-norm layer (set to the optimizer steps taken), all on the CPU.
+pub fn state_dict(weights: &BTreeMap<String, Tensor>, steps: i64) -> Vec<(String, Tensor)> {
+    let mut out: Vec<(String, Tensor)> = Vec::with_capacity(weights.len() + weights.len() / 4);
+    for (name, t) in weights {
+        out.push((name.clone(), t.to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous()));
+        if let Some(layer) = name.strip_suffix(".running_var") {
+            out.push((format!("{layer}.num_batches_tracked"), Tensor::from(steps)));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Weights could not be read into the model.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("{path}: cannot read safetensors: {source}")]
+    Read { path: String, source: tch::TchError },
+    #[error("{path}: missing tensor '{name}' for the model's architecture")]
+    Missing { path: String, name: String },
+    #[error("{path}: tensor '{name}' has shape {got:?}, the model needs {want:?}")]
+    Shape { path: String, name: String, got: Vec<i64>, want: Vec<i64> },
+}
+
+/// Loads `model.safetensors` into the store, checking every name and shape.
+pub fn load(vs: &mut nn::VarStore, path: &Path) -> Result<(), WeightsError> {
+    let p = path.display().to_string();
+    let tensors = Tensor::read_safetensors(path).map_err(|source| WeightsError::Read { path: p.clone(), source })?;
+    let by_name: BTreeMap<String, Tensor> = tensors.into_iter().collect();
+    let vars = vs.variables();
+    tch::no_grad(|| {
+        for (name, mut var) in vars {
+            let src = by_name.get(&name).ok_or_else(|| WeightsError::Missing { path: p.clone(), name: name.clone() })?;
+            if src.size() != var.size() {
+                return Err(WeightsError::Shape { path: p.clone(), name, got: src.size(), want: var.size() });
+            }
+            var.copy_(&src.to_kind(var.kind()));
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,70 @@
+//! Rank 0's outputs in `--output`: `metrics.jsonl` (appended each epoch), the metrics plot,
+//! and the trained model (`model.safetensors` + `model.json`) written atomically: files are
+//! staged in a hidden directory, fsynced, renamed into place, `model.json` last — a crash
+//! leaves either the previous state or a complete model, never a half-written one.
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use tch::Tensor;
+use tchrun::files::{METRICS_JSONL, METRICS_PLOT, MODEL_JSON, MODEL_WEIGHTS};
+use tchrun::metrics::EpochMetrics;
+use tchrun::model::{self, ModelConfig};
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Appends one epoch to `<output>/metrics.jsonl`.
+pub fn append_metrics(output: &Path, m: &EpochMetrics) -> Result<(), String> {
+    std::fs::create_dir_all(output).map_err(|e| format!("{}: {e}", output.display()))?;
+    let path = output.join(METRICS_JSONL);
+    let line = serde_json::to_string(m).map_err(|e| e.to_string())?;
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(f, "{line}").and_then(|_| f.sync_data()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes the trained model directory atomically (see module docs).
+pub fn write_model_dir(
+    output: &Path,
+    cfg: &ModelConfig,
+    state: &[(String, Tensor)],
+    history: &[EpochMetrics],
+) -> Result<(), String> {
+    std::fs::create_dir_all(output).map_err(|e| format!("{}: {e}", output.display()))?;
+    let staging = output.join(format!(".staging-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
+    let result = (|| -> Result<(), String> {
+        let weights = staging.join(MODEL_WEIGHTS);
+        Tensor::write_safetensors(state, &weights).map_err(|e| format!("{}: {e}", weights.display()))?;
+        File::open(&weights).and_then(|f| f.sync_all()).map_err(|e| format!("{}: {e}", weights.display()))?;
+        let plot = staging.join(METRICS_PLOT);
+        if let Err(e) = crate::plot::metrics_png(history, &plot) {
+            tracing::warn!("metrics plot not written: {e}");
+        }
+        let json = staging.join(MODEL_JSON);
+        let mut f = OpenOptions::new().create(true).write(true).truncate(true).mode(0o640).open(&json)
+            .map_err(|e| format!("{}: {e}", json.display()))?;
+        f.write_all(model::to_json(cfg).as_bytes()).and_then(|_| f.sync_all())
+            .map_err(|e| format!("{}: {e}", json.display()))?;
+        sync_dir(&staging);
+        for name in [MODEL_WEIGHTS, METRICS_PLOT, MODEL_JSON] {
+            let from = staging.join(name);
+            if from.exists() {
+                std::fs::rename(&from, output.join(name)).map_err(|e| format!("{}: {e}", output.join(name).display()))?;
+            }
+        }
+        sync_dir(output);
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&staging);
+    result
+}

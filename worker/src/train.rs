@@ -1,0 +1,436 @@
+//! `tchrun-worker train`: data-parallel training of an image classifier ("Train PyTorch
+//! Model"): inputs checked, model replicated from rank 0, sharded epochs through the threaded
+//! loader, bucketed gradient all-reduce, warmup + polynomial LR, validation reduced exactly,
+//! early stopping on validation loss, NaN stops every rank together, rank 0 writes the model.
+use crate::ddp::Replicator;
+use crate::models;
+use crate::outputs;
+use crate::pg::{C10dError, ProcessGroup, ReduceOp};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tch::{nn, nn::ModuleT, nn::OptimizerConfig, Device, Kind, Tensor};
+use tchrun::data::{self, Augment, DatasetError, ImageFolder, LoaderConfig, TrainAugment};
+use tchrun::exit::ErrorKind;
+use tchrun::flags::{Amp, TrainJob};
+use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
+use tchrun::model::{self, ModelConfig};
+use tchrun::schedule::LrSchedule;
+
+/// Why training stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Model(#[from] model::InvalidModelDirectory),
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    #[error("data error during training: {0}")]
+    Data(DatasetError),
+    #[error(
+        "training diverged: the loss became {value} at epoch {epoch}, step {step}. Lower --lr: the \
+         effective LR was {effective_lr:e} (--lr {lr:e} × world size {world})"
+    )]
+    Diverged { value: f64, epoch: u32, step: u64, effective_lr: f64, lr: f64, world: usize },
+    #[error(transparent)]
+    Comm(#[from] C10dError),
+    #[error("parameters differ across ranks after training (replicas out of sync)")]
+    Replicas,
+    #[error("writing the outputs: {0}")]
+    Output(String),
+    #[error("tensor error: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+impl TrainError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            TrainError::Invalid(_) | TrainError::Model(_) => ErrorKind::InvalidInput,
+            TrainError::Dataset(_) => ErrorKind::InvalidInput,
+            TrainError::Diverged { .. } => ErrorKind::Diverged,
+            TrainError::Data(_)
+            | TrainError::Comm(_)
+            | TrainError::Replicas
+            | TrainError::Output(_)
+            | TrainError::Torch(_) => ErrorKind::RankFailed,
+        }
+    }
+}
+
+/// Everything checked before training starts (also by the launcher's pre-flight).
+pub struct Inputs {
+    pub cfg: ModelConfig,
+    pub train: ImageFolder,
+    pub valid: ImageFolder,
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Refuses an `--output` that holds a trained model (unless resuming).
+pub fn check_output(output: &Path, resume: bool) -> Result<(), TrainError> {
+    let model_json = output.join(tchrun::files::MODEL_JSON);
+    if model_json.exists() && !resume {
+        return Err(TrainError::Invalid(format!(
+            "--output {}: already holds a trained model ({}); choose another --output or remove it",
+            output.display(),
+            model_json.display()
+        )));
+    }
+    if output.exists() && !output.is_dir() {
+        return Err(TrainError::Invalid(format!("--output {}: exists and is not a directory", output.display())));
+    }
+    Ok(())
+}
+
+/// Model directory, image directories, output: the seed's errors, before any step.
+pub fn check_inputs(job: &TrainJob) -> Result<Inputs, TrainError> {
+    let cfg = model::load(&job.model, false)?;
+    check_output(&job.output, job.options.resume)?;
+    fn flag(f: &'static str) -> impl Fn(DatasetError) -> TrainError {
+        move |e| TrainError::Invalid(format!("{f}: {e}"))
+    }
+    let mut train = ImageFolder::scan(&job.train).map_err(flag("--train"))?;
+    let mut valid = ImageFolder::scan(&job.valid).map_err(flag("--valid"))?;
+    ImageFolder::check_same_classes(&train, &valid)?;
+    let mut skipped = train.verify(job.options.skip_bad_images, job.options.max_image_pixels)?;
+    skipped.extend(valid.verify(job.options.skip_bad_images, job.options.max_image_pixels)?);
+    Ok(Inputs { cfg, train, valid, skipped })
+}
+
+/// What the training loop needs from the rank.
+pub struct RankCtx<'a> {
+    pub pg: &'a ProcessGroup,
+    pub device: Device,
+    pub local_size: usize,
+    pub say: &'a dyn Fn(&str),
+}
+
+struct Validation {
+    loss: f64,
+    top1: f64,
+    top5: f64,
+}
+
+fn to_input(batch: &data::Batch, device: Device) -> (Tensor, Tensor) {
+    let s = batch.size as i64;
+    let x = Tensor::from_slice(&batch.images).view([batch.len as i64, 3, s, s]);
+    let y = Tensor::from_slice(&batch.labels);
+    if device.is_cuda() {
+        (x.pin_memory(device).to_device_(device, Kind::Float, true, false), y.to_device_(device, Kind::Int64, true, false))
+    } else {
+        (x, y)
+    }
+}
+
+fn loader_threads(job: &TrainJob, local_size: usize) -> usize {
+    job.options.loader_threads.map(|t| t as usize).unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        (cores / local_size.max(1)).max(1)
+    })
+}
+
+fn validate(
+    model: &dyn ModuleT,
+    valid: &ImageFolder,
+    cfg: &ModelConfig,
+    job: &TrainJob,
+    ctx: &RankCtx,
+) -> Result<Validation, TrainError> {
+    let (rank, world) = (ctx.pg.rank(), ctx.pg.size());
+    let mut idx = data::shard(valid.samples.len(), rank, world, 0, 0, false);
+    idx.truncate(data::shard_real_count(valid.samples.len(), rank, world));
+    let loader = data::load_batches(
+        valid,
+        idx,
+        LoaderConfig {
+            size: cfg.input_size as usize,
+            batch_size: job.params.batch_size as usize,
+            threads: loader_threads(job, ctx.local_size),
+            prefetch: 4,
+            augment: Augment::Eval,
+            norm: cfg.normalization,
+            seed: job.params.seed,
+            epoch: 0,
+            rank,
+        },
+    );
+    let k = 5.min(valid.classes.len() as i64);
+    // [loss sum, top-1 correct, top-5 correct, samples], reduced exactly over the ranks.
+    let mut totals = Tensor::zeros([4], (Kind::Double, ctx.device));
+    for batch in loader {
+        let batch = batch.map_err(TrainError::Data)?;
+        let (x, y) = to_input(&batch, ctx.device);
+        tch::no_grad(|| {
+            let logits = model.forward_t(&x, false).to_kind(Kind::Float);
+            let loss = logits.cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Sum, -100, 0.0);
+            let (_, top) = logits.topk(k, -1, true, true);
+            let hits = top.eq_tensor(&y.unsqueeze(1));
+            let top1 = hits.narrow(1, 0, 1).sum(Kind::Double);
+            let topk = hits.any_dim(1, false).sum(Kind::Double);
+            let n = Tensor::from(batch.len as f64).to_device(ctx.device);
+            totals += Tensor::stack(&[loss.to_kind(Kind::Double), top1, topk, n], 0);
+        });
+    }
+    ctx.pg.all_reduce(&mut [&mut totals], ReduceOp::Sum)?;
+    let t = Vec::<f64>::try_from(totals.to_device(Device::Cpu))?;
+    let n = t[3].max(1.0);
+    Ok(Validation { loss: t[0] / n, top1: t[1] / n, top5: t[2] / n })
+}
+
+/// Trains and (rank 0) writes the model directory. Returns the final metrics.
+pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainError> {
+    let Inputs { cfg, train, valid, skipped } = inputs;
+    let (pg, device) = (ctx.pg, ctx.device);
+    let (rank, world) = (pg.rank(), pg.size());
+    let p = &job.params;
+    if !skipped.is_empty() {
+        tracing::warn!(count = skipped.len(), "skipping bad images (--skip-bad-images)");
+        for (path, why) in &skipped {
+            tracing::warn!("skipped {}: {why}", path.display());
+        }
+        (ctx.say)(&format!("skipped {} bad image(s) (--skip-bad-images); listed in the driver logs", skipped.len()));
+    }
+    let classes = train.classes.len() as i64;
+    tch::manual_seed(p.seed);
+    if device.is_cuda() {
+        tch::Cuda::cudnn_set_benchmark(true);
+    }
+    let amp = device.is_cuda() && job.options.amp != Amp::Off;
+    if amp {
+        crate::pg::set_autocast_dtype(job.options.amp == Amp::Bf16)?;
+    }
+    let vs = nn::VarStore::new(device);
+    let net = models::build(cfg.arch, &vs.root(), classes);
+    let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
+    let replicas = Replicator::new(&named, models::is_buffer);
+    replicas.broadcast_all(pg)?;
+    let mut opt = nn::Sgd { momentum: job.options.momentum, dampening: 0.0, wd: job.options.weight_decay, nesterov: false }
+        .build(&vs, p.lr)?;
+
+    let per_rank = data::shard(train.samples.len(), rank, world, p.seed, 0, true).len();
+    let steps_per_epoch = per_rank.div_ceil(p.batch_size as usize) as u64;
+    let schedule = LrSchedule::new(p.lr, world, p.warmup_epochs, p.epochs, steps_per_epoch, job.options.lr_power);
+    (ctx.say)(&format!(
+        "training {} on {} train / {} valid images, {} classes, {world} rank(s) on {}: {} steps/epoch, \
+         effective LR {:e} (--lr {:e} × {world}), {} gradient bucket(s)",
+        cfg.arch.name(),
+        train.samples.len(),
+        valid.samples.len(),
+        classes,
+        if device.is_cuda() { "cuda" } else { "cpu" },
+        steps_per_epoch,
+        schedule.peak,
+        p.lr,
+        replicas.bucket_count()
+    ));
+
+    let threads = loader_threads(job, ctx.local_size);
+    let mut step: u64 = 0;
+    let mut best: Option<(f64, u32, BTreeMap<String, Tensor>, EpochMetrics)> = None;
+    let mut since_best = 0u32;
+    let mut history: Vec<EpochMetrics> = Vec::new();
+    let mut scaler = LossScaler::new(job.options.amp == Amp::Fp16 && device.is_cuda());
+    for epoch in 0..p.epochs {
+        let t_epoch = Instant::now();
+        let indices = data::shard(train.samples.len(), rank, world, p.seed, epoch as u64, true);
+        let loader = data::load_batches(
+            &train,
+            indices,
+            LoaderConfig {
+                size: cfg.input_size as usize,
+                batch_size: p.batch_size as usize,
+                threads,
+                prefetch: 4,
+                augment: Augment::Train(TrainAugment { min_scale: job.options.min_crop_scale, hflip: !job.options.no_hflip }),
+                norm: cfg.normalization,
+                seed: p.seed,
+                epoch: epoch as u64,
+                rank,
+            },
+        );
+        let (mut loss_sum, mut seen) = (0.0f64, 0.0f64);
+        let mut t_print = Instant::now();
+        let mut seen_print = 0.0f64;
+        let mut lr = schedule.lr(step);
+        for (it, batch) in loader.enumerate() {
+            let batch = batch.map_err(TrainError::Data)?;
+            let (x, y) = to_input(&batch, device);
+            opt.zero_grad();
+            let loss = tch::autocast(amp, || net.forward_t(&x, true).to_kind(Kind::Float).cross_entropy_for_logits(&y));
+            (&loss * scaler.scale).backward();
+            let stats = replicas.reduce_gradients(pg, &loss, batch.len)?;
+            if !stats.loss.is_finite() {
+                return Err(TrainError::Diverged {
+                    value: stats.loss,
+                    epoch: epoch + 1,
+                    step,
+                    effective_lr: lr,
+                    lr: p.lr,
+                    world,
+                });
+            }
+            lr = schedule.lr(step);
+            if scaler.unscale_and_check(&vs)? {
+                opt.set_lr(lr);
+                opt.step();
+            }
+            replicas.sync_buffers(pg)?;
+            step += 1;
+            loss_sum += stats.loss * stats.samples;
+            seen += stats.samples;
+            seen_print += stats.samples;
+            if (it as u64 + 1) % p.print_freq as u64 == 0 || it as u64 + 1 == steps_per_epoch {
+                let ips = seen_print / t_print.elapsed().as_secs_f64().max(1e-9);
+                let line = format!(
+                    "epoch {}/{} iter {}/{} loss {:.4} lr {:.3e} images/s {:.1}",
+                    epoch + 1,
+                    p.epochs,
+                    it + 1,
+                    steps_per_epoch,
+                    stats.loss,
+                    lr,
+                    ips
+                );
+                tracing::info!("{line}");
+                if rank == 0 {
+                    (ctx.say)(&line);
+                }
+                t_print = Instant::now();
+                seen_print = 0.0;
+            }
+        }
+        let train_time = t_epoch.elapsed().as_secs_f64();
+        let v = validate(net.as_ref(), &valid, &cfg, job, ctx)?;
+        let m = EpochMetrics {
+            schema: SCHEMA_VERSION,
+            epoch: epoch + 1,
+            train_loss: loss_sum / seen.max(1.0),
+            train_images_per_sec: seen / train_time.max(1e-9),
+            val_loss: v.loss,
+            top1: v.top1,
+            top5: v.top5,
+            lr,
+            epoch_time_s: t_epoch.elapsed().as_secs_f64(),
+            time: crate::driver_log::humantime_now(),
+        };
+        let line = format!(
+            "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
+            m.epoch,
+            p.epochs,
+            m.train_loss,
+            m.train_images_per_sec,
+            m.val_loss,
+            100.0 * m.top1,
+            100.0 * m.top5
+        );
+        tracing::info!("{line}");
+        if rank == 0 {
+            (ctx.say)(&line);
+            outputs::append_metrics(&job.output, &m).map_err(TrainError::Output)?;
+        }
+        history.push(m.clone());
+        let improved = best.as_ref().map(|b| v.loss < b.0).unwrap_or(true);
+        if improved {
+            let snapshot: BTreeMap<String, Tensor> =
+                named.iter().map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).copy())).collect();
+            best = Some((v.loss, epoch + 1, snapshot, m));
+            since_best = 0;
+        } else {
+            since_best += 1;
+            if since_best >= p.patience {
+                let msg = format!(
+                    "early stopping after epoch {}: validation loss has not decreased for {} epoch(s) (--patience {})",
+                    epoch + 1,
+                    since_best,
+                    p.patience
+                );
+                tracing::info!("{msg}");
+                if rank == 0 {
+                    (ctx.say)(&msg);
+                }
+                break;
+            }
+        }
+    }
+
+    if !replicas.identical_across_ranks(pg)? {
+        return Err(TrainError::Replicas);
+    }
+    let (sum, sumsq) = replicas.fingerprint();
+    tracing::info!("parameters identical across ranks; fingerprint sum={sum:.9e} sumsq={sumsq:.9e}");
+
+    let Some((_, best_epoch, weights, best_metrics)) = best else {
+        return Err(TrainError::Invalid("no epoch completed".into()));
+    };
+    if rank == 0 {
+        let trained = ModelConfig {
+            class_names: train.classes.clone(),
+            training: Some(serde_json::json!({
+                "epochs": p.epochs, "epochs_run": history.len(), "best_epoch": best_epoch,
+                "batch_size": p.batch_size, "warmup_epochs": p.warmup_epochs, "lr": p.lr,
+                "effective_lr": schedule.peak, "world_size": world, "seed": p.seed, "patience": p.patience,
+                "momentum": job.options.momentum, "weight_decay": job.options.weight_decay,
+                "lr_power": job.options.lr_power, "steps": step,
+                "train_images": train.samples.len(), "valid_images": valid.samples.len(),
+            })),
+            metrics: Some(serde_json::to_value(&best_metrics).unwrap_or_default()),
+            ..cfg.clone()
+        };
+        let state = models::state_dict(&weights, step as i64);
+        outputs::write_model_dir(&job.output, &trained, &state, &history).map_err(TrainError::Output)?;
+        (ctx.say)(&format!(
+            "best epoch {best_epoch}: valid top-1 {:.2}%, top-5 {:.2}%, loss {:.4}",
+            100.0 * best_metrics.top1,
+            100.0 * best_metrics.top5,
+            best_metrics.val_loss
+        ));
+    }
+    pg.barrier()?;
+    Ok(())
+}
+
+/// Dynamic loss scaling for fp16 autocast (off: scale 1, every step taken).
+struct LossScaler {
+    enabled: bool,
+    scale: f64,
+    good_steps: u32,
+}
+
+impl LossScaler {
+    fn new(enabled: bool) -> LossScaler {
+        LossScaler { enabled, scale: if enabled { 65536.0 } else { 1.0 }, good_steps: 0 }
+    }
+
+    /// Unscales the (reduced, identical on every rank) gradients; false: skip this step.
+    fn unscale_and_check(&mut self, vs: &nn::VarStore) -> Result<bool, TrainError> {
+        if !self.enabled {
+            return Ok(true);
+        }
+        let grads: Vec<Tensor> = vs.trainable_variables().iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
+        let mut finite = true;
+        tch::no_grad(|| {
+            for g in &grads {
+                let mut g = g.shallow_clone();
+                let _ = g.g_mul_scalar_(1.0 / self.scale);
+            }
+        });
+        for g in &grads {
+            if g.isfinite().all().int64_value(&[]) == 0 {
+                finite = false;
+                break;
+            }
+        }
+        if finite {
+            self.good_steps += 1;
+            if self.good_steps >= 2000 {
+                self.scale *= 2.0;
+                self.good_steps = 0;
+            }
+        } else {
+            self.scale /= 2.0;
+            self.good_steps = 0;
+            tracing::warn!(scale = self.scale, "fp16 gradients overflowed; step skipped, loss scale lowered");
+        }
+        Ok(finite)
+    }
+}
