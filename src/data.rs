@@ -12,8 +12,8 @@ use std::collections::{BTreeSet, VecDeque};
 use std::fs;
 use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -411,7 +411,10 @@ pub struct TrainAugment {
 
 impl Default for TrainAugment {
     fn default() -> Self {
-        TrainAugment { min_scale: 0.08, hflip: true }
+        TrainAugment {
+            min_scale: 0.08,
+            hflip: true,
+        }
     }
 }
 
@@ -1181,11 +1184,10 @@ mod tests {
                     assert_eq!(b.labels[k], f.samples[idx[pos]].label as i64);
                     pos += 1;
                 }
-                assert!(
-                    b.images
-                        .iter()
-                        .all(|v| v.is_finite() && *v >= lo - 1e-5 && *v <= hi + 1e-5)
-                );
+                assert!(b
+                    .images
+                    .iter()
+                    .all(|v| v.is_finite() && *v >= lo - 1e-5 && *v <= hi + 1e-5));
                 let var = {
                     let m = b.images.iter().sum::<f32>() / b.images.len() as f32;
                     b.images.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / b.images.len() as f32
@@ -1302,7 +1304,11 @@ mod tests {
         make_dataset(d.path(), 1, 6);
         fs::write(d.path().join("class0/002.jpg"), b"not a jpeg at all").unwrap();
         let f = ImageFolder::scan(d.path()).unwrap();
-        let mut it = load_batches(&f, (0..6).collect(), cfg(16, 2, 2, Augment::Train(TrainAugment::default())));
+        let mut it = load_batches(
+            &f,
+            (0..6).collect(),
+            cfg(16, 2, 2, Augment::Train(TrainAugment::default())),
+        );
         let b0 = it.next().unwrap().unwrap();
         it.recycle(b0);
         let e = it.next().unwrap().unwrap_err();
@@ -1329,7 +1335,11 @@ mod tests {
         }
         let f = ImageFolder::scan(d.path()).unwrap();
         let idx: Vec<usize> = (0..40).cycle().take(4000).collect();
-        let mut it = load_batches(&f, idx, cfg(64, 8, 3, Augment::Train(TrainAugment::default())));
+        let mut it = load_batches(
+            &f,
+            idx,
+            cfg(64, 8, 3, Augment::Train(TrainAugment::default())),
+        );
         let _ = it.next().unwrap().unwrap();
         let t = Instant::now();
         drop(it);

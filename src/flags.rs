@@ -238,7 +238,10 @@ impl Amp {
 }
 
 fn parse_nonneg(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number"))?;
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number"))?;
     if !v.is_finite() || v < 0.0 {
         return Err(format!("must be a finite number >= 0, got {s}"));
     }

@@ -10,6 +10,7 @@ pub mod files;
 pub mod flags;
 pub mod metrics;
 pub mod model;
+pub mod preflight;
 pub mod schedule;
 
 /// tchrun's version, written into every driver log header.

@@ -12,10 +12,22 @@ pub struct LrSchedule {
 }
 
 impl LrSchedule {
-    pub fn new(lr: f64, world_size: usize, warmup_epochs: u32, epochs: u32, steps_per_epoch: u64, power: f64) -> LrSchedule {
+    pub fn new(
+        lr: f64,
+        world_size: usize,
+        warmup_epochs: u32,
+        epochs: u32,
+        steps_per_epoch: u64,
+        power: f64,
+    ) -> LrSchedule {
         let total_steps = (epochs as u64 * steps_per_epoch).max(1);
         let warmup_steps = (warmup_epochs as u64 * steps_per_epoch).min(total_steps);
-        LrSchedule { peak: lr * world_size as f64, warmup_steps, total_steps, power }
+        LrSchedule {
+            peak: lr * world_size as f64,
+            warmup_steps,
+            total_steps,
+            power,
+        }
     }
 
     /// The LR used by optimizer step `step` (0-based).

@@ -407,3 +407,110 @@ pub fn run_job(
     eprint!("{}", report::render(&summary, &plan.log_dir));
     Ok(kind.exit_code())
 }
+
+/// Number of GPUs this host exposes to CUDA (`CUDA_VISIBLE_DEVICES` respected), without CUDA:
+/// the NVIDIA driver's device list.
+pub fn visible_gpus() -> usize {
+    let present = std::fs::read_dir("/proc/driver/nvidia/gpus")
+        .map(|rd| rd.count())
+        .unwrap_or(0);
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) if v.trim().is_empty() || v.trim() == "-1" => 0,
+        Ok(v) => v
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .count()
+            .min(present),
+        Err(_) => present,
+    }
+}
+
+/// Checks `--procs-per-node` against the GPUs when the ranks will use CUDA.
+fn check_gpus(launch: &LaunchArgs, rank: &tchrun::flags::RankFlags) -> Result<(), JobError> {
+    use tchrun::flags::Device;
+    let gpus = visible_gpus();
+    let host = hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match rank.device {
+        Device::Cuda if gpus == 0 => Err(JobError::invalid(format!(
+            "--device cuda: no GPU is visible on {host}; use --device cpu or check CUDA_VISIBLE_DEVICES"
+        ))),
+        Device::Cuda | Device::Auto if gpus > 0 && launch.procs_per_node as usize > gpus => Err(JobError::invalid(format!(
+            "--procs-per-node {} exceeds the {gpus} GPU(s) visible on {host}; lower --procs-per-node to {gpus} \
+             or check CUDA_VISIBLE_DEVICES (or use --device cpu)",
+            launch.procs_per_node
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `tchrun train`: the trainer's input checks, then the job.
+pub fn run_train(
+    job: &tchrun::flags::TrainJob,
+    launch: &LaunchArgs,
+    rank: &tchrun::flags::RankFlags,
+) -> Result<i32, JobError> {
+    let mut job = job.clone();
+    job.model = absolute(job.model);
+    job.train = absolute(job.train);
+    job.valid = absolute(job.valid);
+    job.output = absolute(job.output);
+    tchrun::preflight::check_train_job(&job, false)
+        .map_err(|e| JobError::invalid(e.to_string()))?;
+    check_gpus(launch, rank)?;
+    let mut rank = rank.clone();
+    let log_dir = absolute(
+        rank.log_dir
+            .clone()
+            .unwrap_or_else(|| job.output.join(files::DEFAULT_LOG_SUBDIR)),
+    );
+    rank.log_dir = Some(log_dir.clone());
+    let mut args = vec!["train".to_string()];
+    args.extend(job.to_args());
+    args.extend(rank.to_args());
+    let code = run_job(launch, log_dir.clone(), args)?;
+    if code == 0 && !launch.dry_run {
+        println!(
+            "tchrun: trained model in {}: {}, {}; metrics {} and {}; logs in {}",
+            job.output.display(),
+            files::MODEL_JSON,
+            files::MODEL_WEIGHTS,
+            job.output.join(files::METRICS_JSONL).display(),
+            job.output.join(files::METRICS_PLOT).display(),
+            log_dir.display()
+        );
+    }
+    Ok(code)
+}
+
+/// `tchrun score`: runs `tchrun-worker score` as a local child (the launcher has no libtorch).
+pub fn run_score(
+    worker: Option<&Path>,
+    model: &Path,
+    images: &Path,
+    output: &Path,
+    batch_size: u32,
+    device: tchrun::flags::Device,
+) -> Result<i32, JobError> {
+    tchrun::model::load(model, true).map_err(|e| JobError::invalid(format!("--model {e}")))?;
+    let worker = match worker {
+        Some(w) => w.to_path_buf(),
+        None => default_worker().ok_or_else(|| {
+            JobError::invalid("tchrun-worker not found beside tchrun; pass --worker PATH")
+        })?,
+    };
+    let status = std::process::Command::new(&worker)
+        .arg("score")
+        .arg("--model")
+        .arg(model)
+        .arg("--images")
+        .arg(images)
+        .arg("--output")
+        .arg(output)
+        .arg(format!("--batch-size={batch_size}"))
+        .arg(format!("--device={}", device.as_str()))
+        .status()
+        .map_err(|e| JobError::launch(format!("cannot start {}: {e}", worker.display())))?;
+    Ok(status.code().unwrap_or(ErrorKind::RankFailed.exit_code()))
+}

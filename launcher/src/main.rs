@@ -3,6 +3,7 @@
 //! Architecture Invariant: the launcher links neither libtorch nor MPI.
 mod job;
 mod launch;
+mod model_init;
 mod report;
 mod supervise;
 
@@ -29,6 +30,13 @@ enum Cmd {
     Selftest(SelftestArgs),
     /// Run any program as the ranks with torchrun's environment contract.
     Exec(ExecArgs),
+    /// Train an image classifier on nodes × procs-per-node ranks ("Train PyTorch Model").
+    Train(TrainArgs),
+    /// Model directories.
+    #[command(subcommand)]
+    Model(ModelCmd),
+    /// Score images with a trained model into a CSV ("Score Image Model").
+    Score(ScoreArgs),
     /// Print the failure summary of a job's log directory, or a per-rank overview.
     Logs {
         /// The job's log directory.
@@ -48,6 +56,44 @@ struct SelftestArgs {
     /// Timed all-reduce iterations per size.
     #[arg(long)]
     iters: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct TrainArgs {
+    #[command(flatten)]
+    job: tchrun::flags::TrainJob,
+    #[command(flatten)]
+    launch: launch::LaunchArgs,
+    #[command(flatten)]
+    rank: RankFlags,
+}
+
+#[derive(Subcommand, Debug)]
+enum ModelCmd {
+    /// Write an untrained model directory (model.json).
+    Init(model_init::InitArgs),
+}
+
+#[derive(Args, Debug)]
+struct ScoreArgs {
+    /// Trained model directory (model.json + model.safetensors).
+    #[arg(long, env = "TCHRUN_MODEL")]
+    model: PathBuf,
+    /// Directory of images to score (searched recursively).
+    #[arg(long)]
+    images: PathBuf,
+    /// CSV file to write.
+    #[arg(long)]
+    output: PathBuf,
+    /// Images per forward pass.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    batch_size: u32,
+    /// Compute device.
+    #[arg(long, env = "TCHRUN_DEVICE", value_enum, default_value_t = tchrun::flags::Device::Auto)]
+    device: tchrun::flags::Device,
+    /// The tchrun-worker binary (default: the one beside tchrun).
+    #[arg(long, env = "TCHRUN_WORKER")]
+    worker: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -109,6 +155,16 @@ fn main() -> ExitCode {
             args.extend(a.program.iter().cloned());
             job::run_job(&a.launch, log_dir, args)
         }
+        Cmd::Train(a) => job::run_train(&a.job, &a.launch, &a.rank),
+        Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
+        Cmd::Score(a) => job::run_score(
+            a.worker.as_deref(),
+            &a.model,
+            &a.images,
+            &a.output,
+            a.batch_size,
+            a.device,
+        ),
         Cmd::Logs { dir } => match report::logs_command(&dir) {
             Ok(text) => {
                 print!("{text}");

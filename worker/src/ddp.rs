@@ -33,7 +33,10 @@ fn numel(t: &Tensor) -> usize {
 }
 
 /// Concatenates flattened tensors (one copy), runs `op` on the flat tensor, copies back.
-fn flat_op(tensors: &[Tensor], op: impl FnOnce(&mut Tensor) -> Result<(), C10dError>) -> Result<(), C10dError> {
+fn flat_op(
+    tensors: &[Tensor],
+    op: impl FnOnce(&mut Tensor) -> Result<(), C10dError>,
+) -> Result<(), C10dError> {
     if tensors.is_empty() {
         return Ok(());
     }
@@ -82,7 +85,11 @@ impl Replicator {
         if start < params.len() || buckets.is_empty() {
             buckets.push(start..params.len());
         }
-        Replicator { params, buffers, buckets }
+        Replicator {
+            params,
+            buffers,
+            buckets,
+        }
     }
 
     pub fn bucket_count(&self) -> usize {
@@ -107,18 +114,33 @@ impl Replicator {
     /// `loss` is this rank's mean loss over its `n_local` samples (a 0-d tensor).
     /// Buckets go last to first (as DDP's do); the first one reduced carries the loss and the
     /// sample count, so every bucket can be scaled as soon as it arrives.
-    pub fn reduce_gradients(&self, pg: &ProcessGroup, loss: &Tensor, n_local: usize) -> Result<StepStats, C10dError> {
+    pub fn reduce_gradients(
+        &self,
+        pg: &ProcessGroup,
+        loss: &Tensor,
+        n_local: usize,
+    ) -> Result<StepStats, C10dError> {
         let n = n_local as f64;
-        let mut stats = StepStats { loss: f64::NAN, samples: 0.0 };
+        let mut stats = StepStats {
+            loss: f64::NAN,
+            samples: 0.0,
+        };
         for (k, range) in self.buckets.iter().rev().enumerate() {
             let grads: Vec<Tensor> = self.params[range.clone()]
                 .iter()
                 .map(|p| {
                     let g = p.grad();
-                    if g.defined() { g } else { p.zeros_like() }
+                    if g.defined() {
+                        g
+                    } else {
+                        p.zeros_like()
+                    }
                 })
                 .collect();
-            let mut parts: Vec<Tensor> = grads.iter().map(|g| g.reshape([-1]).to_kind(Kind::Float) * n).collect();
+            let mut parts: Vec<Tensor> = grads
+                .iter()
+                .map(|g| g.reshape([-1]).to_kind(Kind::Float) * n)
+                .collect();
             let carries_stats = k == 0;
             if carries_stats {
                 let device = loss.device();
@@ -129,10 +151,15 @@ impl Replicator {
             pg.all_reduce(&mut [&mut flat], ReduceOp::Sum)?;
             if carries_stats {
                 let len = flat.size()[0];
-                let tail = Vec::<f32>::try_from(flat.narrow(0, len - 2, 2).to_device(tch::Device::Cpu)).unwrap_or_default();
+                let tail =
+                    Vec::<f32>::try_from(flat.narrow(0, len - 2, 2).to_device(tch::Device::Cpu))
+                        .unwrap_or_default();
                 let loss_sum = tail.first().copied().unwrap_or(f32::NAN) as f64;
                 let samples = tail.get(1).copied().unwrap_or(0.0) as f64;
-                stats = StepStats { loss: loss_sum / samples.max(1.0), samples };
+                stats = StepStats {
+                    loss: loss_sum / samples.max(1.0),
+                    samples,
+                };
             }
             unflatten_into(&(flat * (1.0 / stats.samples.max(1.0))), &grads);
         }
@@ -141,7 +168,12 @@ impl Replicator {
 
     /// Whether every parameter and buffer is bit-identical on all ranks.
     pub fn identical_across_ranks(&self, pg: &ProcessGroup) -> Result<bool, C10dError> {
-        let all: Vec<Tensor> = self.params.iter().chain(self.buffers.iter()).map(|t| t.detach().reshape([-1])).collect();
+        let all: Vec<Tensor> = self
+            .params
+            .iter()
+            .chain(self.buffers.iter())
+            .map(|t| t.detach().reshape([-1]))
+            .collect();
         let mine = Tensor::cat(&all, 0);
         let mut max = mine.copy();
         let mut min = mine.copy();
@@ -152,8 +184,16 @@ impl Replicator {
 
     /// A fingerprint of the replica (sum and sum of squares of every value), for the logs.
     pub fn fingerprint(&self) -> (f64, f64) {
-        let all: Vec<Tensor> = self.params.iter().chain(self.buffers.iter()).map(|t| t.detach().reshape([-1]).to_kind(Kind::Double)).collect();
+        let all: Vec<Tensor> = self
+            .params
+            .iter()
+            .chain(self.buffers.iter())
+            .map(|t| t.detach().reshape([-1]).to_kind(Kind::Double))
+            .collect();
         let v = Tensor::cat(&all, 0);
-        (v.sum(Kind::Double).double_value(&[]), (&v * &v).sum(Kind::Double).double_value(&[]))
+        (
+            v.sum(Kind::Double).double_value(&[]),
+            (&v * &v).sum(Kind::Double).double_value(&[]),
+        )
     }
 }

@@ -15,7 +15,13 @@ fn net(p: &nn::Path) -> impl Module {
 fn grads(vs: &nn::VarStore) -> Tensor {
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    Tensor::cat(&named.iter().map(|(_, t)| t.grad().reshape([-1])).collect::<Vec<_>>(), 0)
+    Tensor::cat(
+        &named
+            .iter()
+            .map(|(_, t)| t.grad().reshape([-1]))
+            .collect::<Vec<_>>(),
+        0,
+    )
 }
 
 /// Returns the max absolute difference on rank 0 (0 elsewhere).
@@ -33,9 +39,13 @@ pub fn run(pg: &ProcessGroup) -> Result<f64, crate::pg::C10dError> {
     let total = 3 * world + 1;
     let x = Tensor::randn([total, 3, 8, 8], (Kind::Float, Device::Cpu));
     let y = Tensor::arange(total, (Kind::Int64, Device::Cpu)).remainder(10);
-    let bounds: Vec<i64> = (0..=world).map(|r| if r == world { total } else { r * 3 + r.min(1) }).collect();
+    let bounds: Vec<i64> = (0..=world)
+        .map(|r| if r == world { total } else { r * 3 + r.min(1) })
+        .collect();
     let (lo, hi) = (bounds[rank as usize], bounds[rank as usize + 1]);
-    let loss = model.forward(&x.narrow(0, lo, hi - lo)).cross_entropy_for_logits(&y.narrow(0, lo, hi - lo));
+    let loss = model
+        .forward(&x.narrow(0, lo, hi - lo))
+        .cross_entropy_for_logits(&y.narrow(0, lo, hi - lo));
     loss.backward();
     let stats = rep.reduce_gradients(pg, &loss, (hi - lo) as usize)?;
     let distributed = grads(&vs);

@@ -185,9 +185,11 @@ fn resolve(flags: &RankFlags, local_rank: usize) -> Result<(tch::Device, pg::Bac
         (Backend::Auto, true) => pg::BackendKind::Nccl,
         (Backend::Auto, false) | (Backend::Gloo, _) => pg::BackendKind::Gloo,
         (Backend::Nccl, true) => pg::BackendKind::Nccl,
-        (Backend::Nccl, false) => return Err(Fatal::invalid(anyhow::anyhow!(
+        (Backend::Nccl, false) => {
+            return Err(Fatal::invalid(anyhow::anyhow!(
             "--backend nccl needs CUDA tensors but the device is cpu; use --backend gloo (or auto)"
-        ))),
+        )))
+        }
     };
     Ok((device, backend))
 }
@@ -399,9 +401,22 @@ fn run_exec(a: ExecArgs) -> RankResult {
 fn run_train(a: TrainArgs) -> RankResult {
     let default_logs = a.job.output.join(tchrun::files::DEFAULT_LOG_SUBDIR);
     // Input errors need no log directory: report them before anything is written to --output.
-    let inputs = train::check_inputs(&a.job).map_err(|e| (None, Fatal { kind: e.kind(), err: e.into() }))?;
+    let inputs = train::check_inputs(&a.job).map_err(|e| {
+        (
+            None,
+            Fatal {
+                kind: e.kind(),
+                err: e.into(),
+            },
+        )
+    })?;
     let rank = start_rank(&a.rank, default_logs, &command_line())?;
-    let Rank { joined, pg, device, console } = rank;
+    let Rank {
+        joined,
+        pg,
+        device,
+        console,
+    } = rank;
     let is_rank0 = pg.rank() == 0;
     let say = |line: &str| {
         if is_rank0 {
@@ -410,32 +425,74 @@ fn run_train(a: TrainArgs) -> RankResult {
             tracing::info!("{line}");
         }
     };
-    let ctx = train::RankCtx { pg: &pg, device, local_size: joined.info.local_size, say: &say };
+    let ctx = train::RankCtx {
+        pg: &pg,
+        device,
+        local_size: joined.info.local_size,
+        say: &say,
+    };
     let r = train::train(&a.job, inputs, &ctx);
     drop(pg);
     drop(joined);
-    r.map_err(|e| (Some(console), Fatal { kind: e.kind(), err: e.into() }))
+    r.map_err(|e| {
+        (
+            Some(console),
+            Fatal {
+                kind: e.kind(),
+                err: e.into(),
+            },
+        )
+    })
 }
 
 fn run_score(a: ScoreArgs) -> RankResult {
-    let flags = RankFlags { device: a.device, backend: Backend::Auto, log_dir: None, timeout: 60 };
+    let flags = RankFlags {
+        device: a.device,
+        backend: Backend::Auto,
+        log_dir: None,
+        timeout: 60,
+    };
     let (device, _) = resolve(&flags, 0).map_err(|f| (None, f))?;
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    match score::score(&a.model, &a.images, &a.output, a.batch_size as usize, device, threads) {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    match score::score(
+        &a.model,
+        &a.images,
+        &a.output,
+        a.batch_size as usize,
+        device,
+        threads,
+    ) {
         Ok(n) => {
             println!("scored {n} image(s) into {}", a.output.display());
             Ok(())
         }
         Err(e) => {
-            let kind = if e.is_input_error() { ErrorKind::InvalidInput } else { ErrorKind::RankFailed };
-            Err((None, Fatal { kind, err: e.into() }))
+            let kind = if e.is_input_error() {
+                ErrorKind::InvalidInput
+            } else {
+                ErrorKind::RankFailed
+            };
+            Err((
+                None,
+                Fatal {
+                    kind,
+                    err: e.into(),
+                },
+            ))
         }
     }
 }
 
 fn run_gradcheck(a: GradcheckArgs) -> RankResult {
     let rank = start_rank(&a.rank, PathBuf::from(DEFAULT_LOG_DIR), &command_line())?;
-    let Rank { joined, pg, console, .. } = rank;
+    let Rank {
+        joined,
+        pg,
+        console,
+        ..
+    } = rank;
     let r = gradcheck::run(&pg);
     let is_rank0 = pg.rank() == 0;
     drop(pg);
@@ -443,11 +500,18 @@ fn run_gradcheck(a: GradcheckArgs) -> RankResult {
     match r {
         Ok(diff) if diff <= 1e-6 => {
             if is_rank0 {
-                console.out(&format!("gradcheck: max |distributed - combined batch| = {diff:.3e} (tolerance 1e-6)"));
+                console.out(&format!(
+                    "gradcheck: max |distributed - combined batch| = {diff:.3e} (tolerance 1e-6)"
+                ));
             }
             Ok(())
         }
-        Ok(diff) => Err((Some(console), Fatal::rank(anyhow::anyhow!("gradcheck: difference {diff:e} exceeds 1e-6")))),
+        Ok(diff) => Err((
+            Some(console),
+            Fatal::rank(anyhow::anyhow!(
+                "gradcheck: difference {diff:e} exceeds 1e-6"
+            )),
+        )),
         Err(e) => Err((Some(console), Fatal::rank(e.into()))),
     }
 }

@@ -37,7 +37,12 @@ pub fn is_buffer(name: &str) -> bool {
 pub fn state_dict(weights: &BTreeMap<String, Tensor>, steps: i64) -> Vec<(String, Tensor)> {
     let mut out: Vec<(String, Tensor)> = Vec::with_capacity(weights.len() + weights.len() / 4);
     for (name, t) in weights {
-        out.push((name.clone(), t.to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous()));
+        out.push((
+            name.clone(),
+            t.to_device(tch::Device::Cpu)
+                .to_kind(Kind::Float)
+                .contiguous(),
+        ));
         if let Some(layer) = name.strip_suffix(".running_var") {
             out.push((format!("{layer}.num_batches_tracked"), Tensor::from(steps)));
         }
@@ -54,20 +59,36 @@ pub enum WeightsError {
     #[error("{path}: missing tensor '{name}' for the model's architecture")]
     Missing { path: String, name: String },
     #[error("{path}: tensor '{name}' has shape {got:?}, the model needs {want:?}")]
-    Shape { path: String, name: String, got: Vec<i64>, want: Vec<i64> },
+    Shape {
+        path: String,
+        name: String,
+        got: Vec<i64>,
+        want: Vec<i64>,
+    },
 }
 
 /// Loads `model.safetensors` into the store, checking every name and shape.
 pub fn load(vs: &mut nn::VarStore, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
-    let tensors = Tensor::read_safetensors(path).map_err(|source| WeightsError::Read { path: p.clone(), source })?;
+    let tensors = Tensor::read_safetensors(path).map_err(|source| WeightsError::Read {
+        path: p.clone(),
+        source,
+    })?;
     let by_name: BTreeMap<String, Tensor> = tensors.into_iter().collect();
     let vars = vs.variables();
     tch::no_grad(|| {
         for (name, mut var) in vars {
-            let src = by_name.get(&name).ok_or_else(|| WeightsError::Missing { path: p.clone(), name: name.clone() })?;
+            let src = by_name.get(&name).ok_or_else(|| WeightsError::Missing {
+                path: p.clone(),
+                name: name.clone(),
+            })?;
             if src.size() != var.size() {
-                return Err(WeightsError::Shape { path: p.clone(), name, got: src.size(), want: var.size() });
+                return Err(WeightsError::Shape {
+                    path: p.clone(),
+                    name,
+                    got: src.size(),
+                    want: var.size(),
+                });
             }
             var.copy_(&src.to_kind(var.kind()));
         }

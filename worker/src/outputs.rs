@@ -28,7 +28,9 @@ pub fn append_metrics(output: &Path, m: &EpochMetrics) -> Result<(), String> {
         .mode(0o640)
         .open(&path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(f, "{line}").and_then(|_| f.sync_data()).map_err(|e| format!("{}: {e}", path.display()))
+    writeln!(f, "{line}")
+        .and_then(|_| f.sync_data())
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Writes the trained model directory atomically (see module docs).
@@ -44,22 +46,32 @@ pub fn write_model_dir(
     std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
     let result = (|| -> Result<(), String> {
         let weights = staging.join(MODEL_WEIGHTS);
-        Tensor::write_safetensors(state, &weights).map_err(|e| format!("{}: {e}", weights.display()))?;
-        File::open(&weights).and_then(|f| f.sync_all()).map_err(|e| format!("{}: {e}", weights.display()))?;
+        Tensor::write_safetensors(state, &weights)
+            .map_err(|e| format!("{}: {e}", weights.display()))?;
+        File::open(&weights)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("{}: {e}", weights.display()))?;
         let plot = staging.join(METRICS_PLOT);
         if let Err(e) = crate::plot::metrics_png(history, &plot) {
             tracing::warn!("metrics plot not written: {e}");
         }
         let json = staging.join(MODEL_JSON);
-        let mut f = OpenOptions::new().create(true).write(true).truncate(true).mode(0o640).open(&json)
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o640)
+            .open(&json)
             .map_err(|e| format!("{}: {e}", json.display()))?;
-        f.write_all(model::to_json(cfg).as_bytes()).and_then(|_| f.sync_all())
+        f.write_all(model::to_json(cfg).as_bytes())
+            .and_then(|_| f.sync_all())
             .map_err(|e| format!("{}: {e}", json.display()))?;
         sync_dir(&staging);
         for name in [MODEL_WEIGHTS, METRICS_PLOT, MODEL_JSON] {
             let from = staging.join(name);
             if from.exists() {
-                std::fs::rename(&from, output.join(name)).map_err(|e| format!("{}: {e}", output.join(name).display()))?;
+                std::fs::rename(&from, output.join(name))
+                    .map_err(|e| format!("{}: {e}", output.join(name).display()))?;
             }
         }
         sync_dir(output);

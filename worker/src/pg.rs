@@ -40,7 +40,9 @@ fn millis(d: Duration) -> i64 {
 
 /// Picks the CUDA autocast dtype (bfloat16 or float16) for `tch::autocast`.
 pub fn set_autocast_dtype(bf16: bool) -> Result<(), C10dError> {
-    check("autocast dtype", unsafe { ffi::tchrun_autocast_set_cuda_dtype(bf16 as i32) })
+    check("autocast dtype", unsafe {
+        ffi::tchrun_autocast_set_cuda_dtype(bf16 as i32)
+    })
 }
 
 /// Whether this binary was compiled with ProcessGroupNCCL.

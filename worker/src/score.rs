@@ -34,7 +34,10 @@ fn list_images(dir: &Path) -> Result<Vec<PathBuf>, ScoreError> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let rd = std::fs::read_dir(&d).map_err(|e| ScoreError::Images { path: d.clone(), why: e.to_string() })?;
+        let rd = std::fs::read_dir(&d).map_err(|e| ScoreError::Images {
+            path: d.clone(),
+            why: e.to_string(),
+        })?;
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
             if name.starts_with('.') {
@@ -43,7 +46,10 @@ fn list_images(dir: &Path) -> Result<Vec<PathBuf>, ScoreError> {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
-            } else if data::IMAGE_EXTENSIONS.iter().any(|x| name.to_ascii_lowercase().ends_with(&format!(".{x}"))) {
+            } else if data::IMAGE_EXTENSIONS
+                .iter()
+                .any(|x| name.to_ascii_lowercase().ends_with(&format!(".{x}")))
+            {
                 out.push(p);
             }
         }
@@ -54,17 +60,34 @@ fn list_images(dir: &Path) -> Result<Vec<PathBuf>, ScoreError> {
 
 /// A CSV cell that a spreadsheet will not run as a formula.
 fn cell(s: &str) -> String {
-    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{s}") } else { s.to_string() }
+    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{s}")
+    } else {
+        s.to_string()
+    }
 }
 
-pub fn score(model_dir: &Path, images: &Path, output: &Path, batch_size: usize, device: Device, threads: usize) -> Result<usize, ScoreError> {
+pub fn score(
+    model_dir: &Path,
+    images: &Path,
+    output: &Path,
+    batch_size: usize,
+    device: Device,
+    threads: usize,
+) -> Result<usize, ScoreError> {
     let cfg = model::load(model_dir, true)?;
     if !images.is_dir() {
-        return Err(ScoreError::Images { path: images.into(), why: "not a directory".into() });
+        return Err(ScoreError::Images {
+            path: images.into(),
+            why: "not a directory".into(),
+        });
     }
     let files = list_images(images)?;
     if files.is_empty() {
-        return Err(ScoreError::Images { path: images.into(), why: "no .jpg/.jpeg/.png images in it".into() });
+        return Err(ScoreError::Images {
+            path: images.into(),
+            why: "no .jpg/.jpeg/.png images in it".into(),
+        });
     }
     let mut vs = nn::VarStore::new(device);
     let net = models::build(cfg.arch, &vs.root(), cfg.class_names.len() as i64);
@@ -72,7 +95,13 @@ pub fn score(model_dir: &Path, images: &Path, output: &Path, batch_size: usize, 
     let folder = ImageFolder {
         root: images.to_path_buf(),
         classes: cfg.class_names.clone(),
-        samples: files.iter().map(|p| Sample { path: p.clone(), label: 0 }).collect(),
+        samples: files
+            .iter()
+            .map(|p| Sample {
+                path: p.clone(),
+                label: 0,
+            })
+            .collect(),
     };
     let loader = data::load_batches(
         &folder,
@@ -90,26 +119,59 @@ pub fn score(model_dir: &Path, images: &Path, output: &Path, batch_size: usize, 
         },
     );
     let tmp = output.with_extension(format!("tmp-{}", std::process::id()));
-    let out_err = |e: &dyn std::fmt::Display| ScoreError::Output { path: output.into(), why: e.to_string() };
+    let out_err = |e: &dyn std::fmt::Display| ScoreError::Output {
+        path: output.into(),
+        why: e.to_string(),
+    };
     let mut w = csv::Writer::from_path(&tmp).map_err(|e| out_err(&e))?;
-    w.write_record(["file", "predicted_class", "probability", "top5_classes", "top5_probabilities"]).map_err(|e| out_err(&e))?;
+    w.write_record([
+        "file",
+        "predicted_class",
+        "probability",
+        "top5_classes",
+        "top5_probabilities",
+    ])
+    .map_err(|e| out_err(&e))?;
     let k = 5.min(cfg.class_names.len() as i64);
     let mut rows = 0;
     for batch in loader {
         let batch = batch?;
         let s = batch.size as i64;
-        let x = Tensor::from_slice(&batch.images).view([batch.len as i64, 3, s, s]).to_device(device);
-        let probs = tch::no_grad(|| net.forward_t(&x, false).to_kind(Kind::Float).softmax(-1, Kind::Float));
+        let x = Tensor::from_slice(&batch.images)
+            .view([batch.len as i64, 3, s, s])
+            .to_device(device);
+        let probs = tch::no_grad(|| {
+            net.forward_t(&x, false)
+                .to_kind(Kind::Float)
+                .softmax(-1, Kind::Float)
+        });
         let (p, i) = probs.topk(k, -1, true, true);
         let p = Vec::<Vec<f32>>::try_from(p.to_device(Device::Cpu))?;
         let i = Vec::<Vec<i64>>::try_from(i.to_device(Device::Cpu))?;
         for (n, path) in batch.paths.iter().enumerate() {
-            let rel = path.strip_prefix(images).unwrap_or(path).display().to_string();
-            let name = |c: i64| cell(cfg.class_names.get(c as usize).map(String::as_str).unwrap_or("?"));
+            let rel = path
+                .strip_prefix(images)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            let name = |c: i64| {
+                cell(
+                    cfg.class_names
+                        .get(c as usize)
+                        .map(String::as_str)
+                        .unwrap_or("?"),
+                )
+            };
             let classes: Vec<String> = i[n].iter().map(|&c| name(c)).collect();
             let probs: Vec<String> = p[n].iter().map(|v| format!("{v:.6}")).collect();
-            w.write_record([cell(&rel), name(i[n][0]), format!("{:.6}", p[n][0]), classes.join(";"), probs.join(";")])
-                .map_err(|e| out_err(&e))?;
+            w.write_record([
+                cell(&rel),
+                name(i[n][0]),
+                format!("{:.6}", p[n][0]),
+                classes.join(";"),
+                probs.join(";"),
+            ])
+            .map_err(|e| out_err(&e))?;
             rows += 1;
         }
     }

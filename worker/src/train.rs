@@ -7,14 +7,13 @@ use crate::models;
 use crate::outputs;
 use crate::pg::{C10dError, ProcessGroup, ReduceOp};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::{nn, nn::ModuleT, nn::OptimizerConfig, Device, Kind, Tensor};
 use tchrun::data::{self, Augment, DatasetError, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::exit::ErrorKind;
 use tchrun::flags::{Amp, TrainJob};
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
-use tchrun::model::{self, ModelConfig};
+use tchrun::model::ModelConfig;
 use tchrun::schedule::LrSchedule;
 
 /// Why training stopped early.
@@ -23,16 +22,21 @@ pub enum TrainError {
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
-    Model(#[from] model::InvalidModelDirectory),
-    #[error(transparent)]
-    Dataset(#[from] DatasetError),
+    Preflight(#[from] tchrun::preflight::PreflightError),
     #[error("data error during training: {0}")]
     Data(DatasetError),
     #[error(
         "training diverged: the loss became {value} at epoch {epoch}, step {step}. Lower --lr: the \
          effective LR was {effective_lr:e} (--lr {lr:e} × world size {world})"
     )]
-    Diverged { value: f64, epoch: u32, step: u64, effective_lr: f64, lr: f64, world: usize },
+    Diverged {
+        value: f64,
+        epoch: u32,
+        step: u64,
+        effective_lr: f64,
+        lr: f64,
+        world: usize,
+    },
     #[error(transparent)]
     Comm(#[from] C10dError),
     #[error("parameters differ across ranks after training (replicas out of sync)")]
@@ -46,8 +50,7 @@ pub enum TrainError {
 impl TrainError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            TrainError::Invalid(_) | TrainError::Model(_) => ErrorKind::InvalidInput,
-            TrainError::Dataset(_) => ErrorKind::InvalidInput,
+            TrainError::Invalid(_) | TrainError::Preflight(_) => ErrorKind::InvalidInput,
             TrainError::Diverged { .. } => ErrorKind::Diverged,
             TrainError::Data(_)
             | TrainError::Comm(_)
@@ -58,43 +61,11 @@ impl TrainError {
     }
 }
 
-/// Everything checked before training starts (also by the launcher's pre-flight).
-pub struct Inputs {
-    pub cfg: ModelConfig,
-    pub train: ImageFolder,
-    pub valid: ImageFolder,
-    pub skipped: Vec<(PathBuf, String)>,
-}
+pub use tchrun::preflight::Inputs;
 
-/// Refuses an `--output` that holds a trained model (unless resuming).
-pub fn check_output(output: &Path, resume: bool) -> Result<(), TrainError> {
-    let model_json = output.join(tchrun::files::MODEL_JSON);
-    if model_json.exists() && !resume {
-        return Err(TrainError::Invalid(format!(
-            "--output {}: already holds a trained model ({}); choose another --output or remove it",
-            output.display(),
-            model_json.display()
-        )));
-    }
-    if output.exists() && !output.is_dir() {
-        return Err(TrainError::Invalid(format!("--output {}: exists and is not a directory", output.display())));
-    }
-    Ok(())
-}
-
-/// Model directory, image directories, output: the seed's errors, before any step.
+/// Model directory, image directories (every header decoded), output: before any step.
 pub fn check_inputs(job: &TrainJob) -> Result<Inputs, TrainError> {
-    let cfg = model::load(&job.model, false)?;
-    check_output(&job.output, job.options.resume)?;
-    fn flag(f: &'static str) -> impl Fn(DatasetError) -> TrainError {
-        move |e| TrainError::Invalid(format!("{f}: {e}"))
-    }
-    let mut train = ImageFolder::scan(&job.train).map_err(flag("--train"))?;
-    let mut valid = ImageFolder::scan(&job.valid).map_err(flag("--valid"))?;
-    ImageFolder::check_same_classes(&train, &valid)?;
-    let mut skipped = train.verify(job.options.skip_bad_images, job.options.max_image_pixels)?;
-    skipped.extend(valid.verify(job.options.skip_bad_images, job.options.max_image_pixels)?);
-    Ok(Inputs { cfg, train, valid, skipped })
+    Ok(tchrun::preflight::check_train_job(job, true)?)
 }
 
 /// What the training loop needs from the rank.
@@ -116,17 +87,26 @@ fn to_input(batch: &data::Batch, device: Device) -> (Tensor, Tensor) {
     let x = Tensor::from_slice(&batch.images).view([batch.len as i64, 3, s, s]);
     let y = Tensor::from_slice(&batch.labels);
     if device.is_cuda() {
-        (x.pin_memory(device).to_device_(device, Kind::Float, true, false), y.to_device_(device, Kind::Int64, true, false))
+        (
+            x.pin_memory(device)
+                .to_device_(device, Kind::Float, true, false),
+            y.to_device_(device, Kind::Int64, true, false),
+        )
     } else {
         (x, y)
     }
 }
 
 fn loader_threads(job: &TrainJob, local_size: usize) -> usize {
-    job.options.loader_threads.map(|t| t as usize).unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        (cores / local_size.max(1)).max(1)
-    })
+    job.options
+        .loader_threads
+        .map(|t| t as usize)
+        .unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            (cores / local_size.max(1)).max(1)
+        })
 }
 
 fn validate(
@@ -162,7 +142,8 @@ fn validate(
         let (x, y) = to_input(&batch, ctx.device);
         tch::no_grad(|| {
             let logits = model.forward_t(&x, false).to_kind(Kind::Float);
-            let loss = logits.cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Sum, -100, 0.0);
+            let loss =
+                logits.cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Sum, -100, 0.0);
             let (_, top) = logits.topk(k, -1, true, true);
             let hits = top.eq_tensor(&y.unsqueeze(1));
             let top1 = hits.narrow(1, 0, 1).sum(Kind::Double);
@@ -174,21 +155,36 @@ fn validate(
     ctx.pg.all_reduce(&mut [&mut totals], ReduceOp::Sum)?;
     let t = Vec::<f64>::try_from(totals.to_device(Device::Cpu))?;
     let n = t[3].max(1.0);
-    Ok(Validation { loss: t[0] / n, top1: t[1] / n, top5: t[2] / n })
+    Ok(Validation {
+        loss: t[0] / n,
+        top1: t[1] / n,
+        top5: t[2] / n,
+    })
 }
 
 /// Trains and (rank 0) writes the model directory. Returns the final metrics.
 pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainError> {
-    let Inputs { cfg, train, valid, skipped } = inputs;
+    let Inputs {
+        cfg,
+        train,
+        valid,
+        skipped,
+    } = inputs;
     let (pg, device) = (ctx.pg, ctx.device);
     let (rank, world) = (pg.rank(), pg.size());
     let p = &job.params;
     if !skipped.is_empty() {
-        tracing::warn!(count = skipped.len(), "skipping bad images (--skip-bad-images)");
+        tracing::warn!(
+            count = skipped.len(),
+            "skipping bad images (--skip-bad-images)"
+        );
         for (path, why) in &skipped {
             tracing::warn!("skipped {}: {why}", path.display());
         }
-        (ctx.say)(&format!("skipped {} bad image(s) (--skip-bad-images); listed in the driver logs", skipped.len()));
+        (ctx.say)(&format!(
+            "skipped {} bad image(s) (--skip-bad-images); listed in the driver logs",
+            skipped.len()
+        ));
     }
     let classes = train.classes.len() as i64;
     tch::manual_seed(p.seed);
@@ -204,12 +200,24 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
     let replicas = Replicator::new(&named, models::is_buffer);
     replicas.broadcast_all(pg)?;
-    let mut opt = nn::Sgd { momentum: job.options.momentum, dampening: 0.0, wd: job.options.weight_decay, nesterov: false }
-        .build(&vs, p.lr)?;
+    let mut opt = nn::Sgd {
+        momentum: job.options.momentum,
+        dampening: 0.0,
+        wd: job.options.weight_decay,
+        nesterov: false,
+    }
+    .build(&vs, p.lr)?;
 
     let per_rank = data::shard(train.samples.len(), rank, world, p.seed, 0, true).len();
     let steps_per_epoch = per_rank.div_ceil(p.batch_size as usize) as u64;
-    let schedule = LrSchedule::new(p.lr, world, p.warmup_epochs, p.epochs, steps_per_epoch, job.options.lr_power);
+    let schedule = LrSchedule::new(
+        p.lr,
+        world,
+        p.warmup_epochs,
+        p.epochs,
+        steps_per_epoch,
+        job.options.lr_power,
+    );
     (ctx.say)(&format!(
         "training {} on {} train / {} valid images, {} classes, {world} rank(s) on {}: {} steps/epoch, \
          effective LR {:e} (--lr {:e} × {world}), {} gradient bucket(s)",
@@ -241,7 +249,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 batch_size: p.batch_size as usize,
                 threads,
                 prefetch: 4,
-                augment: Augment::Train(TrainAugment { min_scale: job.options.min_crop_scale, hflip: !job.options.no_hflip }),
+                augment: Augment::Train(TrainAugment {
+                    min_scale: job.options.min_crop_scale,
+                    hflip: !job.options.no_hflip,
+                }),
                 norm: cfg.normalization,
                 seed: p.seed,
                 epoch: epoch as u64,
@@ -256,7 +267,11 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             let batch = batch.map_err(TrainError::Data)?;
             let (x, y) = to_input(&batch, device);
             opt.zero_grad();
-            let loss = tch::autocast(amp, || net.forward_t(&x, true).to_kind(Kind::Float).cross_entropy_for_logits(&y));
+            let loss = tch::autocast(amp, || {
+                net.forward_t(&x, true)
+                    .to_kind(Kind::Float)
+                    .cross_entropy_for_logits(&y)
+            });
             (&loss * scaler.scale).backward();
             let stats = replicas.reduce_gradients(pg, &loss, batch.len)?;
             if !stats.loss.is_finite() {
@@ -331,8 +346,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         history.push(m.clone());
         let improved = best.as_ref().map(|b| v.loss < b.0).unwrap_or(true);
         if improved {
-            let snapshot: BTreeMap<String, Tensor> =
-                named.iter().map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).copy())).collect();
+            let snapshot: BTreeMap<String, Tensor> = named
+                .iter()
+                .map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).copy()))
+                .collect();
             best = Some((v.loss, epoch + 1, snapshot, m));
             since_best = 0;
         } else {
@@ -357,7 +374,9 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         return Err(TrainError::Replicas);
     }
     let (sum, sumsq) = replicas.fingerprint();
-    tracing::info!("parameters identical across ranks; fingerprint sum={sum:.9e} sumsq={sumsq:.9e}");
+    tracing::info!(
+        "parameters identical across ranks; fingerprint sum={sum:.9e} sumsq={sumsq:.9e}"
+    );
 
     let Some((_, best_epoch, weights, best_metrics)) = best else {
         return Err(TrainError::Invalid("no epoch completed".into()));
@@ -377,7 +396,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             ..cfg.clone()
         };
         let state = models::state_dict(&weights, step as i64);
-        outputs::write_model_dir(&job.output, &trained, &state, &history).map_err(TrainError::Output)?;
+        outputs::write_model_dir(&job.output, &trained, &state, &history)
+            .map_err(TrainError::Output)?;
         (ctx.say)(&format!(
             "best epoch {best_epoch}: valid top-1 {:.2}%, top-5 {:.2}%, loss {:.4}",
             100.0 * best_metrics.top1,
@@ -398,7 +418,11 @@ struct LossScaler {
 
 impl LossScaler {
     fn new(enabled: bool) -> LossScaler {
-        LossScaler { enabled, scale: if enabled { 65536.0 } else { 1.0 }, good_steps: 0 }
+        LossScaler {
+            enabled,
+            scale: if enabled { 65536.0 } else { 1.0 },
+            good_steps: 0,
+        }
     }
 
     /// Unscales the (reduced, identical on every rank) gradients; false: skip this step.
@@ -406,7 +430,12 @@ impl LossScaler {
         if !self.enabled {
             return Ok(true);
         }
-        let grads: Vec<Tensor> = vs.trainable_variables().iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
+        let grads: Vec<Tensor> = vs
+            .trainable_variables()
+            .iter()
+            .map(|p| p.grad())
+            .filter(|g| g.defined())
+            .collect();
         let mut finite = true;
         tch::no_grad(|| {
             for g in &grads {
@@ -429,7 +458,10 @@ impl LossScaler {
         } else {
             self.scale /= 2.0;
             self.good_steps = 0;
-            tracing::warn!(scale = self.scale, "fp16 gradients overflowed; step skipped, loss scale lowered");
+            tracing::warn!(
+                scale = self.scale,
+                "fp16 gradients overflowed; step skipped, loss scale lowered"
+            );
         }
         Ok(finite)
     }

@@ -1,0 +1,74 @@
+//! `tchrun model init`: an untrained model directory (`model.json`: arch, input size,
+//! normalization). Weights are initialized from `--seed` when training starts.
+use crate::job::JobError;
+use clap::Args;
+use std::path::PathBuf;
+use tchrun::model::{self, Arch, ModelConfig, Normalization};
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    /// Architecture (torchvision name).
+    #[arg(long, value_enum)]
+    pub arch: Arch,
+    /// Square input size in pixels (224 for ImageNet-like data; 32 or 64 for tiny images).
+    #[arg(long, default_value_t = 224)]
+    pub input_size: u32,
+    /// Per-channel mean of RGB inputs in [0, 1] (default ImageNet's).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 3,
+        allow_negative_numbers = true
+    )]
+    pub mean: Option<Vec<f32>>,
+    /// Per-channel standard deviation (default ImageNet's).
+    #[arg(long, value_delimiter = ',', num_args = 3)]
+    pub std: Option<Vec<f32>>,
+    /// Directory to write.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Replace an existing model.json.
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn run(a: &InitArgs) -> Result<(), JobError> {
+    model::check_input_size(a.input_size)
+        .map_err(|e| JobError::invalid(format!("--input-size: {e}")))?;
+    let mut norm = Normalization::default();
+    if let Some(m) = &a.mean {
+        norm.mean = [m[0], m[1], m[2]];
+    }
+    if let Some(s) = &a.std {
+        if s.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+            return Err(JobError::invalid("--std: every value must be > 0"));
+        }
+        norm.std = [s[0], s[1], s[2]];
+    }
+    let target = a.output.join(tchrun::files::MODEL_JSON);
+    if target.exists() && !a.force {
+        return Err(JobError::invalid(format!(
+            "--output {}: already holds a model.json; choose another directory or pass --force",
+            a.output.display()
+        )));
+    }
+    std::fs::create_dir_all(&a.output).map_err(|e| {
+        JobError::invalid(format!(
+            "--output {}: cannot create it: {e}",
+            a.output.display()
+        ))
+    })?;
+    let cfg = ModelConfig::untrained(a.arch, a.input_size, norm);
+    let tmp = a.output.join(format!(".{}.tmp", tchrun::files::MODEL_JSON));
+    std::fs::write(&tmp, model::to_json(&cfg))
+        .and_then(|_| std::fs::rename(&tmp, &target))
+        .map_err(|e| JobError::invalid(format!("--output {}: {e}", a.output.display())))?;
+    println!(
+        "untrained {} model ({}x{} input) in {}",
+        a.arch.name(),
+        a.input_size,
+        a.input_size,
+        a.output.display()
+    );
+    Ok(())
+}
