@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 /// A training input that cannot be used; the message names the flag and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum PreflightError {
+    // The inner errors are shown, not chained (their text already holds everything).
     #[error("--model {0}")]
-    Model(#[from] model::InvalidModelDirectory),
-    #[error("{flag} {source}")]
+    Model(model::InvalidModelDirectory),
+    #[error("{flag} {error}")]
     Dataset {
         flag: &'static str,
-        source: DatasetError,
+        error: DatasetError,
     },
     #[error("{0}")]
     Output(String),
@@ -50,9 +51,9 @@ pub fn check_output(output: &Path, resume: bool) -> Result<(), PreflightError> {
 /// Model directory, image directories (layout, class sets) and output; with `verify`, also
 /// every image's header (corrupt files, decompression bombs).
 pub fn check_train_job(job: &TrainJob, verify: bool) -> Result<Inputs, PreflightError> {
-    let cfg = model::load(&job.model, false)?;
+    let cfg = model::load(&job.model, false).map_err(PreflightError::Model)?;
     check_output(&job.output, job.options.resume)?;
-    let ds = |flag: &'static str| move |source| PreflightError::Dataset { flag, source };
+    let ds = |flag: &'static str| move |error| PreflightError::Dataset { flag, error };
     let mut train = ImageFolder::scan(&job.train).map_err(ds("--train"))?;
     let mut valid = ImageFolder::scan(&job.valid).map_err(ds("--valid"))?;
     ImageFolder::check_same_classes(&train, &valid).map_err(ds("--train/--valid"))?;

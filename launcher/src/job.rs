@@ -347,6 +347,19 @@ pub fn run_job(
         return Ok(0);
     };
     let logs = report::read_driver_logs(&plan.log_dir);
+    let (hint_rank, hint_code) = match plan.kind {
+        LauncherKind::Local => (Some(first.index), Some(first.ended.as_code())),
+        _ => mpirun_first_failure(&outcome.tail),
+    };
+    let code = hint_code.unwrap_or(first.ended.as_code());
+    // A rank that refused its input exits 2 before it opens a driver log: its message is
+    // already on the terminal; that is invalid input, not a failed launch.
+    if logs.is_empty() && code == ErrorKind::InvalidInput.exit_code() {
+        return Err(JobError::invalid(format!(
+            "the ranks refused the input (see their message above and {})",
+            mpi_log_path.display()
+        )));
+    }
     if logs.is_empty() {
         let message = launch_failure_message(&plan, &outcome.tail);
         let summary = FailureSummary {
@@ -369,11 +382,6 @@ pub fn run_job(
         )));
     }
     // Which rank: local ranks are one process each; mpirun names the first one.
-    let (hint_rank, hint_code) = match plan.kind {
-        LauncherKind::Local => (Some(first.index), Some(first.ended.as_code())),
-        _ => mpirun_first_failure(&outcome.tail),
-    };
-    let code = hint_code.unwrap_or(first.ended.as_code());
     let kind = ErrorKind::from_worker_exit(code).unwrap_or(ErrorKind::RankFailed);
     let culprit = report::first_failing(&logs, hint_rank);
     let (message, classification) = match culprit.and_then(|c| c.first_error.clone()) {
@@ -456,8 +464,9 @@ pub fn run_train(
     job.train = absolute(job.train);
     job.valid = absolute(job.valid);
     job.output = absolute(job.output);
-    tchrun::preflight::check_train_job(&job, false)
-        .map_err(|e| JobError::invalid(e.to_string()))?;
+    // Every image header too: a corrupt file is refused before any rank starts or anything is
+    // written to --output (the ranks check again and apply --skip-bad-images).
+    tchrun::preflight::check_train_job(&job, true).map_err(|e| JobError::invalid(e.to_string()))?;
     check_gpus(launch, rank)?;
     let mut rank = rank.clone();
     let log_dir = absolute(

@@ -5,6 +5,7 @@ mod job;
 mod launch;
 mod model_init;
 mod report;
+mod sbatch;
 mod supervise;
 
 use clap::{Args, Parser, Subcommand};
@@ -32,6 +33,8 @@ enum Cmd {
     Exec(ExecArgs),
     /// Train an image classifier on nodes × procs-per-node ranks ("Train PyTorch Model").
     Train(TrainArgs),
+    /// Write (and with --submit, submit) a Slurm batch script that trains with srun.
+    Sbatch(sbatch::SbatchArgs),
     /// Model directories.
     #[command(subcommand)]
     Model(ModelCmd),
@@ -156,6 +159,7 @@ fn main() -> ExitCode {
             job::run_job(&a.launch, log_dir, args)
         }
         Cmd::Train(a) => job::run_train(&a.job, &a.launch, &a.rank),
+        Cmd::Sbatch(a) => sbatch::run(&a),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
         Cmd::Score(a) => job::run_score(
             a.worker.as_deref(),

@@ -191,3 +191,52 @@ pub fn driver_logs(dir: &Path, n: usize) -> Vec<String> {
     }
     logs
 }
+
+/// The venv's Python (made by scripts/setup.sh).
+pub fn python() -> Command {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    Command::new(root.join(".venv/bin/python"))
+}
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The digits dataset (train/ and valid/), generated once per test binary.
+pub fn digits() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("tchrun-digits-{}", std::process::id()));
+        let r = run(
+            python()
+                .arg(repo().join("scripts/make_digits.py"))
+                .arg(&dir),
+            Duration::from_secs(120),
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        dir
+    })
+    .clone()
+}
+
+/// An untrained model directory.
+pub fn model_dir(parent: &Path, arch: &str, size: u32) -> PathBuf {
+    let m = parent.join(format!("{arch}-{size}"));
+    let r = run(
+        tchrun()
+            .args([
+                "model",
+                "init",
+                "--arch",
+                arch,
+                "--input-size",
+                &size.to_string(),
+                "--output",
+            ])
+            .arg(&m),
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    m
+}

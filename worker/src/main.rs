@@ -1,6 +1,7 @@
 //! `tchrun-worker`: one rank of a tchrun job. Started by mpirun, srun, `tchrun` or by hand;
 //! joins the job (bootstrap), opens its driver log, builds the c10d process group and runs
 //! the subcommand. Architecture Invariant: the worker never spawns ranks.
+mod bench_loader;
 mod bootstrap;
 mod ddp;
 mod driver_log;
@@ -46,6 +47,9 @@ enum Cmd {
     /// Check that the cross-rank averaged gradient equals the combined-batch gradient.
     #[command(hide = true)]
     Gradcheck(GradcheckArgs),
+    /// Benchmark the input pipeline alone (decode + augment), images/s.
+    #[command(hide = true)]
+    BenchLoader(bench_loader::Args),
 }
 
 #[derive(Args, Debug)]
@@ -150,6 +154,9 @@ fn main() -> ExitCode {
         Cmd::Train(a) => run_train(a),
         Cmd::Score(a) => run_score(a),
         Cmd::Gradcheck(a) => run_gradcheck(a),
+        Cmd::BenchLoader(a) => {
+            bench_loader::run(a).map_err(|e| (None, Fatal::invalid(e)))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

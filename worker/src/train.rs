@@ -14,7 +14,7 @@ use tchrun::exit::ErrorKind;
 use tchrun::flags::{Amp, TrainJob};
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
 use tchrun::model::ModelConfig;
-use tchrun::schedule::LrSchedule;
+use tchrun::schedule::{Decision, EarlyStopping, LrSchedule};
 
 /// Why training stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -234,8 +234,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
 
     let threads = loader_threads(job, ctx.local_size);
     let mut step: u64 = 0;
-    let mut best: Option<(f64, u32, BTreeMap<String, Tensor>, EpochMetrics)> = None;
-    let mut since_best = 0u32;
+    let mut best: Option<(u32, BTreeMap<String, Tensor>, EpochMetrics)> = None;
+    let mut stopping = EarlyStopping::new(p.patience);
     let mut history: Vec<EpochMetrics> = Vec::new();
     let mut scaler = LossScaler::new(job.options.amp == Amp::Fp16 && device.is_cuda());
     for epoch in 0..p.epochs {
@@ -288,6 +288,9 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             if scaler.unscale_and_check(&vs)? {
                 opt.set_lr(lr);
                 opt.step();
+                if step == 0 {
+                    tracing::info!("first optimizer step done");
+                }
             }
             replicas.sync_buffers(pg)?;
             step += 1;
@@ -344,21 +347,20 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             outputs::append_metrics(&job.output, &m).map_err(TrainError::Output)?;
         }
         history.push(m.clone());
-        let improved = best.as_ref().map(|b| v.loss < b.0).unwrap_or(true);
-        if improved {
-            let snapshot: BTreeMap<String, Tensor> = named
-                .iter()
-                .map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).copy()))
-                .collect();
-            best = Some((v.loss, epoch + 1, snapshot, m));
-            since_best = 0;
-        } else {
-            since_best += 1;
-            if since_best >= p.patience {
+        match stopping.update(epoch + 1, v.loss) {
+            Decision::Improved => {
+                let snapshot: BTreeMap<String, Tensor> = named
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).copy()))
+                    .collect();
+                best = Some((epoch + 1, snapshot, m));
+            }
+            Decision::Continue => {}
+            Decision::Stop => {
                 let msg = format!(
                     "early stopping after epoch {}: validation loss has not decreased for {} epoch(s) (--patience {})",
                     epoch + 1,
-                    since_best,
+                    stopping.since_best,
                     p.patience
                 );
                 tracing::info!("{msg}");
@@ -378,7 +380,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         "parameters identical across ranks; fingerprint sum={sum:.9e} sumsq={sumsq:.9e}"
     );
 
-    let Some((_, best_epoch, weights, best_metrics)) = best else {
+    let Some((best_epoch, weights, best_metrics)) = best else {
         return Err(TrainError::Invalid("no epoch completed".into()));
     };
     if rank == 0 {

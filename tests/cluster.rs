@@ -1,0 +1,707 @@
+//! Cluster tests on one machine: several "nodes" as network namespaces reached by mpirun through
+//! an rsh agent (scripts/netns-nodes.sh, scripts/netns-rsh.sh), and a real single-node Slurm
+//! (scripts/slurm-cluster.sh): srun inside salloc, `tchrun sbatch --submit` training to the end,
+//! USR1 → graceful stop and requeue, `scancel` stopping every rank. Needs root (namespaces,
+//! munged as the munge user); without it each test says SKIP and returns. Every daemon,
+//! namespace and /etc/hosts line a test makes is removed by a guard, also when it fails.
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(120);
+const TRAIN_FLAGS: &[&str] = &[
+    "--batch-size",
+    "32",
+    "--lr",
+    "0.025",
+    "--min-crop-scale",
+    "0.5",
+    "--no-hflip",
+];
+
+fn root_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn script(name: &str) -> PathBuf {
+    root_dir().join("scripts").join(name)
+}
+
+extern "C" {
+    fn geteuid() -> u32;
+}
+
+fn is_root() -> bool {
+    unsafe { geteuid() == 0 }
+}
+
+/// One test at a time per shared resource (cargo runs tests on several threads).
+fn serialize(m: &'static Mutex<()>) -> MutexGuard<'static, ()> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The digits dataset, made once and kept beside the binaries (deterministic).
+fn digits() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = bin_dir().join("test-data").join("digits-32");
+        if dir.join(".complete").is_file() {
+            return dir;
+        }
+        let tmp = bin_dir()
+            .join("test-data")
+            .join(format!("digits-32.tmp{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let r = run(
+            Command::new(root_dir().join(".venv/bin/python"))
+                .arg(script("make_digits.py"))
+                .arg(&tmp),
+            LIMIT,
+        );
+        assert_eq!(
+            r.code,
+            Some(0),
+            "run scripts/setup.sh first\n{}",
+            r.explain()
+        );
+        std::fs::write(tmp.join(".complete"), "").expect("stamp");
+        let _ = std::fs::remove_dir_all(&dir);
+        if std::fs::rename(&tmp, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp); // another test binary made it first
+        }
+        dir
+    })
+    .clone()
+}
+
+fn model_init(dir: &Path) -> PathBuf {
+    let m = dir.join("model");
+    let r = run(
+        tchrun()
+            .args([
+                "model",
+                "init",
+                "--arch",
+                "resnet18",
+                "--input-size",
+                "32",
+                "--output",
+            ])
+            .arg(&m),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    m
+}
+
+/// `--model M --train D/train --valid D/valid --output O --epochs E` and the small-run flags.
+fn train_args(model: &Path, output: &Path, epochs: u32) -> Vec<String> {
+    let d = digits();
+    let mut v: Vec<String> = vec![
+        format!("--model={}", model.display()),
+        format!("--train={}", d.join("train").display()),
+        format!("--valid={}", d.join("valid").display()),
+        format!("--output={}", output.display()),
+        format!("--epochs={epochs}"),
+    ];
+    v.extend(TRAIN_FLAGS.iter().map(|s| s.to_string()));
+    v
+}
+
+/// `value` of the first `key` in a text (`host: X`, `local_addr=Y`).
+fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let i = text.find(key)?;
+    text[i + key.len()..].split_whitespace().next()
+}
+
+/// Live processes whose program (argv[0]'s file name) starts with `program` and whose command
+/// line contains `needle` (so srun, whose arguments name the worker, is not a rank).
+fn processes_with(program: &str, needle: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+        let argv0 = cmd.split_whitespace().next().unwrap_or("");
+        let name = argv0.rsplit('/').next().unwrap_or("");
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true);
+        if !zombie && name.starts_with(program) && cmd.contains(needle) {
+            found.push((pid, cmd));
+        }
+    }
+    found
+}
+
+/// Waits (bounded) until `cond` holds; false on timeout.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cond()
+}
+
+// ---------------------------------------------------------------- network-namespace nodes
+
+static NETNS: Mutex<()> = Mutex::new(());
+
+/// `n` namespaces tchrun-node1..n; removed (with their /etc/hosts lines) on drop.
+struct Nodes {
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Nodes {
+    /// None (after printing why) where namespaces cannot be made.
+    fn up(n: usize) -> Option<Nodes> {
+        let lock = serialize(&NETNS);
+        if !is_root() {
+            eprintln!("SKIP: network-namespace nodes need root (CAP_NET_ADMIN); not root here");
+            return None;
+        }
+        let nodes = Nodes { _lock: lock };
+        let r = run(
+            Command::new(script("netns-nodes.sh")).args(["up", &n.to_string()]),
+            Duration::from_secs(30),
+        );
+        if r.code == Some(3) {
+            eprintln!(
+                "SKIP: cannot create network namespaces here: {}",
+                r.stderr.trim()
+            );
+            return None;
+        }
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        Some(nodes)
+    }
+
+    fn hostfile(dir: &Path, n: usize, slots: usize) -> PathBuf {
+        let f = dir.join("hostfile");
+        let text: String = (1..=n)
+            .map(|k| format!("tchrun-node{k} slots={slots}\n"))
+            .collect();
+        std::fs::write(&f, text).expect("hostfile");
+        f
+    }
+
+    /// mpirun's flags for the namespaces, with a private session directory under `tmp`.
+    fn mpirun_args(tmp: &Path) -> String {
+        format!(
+            "--mca plm_rsh_agent {} --mca btl_tcp_if_include 10.250.0.0/24 --mca oob_tcp_if_include 10.250.0.0/24 --mca orte_tmpdir_base {}",
+            script("netns-rsh.sh").display(),
+            tmp.display()
+        )
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        let r = Command::new("timeout")
+            .args(["30"])
+            .arg(script("netns-nodes.sh"))
+            .arg("down")
+            .status();
+        if !matches!(r, Ok(s) if s.success()) {
+            eprintln!("warning: scripts/netns-nodes.sh down failed: {r:?}");
+        }
+    }
+}
+
+/// Checks 4 driver logs of a 2 nodes × 2 ranks job: ranks 0,1 on node 1, ranks 2,3 on node 2,
+/// each with its node's address.
+fn assert_two_nodes(logs: &Path) {
+    let texts = driver_logs(logs, 4);
+    let mut seen = Vec::new();
+    for (rank, text) in texts.iter().enumerate() {
+        let host = field(text, "host: ").unwrap_or_default().to_string();
+        let addr = field(text, "local_addr=").unwrap_or_default().to_string();
+        let node = rank / 2 + 1;
+        assert_eq!(host, format!("tchrun-node{node}"), "rank {rank}:\n{text}");
+        assert_eq!(
+            addr,
+            format!("10.250.0.{}", 10 + node),
+            "rank {rank}:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("local_rank: {}\n", rank % 2)),
+            "rank {rank}:\n{text}"
+        );
+        assert!(text.contains("started_by: Mpi"), "rank {rank}:\n{text}");
+        seen.push((host, addr));
+    }
+    eprintln!("ranks → (host, address): {seen:?}");
+}
+
+#[test]
+fn netns_two_nodes_selftest() {
+    let Some(_nodes) = Nodes::up(2) else { return };
+    let t = tempdir();
+    let ompi = t.path().join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    let logs = t.path().join("logs");
+    let r = run(
+        tchrun()
+            .env("TMPDIR", &ompi)
+            .args([
+                "selftest",
+                "--nodes",
+                "2",
+                "--procs-per-node",
+                "2",
+                "--hostfile",
+            ])
+            .arg(Nodes::hostfile(t.path(), 2, 2))
+            .args(["--sizes", "4096", "--iters", "3", "--log-dir"])
+            .arg(&logs)
+            .arg(format!("--mpirun-args={}", Nodes::mpirun_args(&ompi))),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains("selftest: 4 ranks on cpu (gloo)"),
+        "{}",
+        r.explain()
+    );
+    assert_two_nodes(&logs);
+    eprintln!(
+        "2 nodes x 2 ranks selftest: {:.1}s",
+        r.elapsed.as_secs_f64()
+    );
+    let t_path = t.path().display().to_string();
+    assert!(
+        processes_with("tchrun-worker", &t_path).is_empty(),
+        "ranks left"
+    );
+}
+
+#[test]
+fn netns_two_nodes_training() {
+    let Some(_nodes) = Nodes::up(2) else { return };
+    let t = tempdir();
+    let ompi = t.path().join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    let model = model_init(t.path());
+    let out = t.path().join("out");
+    let r = run(
+        tchrun()
+            .env("TMPDIR", &ompi)
+            .arg("train")
+            .args(train_args(&model, &out, 1))
+            .args(["--nodes", "2", "--procs-per-node", "2", "--hostfile"])
+            .arg(Nodes::hostfile(t.path(), 2, 2))
+            .arg(format!("--mpirun-args={}", Nodes::mpirun_args(&ompi))),
+        Duration::from_secs(240),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    for f in ["model.json", "model.safetensors", "metrics.jsonl"] {
+        assert!(
+            out.join(f).is_file(),
+            "no {f} in {}\n{}",
+            out.display(),
+            r.explain()
+        );
+    }
+    assert_two_nodes(&out.join("logs"));
+    eprintln!(
+        "2 nodes x 2 ranks, 1 epoch: {:.1}s",
+        r.elapsed.as_secs_f64()
+    );
+}
+
+// ---------------------------------------------------------------- real Slurm
+
+static SLURM: Mutex<()> = Mutex::new(());
+
+/// A running single-node Slurm (scripts/slurm-cluster.sh) in its own directory; stopped on
+/// drop. Every Slurm command gets `SLURM_CONF` through `cmd()`.
+struct Slurm {
+    dir: tempfile::TempDir,
+    conf: PathBuf,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Slurm {
+    fn start() -> Option<Slurm> {
+        let lock = serialize(&SLURM);
+        if !is_root() {
+            eprintln!("SKIP: the test Slurm runs as root (SlurmUser=root, munged as munge); not root here");
+            return None;
+        }
+        let dir = tempdir();
+        let conf = dir.path().join("slurm.conf");
+        let s = Slurm {
+            dir,
+            conf,
+            _lock: lock,
+        };
+        // Ports nobody holds (a daemon of a killed earlier run may still hold the default).
+        let free = |p: u16| (p..p + 2).all(|q| std::net::TcpListener::bind(("0.0.0.0", q)).is_ok());
+        let port = (0..20)
+            .map(|i| 16817 + 1000 * i)
+            .find(|&p| free(p))
+            .expect("no free port pair for Slurm");
+        let r = run(
+            Command::new(script("slurm-cluster.sh"))
+                .env("SLURM_CLUSTER_PORT", port.to_string())
+                .arg("start")
+                .arg(s.dir.path()),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            r.code,
+            Some(0),
+            "scripts/slurm-cluster.sh start failed (run scripts/setup.sh for slurmctld/slurmd/munge)\n{}",
+            r.explain()
+        );
+        assert!(
+            r.stdout
+                .contains(&format!("export SLURM_CONF={}", s.conf.display())),
+            "{}",
+            r.explain()
+        );
+        Some(s)
+    }
+
+    /// A Slurm client (or anything that runs one) with this cluster's config.
+    fn cmd(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+
+    fn tchrun(&self) -> Command {
+        let mut c = tchrun();
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+
+    /// `JobState=...` and `ExitCode=...` of a job.
+    fn job_state(&self, id: u64) -> (String, String) {
+        let r = run(
+            self.cmd("scontrol").args(["show", "job", &id.to_string()]),
+            Duration::from_secs(10),
+        );
+        let state = field(&r.stdout, "JobState=")
+            .unwrap_or("UNKNOWN")
+            .to_string();
+        let code = field(&r.stdout, "ExitCode=").unwrap_or("?").to_string();
+        (state, code)
+    }
+
+    /// Polls until the job is in a final state (bounded); returns (state, exit code).
+    fn wait_job(&self, id: u64, limit: Duration) -> (String, String) {
+        let mut last = (String::new(), String::new());
+        let done = wait_for(limit, || {
+            last = self.job_state(id);
+            matches!(
+                last.0.as_str(),
+                "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY"
+            )
+        });
+        assert!(done, "job {id} not finished after {limit:?}: {last:?}");
+        last
+    }
+
+    /// `tchrun sbatch --submit` of a small training; returns the job id.
+    fn submit_training(&self, model: &Path, out: &Path, epochs: u32, extra: &[&str]) -> u64 {
+        let r = run(
+            self.tchrun()
+                .arg("sbatch")
+                .args(train_args(model, out, epochs))
+                .args([
+                    "--procs-per-node",
+                    "2",
+                    "--time",
+                    "10",
+                    "--job-name",
+                    "tchrun-test",
+                ])
+                .args(extra)
+                .arg("--submit"),
+            Duration::from_secs(30),
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        let id = r
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("Submitted batch job ")?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no job id\n{}", r.explain()));
+        assert!(
+            r.stdout
+                .contains(&format!("logs in {}", out.join("logs").display())),
+            "{}",
+            r.explain()
+        );
+        id
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        let r = Command::new("timeout")
+            .arg("60")
+            .arg(script("slurm-cluster.sh"))
+            .arg("stop")
+            .arg(self.dir.path())
+            .env("SLURM_CONF", &self.conf)
+            .status();
+        if !matches!(r, Ok(s) if s.success()) {
+            eprintln!("warning: scripts/slurm-cluster.sh stop failed: {r:?}");
+        }
+    }
+}
+
+#[test]
+fn slurm_srun_inside_salloc() {
+    let Some(slurm) = Slurm::start() else { return };
+    let t = tempdir();
+    // tchrun's auto launcher picks srun --mpi=pmix inside the allocation.
+    let logs = t.path().join("pmix");
+    let r = run(
+        slurm
+            .cmd("salloc")
+            .args(["-N1", "-n2"])
+            .arg(bin_dir().join("tchrun"))
+            .args([
+                "selftest",
+                "--procs-per-node",
+                "2",
+                "--sizes",
+                "4096",
+                "--iters",
+                "3",
+            ])
+            .arg("--log-dir")
+            .arg(&logs),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains("selftest: 2 ranks on cpu (gloo)"),
+        "{}",
+        r.explain()
+    );
+    let mpi_log = read(&logs.join("70_mpi_log"));
+    assert!(
+        mpi_log.starts_with("# srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --mpi=pmix"),
+        "{mpi_log}"
+    );
+    for (rank, text) in driver_logs(&logs, 2).iter().enumerate() {
+        assert!(text.contains("started_by: Mpi"), "rank {rank}:\n{text}");
+    }
+    eprintln!(
+        "salloc + tchrun selftest (srun --mpi=pmix): {:.1}s",
+        r.elapsed.as_secs_f64()
+    );
+
+    // srun without PMIx (MpiDefault=none clusters): ranks use Slurm's variables, no MPI_Init.
+    let logs = t.path().join("none");
+    let r = run(
+        slurm
+            .cmd("salloc")
+            .args(["-N1", "-n2", "srun", "--mpi=none"])
+            .arg(worker_path())
+            .args(["selftest", "--sizes", "4096", "--iters", "3", "--log-dir"])
+            .arg(&logs),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    for (rank, text) in driver_logs(&logs, 2).iter().enumerate() {
+        assert!(text.contains("started_by: Slurm"), "rank {rank}:\n{text}");
+    }
+    eprintln!(
+        "salloc + srun --mpi=none selftest: {:.1}s",
+        r.elapsed.as_secs_f64()
+    );
+}
+
+#[test]
+fn slurm_sbatch_trains_to_completion() {
+    let Some(slurm) = Slurm::start() else { return };
+    let t = tempdir();
+    let model = model_init(t.path());
+    let out = t.path().join("out");
+    let start = Instant::now();
+    let id = slurm.submit_training(&model, &out, 1, &[]);
+    let script = out.join("logs/tchrun-job.sbatch");
+    assert!(script.is_file(), "no batch script {}", script.display());
+    let (state, code) = slurm.wait_job(id, Duration::from_secs(180));
+    let logs = out.join("logs");
+    let mpi_log = std::fs::read_to_string(logs.join("70_mpi_log")).unwrap_or_default();
+    assert_eq!(
+        (state.as_str(), code.as_str()),
+        ("COMPLETED", "0:0"),
+        "job {id}\n--- 70_mpi_log\n{mpi_log}"
+    );
+    for f in ["model.json", "model.safetensors", "metrics.jsonl"] {
+        assert!(
+            out.join(f).is_file(),
+            "no {f} in {}\n{mpi_log}",
+            out.display()
+        );
+    }
+    for (rank, text) in driver_logs(&logs, 2).iter().enumerate() {
+        assert!(text.contains("started_by: Mpi"), "rank {rank}:\n{text}");
+    }
+    assert!(
+        mpi_log.contains(&format!("tchrun: job {id} (restart 0)")),
+        "{mpi_log}"
+    );
+    assert!(
+        mpi_log.contains("tchrun: ranks ended with exit code 0"),
+        "{mpi_log}"
+    );
+    eprintln!(
+        "sbatch --submit → COMPLETED (2 ranks, 1 epoch): {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn slurm_usr1_requeues_and_scancel_stops_every_rank() {
+    let Some(slurm) = Slurm::start() else { return };
+    let t = tempdir();
+    let t_path = t.path().display().to_string();
+    let model = model_init(t.path());
+    let out = t.path().join("out");
+    let logs = out.join("logs");
+    let id = slurm.submit_training(&model, &out, 50, &["--print-freq", "1"]);
+    let rank_pids = || -> Vec<String> {
+        (0..2)
+            .map(|r| {
+                let t = std::fs::read_to_string(logs.join(format!("70_driver_log_{r}")))
+                    .unwrap_or_default();
+                match (t.contains("iter 1/"), field(&t, "pid: ")) {
+                    (true, Some(p)) => p.to_string(),
+                    _ => String::new(),
+                }
+            })
+            .collect()
+    };
+    let mpi_log = || std::fs::read_to_string(logs.join("70_mpi_log")).unwrap_or_default();
+    // Both ranks of run `restart` (pids other than `before`) have done a training step.
+    let training = |restart: u32, before: &[String]| {
+        wait_for(Duration::from_secs(90), || {
+            rank_pids()
+                .iter()
+                .all(|p| !p.is_empty() && !before.contains(p))
+                && mpi_log().contains(&format!("(restart {restart})"))
+        })
+    };
+    assert!(
+        training(0, &[]),
+        "job {id} did not start training\n{}",
+        mpi_log()
+    );
+    let pids0 = rank_pids();
+
+    // Preemption warning (what --signal=B:USR1@120 sends before the time limit): the batch
+    // script stops the ranks and requeues the job.
+    let r = run(
+        slurm
+            .cmd("scancel")
+            .args(["--signal=USR1", "--batch", &id.to_string()]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        wait_for(Duration::from_secs(30), || mpi_log()
+            .contains(&format!("requeueing job {id}"))),
+        "no requeue after USR1\n{}",
+        mpi_log()
+    );
+    // Requeued jobs are held ~120 s before they start again: start it now.
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let (state, _) = slurm.job_state(id);
+            state == "PENDING" || state == "RUNNING"
+        }),
+        "job {id} not requeued: {:?}",
+        slurm.job_state(id)
+    );
+    // ... once the first run's step is gone: the rerun's step has the same id (J.0) and
+    // launching it while the old slurmstepd still finalizes PMIx fails ("aborted before step
+    // completely launched"). Real clusters hold requeued jobs long enough.
+    let step = format!("[{id}.0]");
+    assert!(
+        wait_for(Duration::from_secs(30), || processes_with(
+            "slurmstepd",
+            &step
+        )
+        .is_empty()
+            && processes_with("tchrun-worker", &t_path).is_empty()),
+        "step {id}.0 still running after the requeue: {:?}",
+        processes_with("slurmstepd", &step)
+    );
+    let r = run(
+        slurm
+            .cmd("scontrol")
+            .args(["update", &format!("jobid={id}"), "StartTime=now"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        training(1, &pids0),
+        "requeued job {id} did not train again\n{}",
+        mpi_log()
+    );
+    let first = mpi_log();
+    assert!(
+        first.contains("(restart 0)") && first.contains("(restart 1)"),
+        "{first}"
+    );
+
+    // scancel: every rank gets SIGTERM, the job ends, no rank is left.
+    let pids = rank_pids();
+    let ranks = processes_with("tchrun-worker", &t_path);
+    assert_eq!(ranks.len(), 2, "expected 2 running ranks: {ranks:?}");
+    let start = Instant::now();
+    let r = run(
+        slurm.cmd("scancel").arg(id.to_string()),
+        Duration::from_secs(10),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let gone = wait_for(Duration::from_secs(20), || {
+        processes_with("tchrun-worker", &t_path).is_empty()
+    });
+    let stopped = start.elapsed();
+    let (state, _) = slurm.wait_job(id, Duration::from_secs(30));
+    let text = mpi_log();
+    assert!(
+        gone,
+        "ranks left after scancel: {:?}",
+        processes_with("tchrun-worker", &t_path)
+    );
+    assert_eq!(state, "CANCELLED", "{text}");
+    assert!(
+        text.contains(&format!("JOB {id} ON")) && text.contains("CANCELLED"),
+        "{text}"
+    );
+    let tails: Vec<String> = (0..2)
+        .map(|r| {
+            let l = read(&logs.join(format!("70_driver_log_{r}")));
+            l.lines().rev().take(2).collect::<Vec<_>>().join(" | ")
+        })
+        .collect();
+    eprintln!(
+        "scancel: ranks {pids:?} gone after {:.2}s; 70_mpi_log says CANCELLED; last driver log lines: {tails:?}",
+        stopped.as_secs_f64()
+    );
+}

@@ -1,0 +1,434 @@
+//! The trainer end to end: accuracy on the digits set at 1 and 2 ranks, identical replicas,
+//! gradient averaging, early stopping, NaN, the seed's errors, score and Python interop.
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(300);
+/// Flags that suit 32×32 digits: mild crops, no mirroring.
+const DIGITS: &[&str] = &[
+    "--min-crop-scale",
+    "0.5",
+    "--no-hflip",
+    "--print-freq",
+    "20",
+];
+/// Chance is 10 %; a broken trainer does not reach this in 4 epochs.
+const MIN_TOP1: f64 = 0.85;
+
+fn train(out: &Path, model: &Path, ranks: u32, extra: &[&str]) -> Run {
+    let d = digits();
+    run(
+        tchrun()
+            .arg("train")
+            .arg("--model")
+            .arg(model)
+            .arg("--train")
+            .arg(d.join("train"))
+            .arg("--valid")
+            .arg(d.join("valid"))
+            .arg("--output")
+            .arg(out)
+            .args(["--procs-per-node", &ranks.to_string(), "--batch-size", "32"])
+            .args(DIGITS)
+            .args(extra),
+        LIMIT,
+    )
+}
+
+fn model_json(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&read(&out.join("model.json"))).expect("model.json is JSON")
+}
+
+fn fingerprints(logs: &[String]) -> Vec<String> {
+    logs.iter()
+        .map(|l| {
+            let line = l
+                .lines()
+                .find(|x| x.contains("parameters identical across ranks"))
+                .unwrap_or_else(|| panic!("no replica check in:\n{l}"));
+            line.split("fingerprint")
+                .nth(1)
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+fn check_trained(out: &Path, ranks: usize, r: &Run) {
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let m = model_json(out);
+    let top1 = m["metrics"]["top1"].as_f64().expect("top1 in model.json");
+    assert!(
+        top1 >= MIN_TOP1,
+        "validation top-1 {top1} < {MIN_TOP1}\n{}",
+        r.explain()
+    );
+    assert_eq!(m["class_names"].as_array().map(|a| a.len()), Some(10));
+    assert_eq!(m["training"]["world_size"].as_u64(), Some(ranks as u64));
+    for f in ["model.safetensors", "metrics.jsonl", "metrics.png"] {
+        assert!(out.join(f).is_file(), "missing {f} in {}", out.display());
+    }
+    let lines = read(&out.join("metrics.jsonl"));
+    let first: serde_json::Value =
+        serde_json::from_str(lines.lines().next().unwrap_or("{}")).expect("jsonl");
+    for key in [
+        "train_loss",
+        "train_images_per_sec",
+        "val_loss",
+        "top1",
+        "top5",
+        "lr",
+        "epoch_time_s",
+    ] {
+        assert!(first[key].is_number(), "metrics.jsonl lacks {key}: {first}");
+    }
+    let logs = driver_logs(&out.join("logs"), ranks);
+    let fp = fingerprints(&logs);
+    assert!(fp.iter().all(|f| f == &fp[0]), "replicas differ: {fp:?}");
+    assert!(r.stdout.contains("trained model in"), "{}", r.explain());
+}
+
+#[test]
+fn one_rank_trains_digits_above_85_percent() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let r = train(&out, &model, 1, &["--epochs", "4", "--lr", "0.05"]);
+    check_trained(&out, 1, &r);
+    assert!(
+        r.stdout.contains("epoch 1/4 iter 20/45 loss"),
+        "print-freq lines: {}",
+        r.explain()
+    );
+}
+
+#[test]
+fn two_ranks_train_digits_score_and_load_in_torchvision() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let r = train(&out, &model, 2, &["--epochs", "4", "--lr", "0.025"]);
+    check_trained(&out, 2, &r);
+    assert!(
+        r.stdout.contains("effective LR 5e-2 (--lr 2.5e-2 × 2)"),
+        "{}",
+        r.explain()
+    );
+    // Score the validation set, then Python loads the weights strictly and agrees.
+    let csv = t.path().join("scores.csv");
+    let valid = digits().join("valid");
+    let s = run(
+        tchrun()
+            .arg("score")
+            .arg("--model")
+            .arg(&out)
+            .arg("--images")
+            .arg(&valid)
+            .arg("--output")
+            .arg(&csv),
+        LIMIT,
+    );
+    assert_eq!(s.code, Some(0), "{}", s.explain());
+    let text = read(&csv);
+    assert!(
+        text.starts_with("file,predicted_class,probability,top5_classes,top5_probabilities\n"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().count(),
+        1 + 359,
+        "one row per validation image"
+    );
+    let py = run(
+        python()
+            .arg(repo().join("tests/python/interop.py"))
+            .arg(&out)
+            .arg(&valid)
+            .arg(&csv),
+        LIMIT,
+    );
+    assert_eq!(py.code, Some(0), "{}", py.explain());
+    assert!(
+        py.stdout
+            .contains("strict load ok; top-1 agreement 359/359"),
+        "{}",
+        py.explain()
+    );
+}
+
+#[test]
+fn averaged_gradient_equals_combined_batch_gradient() {
+    let t = tempdir();
+    let r = run(
+        mpirun(2)
+            .arg(worker_path())
+            .args(["gradcheck", "--log-dir"])
+            .arg(t.path()),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout
+            .contains("gradcheck: max |distributed - combined batch|"),
+        "{}",
+        r.explain()
+    );
+}
+
+/// A copy of `src` with at most `per_class` images per class, labels shifted by `shift` classes.
+fn subset(src: &Path, dst: &Path, per_class: usize, shift: usize) -> PathBuf {
+    for c in 0..10 {
+        let to = dst.join(((c + shift) % 10).to_string());
+        std::fs::create_dir_all(&to).expect("mkdir");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(src.join(c.to_string()))
+            .expect("class dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        for f in files.into_iter().take(per_class) {
+            std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
+        }
+    }
+    dst.to_path_buf()
+}
+
+/// Validation labels shifted by one class: fitting the training set raises the validation
+/// loss, so early stopping must fire well before the last epoch.
+#[test]
+fn early_stopping_fires_after_patience_epochs() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let d = digits();
+    let train_dir = subset(&d.join("train"), &t.path().join("train-small"), 30, 0);
+    let valid_dir = subset(&d.join("valid"), &t.path().join("valid-shifted"), 10, 1);
+    let r = run(
+        tchrun()
+            .arg("train")
+            .arg("--model")
+            .arg(&model)
+            .arg("--train")
+            .arg(&train_dir)
+            .arg("--valid")
+            .arg(&valid_dir)
+            .arg("--output")
+            .arg(&out)
+            .args(DIGITS)
+            .args([
+                "--batch-size",
+                "30",
+                "--epochs",
+                "12",
+                "--patience",
+                "1",
+                "--lr",
+                "0.05",
+            ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let epochs: Vec<serde_json::Value> = read(&out.join("metrics.jsonl"))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("jsonl"))
+        .collect();
+    let n = epochs.len();
+    assert!(
+        n < 12,
+        "early stopping did not fire: {n} epochs\n{}",
+        r.explain()
+    );
+    let losses: Vec<f64> = epochs
+        .iter()
+        .map(|e| e["val_loss"].as_f64().expect("val_loss"))
+        .collect();
+    let best = losses[..n - 1]
+        .iter()
+        .cloned()
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        losses[n - 1] >= best,
+        "stopped although the loss decreased: {losses:?}"
+    );
+    assert!(
+        losses[..n - 1].windows(2).all(|w| w[1] < w[0]),
+        "should have stopped earlier: {losses:?}"
+    );
+    assert!(
+        r.stdout
+            .contains(&format!("early stopping after epoch {n}")),
+        "{}",
+        r.explain()
+    );
+    let m = model_json(&out);
+    let best_epoch = m["training"]["best_epoch"].as_u64().expect("best_epoch") as usize;
+    assert_eq!(
+        best_epoch,
+        n - 1,
+        "the kept model is the best epoch's: {losses:?}"
+    );
+}
+
+fn expect_invalid(args: &[&str], needle: &str, out: &Path) {
+    let r = run(tchrun().args(args), LIMIT);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains(needle),
+        "expected '{needle}' in:\n{}",
+        r.explain()
+    );
+    assert!(
+        !out.exists(),
+        "nothing may be written to --output on invalid input ({})",
+        out.display()
+    );
+}
+
+#[test]
+fn seed_errors_and_bad_flags_are_exit_2_before_any_rank() {
+    let t = tempdir();
+    let p = |x: &Path| x.display().to_string();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let d = digits();
+    let (train_dir, valid_dir) = (d.join("train"), d.join("valid"));
+    let out = t.path().join("out");
+    let base = |m: &Path, tr: &Path, va: &Path| -> Vec<String> {
+        vec![
+            "train".into(),
+            "--model".into(),
+            p(m),
+            "--train".into(),
+            p(tr),
+            "--valid".into(),
+            p(va),
+            "--output".into(),
+            p(&out),
+        ]
+    };
+    let call = |args: Vec<String>, extra: &[&str], needle: &str| {
+        let mut all: Vec<String> = args;
+        all.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        expect_invalid(&refs, needle, &out);
+    };
+    // InvalidModelDirectoryError: missing model.json, unknown arch, a pickle.
+    let empty = t.path().join("empty-model");
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    call(
+        base(&empty, &train_dir, &valid_dir),
+        &[],
+        "InvalidModelDirectoryError",
+    );
+    let vgg = t.path().join("vgg");
+    std::fs::create_dir_all(&vgg).expect("mkdir");
+    std::fs::write(
+        vgg.join("model.json"),
+        r#"{"format_version":1,"arch":"vgg16","input_size":224}"#,
+    )
+    .expect("write");
+    call(
+        base(&vgg, &train_dir, &valid_dir),
+        &[],
+        "unknown arch 'vgg16'",
+    );
+    let pth = t.path().join("model.pth");
+    std::fs::write(&pth, b"\x80\x02pickle").expect("write");
+    call(base(&pth, &train_dir, &valid_dir), &[], "pickled");
+    // NotLabeledDatasetError: images without class folders.
+    let flat = t.path().join("flat");
+    std::fs::create_dir_all(&flat).expect("mkdir");
+    std::fs::copy(train_dir.join("3/0003.png"), flat.join("a.png")).expect("copy");
+    call(
+        base(&model, &flat, &valid_dir),
+        &[],
+        "NotLabeledDatasetError",
+    );
+    // InvalidDatasetError: different class sets, listing the difference.
+    let fewer = t.path().join("fewer");
+    for c in 0..9 {
+        std::fs::create_dir_all(fewer.join(c.to_string())).expect("mkdir");
+        std::fs::copy(
+            train_dir.join("3/0003.png"),
+            fewer.join(c.to_string()).join("x.png"),
+        )
+        .expect("copy");
+    }
+    call(base(&model, &train_dir, &fewer), &[], "InvalidDatasetError");
+    // An empty class folder.
+    let holey = t.path().join("holey");
+    std::fs::create_dir_all(holey.join("a")).expect("mkdir");
+    std::fs::create_dir_all(holey.join("b")).expect("mkdir");
+    std::fs::copy(train_dir.join("3/0003.png"), holey.join("a/x.png")).expect("copy");
+    call(base(&model, &holey, &holey), &[], "holey/b");
+    // A corrupt image is named (the ranks would skip it with --skip-bad-images).
+    let bad = t.path().join("bad");
+    for c in ["a", "b"] {
+        std::fs::create_dir_all(bad.join(c)).expect("mkdir");
+        std::fs::copy(train_dir.join("3/0003.png"), bad.join(c).join("ok.png")).expect("copy");
+    }
+    std::fs::write(bad.join("b/broken.png"), b"definitely not a png").expect("write");
+    call(base(&model, &bad, &bad), &[], "broken.png");
+    // Out-of-range flags name the flag.
+    for (flag, value) in [
+        ("--epochs", "0"),
+        ("--batch-size", "0"),
+        ("--lr", "0"),
+        ("--lr", "1e-300"),
+        ("--patience", "0"),
+        ("--print-freq", "0"),
+        ("--warmup-epochs", "-1"),
+        ("--procs-per-node", "0"),
+        ("--min-crop-scale", "2"),
+    ] {
+        call(base(&model, &train_dir, &valid_dir), &[flag, value], flag);
+    }
+    // An output that already holds a trained model is refused.
+    let trained = t.path().join("trained");
+    std::fs::create_dir_all(&trained).expect("mkdir");
+    std::fs::write(trained.join("model.json"), "{}").expect("write");
+    let r = run(
+        tchrun().args(base(&model, &train_dir, &valid_dir).iter().map(|s| {
+            if s == &p(&out) {
+                p(&trained)
+            } else {
+                s.clone()
+            }
+        })),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("already holds a trained model"),
+        "{}",
+        r.explain()
+    );
+}
+
+#[test]
+fn worker_by_hand_under_mpirun_checks_inputs_too() {
+    let t = tempdir();
+    let out = t.path().join("out");
+    let d = digits();
+    let r = run(
+        mpirun(2)
+            .arg(worker_path())
+            .args(["train", "--model"])
+            .arg(t.path().join("missing"))
+            .arg("--train")
+            .arg(d.join("train"))
+            .arg("--valid")
+            .arg(d.join("valid"))
+            .arg("--output")
+            .arg(&out),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("InvalidModelDirectoryError"),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.exists());
+}
