@@ -7,6 +7,7 @@ pub mod data;
 pub mod env;
 pub mod exit;
 pub mod files;
+pub mod hostfile;
 pub mod flags;
 pub mod metrics;
 pub mod model;
