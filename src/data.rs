@@ -519,6 +519,9 @@ pub struct LoaderConfig {
     pub seed: i64,
     pub epoch: u64,
     pub rank: usize,
+    /// Position of `indices[0]` in the epoch's shard (non-zero when resuming mid-epoch), so
+    /// augmentation is the same as in an uninterrupted epoch.
+    pub first_position: usize,
 }
 
 fn splitmix64(mut z: u64) -> u64 {
@@ -699,7 +702,7 @@ fn build_batch(
                 ),
             });
         };
-        let mut rng = image_rng(cfg.seed, cfg.epoch, cfg.rank, pos);
+        let mut rng = image_rng(cfg.seed, cfg.epoch, cfg.rank, cfg.first_position + pos);
         process_image(
             &smp.path,
             &mut rng,
@@ -919,6 +922,7 @@ mod tests {
             seed: 42,
             epoch: 3,
             rank: 1,
+            first_position: 0,
         }
     }
 

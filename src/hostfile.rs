@@ -93,5 +93,4 @@ mod tests {
         assert!(parse_hostfile(p, "node1 cpus=2").is_err());
         assert!(parse_hostfile(p, "slots=2").is_err());
     }
-
 }

@@ -63,6 +63,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 seed: a.seed,
                 epoch,
                 rank: 0,
+                first_position: 0,
             },
         );
         let mut images = 0usize;

@@ -20,6 +20,8 @@ pub struct StepStats {
     pub loss: f64,
     /// Samples of the combined batch.
     pub samples: f64,
+    /// Some rank asked to stop (a signal): every rank sees it in the same step.
+    pub stop: bool,
 }
 
 pub struct Replicator {
@@ -102,6 +104,11 @@ impl Replicator {
         self.sync_buffers(pg)
     }
 
+    /// Any tensors from rank 0 to everyone, in one flat broadcast.
+    pub fn broadcast_tensors(pg: &ProcessGroup, tensors: &[Tensor]) -> Result<(), C10dError> {
+        flat_op(tensors, |f| pg.broadcast(&mut [f], 0))
+    }
+
     /// Batch-norm running statistics from rank 0 to everyone (after each step).
     pub fn sync_buffers(&self, pg: &ProcessGroup) -> Result<(), C10dError> {
         if pg.size() == 1 {
@@ -111,7 +118,8 @@ impl Replicator {
     }
 
     /// Replaces every parameter's gradient with the gradient of the combined batch.
-    /// `loss` is this rank's mean loss over its `n_local` samples (a 0-d tensor).
+    /// `loss` is this rank's mean loss over its `n_local` samples (a 0-d tensor); `stop` is this
+    /// rank's vote to stop (a signal arrived).
     /// Buckets go last to first (as DDP's do); the first one reduced carries the loss and the
     /// sample count, so every bucket can be scaled as soon as it arrives.
     pub fn reduce_gradients(
@@ -119,11 +127,13 @@ impl Replicator {
         pg: &ProcessGroup,
         loss: &Tensor,
         n_local: usize,
+        stop: bool,
     ) -> Result<StepStats, C10dError> {
         let n = n_local as f64;
         let mut stats = StepStats {
             loss: f64::NAN,
             samples: 0.0,
+            stop: false,
         };
         for (k, range) in self.buckets.iter().rev().enumerate() {
             let grads: Vec<Tensor> = self.params[range.clone()]
@@ -145,20 +155,22 @@ impl Replicator {
             if carries_stats {
                 let device = loss.device();
                 parts.push(loss.detach().to_kind(Kind::Float).reshape([1]) * n);
-                parts.push(Tensor::from_slice(&[n as f32]).to_device(device));
+                parts.push(Tensor::from_slice(&[n as f32, stop as i32 as f32]).to_device(device));
             }
             let mut flat = Tensor::cat(&parts, 0);
             pg.all_reduce(&mut [&mut flat], ReduceOp::Sum)?;
             if carries_stats {
                 let len = flat.size()[0];
                 let tail =
-                    Vec::<f32>::try_from(flat.narrow(0, len - 2, 2).to_device(tch::Device::Cpu))
+                    Vec::<f32>::try_from(flat.narrow(0, len - 3, 3).to_device(tch::Device::Cpu))
                         .unwrap_or_default();
                 let loss_sum = tail.first().copied().unwrap_or(f32::NAN) as f64;
                 let samples = tail.get(1).copied().unwrap_or(0.0) as f64;
+                let stop = tail.get(2).copied().unwrap_or(0.0) > 0.0;
                 stats = StepStats {
                     loss: loss_sum / samples.max(1.0),
                     samples,
+                    stop,
                 };
             }
             unflatten_into(&(flat * (1.0 / stats.samples.max(1.0))), &grads);

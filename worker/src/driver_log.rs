@@ -24,20 +24,22 @@ pub struct Header<'a> {
 pub struct Console {
     out: Mutex<File>,
     err: Mutex<File>,
+    /// `host:rank ` before every line, so interleaved ranks stay readable.
+    prefix: String,
 }
 
 impl Console {
     /// A line for the user on the original stdout.
     pub fn out(&self, line: &str) {
         if let Ok(mut f) = self.out.lock() {
-            let _ = writeln!(f, "{line}");
+            let _ = writeln!(f, "{}{line}", self.prefix);
             let _ = f.flush();
         }
     }
     /// A line for the user on the original stderr.
     pub fn err(&self, line: &str) {
         if let Ok(mut f) = self.err.lock() {
-            let _ = writeln!(f, "{line}");
+            let _ = writeln!(f, "{}{line}", self.prefix);
             let _ = f.flush();
         }
     }
@@ -81,6 +83,7 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
     let console = Console {
         out: Mutex::new(dup_file(1)?),
         err: Mutex::new(dup_file(2)?),
+        prefix: format!("{}:{} ", header.host, header.rank),
     };
     nix::unistd::dup2(file.as_raw_fd(), 1).map_err(std::io::Error::from)?;
     nix::unistd::dup2(file.as_raw_fd(), 2).map_err(std::io::Error::from)?;
@@ -99,6 +102,7 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
         let bt = std::backtrace::Backtrace::force_capture();
         tracing::error!("rank {rank} panicked: {info}\n{bt}");
     }));
+    crate::signals::install()?;
     Ok((path, console))
 }
 

@@ -47,7 +47,7 @@ pub fn run(pg: &ProcessGroup) -> Result<f64, crate::pg::C10dError> {
         .forward(&x.narrow(0, lo, hi - lo))
         .cross_entropy_for_logits(&y.narrow(0, lo, hi - lo));
     loss.backward();
-    let stats = rep.reduce_gradients(pg, &loss, (hi - lo) as usize)?;
+    let stats = rep.reduce_gradients(pg, &loss, (hi - lo) as usize, false)?;
     let distributed = grads(&vs);
     if rank != 0 {
         return Ok(0.0);

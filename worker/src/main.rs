@@ -3,16 +3,19 @@
 //! the subcommand. Architecture Invariant: the worker never spawns ranks.
 mod bench_loader;
 mod bootstrap;
+mod checkpoint;
 mod ddp;
 mod driver_log;
 mod ffi;
 mod gradcheck;
 mod models;
+mod optim;
 mod outputs;
 mod pg;
 mod plot;
 mod score;
 mod selftest;
+mod signals;
 mod train;
 
 use anyhow::Context;
@@ -154,9 +157,7 @@ fn main() -> ExitCode {
         Cmd::Train(a) => run_train(a),
         Cmd::Score(a) => run_score(a),
         Cmd::Gradcheck(a) => run_gradcheck(a),
-        Cmd::BenchLoader(a) => {
-            bench_loader::run(a).map_err(|e| (None, Fatal::invalid(e)))
-        }
+        Cmd::BenchLoader(a) => bench_loader::run(a).map_err(|e| (None, Fatal::invalid(e))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -434,6 +435,7 @@ fn run_train(a: TrainArgs) -> RankResult {
     };
     let ctx = train::RankCtx {
         pg: &pg,
+        store: &joined.store,
         device,
         local_size: joined.info.local_size,
         say: &say,

@@ -33,6 +33,30 @@ pub fn append_metrics(output: &Path, m: &EpochMetrics) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// Rewrites `<output>/metrics.jsonl` from a checkpoint's history (atomically), so a resumed
+/// run neither repeats nor loses an epoch.
+pub fn rewrite_metrics(output: &Path, history: &[EpochMetrics]) -> Result<(), String> {
+    std::fs::create_dir_all(output).map_err(|e| format!("{}: {e}", output.display()))?;
+    let mut text = String::new();
+    for m in history {
+        text.push_str(&serde_json::to_string(m).map_err(|e| e.to_string())?);
+        text.push('\n');
+    }
+    let path = output.join(METRICS_JSONL);
+    let tmp = output.join(format!(".{METRICS_JSONL}.tmp"));
+    let mut f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.write_all(text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Writes the trained model directory atomically (see module docs).
 pub fn write_model_dir(
     output: &Path,

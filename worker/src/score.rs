@@ -116,6 +116,7 @@ pub fn score(
             seed: 0,
             epoch: 0,
             rank: 0,
+            first_position: 0,
         },
     );
     let tmp = output.with_extension(format!("tmp-{}", std::process::id()));

@@ -2,13 +2,15 @@
 //! Model"): inputs checked, model replicated from rank 0, sharded epochs through the threaded
 //! loader, bucketed gradient all-reduce, warmup + polynomial LR, validation reduced exactly,
 //! early stopping on validation loss, NaN stops every rank together, rank 0 writes the model.
+use crate::checkpoint;
 use crate::ddp::Replicator;
 use crate::models;
+use crate::optim::Sgd;
 use crate::outputs;
 use crate::pg::{C10dError, ProcessGroup, ReduceOp};
 use std::collections::BTreeMap;
 use std::time::Instant;
-use tch::{nn, nn::ModuleT, nn::OptimizerConfig, Device, Kind, Tensor};
+use tch::{nn, nn::ModuleT, Device, Kind, Tensor};
 use tchrun::data::{self, Augment, DatasetError, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::exit::ErrorKind;
 use tchrun::flags::{Amp, TrainJob};
@@ -41,6 +43,10 @@ pub enum TrainError {
     Comm(#[from] C10dError),
     #[error("parameters differ across ranks after training (replicas out of sync)")]
     Replicas,
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    #[error("stopped by signal {0}; a checkpoint was written: continue with --resume")]
+    Stopped(i32),
     #[error("writing the outputs: {0}")]
     Output(String),
     #[error("tensor error: {0}")]
@@ -52,9 +58,14 @@ impl TrainError {
         match self {
             TrainError::Invalid(_) | TrainError::Preflight(_) => ErrorKind::InvalidInput,
             TrainError::Diverged { .. } => ErrorKind::Diverged,
+            TrainError::Stopped(sig) if *sig == signal_hook::consts::SIGINT => {
+                ErrorKind::InterruptedInt
+            }
+            TrainError::Stopped(_) => ErrorKind::InterruptedTerm,
             TrainError::Data(_)
             | TrainError::Comm(_)
             | TrainError::Replicas
+            | TrainError::Checkpoint(_)
             | TrainError::Output(_)
             | TrainError::Torch(_) => ErrorKind::RankFailed,
         }
@@ -71,6 +82,7 @@ pub fn check_inputs(job: &TrainJob) -> Result<Inputs, TrainError> {
 /// What the training loop needs from the rank.
 pub struct RankCtx<'a> {
     pub pg: &'a ProcessGroup,
+    pub store: &'a crate::pg::Store,
     pub device: Device,
     pub local_size: usize,
     pub say: &'a dyn Fn(&str),
@@ -132,6 +144,7 @@ fn validate(
             seed: job.params.seed,
             epoch: 0,
             rank,
+            first_position: 0,
         },
     );
     let k = 5.min(valid.classes.len() as i64);
@@ -162,7 +175,88 @@ fn validate(
     })
 }
 
-/// Trains and (rank 0) writes the model directory. Returns the final metrics.
+/// Training state restored from a checkpoint (or fresh).
+struct Resume {
+    epoch: u32,
+    batches_done: u64,
+    step: u64,
+    stopping: EarlyStopping,
+    history: Vec<EpochMetrics>,
+    partial: (f64, f64, f64),
+    loss_scale: Option<f64>,
+}
+
+fn fresh(patience: u32) -> Resume {
+    Resume {
+        epoch: 0,
+        batches_done: 0,
+        step: 0,
+        stopping: EarlyStopping::new(patience),
+        history: Vec::new(),
+        partial: (0.0, 0.0, 0.0),
+        loss_scale: None,
+    }
+}
+
+/// Rank 0 reads the checkpoint and shares its description through the store; the tensors
+/// reach the other ranks by broadcast (no shared file system needed).
+fn load_resume(
+    job: &TrainJob,
+    ctx: &RankCtx,
+    named: &[(String, Tensor)],
+    opt: &mut Sgd,
+    best: &mut Option<BTreeMap<String, Tensor>>,
+) -> Result<Option<checkpoint::Meta>, TrainError> {
+    const KEY: &str = "tchrun/resume";
+    let pg = ctx.pg;
+    if pg.rank() == 0 {
+        let loaded = if job.options.resume {
+            checkpoint::load(&job.output).map_err(TrainError::Checkpoint)?
+        } else {
+            None
+        };
+        let text = match &loaded {
+            Some(l) => {
+                serde_json::to_string(&l.meta).map_err(|e| TrainError::Checkpoint(e.to_string()))?
+            }
+            None => String::new(),
+        };
+        ctx.store.set(KEY, text.as_bytes())?;
+        let Some(l) = loaded else { return Ok(None) };
+        tch::no_grad(|| -> Result<(), TrainError> {
+            for (name, t) in named {
+                let src = l
+                    .model
+                    .get(name)
+                    .ok_or_else(|| TrainError::Checkpoint(format!("checkpoint lacks '{name}'")))?;
+                t.detach().copy_(&src.to_kind(t.kind()));
+            }
+            Ok(())
+        })?;
+        opt.load_state(l.momentum);
+        *best = l.best;
+        Ok(Some(l.meta))
+    } else {
+        let text = ctx.store.get(KEY)?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let meta: checkpoint::Meta =
+            serde_json::from_slice(&text).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        if meta.step > 0 {
+            // Placeholders the broadcast from rank 0 fills.
+            let zeros = opt
+                .params()
+                .iter()
+                .map(|(n, p)| (n.clone(), p.detach().zeros_like()))
+                .collect();
+            opt.load_state(zeros);
+        }
+        Ok(Some(meta))
+    }
+}
+
+/// Trains and (rank 0) writes the model directory.
 pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainError> {
     let Inputs {
         cfg,
@@ -198,15 +292,13 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let vs = nn::VarStore::new(device);
     let net = models::build(cfg.arch, &vs.root(), classes);
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
+    let trainable: Vec<(String, Tensor)> = named
+        .iter()
+        .filter(|(n, t)| !models::is_buffer(n) && t.requires_grad())
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
     let replicas = Replicator::new(&named, models::is_buffer);
-    replicas.broadcast_all(pg)?;
-    let mut opt = nn::Sgd {
-        momentum: job.options.momentum,
-        dampening: 0.0,
-        wd: job.options.weight_decay,
-        nesterov: false,
-    }
-    .build(&vs, p.lr)?;
+    let mut opt = Sgd::new(trainable, job.options.momentum, job.options.weight_decay);
 
     let per_rank = data::shard(train.samples.len(), rank, world, p.seed, 0, true).len();
     let steps_per_epoch = per_rank.div_ceil(p.batch_size as usize) as u64;
@@ -218,6 +310,68 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         steps_per_epoch,
         job.options.lr_power,
     );
+
+    // Resume (rank 0 reads; everyone receives), then replicate from rank 0.
+    let mut best_weights: Option<BTreeMap<String, Tensor>> = None;
+    let mut state = fresh(p.patience);
+    if let Some(meta) = load_resume(job, ctx, &named, &mut opt, &mut best_weights)? {
+        if meta.finished {
+            (ctx.say)(&format!(
+                "training already complete in {} (nothing to resume)",
+                job.output.display()
+            ));
+            return Ok(());
+        }
+        let same_world = meta.world_size == world;
+        state = Resume {
+            epoch: meta.epoch,
+            // Mid-epoch positions only carry over to the same sharding.
+            batches_done: if same_world { meta.batches_done } else { 0 },
+            step: if same_world {
+                meta.step
+            } else {
+                meta.epoch as u64 * steps_per_epoch
+            },
+            stopping: EarlyStopping {
+                patience: p.patience,
+                best: meta.best_loss.zip(meta.best_epoch),
+                since_best: meta.since_best,
+            },
+            history: meta.history.clone(),
+            partial: if same_world && meta.batches_done > 0 {
+                meta.partial
+            } else {
+                (0.0, 0.0, 0.0)
+            },
+            loss_scale: Some(meta.loss_scale),
+        };
+        let mut msg = format!(
+            "resuming from {} at epoch {} (batch {}), step {}",
+            checkpoint::dir(&job.output).display(),
+            state.epoch + 1,
+            state.batches_done,
+            state.step
+        );
+        if !same_world {
+            msg.push_str(&format!(
+                "; world size {} (checkpoint: {}): LR and sharding recomputed, epoch {} restarts from its first batch",
+                world,
+                meta.world_size,
+                state.epoch + 1
+            ));
+        }
+        tracing::info!("{msg}");
+        (ctx.say)(&msg);
+        if rank == 0 {
+            outputs::rewrite_metrics(&job.output, &state.history).map_err(TrainError::Output)?;
+        }
+    }
+    replicas.broadcast_all(pg)?;
+    let momentum: Vec<Tensor> = opt.state().values().map(|t| t.shallow_clone()).collect();
+    if world > 1 && !momentum.is_empty() {
+        Replicator::broadcast_tensors(pg, &momentum)?;
+    }
+
     (ctx.say)(&format!(
         "training {} on {} train / {} valid images, {} classes, {world} rank(s) on {}: {} steps/epoch, \
          effective LR {:e} (--lr {:e} × {world}), {} gradient bucket(s)",
@@ -233,14 +387,47 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     ));
 
     let threads = loader_threads(job, ctx.local_size);
-    let mut step: u64 = 0;
-    let mut best: Option<(u32, BTreeMap<String, Tensor>, EpochMetrics)> = None;
-    let mut stopping = EarlyStopping::new(p.patience);
-    let mut history: Vec<EpochMetrics> = Vec::new();
+    let mut step = state.step;
+    let mut stopping = state.stopping;
+    let mut history = state.history;
     let mut scaler = LossScaler::new(job.options.amp == Amp::Fp16 && device.is_cuda());
-    for epoch in 0..p.epochs {
+    if let Some(s) = state.loss_scale.filter(|_| scaler.enabled) {
+        scaler.scale = s;
+    }
+    let (mut compute_s, mut comm_s, mut images) = (0.0f64, 0.0f64, 0.0f64);
+    let checkpoint_meta = |epoch: u32,
+                           batches_done: u64,
+                           step: u64,
+                           stopping: &EarlyStopping,
+                           history: &[EpochMetrics],
+                           partial,
+                           scale,
+                           finished| checkpoint::Meta {
+        format_version: checkpoint::FORMAT_VERSION,
+        epoch,
+        batches_done,
+        step,
+        world_size: world,
+        seed: p.seed,
+        best_loss: stopping.best.map(|b| b.0),
+        best_epoch: stopping.best.map(|b| b.1),
+        since_best: stopping.since_best,
+        history: history.to_vec(),
+        partial,
+        loss_scale: scale,
+        finished,
+    };
+    crate::signals::set_graceful(true);
+    let mut start_epoch = state.epoch;
+    let mut skip_batches = state.batches_done;
+    let mut partial = state.partial;
+    let mut lr = schedule.lr(step);
+    'epochs: for epoch in start_epoch..p.epochs {
+        start_epoch = epoch;
         let t_epoch = Instant::now();
-        let indices = data::shard(train.samples.len(), rank, world, p.seed, epoch as u64, true);
+        let mut indices = data::shard(train.samples.len(), rank, world, p.seed, epoch as u64, true);
+        let first_position = (skip_batches as usize * p.batch_size as usize).min(indices.len());
+        indices.drain(..first_position);
         let loader = data::load_batches(
             &train,
             indices,
@@ -257,14 +444,17 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 seed: p.seed,
                 epoch: epoch as u64,
                 rank,
+                first_position,
             },
         );
-        let (mut loss_sum, mut seen) = (0.0f64, 0.0f64);
+        let (mut loss_sum, mut seen, prior_s) = partial;
+        partial = (0.0, 0.0, 0.0);
         let mut t_print = Instant::now();
         let mut seen_print = 0.0f64;
-        let mut lr = schedule.lr(step);
-        for (it, batch) in loader.enumerate() {
+        for (k, batch) in loader.enumerate() {
+            let it = skip_batches + k as u64;
             let batch = batch.map_err(TrainError::Data)?;
+            let t0 = Instant::now();
             let (x, y) = to_input(&batch, device);
             opt.zero_grad();
             let loss = tch::autocast(amp, || {
@@ -273,7 +463,14 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                     .cross_entropy_for_logits(&y)
             });
             (&loss * scaler.scale).backward();
-            let stats = replicas.reduce_gradients(pg, &loss, batch.len)?;
+            let t1 = Instant::now();
+            let stats = replicas.reduce_gradients(
+                pg,
+                &loss,
+                batch.len,
+                crate::signals::requested() != 0,
+            )?;
+            let t2 = Instant::now();
             if !stats.loss.is_finite() {
                 return Err(TrainError::Diverged {
                     value: stats.loss,
@@ -285,19 +482,22 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 });
             }
             lr = schedule.lr(step);
-            if scaler.unscale_and_check(&vs)? {
-                opt.set_lr(lr);
-                opt.step();
+            if scaler.unscale_and_check(opt.params())? {
+                opt.step(lr);
                 if step == 0 {
                     tracing::info!("first optimizer step done");
                 }
             }
+            let t3 = Instant::now();
             replicas.sync_buffers(pg)?;
+            comm_s += (t2 - t1).as_secs_f64() + t3.elapsed().as_secs_f64();
+            compute_s += (t1 - t0).as_secs_f64() + (t3 - t2).as_secs_f64();
+            images += batch.len as f64;
             step += 1;
             loss_sum += stats.loss * stats.samples;
             seen += stats.samples;
             seen_print += stats.samples;
-            if (it as u64 + 1) % p.print_freq as u64 == 0 || it as u64 + 1 == steps_per_epoch {
+            if (it + 1) % p.print_freq as u64 == 0 || it + 1 == steps_per_epoch {
                 let ips = seen_print / t_print.elapsed().as_secs_f64().max(1e-9);
                 let line = format!(
                     "epoch {}/{} iter {}/{} loss {:.4} lr {:.3e} images/s {:.1}",
@@ -316,8 +516,40 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 t_print = Instant::now();
                 seen_print = 0.0;
             }
+            if stats.stop {
+                // Every rank saw the vote in this step's reduction: stop together.
+                let sig = crate::signals::requested();
+                if rank == 0 {
+                    let elapsed = prior_s + t_epoch.elapsed().as_secs_f64();
+                    let meta = checkpoint_meta(
+                        epoch,
+                        it + 1,
+                        step,
+                        &stopping,
+                        &history,
+                        (loss_sum, seen, elapsed),
+                        scaler.scale,
+                        false,
+                    );
+                    checkpoint::save(&job.output, &meta, &named, opt.state(), None)
+                        .map_err(TrainError::Checkpoint)?;
+                    (ctx.say)(&format!(
+                        "stopped at epoch {} batch {} (step {step}); checkpoint written to {}; continue with --resume",
+                        epoch + 1,
+                        it + 1,
+                        checkpoint::dir(&job.output).display()
+                    ));
+                }
+                pg.barrier()?;
+                return Err(TrainError::Stopped(if sig != 0 {
+                    sig
+                } else {
+                    signal_hook::consts::SIGTERM
+                }));
+            }
         }
-        let train_time = t_epoch.elapsed().as_secs_f64();
+        skip_batches = 0;
+        let train_time = prior_s + t_epoch.elapsed().as_secs_f64();
         let v = validate(net.as_ref(), &valid, &cfg, job, ctx)?;
         let m = EpochMetrics {
             schema: SCHEMA_VERSION,
@@ -328,7 +560,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             top1: v.top1,
             top5: v.top5,
             lr,
-            epoch_time_s: t_epoch.elapsed().as_secs_f64(),
+            epoch_time_s: prior_s + t_epoch.elapsed().as_secs_f64(),
             time: crate::driver_log::humantime_now(),
         };
         let line = format!(
@@ -342,35 +574,56 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             100.0 * m.top5
         );
         tracing::info!("{line}");
-        if rank == 0 {
-            (ctx.say)(&line);
-            outputs::append_metrics(&job.output, &m).map_err(TrainError::Output)?;
-        }
         history.push(m.clone());
-        match stopping.update(epoch + 1, v.loss) {
-            Decision::Improved => {
-                let snapshot: BTreeMap<String, Tensor> = named
+        let decision = stopping.update(epoch + 1, v.loss);
+        if decision == Decision::Improved {
+            best_weights = Some(
+                named
                     .iter()
                     .map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).copy()))
-                    .collect();
-                best = Some((epoch + 1, snapshot, m));
-            }
-            Decision::Continue => {}
-            Decision::Stop => {
-                let msg = format!(
-                    "early stopping after epoch {}: validation loss has not decreased for {} epoch(s) (--patience {})",
-                    epoch + 1,
-                    stopping.since_best,
-                    p.patience
-                );
-                tracing::info!("{msg}");
-                if rank == 0 {
-                    (ctx.say)(&msg);
-                }
-                break;
+                    .collect(),
+            );
+        }
+        let done = decision == Decision::Stop || epoch + 1 == p.epochs;
+        if rank == 0 {
+            (ctx.say)(&line);
+            let meta = checkpoint_meta(
+                epoch + 1,
+                0,
+                step,
+                &stopping,
+                &history,
+                (0.0, 0.0, 0.0),
+                scaler.scale,
+                false,
+            );
+            let best = if decision == Decision::Improved {
+                best_weights.as_ref()
+            } else {
+                None
+            };
+            checkpoint::save(&job.output, &meta, &named, opt.state(), best)
+                .map_err(TrainError::Checkpoint)?;
+            outputs::append_metrics(&job.output, &m).map_err(TrainError::Output)?;
+        }
+        if decision == Decision::Stop {
+            let msg = format!(
+                "early stopping after epoch {}: validation loss has not decreased for {} epoch(s) (--patience {})",
+                epoch + 1,
+                stopping.since_best,
+                p.patience
+            );
+            tracing::info!("{msg}");
+            if rank == 0 {
+                (ctx.say)(&msg);
             }
         }
+        if done {
+            break 'epochs;
+        }
     }
+    let _ = start_epoch;
+    crate::signals::set_graceful(false);
 
     if !replicas.identical_across_ranks(pg)? {
         return Err(TrainError::Replicas);
@@ -379,11 +632,18 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     tracing::info!(
         "parameters identical across ranks; fingerprint sum={sum:.9e} sumsq={sumsq:.9e}"
     );
+    tracing::info!(
+        "rank summary: images {images:.0}, compute {compute_s:.2}s, communication {comm_s:.2}s, images/s {:.1}",
+        images / (compute_s + comm_s).max(1e-9)
+    );
 
-    let Some((best_epoch, weights, best_metrics)) = best else {
-        return Err(TrainError::Invalid("no epoch completed".into()));
+    let (Some((_, best_epoch)), Some(weights)) = (stopping.best, best_weights) else {
+        return Err(TrainError::Invalid(
+            "no epoch completed with a finite validation loss".into(),
+        ));
     };
     if rank == 0 {
+        let best_metrics = history.get(best_epoch as usize - 1).cloned();
         let trained = ModelConfig {
             class_names: train.classes.clone(),
             training: Some(serde_json::json!({
@@ -394,18 +654,34 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 "lr_power": job.options.lr_power, "steps": step,
                 "train_images": train.samples.len(), "valid_images": valid.samples.len(),
             })),
-            metrics: Some(serde_json::to_value(&best_metrics).unwrap_or_default()),
+            metrics: best_metrics
+                .as_ref()
+                .map(|m| serde_json::to_value(m).unwrap_or_default()),
             ..cfg.clone()
         };
-        let state = models::state_dict(&weights, step as i64);
-        outputs::write_model_dir(&job.output, &trained, &state, &history)
+        let state_dict = models::state_dict(&weights, step as i64);
+        outputs::write_model_dir(&job.output, &trained, &state_dict, &history)
             .map_err(TrainError::Output)?;
-        (ctx.say)(&format!(
-            "best epoch {best_epoch}: valid top-1 {:.2}%, top-5 {:.2}%, loss {:.4}",
-            100.0 * best_metrics.top1,
-            100.0 * best_metrics.top5,
-            best_metrics.val_loss
-        ));
+        let meta = checkpoint_meta(
+            history.len() as u32,
+            0,
+            step,
+            &stopping,
+            &history,
+            (0.0, 0.0, 0.0),
+            scaler.scale,
+            true,
+        );
+        checkpoint::save(&job.output, &meta, &named, opt.state(), None)
+            .map_err(TrainError::Checkpoint)?;
+        if let Some(m) = best_metrics {
+            (ctx.say)(&format!(
+                "best epoch {best_epoch}: valid top-1 {:.2}%, top-5 {:.2}%, loss {:.4}",
+                100.0 * m.top1,
+                100.0 * m.top5,
+                m.val_loss
+            ));
+        }
     }
     pg.barrier()?;
     Ok(())
@@ -428,14 +704,13 @@ impl LossScaler {
     }
 
     /// Unscales the (reduced, identical on every rank) gradients; false: skip this step.
-    fn unscale_and_check(&mut self, vs: &nn::VarStore) -> Result<bool, TrainError> {
+    fn unscale_and_check(&mut self, params: &[(String, Tensor)]) -> Result<bool, TrainError> {
         if !self.enabled {
             return Ok(true);
         }
-        let grads: Vec<Tensor> = vs
-            .trainable_variables()
+        let grads: Vec<Tensor> = params
             .iter()
-            .map(|p| p.grad())
+            .map(|(_, p)| p.grad())
             .filter(|g| g.defined())
             .collect();
         let mut finite = true;

@@ -1,0 +1,192 @@
+//! Checkpoints in `<output>/checkpoints/`: `last` (model, optimizer momentum, epoch, step
+//! within the epoch, LR schedule position, early-stopping state, metrics so far) and `best`
+//! (the weights of the best epoch). Written by rank 0 atomically (temp file, fsync, rename);
+//! the JSON is renamed last, so it only ever names complete tensor files. Safetensors only.
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+use tchrun::metrics::EpochMetrics;
+
+pub const DIR: &str = "checkpoints";
+pub const FORMAT_VERSION: u32 = 1;
+
+/// What `last.json` records.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Meta {
+    pub format_version: u32,
+    /// Epochs fully done (0-based index of the epoch to run next when `batches_done == 0`).
+    pub epoch: u32,
+    /// Batches of `epoch` already done (mid-epoch stop), with the world size they used.
+    pub batches_done: u64,
+    /// Optimizer steps taken in all.
+    pub step: u64,
+    pub world_size: usize,
+    pub seed: i64,
+    pub best_loss: Option<f64>,
+    pub best_epoch: Option<u32>,
+    pub since_best: u32,
+    pub history: Vec<EpochMetrics>,
+    /// Partial sums of the interrupted epoch: (loss sum, samples, seconds).
+    pub partial: (f64, f64, f64),
+    pub loss_scale: f64,
+    /// The run ended (early stop or last epoch) and wrote its model.
+    pub finished: bool,
+}
+
+pub fn dir(output: &Path) -> PathBuf {
+    output.join(DIR)
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    let cpu: Vec<(String, Tensor)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.detach().to_device(tch::Device::Cpu).contiguous(),
+            )
+        })
+        .collect();
+    Tensor::write_safetensors(&cpu, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Saves the last state; `best` (when given) replaces the best weights first.
+pub fn save(
+    output: &Path,
+    meta: &Meta,
+    model: &[(String, Tensor)],
+    momentum: &BTreeMap<String, Tensor>,
+    best: Option<&BTreeMap<String, Tensor>>,
+) -> Result<(), String> {
+    let d = dir(output);
+    std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+    if let Some(b) = best {
+        let v: Vec<(String, Tensor)> = b
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        write_tensors(&d.join("best.safetensors"), &v)?;
+    }
+    let mut all: Vec<(String, Tensor)> = model
+        .iter()
+        .map(|(n, t)| (format!("model.{n}"), t.shallow_clone()))
+        .collect();
+    all.extend(
+        momentum
+            .iter()
+            .map(|(n, t)| (format!("momentum.{n}"), t.shallow_clone())),
+    );
+    // Tensors under a name tied to the step, so the JSON switches atomically to a complete file.
+    let file = format!("last-{}.safetensors", meta.step);
+    write_tensors(&d.join(&file), &all)?;
+    let mut json = serde_json::to_value(meta).map_err(|e| e.to_string())?;
+    json["tensors"] = serde_json::Value::String(file.clone());
+    write_atomic(
+        &d.join("last.json"),
+        serde_json::to_string_pretty(&json)
+            .map_err(|e| e.to_string())?
+            .as_bytes(),
+    )?;
+    if let Ok(f) = std::fs::File::open(&d) {
+        let _ = f.sync_all();
+    }
+    // Older tensor files are no longer named by last.json.
+    if let Ok(rd) = std::fs::read_dir(&d) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if n.starts_with("last-") && n.ends_with(".safetensors") && n != file {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A loaded checkpoint.
+pub struct Loaded {
+    pub meta: Meta,
+    pub model: BTreeMap<String, Tensor>,
+    pub momentum: BTreeMap<String, Tensor>,
+    pub best: Option<BTreeMap<String, Tensor>>,
+}
+
+/// Reads `last.json` and its tensors; `Ok(None)` when there is no checkpoint.
+pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
+    let d = dir(output);
+    let json_path = d.join("last.json");
+    let text = match std::fs::read_to_string(&json_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", json_path.display())),
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let meta: Meta = serde_json::from_value(json.clone())
+        .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    if meta.format_version != FORMAT_VERSION {
+        return Err(format!(
+            "{}: checkpoint format {} is not supported",
+            json_path.display(),
+            meta.format_version
+        ));
+    }
+    let file = json["tensors"]
+        .as_str()
+        .ok_or_else(|| format!("{}: no tensors file named", json_path.display()))?;
+    if file.contains('/') || file.contains("..") {
+        return Err(format!(
+            "{}: invalid tensors file name {file:?}",
+            json_path.display()
+        ));
+    }
+    let tensors = Tensor::read_safetensors(d.join(file))
+        .map_err(|e| format!("{}: {e}", d.join(file).display()))?;
+    let (mut model, mut momentum) = (BTreeMap::new(), BTreeMap::new());
+    for (n, t) in tensors {
+        if let Some(k) = n.strip_prefix("model.") {
+            model.insert(k.to_string(), t);
+        } else if let Some(k) = n.strip_prefix("momentum.") {
+            momentum.insert(k.to_string(), t);
+        }
+    }
+    let best_path = d.join("best.safetensors");
+    let best = if best_path.exists() {
+        Some(
+            Tensor::read_safetensors(&best_path)
+                .map_err(|e| format!("{}: {e}", best_path.display()))?
+                .into_iter()
+                .collect(),
+        )
+    } else {
+        None
+    };
+    Ok(Some(Loaded {
+        meta,
+        model,
+        momentum,
+        best,
+    }))
+}

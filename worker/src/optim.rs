@@ -1,0 +1,86 @@
+//! SGD with momentum and weight decay, exactly torch.optim.SGD (dampening 0, no Nesterov):
+//! `d = g + wd·p; buf = m·buf + d (buf = d on the first step); p -= lr·buf`. Its state (the
+//! momentum buffers) is ours, so checkpoints hold it and a resumed run continues exactly.
+use std::collections::BTreeMap;
+use tch::Tensor;
+
+pub struct Sgd {
+    params: Vec<(String, Tensor)>,
+    momentum: f64,
+    weight_decay: f64,
+    buffers: BTreeMap<String, Tensor>,
+}
+
+impl Sgd {
+    /// `params`: the trainable parameters by name.
+    pub fn new(params: Vec<(String, Tensor)>, momentum: f64, weight_decay: f64) -> Sgd {
+        Sgd {
+            params,
+            momentum,
+            weight_decay,
+            buffers: BTreeMap::new(),
+        }
+    }
+
+    pub fn zero_grad(&mut self) {
+        for (_, p) in &mut self.params {
+            p.zero_grad();
+        }
+    }
+
+    pub fn step(&mut self, lr: f64) {
+        tch::no_grad(|| {
+            for (name, p) in &self.params {
+                let g = p.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let d = if self.weight_decay != 0.0 {
+                    &g + p * self.weight_decay
+                } else {
+                    g.shallow_clone()
+                };
+                let d = if self.momentum != 0.0 {
+                    match self.buffers.get_mut(name) {
+                        Some(buf) => {
+                            let _ = buf.g_mul_scalar_(self.momentum).g_add_(&d);
+                            buf.shallow_clone()
+                        }
+                        None => {
+                            let buf = d.detach().copy();
+                            self.buffers.insert(name.clone(), buf.shallow_clone());
+                            buf
+                        }
+                    }
+                } else {
+                    d
+                };
+                let mut p = p.shallow_clone();
+                let _ = p.g_add_(&(d * -lr));
+            }
+        });
+    }
+
+    /// Momentum buffers by parameter name (for checkpoints).
+    pub fn state(&self) -> &BTreeMap<String, Tensor> {
+        &self.buffers
+    }
+
+    /// Restores momentum buffers saved by `state`.
+    pub fn load_state(&mut self, state: BTreeMap<String, Tensor>) {
+        let device = self
+            .params
+            .first()
+            .map(|(_, p)| p.device())
+            .unwrap_or(tch::Device::Cpu);
+        self.buffers = state
+            .into_iter()
+            .map(|(k, v)| (k, v.to_device(device)))
+            .collect();
+    }
+
+    /// The momentum buffers, for fp16 gradient checks.
+    pub fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+}

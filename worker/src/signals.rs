@@ -1,0 +1,57 @@
+//! Stop requests (SIGTERM from the launcher or `scancel`, SIGINT, SIGUSR1 from Slurm's
+//! `--signal`): logged in the driver log; while training runs, the loop agrees with the other
+//! ranks to stop at the next step (and checkpoints); otherwise the rank exits at once. A second
+//! signal always exits at once.
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+static REQUESTED: AtomicI32 = AtomicI32::new(0);
+static GRACEFUL: AtomicBool = AtomicBool::new(false);
+
+/// The signal asked for a stop (0: none).
+pub fn requested() -> i32 {
+    REQUESTED.load(Ordering::SeqCst)
+}
+
+/// While true, a first signal only sets `requested()` (the training loop stops gracefully).
+pub fn set_graceful(on: bool) {
+    GRACEFUL.store(on, Ordering::SeqCst);
+}
+
+/// The exit code for a stop caused by `sig` (130 for SIGINT, 143 otherwise).
+pub fn exit_code(sig: i32) -> i32 {
+    if sig == signal_hook::consts::SIGINT {
+        tchrun::exit::code::INTERRUPTED_INT
+    } else {
+        tchrun::exit::code::INTERRUPTED_TERM
+    }
+}
+
+fn name(sig: i32) -> &'static str {
+    match sig {
+        signal_hook::consts::SIGTERM => "SIGTERM",
+        signal_hook::consts::SIGINT => "SIGINT",
+        signal_hook::consts::SIGUSR1 => "SIGUSR1",
+        _ => "signal",
+    }
+}
+
+/// Starts the watcher thread (call once the driver log is open).
+pub fn install() -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGUSR1])?;
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        for sig in signals.forever() {
+            let first = REQUESTED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst).is_ok();
+            if first && GRACEFUL.load(Ordering::SeqCst) {
+                tracing::warn!(
+                    "received {} (launcher stop, scancel or preemption): stopping all ranks at the next step",
+                    name(sig)
+                );
+                continue;
+            }
+            tracing::warn!("received {}: stopping this rank now", name(sig));
+            std::process::exit(exit_code(if first { sig } else { requested() }));
+        }
+    })?;
+    Ok(())
+}
