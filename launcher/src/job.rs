@@ -2,6 +2,7 @@
 use crate::launch::{self, CommandSpec, LaunchArgs, LauncherKind, Plan};
 use crate::report::{self, FailureSummary};
 use crate::supervise::{self, Ended, Settings};
+use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tchrun::exit::ErrorKind;
@@ -268,6 +269,17 @@ fn mpirun_first_failure(tail: &[String]) -> (Option<usize>, Option<i32>) {
                 .and_then(|r| r.trim().parse().ok());
         } else if let Some(rest) = t.strip_prefix("Exit code:") {
             code = rest.trim().parse().ok();
+        } else if let Some(rest) = t.strip_prefix("mpirun noticed that process rank ") {
+            // "... rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+            if rank.is_none() {
+                rank = rest.split_whitespace().next().and_then(|r| r.parse().ok());
+                code = rest
+                    .split("on signal ")
+                    .nth(1)
+                    .and_then(|x| x.split_whitespace().next())
+                    .and_then(|n| n.parse::<i32>().ok())
+                    .map(|sig| 128 + sig);
+            }
         }
     }
     (rank, code)
@@ -324,13 +336,56 @@ pub fn run_job(
             let _ = writeln!(mpi_log, "# {}", s.display());
         }
     }
+    let log_dir_probe = plan.log_dir.clone();
     let settings = Settings {
         fail_fast: plan.kind == LauncherKind::Local,
-        grace: Duration::from_secs(10),
+        grace: Duration::from_secs(args.grace_period),
+        graceful: if plan.kind == LauncherKind::Local {
+            Signal::SIGTERM
+        } else {
+            Signal::SIGUSR1
+        },
+        hang_timeout: (args.hang_timeout > 0).then(|| Duration::from_secs(args.hang_timeout)),
+        progress: Some(Box::new(move || report::last_progress(&log_dir_probe))),
         prefixes: Vec::new(),
     };
+    crate::ranks::write_table(&plan);
     let outcome = supervise::run(&specs, mpi_log, &settings)
         .map_err(|e| JobError::launch(format!("{e} (see {})", mpi_log_path.display())))?;
+    crate::ranks::finish(&plan, &report::read_driver_logs(&plan.log_dir), &outcome);
+    if outcome.hung {
+        let logs = report::read_driver_logs(&plan.log_dir);
+        let mut msg = format!(
+            "no rank made progress for {} s (--hang-timeout); the job was stopped. Last line of each rank:",
+            args.hang_timeout
+        );
+        for l in &logs {
+            msg.push_str(&format!(
+                "\n  rank {} ({}): {}",
+                l.rank,
+                l.host,
+                l.tail.last().map(String::as_str).unwrap_or("")
+            ));
+        }
+        let summary = FailureSummary {
+            rank: None,
+            host: None,
+            local_rank: None,
+            exit_code: None,
+            signal: None,
+            time: Some(crate::report::now()),
+            classification: "hang".into(),
+            message: msg.clone(),
+            log: None,
+            tail: Vec::new(),
+            exit_status: ErrorKind::RankFailed.exit_code(),
+        };
+        report::write_summary(&plan.log_dir, &summary);
+        return Err(JobError {
+            kind: ErrorKind::RankFailed,
+            message: msg,
+        });
+    }
     if let Some(sig) = outcome.interrupted {
         let kind = if sig == signal_hook::consts::SIGINT {
             ErrorKind::InterruptedInt
@@ -344,6 +399,7 @@ pub fn run_job(
         return Ok(kind.exit_code());
     }
     let Some(first) = outcome.first_failure.clone() else {
+        report::run_report(&plan.log_dir);
         return Ok(0);
     };
     let logs = report::read_driver_logs(&plan.log_dir);

@@ -4,6 +4,7 @@
 mod job;
 mod launch;
 mod model_init;
+mod ranks;
 mod report;
 mod sbatch;
 mod supervise;

@@ -13,6 +13,11 @@ pub struct RankLog {
     pub host: String,
     pub local_rank: Option<usize>,
     pub pid: Option<u32>,
+    pub device: Option<String>,
+    /// The code the rank said it exits with (its last line), if it got that far.
+    pub exit_code: Option<i32>,
+    /// `(images, compute s, communication s)` from the rank's summary line.
+    pub summary: Option<(f64, f64, f64)>,
     /// Timestamp and text of the first ERROR event, if any.
     pub first_error: Option<(String, String)>,
     /// The last meaningful lines (libtorch's C++ stack frames left out).
@@ -33,6 +38,9 @@ pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
     let mut host = String::from("?");
     let mut local_rank = None;
     let mut pid = None;
+    let mut device = None;
+    let mut exit_code = None;
+    let mut summary = None;
     let mut first_error = None;
     let mut body = Vec::new();
     let mut in_header = true;
@@ -47,10 +55,26 @@ pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
                     "host" => host = v.to_string(),
                     "local_rank" => local_rank = v.parse().ok(),
                     "pid" => pid = v.parse().ok(),
+                    "device" => device = Some(v.to_string()),
                     _ => {}
                 }
             }
             continue;
+        }
+        if let Some(rest) = line.split("rank exiting with code ").nth(1) {
+            exit_code = rest.trim().parse().ok();
+        }
+        if let Some(rest) = line.split("rank summary: ").nth(1) {
+            // "images N, compute Xs, communication Ys, images/s Z"
+            let num = |key: &str| -> Option<f64> {
+                let value = rest.split(key).nth(1)?.split(',').next()?;
+                value.trim().trim_end_matches('s').parse().ok()
+            };
+            if let (Some(i), Some(c), Some(m)) =
+                (num("images "), num("compute "), num("communication "))
+            {
+                summary = Some((i, c, m));
+            }
         }
         if first_error.is_none() {
             if let Some((ts, rest)) = line.split_once("  ERROR ") {
@@ -68,6 +92,9 @@ pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
         host,
         local_rank,
         pid,
+        device,
+        exit_code,
+        summary,
         first_error,
         tail,
     })
@@ -87,6 +114,16 @@ pub fn read_driver_logs(dir: &Path) -> Vec<RankLog> {
         .unwrap_or_default();
     logs.sort_by_key(|l| l.rank);
     logs
+}
+
+/// The newest write to any driver log (the ranks' progress, for the hang watchdog).
+pub fn last_progress(dir: &Path) -> Option<std::time::SystemTime> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| files::driver_log_rank(&e.file_name().to_string_lossy()).is_some())
+        .filter_map(|e| e.metadata().ok()?.modified().ok())
+        .max()
 }
 
 /// Kinds of failure tchrun can tell apart.
@@ -242,4 +279,58 @@ pub fn logs_command(dir: &Path) -> Result<String, String> {
         out.push_str(&format!("  rank {:>3} {:<16} {}\n", l.rank, l.host, last));
     }
     Ok(out)
+}
+
+/// Wall-clock time now, RFC 3339.
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// The end-of-run report from the ranks' summaries: throughput, slowest rank, LR used.
+pub fn run_report(dir: &Path) {
+    let logs = read_driver_logs(dir);
+    let with: Vec<&RankLog> = logs.iter().filter(|l| l.summary.is_some()).collect();
+    if with.is_empty() {
+        return;
+    }
+    let images: f64 = with.iter().filter_map(|l| l.summary.map(|s| s.0)).sum();
+    let wall = with
+        .iter()
+        .filter_map(|l| l.summary.map(|s| s.1 + s.2))
+        .fold(0.0f64, f64::max);
+    let slowest = with
+        .iter()
+        .max_by(|a, b| {
+            let (x, y) = (
+                a.summary.map(|s| s.1).unwrap_or(0.0),
+                b.summary.map(|s| s.1).unwrap_or(0.0),
+            );
+            x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .copied();
+    let lr = std::fs::read_to_string(files::driver_log(dir, 0))
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.split("effective LR ")
+                    .nth(1)
+                    .map(|r| r.split(',').next().unwrap_or(r).to_string())
+            })
+        });
+    let mut line = format!(
+        "tchrun: run report: {} ranks, {:.1} images/s in training steps",
+        with.len(),
+        images / wall.max(1e-9)
+    );
+    if let Some(s) = slowest {
+        let (_, c, m) = s.summary.unwrap_or_default();
+        line.push_str(&format!(
+            "; slowest rank {} ({}): compute {:.1}s, communication {:.1}s",
+            s.rank, s.host, c, m
+        ));
+    }
+    if let Some(lr) = lr {
+        line.push_str(&format!("; effective LR {lr}"));
+    }
+    println!("{line}");
 }

@@ -53,6 +53,8 @@ pub struct Outcome {
     pub interrupted: Option<i32>,
     /// The last lines the processes printed (for classifying a launch failure).
     pub tail: Vec<String>,
+    /// The hang watchdog ended the job.
+    pub hung: bool,
 }
 
 /// Output sink shared by the tee threads.
@@ -86,10 +88,46 @@ impl Sink {
 pub struct Settings {
     /// Stop everything when one process fails (local ranks); mpirun/srun do it themselves.
     pub fail_fast: bool,
-    /// Time between SIGTERM and SIGKILL when stopping.
+    /// After Ctrl-C/SIGTERM: time the ranks get to stop cleanly (checkpoint) before SIGTERM
+    /// to their process groups, then SIGKILL.
     pub grace: Duration,
+    /// The signal that asks the ranks to stop cleanly: SIGTERM for local ranks, SIGUSR1 for
+    /// mpirun/srun (which forward it; their own SIGTERM handling kills at once).
+    pub graceful: Signal,
+    /// Ends the job when no rank made progress (see `progress`) for this long.
+    pub hang_timeout: Option<Duration>,
+    /// When the ranks last showed progress (e.g. newest driver-log write).
+    pub progress: Option<Box<dyn Fn() -> Option<SystemTime>>>,
     /// Prefix of each process's output lines on the terminal (e.g. "host:rank ").
     pub prefixes: Vec<String>,
+}
+
+/// Escalation of a stop: SIGTERM to the process groups at `term_at`, SIGKILL at `kill_at`.
+struct Stop {
+    term_at: Instant,
+    kill_at: Instant,
+    termed: bool,
+}
+
+impl Stop {
+    /// After a clean-stop request: wait `grace`, then SIGTERM, then SIGKILL 2 s later.
+    fn after(grace: Duration) -> Stop {
+        let t = Instant::now() + grace;
+        Stop {
+            term_at: t,
+            kill_at: t + Duration::from_secs(2),
+            termed: false,
+        }
+    }
+    /// Stop now: SIGTERM, SIGKILL 1 s later.
+    fn now() -> Stop {
+        let t = Instant::now();
+        Stop {
+            term_at: t,
+            kill_at: t + Duration::from_secs(1),
+            termed: false,
+        }
+    }
 }
 
 fn spawn(spec: &CommandSpec) -> std::io::Result<Child> {
@@ -133,6 +171,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         tail: Mutex::new(Default::default()),
     });
     let mut children: Vec<Option<Child>> = Vec::new();
+    let mut pids: Vec<u32> = Vec::new();
     let mut readers = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let mut child = match spawn(spec) {
@@ -165,12 +204,15 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
                 }
             }));
         }
+        pids.push(child.id());
         children.push(Some(child));
     }
 
     let mut exits: Vec<Exit> = Vec::new();
     let mut first_failure: Option<Exit> = None;
-    let mut stop_deadline: Option<Instant> = None;
+    let mut stopping: Option<Stop> = None;
+    let mut hung = false;
+    let started = SystemTime::now();
     let mut interrupted: Option<i32> = None;
     let mut seen_signals = 0usize;
     loop {
@@ -182,7 +224,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
                         index: i,
                         ended: ended(status),
                         at: SystemTime::now(),
-                        stopped_by_us: stop_deadline.is_some(),
+                        stopped_by_us: stopping.is_some(),
                     };
                     if !e.ended.ok() && !e.stopped_by_us && first_failure.is_none() {
                         first_failure = Some(e.clone());
@@ -196,31 +238,48 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         if running.is_empty() {
             break;
         }
-        // Signals to tchrun: forward, then escalate; a second one kills at once.
+        // Signals to tchrun: ask the ranks to stop cleanly, then escalate; a second one kills.
         let sig = signal.swap(0, Ordering::SeqCst);
         if sig != 0 {
             seen_signals += 1;
             interrupted.get_or_insert(sig as i32);
             if seen_signals == 1 {
                 for c in &running {
+                    if settings.graceful == Signal::SIGTERM {
+                        signal_group(c, Signal::SIGTERM);
+                    } else {
+                        let _ =
+                            nix::sys::signal::kill(Pid::from_raw(c.id() as i32), settings.graceful);
+                    }
+                }
+                stopping = Some(Stop::after(settings.grace));
+            } else {
+                stopping = Some(Stop::now());
+            }
+        }
+        // Fail fast: one failed, stop the others now (no clean stop: the job is lost).
+        if settings.fail_fast && first_failure.is_some() && stopping.is_none() {
+            stopping = Some(Stop::now());
+        }
+        // Hang watchdog.
+        if let (Some(limit), Some(probe), None) =
+            (settings.hang_timeout, &settings.progress, &stopping)
+        {
+            let last = probe().unwrap_or(started).max(started);
+            if SystemTime::now().duration_since(last).unwrap_or_default() > limit {
+                hung = true;
+                stopping = Some(Stop::now());
+            }
+        }
+        if let Some(st) = &mut stopping {
+            let now = Instant::now();
+            if now >= st.term_at && !st.termed {
+                st.termed = true;
+                for c in &running {
                     signal_group(c, Signal::SIGTERM);
                 }
-                stop_deadline = Some(Instant::now() + settings.grace);
-            } else {
-                for c in &running {
-                    signal_group(c, Signal::SIGKILL);
-                }
             }
-        }
-        // Fail fast: one failed, stop the others.
-        if settings.fail_fast && first_failure.is_some() && stop_deadline.is_none() {
-            for c in &running {
-                signal_group(c, Signal::SIGTERM);
-            }
-            stop_deadline = Some(Instant::now() + settings.grace);
-        }
-        if let Some(d) = stop_deadline {
-            if Instant::now() >= d {
+            if now >= st.kill_at {
                 for c in &running {
                     signal_group(c, Signal::SIGKILL);
                 }
@@ -247,10 +306,15 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
     if let Ok(mut f) = sink.log.lock() {
         let _ = f.flush();
     }
+    // Nothing of the job outlives it: whatever a rank left in its process group goes too.
+    for pid in &pids {
+        let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+    }
     Ok(Outcome {
         exits,
         first_failure,
         interrupted,
         tail,
+        hung,
     })
 }

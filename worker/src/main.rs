@@ -160,10 +160,14 @@ fn main() -> ExitCode {
         Cmd::BenchLoader(a) => bench_loader::run(a).map_err(|e| (None, Fatal::invalid(e))),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            tracing::info!("rank exiting with code 0");
+            ExitCode::SUCCESS
+        }
         Err((console, f)) => {
             let msg = format!("{:#}", f.err);
             tracing::error!("{msg}");
+            tracing::info!("rank exiting with code {}", f.kind.exit_code());
             let line = format!("tchrun-worker: error: {msg}");
             match console {
                 Some(c) => c.err(&line),
@@ -426,11 +430,11 @@ fn run_train(a: TrainArgs) -> RankResult {
         console,
     } = rank;
     let is_rank0 = pg.rank() == 0;
+    // User-facing lines: in every driver log, and on rank 0's console.
     let say = |line: &str| {
+        tracing::info!("{line}");
         if is_rank0 {
             console.out(line);
-        } else {
-            tracing::info!("{line}");
         }
     };
     let ctx = train::RankCtx {

@@ -360,7 +360,6 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 state.epoch + 1
             ));
         }
-        tracing::info!("{msg}");
         (ctx.say)(&msg);
         if rank == 0 {
             outputs::rewrite_metrics(&job.output, &state.history).map_err(TrainError::Output)?;
@@ -509,10 +508,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                     lr,
                     ips
                 );
-                tracing::info!("{line}");
-                if rank == 0 {
-                    (ctx.say)(&line);
-                }
+                (ctx.say)(&line);
                 t_print = Instant::now();
                 seen_print = 0.0;
             }
@@ -573,7 +569,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             100.0 * m.top1,
             100.0 * m.top5
         );
-        tracing::info!("{line}");
+        (ctx.say)(&line);
         history.push(m.clone());
         let decision = stopping.update(epoch + 1, v.loss);
         if decision == Decision::Improved {
@@ -586,7 +582,6 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         }
         let done = decision == Decision::Stop || epoch + 1 == p.epochs;
         if rank == 0 {
-            (ctx.say)(&line);
             let meta = checkpoint_meta(
                 epoch + 1,
                 0,
@@ -613,10 +608,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 stopping.since_best,
                 p.patience
             );
-            tracing::info!("{msg}");
-            if rank == 0 {
-                (ctx.say)(&msg);
-            }
+            (ctx.say)(&msg);
         }
         if done {
             break 'epochs;

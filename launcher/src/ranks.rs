@@ -1,0 +1,111 @@
+//! The rank table (`<log-dir>/ranks.json`): rank → host, local rank, device, driver log;
+//! written when the job starts (from the launch plan) and completed with what each rank
+//! reported (its host and device from the driver-log header, its exit) when it ends.
+use crate::launch::{LauncherKind, Plan};
+use crate::report::RankLog;
+use crate::supervise::Outcome;
+use serde::Serialize;
+use tchrun::files;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RankRow {
+    pub rank: u32,
+    pub host: String,
+    pub local_rank: u32,
+    pub device: String,
+    pub log: String,
+    pub status: String,
+}
+
+fn planned(plan: &Plan) -> Vec<RankRow> {
+    let local = hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into());
+    let gpus = crate::job::visible_gpus();
+    (0..plan.world_size())
+        .map(|rank| {
+            let node = (rank / plan.procs_per_node) as usize;
+            let local_rank = rank % plan.procs_per_node;
+            let host = match plan.kind {
+                LauncherKind::Srun => format!("slurm node {node}"),
+                _ => plan
+                    .hosts
+                    .get(node)
+                    .map(|h| h.name.clone())
+                    .unwrap_or_else(|| local.clone()),
+            };
+            RankRow {
+                rank,
+                host,
+                local_rank,
+                device: if gpus > 0 {
+                    format!("cuda:{}", local_rank as usize % gpus)
+                } else {
+                    "cpu".into()
+                },
+                log: files::driver_log(&plan.log_dir, rank as usize)
+                    .display()
+                    .to_string(),
+                status: "starting".into(),
+            }
+        })
+        .collect()
+}
+
+fn write(plan: &Plan, rows: &[RankRow]) {
+    if let Ok(text) = serde_json::to_string_pretty(rows) {
+        let path = plan.log_dir.join(files::RANKS_JSON);
+        let tmp = plan.log_dir.join(format!(".{}.tmp", files::RANKS_JSON));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, path);
+        }
+    }
+}
+
+/// Writes and prints the planned table.
+pub fn write_table(plan: &Plan) {
+    let rows = planned(plan);
+    write(plan, &rows);
+    const SHOWN: usize = 16;
+    for r in rows.iter().take(SHOWN) {
+        println!(
+            "tchrun: rank {:>3} -> {} (local rank {}, {}), log {}",
+            r.rank, r.host, r.local_rank, r.device, r.log
+        );
+    }
+    if rows.len() > SHOWN {
+        println!(
+            "tchrun: ... {} more ranks in {}",
+            rows.len() - SHOWN,
+            plan.log_dir.join(files::RANKS_JSON).display()
+        );
+    }
+}
+
+/// Completes the table with what the ranks reported.
+pub fn finish(plan: &Plan, logs: &[RankLog], outcome: &Outcome) {
+    let mut rows = planned(plan);
+    for row in &mut rows {
+        match logs.iter().find(|l| l.rank == row.rank as usize) {
+            Some(l) => {
+                row.host = l.host.clone();
+                if let Some(d) = &l.device {
+                    row.device = d.clone();
+                }
+                row.status = match l.exit_code {
+                    Some(0) => "exited 0".into(),
+                    Some(c) => format!("exited {c}"),
+                    None if outcome.first_failure.is_some()
+                        || outcome.interrupted.is_some()
+                        || outcome.hung =>
+                    {
+                        "stopped or killed (no exit recorded)".into()
+                    }
+                    None => "ended (no exit recorded)".into(),
+                };
+            }
+            None => row.status = "never started (no driver log)".into(),
+        }
+    }
+    write(plan, &rows);
+}
