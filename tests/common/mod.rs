@@ -240,3 +240,60 @@ pub fn model_dir(parent: &Path, arch: &str, size: u32) -> PathBuf {
     assert_eq!(r.code, Some(0), "{}", r.explain());
     m
 }
+
+/// A small digits subset (40 train and 10 valid images per class), made once per test binary.
+pub fn small_digits() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = digits();
+        let dst = std::env::temp_dir().join(format!("tchrun-small-digits-{}", std::process::id()));
+        for (split, n) in [("train", 40), ("valid", 10)] {
+            for c in 0..10 {
+                let to = dst.join(split).join(c.to_string());
+                std::fs::create_dir_all(&to).expect("mkdir");
+                let mut files: Vec<PathBuf> =
+                    std::fs::read_dir(src.join(split).join(c.to_string()))
+                        .expect("class dir")
+                        .flatten()
+                        .map(|e| e.path())
+                        .collect();
+                files.sort();
+                for f in files.into_iter().take(n) {
+                    std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
+                }
+            }
+        }
+        dst
+    })
+    .clone()
+}
+
+/// Processes whose command line contains `needle` (other than this test process).
+pub fn processes_with(needle: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy() != me)
+                .filter_map(|e| {
+                    let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                    let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                    cmd.contains(needle)
+                        .then(|| format!("{}: {cmd}", e.file_name().to_string_lossy()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls `cond` every 50 ms until it holds or `limit` passes; returns whether it held.
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}

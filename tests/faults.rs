@@ -1,0 +1,379 @@
+//! Faults on real jobs: a rank killed with SIGKILL (fail fast, the right rank named, nothing
+//! left behind, the last checkpoint resumes), SIGTERM to tchrun mid-epoch (checkpoint, then
+//! --resume gives bit-identical weights), tchrun itself killed (no orphans), a hang (watchdog),
+//! and `tchrun exec` of an unchanged torch.distributed program.
+mod common;
+use common::*;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// A job running in the background with its output in files.
+struct Job {
+    child: Option<Child>,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl Job {
+    fn start(cmd: &mut Command, dir: &Path) -> Job {
+        let (out, err) = (dir.join("tchrun.out"), dir.join("tchrun.err"));
+        cmd.stdin(Stdio::null())
+            .stdout(File::create(&out).expect("stdout file"))
+            .stderr(File::create(&err).expect("stderr file"))
+            .process_group(0);
+        Job {
+            child: Some(cmd.spawn().expect("start tchrun")),
+            out,
+            err,
+        }
+    }
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0))
+    }
+    fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                self.child = None;
+                return s.code();
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    fn output(&self) -> String {
+        format!(
+            "--- stdout\n{}\n--- stderr\n{}",
+            read(&self.out),
+            read(&self.err)
+        )
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = nix::sys::signal::killpg(Pid::from_raw(c.id() as i32), Signal::SIGKILL);
+            let _ = c.wait();
+        }
+    }
+}
+
+fn train_cmd(
+    model: &Path,
+    out: &Path,
+    ranks: u32,
+    launcher: &str,
+    epochs: u32,
+    extra: &[&str],
+) -> Command {
+    let d = small_digits();
+    let mut c = tchrun();
+    c.arg("train")
+        .arg("--model")
+        .arg(model)
+        .arg("--train")
+        .arg(d.join("train"))
+        .arg("--valid")
+        .arg(d.join("valid"))
+        .arg("--output")
+        .arg(out)
+        .args([
+            "--procs-per-node",
+            &ranks.to_string(),
+            "--launcher",
+            launcher,
+            "--epochs",
+            &epochs.to_string(),
+        ])
+        .args([
+            "--batch-size",
+            "20",
+            "--lr",
+            "0.05",
+            "--min-crop-scale",
+            "0.5",
+            "--no-hflip",
+            "--print-freq",
+            "1",
+        ])
+        .args(extra);
+    c
+}
+
+fn log_has(out: &Path, rank: usize, needle: &str) -> bool {
+    std::fs::read_to_string(out.join("logs").join(format!("70_driver_log_{rank}")))
+        .map(|t| t.contains(needle))
+        .unwrap_or(false)
+}
+
+fn rank_pid(out: &Path, rank: usize) -> i32 {
+    let text = read(&out.join("logs").join(format!("70_driver_log_{rank}")));
+    text.lines()
+        .find_map(|l| l.strip_prefix("pid: "))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("pid in header")
+}
+
+#[test]
+fn kill_9_of_a_rank_fails_fast_names_it_and_resumes() {
+    // Three runs: rank and step vary, mpirun and local launchers alternate.
+    for (i, (launcher, victim, step)) in
+        [("mpirun", 1usize, 3u32), ("local", 0, 5), ("mpirun", 0, 2)]
+            .into_iter()
+            .enumerate()
+    {
+        let t = tempdir();
+        let model = model_dir(t.path(), "resnet18", 32);
+        let out = t.path().join("out");
+        let mut job = Job::start(&mut train_cmd(&model, &out, 2, launcher, 3, &[]), t.path());
+        // Past epoch 1 (its checkpoint exists), at a given step of epoch 2.
+        let marker = format!("epoch 2/3 iter {step}/");
+        assert!(
+            wait_for(LIMIT, || log_has(&out, 0, &marker)),
+            "run {i}: never reached '{marker}'\n{}",
+            job.output()
+        );
+        let pid = rank_pid(&out, victim);
+        kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill -9");
+        let killed = Instant::now();
+        let code = job.wait(Duration::from_secs(30));
+        let took = killed.elapsed();
+        assert_eq!(code, Some(4), "run {i} ({launcher}): {}", job.output());
+        assert!(
+            took < Duration::from_secs(10),
+            "run {i}: tchrun took {took:?} to end after the kill"
+        );
+        let err = read(&job.err);
+        assert!(
+            err.contains(&format!("rank {victim} failed first")),
+            "run {i} ({launcher}), victim {victim}:\n{}",
+            job.output()
+        );
+        assert!(
+            err.contains("killed by signal 9"),
+            "run {i}:\n{}",
+            job.output()
+        );
+        let failure: serde_json::Value =
+            serde_json::from_str(&read(&out.join("logs/failure.json"))).expect("failure.json");
+        assert_eq!(failure["rank"].as_u64(), Some(victim as u64), "{failure}");
+        let again = run(tchrun().arg("logs").arg(out.join("logs")), LIMIT);
+        assert!(
+            again
+                .stdout
+                .contains(&format!("rank {victim} failed first")),
+            "{}",
+            again.explain()
+        );
+        assert!(
+            wait_for(Duration::from_secs(5), || processes_with(
+                &out.display().to_string()
+            )
+            .is_empty()),
+            "run {i}: processes left behind: {:?}",
+            processes_with(&out.display().to_string())
+        );
+        eprintln!(
+            "run {i} ({launcher}, rank {victim} killed at '{marker}'): exit 4 after {:.2}s",
+            took.as_secs_f64()
+        );
+        // The last checkpoint (end of epoch 1) loads and the job completes.
+        if i == 0 {
+            let r = run(
+                &mut train_cmd(&model, &out, 2, launcher, 3, &["--resume"]),
+                LIMIT,
+            );
+            assert_eq!(r.code, Some(0), "{}", r.explain());
+            assert!(
+                r.stdout.contains("resuming from") && out.join("model.json").is_file(),
+                "{}",
+                r.explain()
+            );
+        }
+    }
+}
+
+#[test]
+fn sigterm_checkpoints_and_resume_matches_an_uninterrupted_run() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let reference = t.path().join("reference");
+    let r = run(
+        &mut train_cmd(&model, &reference, 2, "mpirun", 2, &[]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+
+    let out = t.path().join("interrupted");
+    let mut job = Job::start(&mut train_cmd(&model, &out, 2, "mpirun", 2, &[]), t.path());
+    assert!(
+        wait_for(LIMIT, || log_has(&out, 0, "epoch 2/2 iter 3/")),
+        "{}",
+        job.output()
+    );
+    kill(job.pid(), Signal::SIGTERM).expect("SIGTERM to tchrun");
+    let code = job.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(143), "{}", job.output());
+    assert!(
+        read(&job.out).contains("checkpoint written"),
+        "{}",
+        job.output()
+    );
+    assert!(
+        !out.join("model.json").exists(),
+        "no final model from a stopped run"
+    );
+    for rank in 0..2 {
+        assert!(
+            log_has(&out, rank, "received SIGUSR1"),
+            "rank {rank} logs the stop request"
+        );
+    }
+    let r = run(
+        &mut train_cmd(&model, &out, 2, "mpirun", 2, &["--resume"]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(r.stdout.contains("resuming from"), "{}", r.explain());
+    let a = std::fs::read(reference.join("model.safetensors")).expect("reference weights");
+    let b = std::fs::read(out.join("model.safetensors")).expect("resumed weights");
+    assert!(
+        a == b,
+        "resumed weights differ from the uninterrupted run's"
+    );
+    let strip = |p: &Path| -> Vec<(f64, f64, f64)> {
+        read(p)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("jsonl");
+                (
+                    v["train_loss"].as_f64().unwrap_or(f64::NAN),
+                    v["val_loss"].as_f64().unwrap_or(f64::NAN),
+                    v["top1"].as_f64().unwrap_or(f64::NAN),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        strip(&reference.join("metrics.jsonl")),
+        strip(&out.join("metrics.jsonl")),
+        "same metrics as uninterrupted"
+    );
+}
+
+#[test]
+fn killing_tchrun_leaves_no_rank_behind() {
+    let t = tempdir();
+    let marker = format!("tchrun-orphan-check-{}", std::process::id());
+    for launcher in ["mpirun", "local"] {
+        let mut c = tchrun();
+        c.args([
+            "exec",
+            "--launcher",
+            launcher,
+            "--procs-per-node",
+            "2",
+            "--log-dir",
+        ])
+        .arg(t.path().join(launcher))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &format!("echo up; exec sleep 300 # {marker}"),
+        ]);
+        let mut job = Job::start(&mut c, t.path());
+        assert!(
+            wait_for(Duration::from_secs(60), || processes_with(&marker).len()
+                >= 2),
+            "{}",
+            job.output()
+        );
+        kill(job.pid(), Signal::SIGKILL).expect("kill -9 tchrun");
+        let _ = job.wait(Duration::from_secs(10));
+        assert!(
+            wait_for(Duration::from_secs(10), || processes_with(&marker)
+                .is_empty()),
+            "{launcher}: ranks outlived tchrun: {:?}",
+            processes_with(&marker)
+        );
+    }
+}
+
+#[test]
+fn hang_watchdog_ends_a_silent_job() {
+    let t = tempdir();
+    let logs = t.path().join("logs");
+    let r = run(
+        tchrun()
+            .args([
+                "exec",
+                "--procs-per-node",
+                "2",
+                "--hang-timeout",
+                "3",
+                "--log-dir",
+            ])
+            .arg(&logs)
+            .args(["--", "sh", "-c", "echo working on rank $RANK; sleep 120"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    assert!(
+        r.stderr.contains("no rank made progress for 3 s"),
+        "{}",
+        r.explain()
+    );
+    assert!(
+        r.stderr.contains("working on rank 1"),
+        "the last line of each rank: {}",
+        r.explain()
+    );
+    assert!(r.elapsed < Duration::from_secs(20), "{}", r.explain());
+}
+
+#[test]
+fn exec_runs_an_unchanged_torch_distributed_script() {
+    let t = tempdir();
+    let script = repo().join("tests/python/dist_allreduce.py");
+    let py = repo().join(".venv/bin/python");
+    for ranks in [2usize, 4] {
+        let logs = t.path().join(format!("logs{ranks}"));
+        let r = run(
+            tchrun()
+                .args([
+                    "exec",
+                    "--oversubscribe",
+                    "--procs-per-node",
+                    &ranks.to_string(),
+                    "--log-dir",
+                ])
+                .arg(&logs)
+                .arg("--")
+                .arg(&py)
+                .arg(&script),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        let sum = ranks * (ranks + 1) / 2;
+        for (rank, log) in driver_logs(&logs, ranks).iter().enumerate() {
+            assert!(
+                log.contains(&format!(
+                    "python rank {rank}/{ranks} local {rank} all_reduce ok sum={sum}"
+                )),
+                "{log}"
+            );
+        }
+    }
+}
