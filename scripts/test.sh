@@ -6,5 +6,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # Idempotent: a few seconds when everything is installed already.
 scripts/setup.sh
-cargo build --release --workspace --bins
+cargo build --release --workspace --bins --examples
 cargo test --release --workspace -- --test-threads="${TCHRUN_TEST_THREADS:-2}" "$@"

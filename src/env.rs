@@ -17,6 +17,10 @@ pub const FORWARD_PREFIXES: &[&str] = &["TCHRUN_", "NCCL_", "CUDA_", "GLOO_", "T
 /// Exact names the launcher forwards to remote ranks.
 pub const FORWARD_NAMES: &[&str] = &["LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "VIRTUAL_ENV"];
 
+/// The variables that mark a process as an MPI rank. `tchrun-worker exec` finalizes MPI and
+/// removes them before exec'ing the program, which then joins through torchrun's variables.
+pub const MPI_MARKERS: &[&str] = &["OMPI_COMM_WORLD_RANK", "PMIX_RANK"];
+
 /// Who started this process, decided before MPI is touched (MPI_Init aborts under
 /// `srun --mpi=none`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +38,7 @@ pub enum StartedBy {
 /// Decides how this process was started. Under mpirun inside an sbatch allocation every rank
 /// inherits misleading `SLURM_PROCID`, so MPI's variables win.
 pub fn started_by(get: &dyn Fn(&str) -> Option<String>) -> StartedBy {
-    if get("OMPI_COMM_WORLD_RANK").is_some() || get("PMIX_RANK").is_some() {
+    if MPI_MARKERS.iter().any(|m| get(m).is_some()) {
         StartedBy::Mpi
     } else if get(RANK).is_some() && get(WORLD_SIZE).is_some() {
         StartedBy::Torchrun
@@ -217,10 +221,12 @@ pub fn tasks_per_node(spec: &str, node: usize) -> Option<usize> {
             ),
             None => (part.trim().parse::<usize>().ok()?, 1),
         };
-        if node < seen + repeat {
-            return Some(count);
+        // Checked: a repeat count near usize::MAX must not wrap (a wrong answer, or a panic
+        // in debug builds); past usize::MAX every node is inside this part.
+        match seen.checked_add(repeat) {
+            Some(end) if node >= end => seen = end,
+            _ => return Some(count),
         }
-        seen += repeat;
     }
     None
 }
@@ -235,12 +241,14 @@ pub fn first_host(list: &str) -> Option<String> {
             let close = list[b..].find(']')? + b;
             let inner = &list[b + 1..close];
             let first = inner.split(',').next()?.split('-').next()?;
-            Some(format!(
+            let host = format!(
                 "{}{}{}",
                 &list[..b],
                 first,
                 &list[close + 1..].split(',').next().unwrap_or("")
-            ))
+            );
+            // `[]` or `[,]` name no host.
+            (!host.is_empty()).then_some(host)
         }
         _ => {
             let host = &list[..end];

@@ -55,7 +55,13 @@ pub fn parse_hostfile(path: &Path, text: &str) -> Result<Vec<Host>, HostfileErro
         }
         if let Some(h) = hosts.iter_mut().find(|h| h.name == name) {
             // OpenMPI adds up repeated hosts.
-            h.slots = Some(h.slots.unwrap_or(1) + slots.unwrap_or(1));
+            let sum = h.slots.unwrap_or(1).checked_add(slots.unwrap_or(1));
+            h.slots = Some(sum.ok_or_else(|| {
+                err(format!(
+                    "host '{name}': its slots add up to more than {}",
+                    u32::MAX
+                ))
+            })?);
         } else {
             hosts.push(Host { name, slots });
         }

@@ -344,6 +344,42 @@ fn hang_watchdog_ends_a_silent_job() {
 }
 
 #[test]
+fn exec_runs_a_rust_program_that_calls_dist_init() {
+    let t = tempdir();
+    let logs = t.path().join("logs");
+    let example = bin_dir().join("examples/dist_sum");
+    assert!(
+        example.is_file(),
+        "build it: cargo build --release --examples ({})",
+        example.display()
+    );
+    for launcher in ["mpirun", "local"] {
+        let r = run(
+            tchrun()
+                .args([
+                    "exec",
+                    "--launcher",
+                    launcher,
+                    "--procs-per-node",
+                    "2",
+                    "--log-dir",
+                ])
+                .arg(&logs)
+                .arg("--")
+                .arg(&example),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        for (rank, log) in driver_logs(&logs, 2).iter().enumerate() {
+            assert!(
+                log.contains(&format!("rust rank {rank}/2 all_reduce sum=3 (expected 3)")),
+                "{launcher}:\n{log}"
+            );
+        }
+    }
+}
+
+#[test]
 fn exec_runs_an_unchanged_torch_distributed_script() {
     let t = tempdir();
     let script = repo().join("tests/python/dist_allreduce.py");

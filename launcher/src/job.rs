@@ -460,7 +460,9 @@ pub fn run_job(
             Ended::Signal(s) => Some(s),
             _ => None,
         },
-        time: culprit.and_then(|c| c.first_error.as_ref().map(|e| e.0.clone())),
+        time: culprit
+            .and_then(|c| c.first_error.as_ref().map(|e| e.0.clone()))
+            .or_else(|| Some(humantime::format_rfc3339_millis(first.at).to_string())),
         classification,
         message,
         log: culprit.map(|c| c.path.clone()),

@@ -46,7 +46,6 @@ pub struct Exit {
 /// The end of a supervised run.
 #[derive(Debug)]
 pub struct Outcome {
-    pub exits: Vec<Exit>,
     /// The first process that failed on its own (not stopped by us).
     pub first_failure: Option<Exit>,
     /// A signal tchrun received (SIGINT/SIGTERM), if any.
@@ -311,7 +310,6 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
     }
     Ok(Outcome {
-        exits,
         first_failure,
         interrupted,
         tail,

@@ -1,6 +1,7 @@
 //! Data parallelism over a `ProcessGroup`: parameters and buffers replicated from rank 0,
-//! gradients all-reduced in flat buckets (DDP's 25 MiB default), batch-norm buffers re-synced
-//! from rank 0 after each step (DDP's broadcast_buffers), and the replica check.
+//! gradients all-reduced in flat buckets (DDP's 25 MiB default), batch-norm running statistics
+//! averaged over the ranks in the same reduction (DDP broadcasts rank 0's instead, in a
+//! collective of its own), and the replica check.
 //!
 //! Each rank contributes `n_local × grad` plus `[n_local × loss, n_local]` in the last bucket;
 //! one SUM all-reduce then gives the exact gradient and loss of the combined batch, also when
@@ -152,13 +153,27 @@ impl Replicator {
                 .map(|g| g.reshape([-1]).to_kind(Kind::Float) * n)
                 .collect();
             let carries_stats = k == 0;
+            let grad_len: i64 = grads.iter().map(|g| numel(g) as i64).sum();
+            let mut buffer_len = 0i64;
             if carries_stats {
                 let device = loss.device();
+                // Batch-norm running statistics ride along, averaged: identical on every rank
+                // after every step without a collective of their own.
+                if pg.size() > 1 {
+                    let inv = 1.0 / pg.size() as f64;
+                    for b in &self.buffers {
+                        buffer_len += numel(b) as i64;
+                        parts.push(b.detach().reshape([-1]).to_kind(Kind::Float) * inv);
+                    }
+                }
                 parts.push(loss.detach().to_kind(Kind::Float).reshape([1]) * n);
                 parts.push(Tensor::from_slice(&[n as f32, stop as i32 as f32]).to_device(device));
             }
             let mut flat = Tensor::cat(&parts, 0);
             pg.all_reduce(&mut [&mut flat], ReduceOp::Sum)?;
+            if buffer_len > 0 {
+                unflatten_into(&flat.narrow(0, grad_len, buffer_len), &self.buffers);
+            }
             if carries_stats {
                 let len = flat.size()[0];
                 let tail =

@@ -1,22 +1,6 @@
 //! `tchrun-worker`: one rank of a tchrun job. Started by mpirun, srun, `tchrun` or by hand;
 //! joins the job (bootstrap), opens its driver log, builds the c10d process group and runs
 //! the subcommand. Architecture Invariant: the worker never spawns ranks.
-mod bench_loader;
-mod bootstrap;
-mod checkpoint;
-mod ddp;
-mod driver_log;
-mod ffi;
-mod gradcheck;
-mod models;
-mod optim;
-mod outputs;
-mod pg;
-mod plot;
-mod score;
-mod selftest;
-mod signals;
-mod train;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -25,6 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tchrun::exit::ErrorKind;
 use tchrun::flags::{Backend, Device as DeviceFlag, RankFlags, DEFAULT_LOG_DIR};
+use tchrun_worker::{bench_loader, bootstrap, driver_log, gradcheck, pg, score, selftest, train};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -394,7 +379,11 @@ fn run_exec(a: ExecArgs) -> RankResult {
     };
     use tchrun::env as c;
     tracing::info!(program = %a.program.join(" "), master = %format!("{}:{}", info.master_addr, info.master_port), "exec");
-    let err = std::process::Command::new(&a.program[0])
+    let mut cmd = std::process::Command::new(&a.program[0]);
+    for m in c::MPI_MARKERS {
+        cmd.env_remove(m);
+    }
+    let err = cmd
         .args(&a.program[1..])
         .env(c::RANK, info.rank.to_string())
         .env(c::WORLD_SIZE, info.world_size.to_string())

@@ -488,7 +488,6 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 }
             }
             let t3 = Instant::now();
-            replicas.sync_buffers(pg)?;
             comm_s += (t2 - t1).as_secs_f64() + t3.elapsed().as_secs_f64();
             compute_s += (t1 - t0).as_secs_f64() + (t3 - t2).as_secs_f64();
             images += batch.len as f64;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: tchrun versus torchrun + DDP + torchvision (issue 6).
+#
+#   scripts/bench.sh [--smoke] [--repeats N] [--out DIR] [--table FILE] [--build] [more]
+#
+# Runs tchrun and the PyTorch reference (benches/reference/) alternately, --repeats times
+# (default 3; medians), on generated JPEG datasets, and prints a Markdown table with ratios
+# tchrun / reference. A full run updates the generated section of BENCHMARKS.md; --smoke
+# (1 repeat, tiny sizes, < 2 minutes) writes OUT/BENCHMARKS.md only.
+#   --out DIR     work directory: datasets (kept between runs), outputs, logs (default target/bench)
+#   --build       cargo build --release first (otherwise only when the binaries are missing)
+#   more: --arch, --train-size, --train-images, --valid-images, --epochs, --batch-size,
+#         --big-images, --loader-size, --loader-batch, --loader-epochs, --sizes, --iters
+# Needs the venv and build of scripts/setup.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=0
+args=()
+for a in "$@"; do
+    case "$a" in
+        --build) build=1 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) args+=("$a") ;;
+    esac
+done
+if [[ ! -x .venv/bin/python || ! -x .venv/bin/torchrun ]]; then
+    echo "bench.sh: .venv missing: run scripts/setup.sh first" >&2
+    exit 2
+fi
+if [[ $build == 1 || ! -x target/release/tchrun || ! -x target/release/tchrun-worker ]]; then
+    timeout 1800 cargo build --release
+fi
+export PYTHONUNBUFFERED=1
+exec .venv/bin/python benches/bench.py --command "scripts/bench.sh $*" "${args[@]}"

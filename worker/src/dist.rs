@@ -1,0 +1,64 @@
+//! Become a rank from your own Rust program (TorchDistributor's `run(train_fn)` for Rust):
+//! start it with `tchrun exec -- ./my_program` (or mpirun/srun/torchrun variables) and call
+//! `dist::init()`: it joins the job the same way `tchrun-worker` does and hands back the c10d
+//! process group (Gloo on CPU, NCCL when CUDA is available).
+//!
+//! ```no_run
+//! let d = tchrun_worker::dist::init().expect("join the job");
+//! let mut t = tch::Tensor::from_slice(&[d.info.rank as f32 + 1.0]);
+//! d.pg.all_reduce(&mut [&mut t], tchrun_worker::pg::ReduceOp::Sum).expect("all-reduce");
+//! ```
+use crate::bootstrap::{self, BootstrapError, RankInfo};
+use crate::pg::{BackendKind, C10dError, ProcessGroup, Store};
+use std::time::Duration;
+
+/// This process as a rank: where it sits and its process group.
+pub struct Dist {
+    pub info: RankInfo,
+    pub pg: ProcessGroup,
+    /// The store the group is built on (rank 0 serves it).
+    pub store: Store,
+    _universe: Option<mpi::environment::Universe>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error("joining the job: {0}")]
+    Join(#[from] BootstrapError),
+    #[error("creating the process group: {0}")]
+    Group(#[from] C10dError),
+}
+
+/// Joins the job (timeout: `TCHRUN_TIMEOUT` seconds, default 300) and creates the group.
+/// Backend: `TCHRUN_BACKEND` (gloo|nccl), else NCCL with CUDA and Gloo without.
+pub fn init() -> Result<Dist, DistError> {
+    let timeout = Duration::from_secs(
+        std::env::var("TCHRUN_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300),
+    );
+    let backend = match std::env::var("TCHRUN_BACKEND").as_deref() {
+        Ok("nccl") => BackendKind::Nccl,
+        Ok("gloo") => BackendKind::Gloo,
+        _ if tch::Cuda::is_available() && crate::pg::has_nccl() => BackendKind::Nccl,
+        _ => BackendKind::Gloo,
+    };
+    let joined = bootstrap::identify()?.join(timeout)?;
+    let info = joined.info.clone();
+    let pg = ProcessGroup::new(
+        &joined.store,
+        "tchrun/dist",
+        backend,
+        info.rank,
+        info.world_size,
+        timeout,
+        &info.local_addr,
+    )?;
+    Ok(Dist {
+        info,
+        pg,
+        store: joined.store,
+        _universe: joined.universe,
+    })
+}
