@@ -126,8 +126,13 @@ fn list_dir(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), DatasetError> {
             continue;
         }
         let path = entry.path();
-        // fs::metadata follows symlinks; a dangling link is skipped like any non-image.
+        // fs::metadata follows symlinks. An image name that cannot be opened (a dangling link,
+        // a vanished file) stays in the list, so that verification names it (or skips and
+        // counts it) instead of losing it silently.
         let Ok(meta) = fs::metadata(&path) else {
+            if has_image_ext(&name) {
+                images.push(path);
+            }
             continue;
         };
         if meta.is_dir() {

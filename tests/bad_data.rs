@@ -1,0 +1,599 @@
+//! Bad data (issue 7, item 5): every kind of bad image file is either refused before any rank
+//! starts (exit 2, the file named, no `--output` written) or, under `--skip-bad-images`, skipped
+//! and listed in the driver log; never a panic, never a hang (every run is bounded).
+//!
+//! Known gaps are kept as `#[ignore]`d tests stating the contract (a truncated JPEG is
+//! trained on silently; a dangling symlink is dropped silently); a file that fails only while
+//! decoding in training (truncated PNG) ends the job with exit 4 naming the file, also under
+//! `--skip-bad-images`.
+//!
+//! Each case builds a small dataset (10 classes, 5 train and 2 valid digits PNGs per class, so
+//! one epoch takes seconds) plus one bad file in `train/3/`.
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Bound of one `tchrun train` run (a 1-epoch run on 70 images takes 10-30 s on a busy
+/// 2-core machine; a refusal takes well under a second).
+const LIMIT: Duration = Duration::from_secs(240);
+/// Train images per class in the small dataset.
+const TRAIN_PER_CLASS: usize = 5;
+const VALID_PER_CLASS: usize = 2;
+
+/// A small dataset and an untrained model in a temp dir.
+struct Case {
+    dir: tempfile::TempDir,
+    model: PathBuf,
+    train: PathBuf,
+    valid: PathBuf,
+}
+
+impl Case {
+    fn new() -> Case {
+        let dir = tempdir();
+        let d = digits();
+        let train = copy_subset(&d.join("train"), &dir.path().join("train"), TRAIN_PER_CLASS);
+        let valid = copy_subset(&d.join("valid"), &dir.path().join("valid"), VALID_PER_CLASS);
+        let model = model_dir(dir.path(), "resnet18", 32);
+        Case {
+            dir,
+            model,
+            train,
+            valid,
+        }
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A good PNG of class `c` of the training set (to derive bad files from).
+    fn good_png(&self, c: usize) -> PathBuf {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.train.join(c.to_string()))
+            .expect("class dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        files.into_iter().next().expect("a good image")
+    }
+
+    fn train_cmd(&self, out: &Path, skip: bool) -> std::process::Command {
+        let mut c = tchrun();
+        c.arg("train")
+            .arg("--model")
+            .arg(&self.model)
+            .arg("--train")
+            .arg(&self.train)
+            .arg("--valid")
+            .arg(&self.valid)
+            .arg("--output")
+            .arg(out)
+            .args([
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--min-crop-scale",
+                "0.5",
+                "--no-hflip",
+            ]);
+        if skip {
+            c.arg("--skip-bad-images");
+        }
+        c
+    }
+
+    fn train(&self, out: &Path, skip: bool) -> Run {
+        let r = run(&mut self.train_cmd(out, skip), LIMIT);
+        no_panic(&r, out);
+        r
+    }
+
+    /// Without `--skip-bad-images`: exit 2, the file named, nothing written to `--output`.
+    fn expect_refused(&self, bad: &Path, reasons: &[&str]) -> Run {
+        let out = self.root().join("out-strict");
+        let r = self.train(&out, false);
+        assert_eq!(r.code, Some(2), "{}", r.explain());
+        let shown = bad.display().to_string();
+        assert!(
+            r.stderr.contains(&shown),
+            "stderr must name {shown}:\n{}",
+            r.explain()
+        );
+        assert!(
+            reasons.iter().any(|w| r.stderr.contains(w)),
+            "stderr must say one of {reasons:?}:\n{}",
+            r.explain()
+        );
+        assert!(
+            r.stderr.contains("--skip-bad-images") || r.stderr.contains("skip bad images"),
+            "the error should point at --skip-bad-images:\n{}",
+            r.explain()
+        );
+        assert!(
+            !out.exists(),
+            "nothing may be written to --output when the input is refused ({})",
+            out.display()
+        );
+        r
+    }
+
+    /// With `--skip-bad-images`: exit 0, a trained model, the file listed as skipped in the
+    /// driver log and the others trained on.
+    fn expect_skipped(&self, bad: &Path) -> Run {
+        let out = self.root().join("out-skip");
+        let r = self.train(&out, true);
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        assert!(out.join("model.json").is_file(), "{}", r.explain());
+        let log = driver_logs(&out.join("logs"), 1).remove(0);
+        let line = format!("skipped {}", bad.display());
+        assert!(log.contains(&line), "driver log must list '{line}':\n{log}");
+        let total = 10 * TRAIN_PER_CLASS;
+        assert!(
+            r.stdout.contains(&format!("on {total} train / ")),
+            "the {total} good train images (and not the bad one) are trained on:\n{}",
+            r.explain()
+        );
+        assert!(
+            r.stdout.contains("skipped 1 bad image(s)")
+                || r.stderr.contains("skipped 1 bad image(s)"),
+            "the count of skipped images is reported:\n{}",
+            r.explain()
+        );
+        r
+    }
+}
+
+/// A copy of `src` with `per_class` images of each of its 10 classes.
+fn copy_subset(src: &Path, dst: &Path, per_class: usize) -> PathBuf {
+    for c in 0..10 {
+        let to = dst.join(c.to_string());
+        std::fs::create_dir_all(&to).expect("mkdir");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(src.join(c.to_string()))
+            .expect("class dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        assert!(files.len() >= per_class, "digits class {c} too small");
+        for f in files.into_iter().take(per_class) {
+            std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
+        }
+    }
+    dst.to_path_buf()
+}
+
+/// No output of the run nor any log it wrote mentions a panic.
+fn no_panic(r: &Run, out: &Path) {
+    let mut texts = vec![r.stdout.clone(), r.stderr.clone()];
+    if let Ok(rd) = std::fs::read_dir(out.join("logs")) {
+        for e in rd.flatten() {
+            texts.push(std::fs::read_to_string(e.path()).unwrap_or_default());
+        }
+    }
+    for t in texts {
+        assert!(!t.contains("panicked"), "a panic:\n{t}\n{}", r.explain());
+    }
+}
+
+/// A 256x256 RGB JPEG with detail (so the entropy-coded scan is most of the file).
+fn detailed_jpeg(path: &Path) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(256, 256, |x, y| {
+        let v = x
+            .wrapping_mul(2654435761)
+            .wrapping_add(y.wrapping_mul(40503))
+            >> 7;
+        image::Rgb([
+            (v & 255) as u8,
+            ((x * 255) / 256) as u8,
+            ((y * 255) / 256) as u8,
+        ])
+    });
+    let mut bytes = Vec::new();
+    image::DynamicImage::ImageRgb8(img)
+        .write_to(
+            &mut std::io::Cursor::new(&mut bytes),
+            image::ImageFormat::Jpeg,
+        )
+        .expect("encode jpeg");
+    std::fs::write(path, &bytes).expect("write jpeg");
+    bytes
+}
+
+/// Position of the JPEG start-of-scan marker (FF DA).
+fn sos_position(jpeg: &[u8]) -> usize {
+    jpeg.windows(2)
+        .position(|w| w == [0xFF, 0xDA])
+        .expect("a JPEG has a start-of-scan marker")
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn is_root() -> bool {
+    extern "C" {
+        fn geteuid() -> u32;
+    }
+    unsafe { geteuid() == 0 }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cases
+// ---------------------------------------------------------------------------------------------
+
+/// A valid JPEG cut in half inside its entropy-coded scan: the header (dimensions) is intact,
+/// so the header check passes.
+fn truncated_jpeg_case() -> (Case, PathBuf) {
+    let c = Case::new();
+    let bad = c.train.join("3/truncated.jpg");
+    let full = detailed_jpeg(&bad);
+    let cut = full.len() / 2;
+    assert!(
+        cut > sos_position(&full) + 20,
+        "the cut must fall inside the scan data"
+    );
+    std::fs::write(&bad, &full[..cut]).expect("write");
+    (c, bad)
+}
+
+/// What happens today: the JPEG decoder (zune-jpeg via `image`) decodes a truncated scan
+/// without an error (the missing part is filled in), so the file is trained on and nothing
+/// is said. Bounded, no panic; exit 0, 2 (refused) or 4 (failed naming the file).
+#[test]
+fn truncated_jpeg_no_panic_no_hang() {
+    let (c, bad) = truncated_jpeg_case();
+    let out = c.root().join("out-strict");
+    let r = c.train(&out, false);
+    eprintln!("truncated JPEG without --skip-bad-images: {}", r.explain());
+    match r.code {
+        Some(0) => assert!(out.join("model.json").is_file(), "{}", r.explain()),
+        Some(2) | Some(4) => {
+            assert!(
+                r.stderr.contains(&bad.display().to_string()),
+                "{}",
+                r.explain()
+            );
+            assert!(!out.join("model.json").exists(), "{}", r.explain());
+        }
+        other => panic!("unexpected exit {other:?}:\n{}", r.explain()),
+    }
+}
+
+/// The contract: a truncated JPEG is refused naming the file, or skipped and listed.
+#[test]
+#[ignore = "known gap: a truncated JPEG passes the header check and decodes without error \
+            (zune-jpeg fills the missing scan), so it is trained on silently"]
+fn truncated_jpeg_is_refused_or_skipped() {
+    let (c, bad) = truncated_jpeg_case();
+    c.expect_refused(&bad, &["truncat", "end of file", "EOI"]);
+    c.expect_skipped(&bad);
+}
+
+/// A valid PNG cut in half inside its IDAT: the header check passes, decoding fails during
+/// training. Without `--skip-bad-images` the job must fail (4: data error during training)
+/// naming the file, in bounded time, with no model left behind; with it, the file is skipped
+/// and listed, or the job fails the same way.
+#[test]
+fn truncated_png_fails_in_training_naming_the_file() {
+    let c = Case::new();
+    let bad = c.train.join("3/truncated.png");
+    let img = image::RgbImage::from_fn(128, 128, |x, y| {
+        let v = x
+            .wrapping_mul(2654435761)
+            .wrapping_add(y.wrapping_mul(40503))
+            >> 9;
+        image::Rgb([(v & 255) as u8, (x * 2) as u8, (y * 2) as u8])
+    });
+    let mut bytes = Vec::new();
+    image::DynamicImage::ImageRgb8(img)
+        .write_to(
+            &mut std::io::Cursor::new(&mut bytes),
+            image::ImageFormat::Png,
+        )
+        .expect("encode png");
+    std::fs::write(&bad, &bytes[..bytes.len() / 2]).expect("write");
+    let shown = bad.display().to_string();
+    for skip in [false, true] {
+        let out = c.root().join(if skip { "out-skip" } else { "out-strict" });
+        let r = c.train(&out, skip);
+        eprintln!("truncated PNG (skip={skip}): {}", r.explain());
+        match r.code {
+            Some(4) => {
+                assert!(
+                    r.stderr.contains(&shown) || r.stdout.contains(&shown),
+                    "the failure must name the file:\n{}",
+                    r.explain()
+                );
+                assert!(!out.join("model.json").exists(), "{}", r.explain());
+            }
+            Some(2) => {
+                assert!(!skip, "{}", r.explain());
+                assert!(r.stderr.contains(&shown), "{}", r.explain());
+                assert!(!out.exists(), "{}", r.explain());
+            }
+            Some(0) => {
+                assert!(
+                    skip,
+                    "a truncated PNG trained on silently:\n{}",
+                    r.explain()
+                );
+                let log = driver_logs(&out.join("logs"), 1).remove(0);
+                assert!(log.contains(&format!("skipped {shown}")), "{log}");
+            }
+            other => panic!("unexpected exit {other:?}:\n{}", r.explain()),
+        }
+        assert!(r.elapsed < Duration::from_secs(180), "{}", r.explain());
+    }
+}
+
+/// Random bytes behind a `.jpg` name.
+#[test]
+fn corrupt_jpeg_random_bytes() {
+    let c = Case::new();
+    let bad = c.train.join("3/corrupt.jpg");
+    // xorshift: deterministic junk
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let junk: Vec<u8> = (0..4096)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&bad, &junk).expect("write");
+    c.expect_refused(&bad, &["corrupt or unsupported image header"]);
+    c.expect_skipped(&bad);
+}
+
+/// A JPEG start-of-image marker followed by garbage (gets past format sniffing).
+#[test]
+fn corrupt_jpeg_after_magic() {
+    let c = Case::new();
+    let bad = c.train.join("3/magic.jpg");
+    let mut bytes = vec![0xFF, 0xD8, 0xFF, 0xE0];
+    bytes.extend((0..2000u32).map(|i| (i.wrapping_mul(7919) >> 3) as u8));
+    std::fs::write(&bad, &bytes).expect("write");
+    c.expect_refused(&bad, &["corrupt or unsupported image header"]);
+    c.expect_skipped(&bad);
+}
+
+#[test]
+fn zero_byte_file() {
+    let c = Case::new();
+    let bad = c.train.join("3/empty.png");
+    std::fs::write(&bad, b"").expect("write");
+    c.expect_refused(&bad, &["unexpected end of file", "corrupt", "empty"]);
+    c.expect_skipped(&bad);
+}
+
+/// A text file with an image extension.
+#[test]
+fn text_file_named_png() {
+    let c = Case::new();
+    let bad = c.train.join("3/x.png");
+    std::fs::write(&bad, "this is not an image\n".repeat(20)).expect("write");
+    c.expect_refused(&bad, &["not a JPEG or PNG", "Invalid PNG signature"]);
+    c.expect_skipped(&bad);
+}
+
+/// A valid PNG whose header declares 100000 x 100000 pixels (CRC recomputed): refused from
+/// its header, never decoded.
+#[test]
+fn decompression_bomb_png() {
+    let c = Case::new();
+    let bad = c.train.join("3/bomb.png");
+    let mut png = std::fs::read(c.good_png(3)).expect("read");
+    assert_eq!(&png[12..16], b"IHDR");
+    png[16..20].copy_from_slice(&100_000u32.to_be_bytes());
+    png[20..24].copy_from_slice(&100_000u32.to_be_bytes());
+    let crc = crc32(&png[12..29]);
+    png[29..33].copy_from_slice(&crc.to_be_bytes());
+    std::fs::write(&bad, &png).expect("write");
+    let r = c.expect_refused(&bad, &["decompression bomb"]);
+    assert!(r.stderr.contains("100000x100000"), "{}", r.explain());
+    let r = c.expect_skipped(&bad);
+    assert!(r.elapsed < Duration::from_secs(120), "{}", r.explain());
+}
+
+/// A file that opens but cannot be read (EIO), which root cannot bypass: a link named
+/// `eio.png` to `/proc/self/mem` (reading a process's memory at offset 0 fails with EIO),
+/// the same error a bad disk sector or a lost network volume gives.
+#[test]
+fn unreadable_file_io_error() {
+    if std::fs::read("/proc/self/mem").is_ok() {
+        eprintln!("SKIPPED: /proc/self/mem is readable here");
+        return;
+    }
+    let c = Case::new();
+    let bad = c.train.join("3/eio.png");
+    std::os::unix::fs::symlink("/proc/self/mem", &bad).expect("symlink");
+    c.expect_refused(&bad, &["Input/output error", "cannot read"]);
+    c.expect_skipped(&bad);
+}
+
+/// `chmod 000`: root reads such a file anyway, so as root the job runs as `nobody`
+/// (setpriv), where the permission check applies. Skipped with a message when that cannot be
+/// arranged.
+#[test]
+fn unreadable_file_permission_denied() {
+    let c = Case::new();
+    let bad = c.train.join("3/secret.png");
+    std::fs::copy(c.good_png(3), &bad).expect("copy");
+    set_mode(&bad, 0o000);
+    let as_nobody = is_root();
+    if as_nobody {
+        // nobody must reach the temp dir, write the output and run the binaries.
+        for p in [c.root()]
+            .into_iter()
+            .chain(walk_dirs(c.root()).iter().map(|p| p.as_path()))
+        {
+            set_mode(p, 0o777);
+        }
+        let probe = run(
+            std::process::Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(worker_path())
+                .arg("--help"),
+            Duration::from_secs(30),
+        );
+        if probe.code != Some(0) {
+            eprintln!(
+                "SKIPPED: running as root and cannot run the worker as nobody: {}",
+                probe.explain()
+            );
+            return;
+        }
+    }
+    let wrap = |cmd: std::process::Command| -> std::process::Command {
+        if !as_nobody {
+            return cmd;
+        }
+        let mut w = std::process::Command::new("setpriv");
+        w.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .env("HOME", c.root())
+            .env("RUST_BACKTRACE", "0");
+        w
+    };
+    let out = c.root().join("out-strict");
+    let r = run(&mut wrap(c.train_cmd(&out, false)), LIMIT);
+    no_panic(&r, &out);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains(&bad.display().to_string()),
+        "{}",
+        r.explain()
+    );
+    assert!(r.stderr.contains("ermission denied"), "{}", r.explain());
+    assert!(!out.exists(), "{}", r.explain());
+
+    let out = c.root().join("out-skip");
+    let r = run(&mut wrap(c.train_cmd(&out, true)), LIMIT);
+    no_panic(&r, &out);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let log = driver_logs(&out.join("logs"), 1).remove(0);
+    assert!(
+        log.contains(&format!("skipped {}", bad.display())),
+        "driver log must list the skipped file:\n{log}"
+    );
+}
+
+/// A directory entry that cannot be opened at all: a dangling symlink with an image name.
+/// (torchvision lists it and fails when loading it.) It must be refused or skipped and counted,
+/// not silently dropped.
+#[test]
+#[ignore = "known gap: ImageFolder::scan drops a dangling link silently (src/data.rs list_dir); \
+            neither refused nor counted"]
+fn dangling_symlink_named_png() {
+    let c = Case::new();
+    let bad = c.train.join("3/y.png");
+    std::os::unix::fs::symlink(c.root().join("does-not-exist.png"), &bad).expect("symlink");
+    c.expect_refused(&bad, &["y.png"]);
+    c.expect_skipped(&bad);
+}
+
+/// A valid JPEG with an upper-case extension is an image like any other.
+#[test]
+fn upper_case_jpg_extension_is_accepted() {
+    let c = Case::new();
+    let good = c.train.join("3/UPPER.JPG");
+    detailed_jpeg(&good);
+    let out = c.root().join("out");
+    let r = c.train(&out, false);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(out.join("model.json").is_file(), "{}", r.explain());
+    let log = driver_logs(&out.join("logs"), 1).remove(0);
+    let total = 10 * TRAIN_PER_CLASS + 1;
+    assert!(
+        r.stdout.contains(&format!("on {total} train / ")),
+        "UPPER.JPG must be trained on ({total} train images):\n{}",
+        r.explain()
+    );
+    assert!(!log.contains("skipped"), "{log}");
+}
+
+/// All the bad files at once under `--skip-bad-images`: each listed, the count right, the job
+/// done.
+#[test]
+fn all_bad_files_at_once_are_skipped_and_counted() {
+    let c = Case::new();
+    let mut bad = Vec::new();
+    let p = c.train.join("1/empty.png");
+    std::fs::write(&p, b"").expect("write");
+    bad.push(p);
+    let p = c.train.join("2/x.png");
+    std::fs::write(&p, "text").expect("write");
+    bad.push(p);
+    let p = c.valid.join("4/junk.jpg");
+    std::fs::write(&p, [0xFFu8, 0xD8, 0xFF, 0x00, 0x13, 0x37]).expect("write");
+    bad.push(p);
+    let p = c.train.join("5/bomb.png");
+    let mut png = std::fs::read(c.good_png(5)).expect("read");
+    png[16..20].copy_from_slice(&100_000u32.to_be_bytes());
+    png[20..24].copy_from_slice(&100_000u32.to_be_bytes());
+    let crc = crc32(&png[12..29]);
+    png[29..33].copy_from_slice(&crc.to_be_bytes());
+    std::fs::write(&p, &png).expect("write");
+    bad.push(p);
+    let out = c.root().join("out-skip");
+    let r = c.train(&out, true);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let log = driver_logs(&out.join("logs"), 1).remove(0);
+    for b in &bad {
+        assert!(
+            log.contains(&format!("skipped {}", b.display())),
+            "{} not listed:\n{log}",
+            b.display()
+        );
+    }
+    assert!(
+        r.stdout
+            .contains(&format!("skipped {} bad image(s)", bad.len()))
+            || r.stderr
+                .contains(&format!("skipped {} bad image(s)", bad.len())),
+        "the number of skipped images ({}) is reported:\n{log}\n{}",
+        bad.len(),
+        r.explain()
+    );
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn walk_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                out.push(p.clone());
+                stack.push(p);
+            } else if e.file_type().map(|t| t.is_file()).unwrap_or(false)
+                && !p.ends_with("secret.png")
+            {
+                set_mode(&p, 0o666);
+            }
+        }
+    }
+    out
+}
