@@ -526,6 +526,9 @@ pub fn run_train(
     // written to --output (the ranks check again and apply --skip-bad-images).
     tchrun::preflight::check_train_job(&job, true).map_err(|e| JobError::invalid(e.to_string()))?;
     check_gpus(launch, rank)?;
+    if !launch.dry_run {
+        check_writable(&job.output)?;
+    }
     let mut rank = rank.clone();
     let log_dir = absolute(
         rank.log_dir
@@ -580,4 +583,19 @@ pub fn run_score(
         .status()
         .map_err(|e| JobError::launch(format!("cannot start {}: {e}", worker.display())))?;
     Ok(status.code().unwrap_or(ErrorKind::RankFailed.exit_code()))
+}
+
+/// `--output` must be writable (a read-only mount is refused before any rank starts).
+fn check_writable(output: &Path) -> Result<(), JobError> {
+    let fail = |e: std::io::Error| {
+        JobError::invalid(format!(
+            "--output {}: not writable ({e}); choose a writable directory",
+            output.display()
+        ))
+    };
+    std::fs::create_dir_all(output).map_err(fail)?;
+    let probe = output.join(format!(".tchrun-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(fail)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }

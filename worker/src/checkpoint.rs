@@ -42,21 +42,37 @@ pub fn dir(output: &Path) -> PathBuf {
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
     let tmp = path.with_extension("tmp");
+    let r = write_atomic_via(path, &tmp, bytes);
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp); // never leave a partial file behind
+    }
+    r
+}
+
+fn write_atomic_via(path: &Path, tmp: &Path, bytes: &[u8]) -> Result<(), String> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .write(true)
         .truncate(true)
         .mode(0o640)
-        .open(&tmp)
+        .open(tmp)
         .map_err(|e| format!("{}: {e}", tmp.display()))?;
     f.write_all(bytes)
         .and_then(|_| f.sync_all())
         .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::rename(tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), String> {
     let tmp = path.with_extension("tmp");
+    let r = write_tensors_via(path, &tmp, tensors);
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+fn write_tensors_via(path: &Path, tmp: &Path, tensors: &[(String, Tensor)]) -> Result<(), String> {
     let cpu: Vec<(String, Tensor)> = tensors
         .iter()
         .map(|(n, t)| {

@@ -1,0 +1,151 @@
+//! Disk full and read-only output (small tmpfs mounts; root only): the failing write leaves
+//! the previous checkpoint intact and no partial model, with a clear error.
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// A tmpfs mounted for the test, unmounted on drop.
+struct Mount(std::path::PathBuf);
+
+impl Mount {
+    fn new(dir: &Path, opts: &str) -> Option<Mount> {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(dir)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            eprintln!("SKIP: cannot mount a tmpfs here (needs root)");
+            return None;
+        }
+        Some(Mount(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn train(model: &Path, out: &Path, logs: &Path, epochs: &str, extra: &[&str]) -> Run {
+    let d = small_digits();
+    run(
+        tchrun()
+            .arg("train")
+            .arg("--model")
+            .arg(model)
+            .arg("--train")
+            .arg(d.join("train"))
+            .arg("--valid")
+            .arg(d.join("valid"))
+            .arg("--output")
+            .arg(out)
+            .arg("--log-dir")
+            .arg(logs)
+            .args([
+                "--epochs",
+                epochs,
+                "--batch-size",
+                "20",
+                "--lr",
+                "0.05",
+                "--min-crop-scale",
+                "0.5",
+                "--no-hflip",
+            ])
+            .args(extra),
+        LIMIT,
+    )
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if e.path().is_dir() {
+                if n.starts_with(".staging") {
+                    found.push(e.path().display().to_string());
+                }
+                stack.push(e.path());
+            } else if n.ends_with(".tmp") {
+                found.push(e.path().display().to_string());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn disk_full_keeps_the_previous_checkpoint_and_no_partial_model() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    // resnet18 weights are ~45 MB: epoch 1's best + last checkpoint (~135 MB) fit, the next
+    // checkpoint (a new 90 MB file before the old one goes) does not.
+    let Some(_m) = Mount::new(&out, "size=170m") else {
+        return;
+    };
+    let logs = t.path().join("logs");
+    let r = train(&model, &out, &logs, "2", &[]);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    assert!(
+        r.stderr.contains("No space left on device"),
+        "{}",
+        r.explain()
+    );
+    assert!(
+        !out.join("model.json").exists(),
+        "no model directory from a failed run"
+    );
+    assert!(
+        leftovers(&out).is_empty(),
+        "partial files left: {:?}",
+        leftovers(&out)
+    );
+    let last: serde_json::Value =
+        serde_json::from_str(&read(&out.join("checkpoints/last.json"))).expect("last.json intact");
+    assert!(last["epoch"].as_u64().unwrap_or(0) >= 1, "{last}");
+    // The surviving checkpoint resumes on a disk with room.
+    let moved = t.path().join("moved");
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(&out)
+        .arg(&moved)
+        .status()
+        .expect("cp");
+    assert!(cp.success());
+    let r = train(&model, &moved, &logs, "2", &["--resume"]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains("resuming from") && moved.join("model.json").is_file(),
+        "{}",
+        r.explain()
+    );
+}
+
+#[test]
+fn read_only_output_is_refused_before_any_rank_starts() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("ro");
+    let Some(_m) = Mount::new(&out, "ro,size=1m") else {
+        return;
+    };
+    let r = train(&model, &out, &t.path().join("logs"), "1", &[]);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("not writable") && r.stderr.contains("--output"),
+        "{}",
+        r.explain()
+    );
+    assert!(!t.path().join("logs").exists(), "no rank started");
+}
