@@ -154,6 +154,20 @@ fn name_of(p: &Path) -> String {
 }
 
 /// Reason string for an image whose header cannot be read or is too large.
+/// Whether a JPEG file ends with its end-of-image marker. FF D9 cannot occur inside
+/// entropy-coded data (0xFF is stuffed there), so a file cut short lacks it near its end;
+/// some writers append a few bytes after it, hence the last KiB is searched.
+fn jpeg_has_end_marker(path: &Path) -> std::io::Result<bool> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let tail = len.min(1024);
+    f.seek(SeekFrom::Start(len - tail))?;
+    let mut buf = Vec::with_capacity(tail as usize);
+    f.read_to_end(&mut buf)?;
+    Ok(buf.windows(2).any(|w| w == [0xFF, 0xD9]))
+}
+
 fn check_header(path: &Path, max_pixels: u64) -> Result<(), String> {
     let mut reader = ImageReader::open(path)
         .map_err(|e| format!("cannot open: {e}"))?
@@ -162,11 +176,15 @@ fn check_header(path: &Path, max_pixels: u64) -> Result<(), String> {
     if reader.format().is_none() {
         return Err("not a JPEG or PNG file (unrecognised header)".into());
     }
+    let is_jpeg = reader.format() == Some(image::ImageFormat::Jpeg);
     // We only parse the header here; the pixel limit below is the one that matters.
     reader.no_limits();
     let (w, h) = reader
         .into_dimensions()
         .map_err(|e| format!("corrupt or unsupported image header: {e}"))?;
+    if is_jpeg && !jpeg_has_end_marker(path).map_err(|e| format!("cannot read: {e}"))? {
+        return Err("truncated JPEG: no end-of-image marker (FF D9) in its last KiB".into());
+    }
     let pixels = w as u64 * h as u64;
     if pixels > max_pixels {
         return Err(format!(

@@ -32,8 +32,11 @@ impl LrSchedule {
 
     /// The LR used by optimizer step `step` (0-based).
     pub fn lr(&self, step: u64) -> f64 {
-        if step < self.warmup_steps {
+        if step + 1 < self.warmup_steps {
             return self.peak * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        if step < self.warmup_steps {
+            return self.peak; // the last warmup step, exactly (no rounding above the peak)
         }
         let decay_steps = self.total_steps - self.warmup_steps;
         if decay_steps == 0 {

@@ -107,7 +107,6 @@ fn value_close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 /// write/read. Fix: `serde_json = { version = "1", features = ["float_roundtrip"] }` in the
 /// workspace dependencies.
 #[test]
-#[ignore = "serde_json without float_roundtrip: f64 read back 1 ulp off (fix proposed)"]
 fn model_json_float_round_trip_is_exact() {
     let x = -9.642717173693765e226f64;
     let mut cfg = ModelConfig::untrained(Arch::Resnet18, 32, Normalization::default());
@@ -905,7 +904,6 @@ proptest! {
 /// Harmless for training, but the documented bound is `lr <= peak`. Fix in src/schedule.rs:
 /// `self.peak * ((step + 1) as f64 / self.warmup_steps as f64)` (the ratio is <= 1 exactly).
 #[test]
-#[ignore = "1-ulp overshoot of the peak at the end of warmup (fix proposed in src/schedule.rs)"]
 fn lr_at_end_of_warmup_is_at_most_peak() {
     let s = LrSchedule::new(0.028734107275413142, 1497, 15, 15, 113, 0.01);
     assert_eq!(s.warmup_steps, 1695);

@@ -151,7 +151,14 @@ fn validate(
     // [loss sum, top-1 correct, top-5 correct, samples], reduced exactly over the ranks.
     let mut totals = Tensor::zeros([4], (Kind::Double, ctx.device));
     for batch in loader {
-        let batch = batch.map_err(TrainError::Data)?;
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) if job.options.skip_bad_images => {
+                tracing::warn!("skipped a validation batch (--skip-bad-images): {e}");
+                continue;
+            }
+            Err(e) => return Err(TrainError::Data(e)),
+        };
         let (x, y) = to_input(&batch, ctx.device);
         tch::no_grad(|| {
             let logits = model.forward_t(&x, false).to_kind(Kind::Float);
@@ -452,23 +459,36 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         let mut seen_print = 0.0f64;
         for (k, batch) in loader.enumerate() {
             let it = skip_batches + k as u64;
-            let batch = batch.map_err(TrainError::Data)?;
+            // An image that fails only while decoding: with --skip-bad-images this rank
+            // contributes no samples to the step (the others' gradients still apply), so every
+            // rank keeps taking the same steps.
+            let batch = match batch {
+                Ok(b) => Some(b),
+                Err(e) if job.options.skip_bad_images => {
+                    tracing::warn!("skipped a batch (--skip-bad-images): {e}");
+                    None
+                }
+                Err(e) => return Err(TrainError::Data(e)),
+            };
             let t0 = Instant::now();
-            let (x, y) = to_input(&batch, device);
             opt.zero_grad();
-            let loss = tch::autocast(amp, || {
-                net.forward_t(&x, true)
-                    .to_kind(Kind::Float)
-                    .cross_entropy_for_logits(&y)
-            });
-            (&loss * scaler.scale).backward();
+            let n_local = batch.as_ref().map(|b| b.len).unwrap_or(0);
+            let loss = match &batch {
+                Some(batch) => {
+                    let (x, y) = to_input(batch, device);
+                    let loss = tch::autocast(amp, || {
+                        net.forward_t(&x, true)
+                            .to_kind(Kind::Float)
+                            .cross_entropy_for_logits(&y)
+                    });
+                    (&loss * scaler.scale).backward();
+                    loss
+                }
+                None => Tensor::zeros([], (Kind::Float, device)),
+            };
             let t1 = Instant::now();
-            let stats = replicas.reduce_gradients(
-                pg,
-                &loss,
-                batch.len,
-                crate::signals::requested() != 0,
-            )?;
+            let stats =
+                replicas.reduce_gradients(pg, &loss, n_local, crate::signals::requested() != 0)?;
             let t2 = Instant::now();
             if !stats.loss.is_finite() {
                 return Err(TrainError::Diverged {
@@ -490,7 +510,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             let t3 = Instant::now();
             comm_s += (t2 - t1).as_secs_f64() + t3.elapsed().as_secs_f64();
             compute_s += (t1 - t0).as_secs_f64() + (t3 - t2).as_secs_f64();
-            images += batch.len as f64;
+            images += n_local as f64;
             step += 1;
             loss_sum += stats.loss * stats.samples;
             seen += stats.samples;
