@@ -705,3 +705,219 @@ fn slurm_usr1_requeues_and_scancel_stops_every_rank() {
         stopped.as_secs_f64()
     );
 }
+
+extern "C" {
+    #[link_name = "kill"]
+    fn kill_pid(pid: i32, sig: i32) -> i32;
+}
+
+/// SIGKILLs every live process whose program starts with `program` and whose command line
+/// names `needle`; returns what it found.
+fn kill_leftovers(program: &str, needle: &str) -> Vec<(u32, String)> {
+    let found = processes_with(program, needle);
+    for (pid, _) in &found {
+        unsafe { kill_pid(*pid as i32, 9) };
+    }
+    found
+}
+
+/// Cuts node `k`'s link (its veth on the bridge, root side) and undoes it on drop; also kills
+/// whatever tchrun-worker/orted of the job (command line naming `needle`) is still alive, so a
+/// failing test leaves nothing behind.
+struct LinkCut {
+    dev: String,
+    needle: String,
+}
+
+impl LinkCut {
+    fn cut(k: usize, needle: &str) -> LinkCut {
+        let c = LinkCut {
+            dev: format!("tchrun-v{k}"),
+            needle: needle.to_string(),
+        };
+        let r = run(
+            Command::new("ip").args(["link", "set", &c.dev, "down"]),
+            Duration::from_secs(10),
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        c
+    }
+}
+
+impl Drop for LinkCut {
+    fn drop(&mut self) {
+        let _ = Command::new("timeout")
+            .args(["10", "ip", "link", "set", &self.dev, "up"])
+            .status();
+        for p in ["tchrun-worker", "orted"] {
+            let left = kill_leftovers(p, &self.needle);
+            if !left.is_empty() {
+                eprintln!("guard: killed leftover {p}: {left:?}");
+            }
+        }
+    }
+}
+
+/// A background `tchrun` with its output in files; SIGKILLed (process group) on drop.
+struct Background {
+    child: std::process::Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Background {
+    fn spawn(cmd: &mut Command, dir: &Path) -> Background {
+        use std::os::unix::process::CommandExt;
+        let stdout = dir.join("tchrun.stdout");
+        let stderr = dir.join("tchrun.stderr");
+        let child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .process_group(0)
+            .spawn()
+            .expect("start tchrun");
+        Background {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The exit code (None: killed by a signal) if it ended within `limit`.
+    fn wait(&mut self, limit: Duration) -> Option<Option<i32>> {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                return Some(s.code());
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn output(&self) -> String {
+        format!(
+            "--- stdout\n{}\n--- stderr\n{}",
+            std::fs::read_to_string(&self.stdout).unwrap_or_default(),
+            std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        )
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            unsafe { kill_pid(-(self.child.id() as i32), 9) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// 2 nodes × 1 rank training through mpirun; node 2's link goes down mid-training. With
+/// `--timeout 10` the ranks' collectives fail, and tchrun must end (code 4, a failure summary
+/// naming a rank) within timeout + 20 s of the cut, leaving no rank behind.
+#[test]
+fn netns_network_cut_ends_the_job_within_the_timeout() {
+    const TIMEOUT: u64 = 10;
+    let Some(_nodes) = Nodes::up(2) else { return };
+    let t = tempdir();
+    let t_path = t.path().display().to_string();
+    let ompi = t.path().join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    let model = model_init(t.path());
+    let out = t.path().join("out");
+    let logs = out.join("logs");
+    let hang: Vec<String> = std::env::var("TCHRUN_TEST_CUT_HANG_TIMEOUT")
+        .map(|h| vec!["--hang-timeout".into(), h])
+        .unwrap_or_default();
+    let mut job = Background::spawn(
+        tchrun()
+            .env("TMPDIR", &ompi)
+            .arg("train")
+            .args(train_args(&model, &out, 50))
+            .args(["--print-freq", "1", "--timeout", &TIMEOUT.to_string()])
+            .args(&hang)
+            .args(["--nodes", "2", "--procs-per-node", "1", "--hostfile"])
+            .arg(Nodes::hostfile(t.path(), 2, 1))
+            .arg(format!("--mpirun-args={}", Nodes::mpirun_args(&ompi))),
+        t.path(),
+    );
+    let driver_log = |r: usize| {
+        std::fs::read_to_string(logs.join(format!("70_driver_log_{r}"))).unwrap_or_default()
+    };
+    let training = wait_for(Duration::from_secs(180), || {
+        driver_log(0).contains(" iter 2/") || job.child.try_wait().ok().flatten().is_some()
+    });
+    assert!(
+        training && driver_log(0).contains(" iter 2/"),
+        "rank 0 did not start training\n{}\n--- driver log 0\n{}",
+        job.output(),
+        driver_log(0)
+    );
+    assert!(
+        job.child.try_wait().expect("wait").is_none(),
+        "the job ended before the cut\n{}",
+        job.output()
+    );
+    let workers = processes_with("tchrun-worker", &t_path);
+    assert_eq!(workers.len(), 2, "expected 2 running ranks: {workers:?}");
+
+    let cut = LinkCut::cut(2, &t_path);
+    let cut_at = Instant::now();
+    let deadline = Duration::from_secs(TIMEOUT + 20);
+    // Wait past the deadline (bounded) to measure how late a late end is.
+    let code = job.wait(deadline + Duration::from_secs(40));
+    let took = cut_at.elapsed();
+    let ranks_left = processes_with("tchrun-worker", &t_path);
+    let orted_left = processes_with("orted", &t_path);
+    let mpirun_left = processes_with("mpirun", &t_path);
+    let tails: Vec<String> = (0..2)
+        .map(|r| {
+            let l = driver_log(r);
+            l.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+        })
+        .collect();
+    eprintln!(
+        "network cut of node 2 ({}): tchrun {} {:.1}s after the cut; left: ranks {:?}, orted {:?}, mpirun {:?}; driver log tails: {tails:?}",
+        if hang.is_empty() { "no --hang-timeout".to_string() } else { hang.join(" ") },
+        match code {
+            Some(c) => format!("exited with {c:?}"),
+            None => "still running".to_string(),
+        },
+        took.as_secs_f64(),
+        ranks_left.len(),
+        orted_left.len(),
+        mpirun_left.len(),
+    );
+    let output = job.output();
+    let mpi_log = std::fs::read_to_string(logs.join("70_mpi_log")).unwrap_or_default();
+    assert!(
+        code.is_some() && took <= deadline,
+        "tchrun did not end within {deadline:?} of the cut (ended: {code:?} after {took:?})\n{output}\n--- 70_mpi_log\n{mpi_log}\n--- driver logs (tails)\n{tails:?}"
+    );
+    assert_eq!(code, Some(Some(4)), "{output}\n--- 70_mpi_log\n{mpi_log}");
+    let failure = std::fs::read_to_string(logs.join("failure.json")).unwrap_or_default();
+    let summary: serde_json::Value = serde_json::from_str(&failure)
+        .unwrap_or_else(|e| panic!("failure.json: {e}\n{failure}\n{output}"));
+    assert!(
+        summary["rank"].is_u64(),
+        "failure.json names no rank:\n{failure}\n{output}"
+    );
+    assert!(
+        output.contains("rank"),
+        "no failure summary on the terminal\n{output}"
+    );
+    // Every rank gone (a short grace: mpirun's teardown may trail tchrun's exit).
+    let gone = wait_for(Duration::from_secs(5), || {
+        processes_with("tchrun-worker", &t_path).is_empty()
+    });
+    drop(cut); // restores the link, kills leftovers
+    assert!(gone, "ranks left after the job ended: {ranks_left:?}");
+    eprintln!(
+        "failure.json: rank {} ({}), exit status {}",
+        summary["rank"], summary["classification"], summary["exit_status"]
+    );
+}

@@ -413,3 +413,76 @@ fn exec_runs_an_unchanged_torch_distributed_script() {
         }
     }
 }
+
+#[test]
+fn store_listens_on_the_rank_address_only_and_survives_stray_connections() {
+    use std::io::Write;
+    let t = tempdir();
+    let logs = t.path().join("logs");
+    let mut c = tchrun();
+    c.args([
+        "selftest",
+        "--launcher",
+        "local",
+        "--procs-per-node",
+        "2",
+        "--sizes",
+        "1048576",
+        "--iters",
+        "400",
+        "--log-dir",
+    ])
+    .arg(&logs);
+    let mut job = Job::start(&mut c, t.path());
+    assert!(
+        wait_for(LIMIT, || log_has_dir(&logs, "joined the store")),
+        "{}",
+        job.output()
+    );
+    let log = read(&logs.join("70_driver_log_0"));
+    let port: u16 = log
+        .lines()
+        .find_map(|l| l.split("master=127.0.0.1:").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .expect("store port in the log");
+    // Listening on loopback only (the address the ranks use), not on every interface.
+    let listen = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let hex = format!(":{port:04X}");
+    let lines: Vec<&str> = listen
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|a| a.ends_with(&hex))
+                && l.split_whitespace().nth(3) == Some("0A")
+        })
+        .collect();
+    assert!(!lines.is_empty(), "no listener on {port}:\n{listen}");
+    assert!(
+        lines.iter().all(|l| l
+            .split_whitespace()
+            .nth(1)
+            .is_some_and(|a| a.starts_with("0100007F"))),
+        "store listens beyond loopback: {lines:?}"
+    );
+    // Stray connections with garbage do not bring rank 0 down.
+    for i in 0..20u8 {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.write_all(&[i, 0xFF, 0x00, 0x13, 0x37, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]);
+        }
+    }
+    let code = job.wait(LIMIT);
+    assert_eq!(code, Some(0), "{}", job.output());
+    assert!(
+        read(&job.out).contains("all_reduce, broadcast, all_gather, barrier correct"),
+        "{}",
+        job.output()
+    );
+}
+
+fn log_has_dir(logs: &Path, needle: &str) -> bool {
+    std::fs::read_to_string(logs.join("70_driver_log_0"))
+        .map(|t| t.contains(needle))
+        .unwrap_or(false)
+}

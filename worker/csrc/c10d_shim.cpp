@@ -76,7 +76,7 @@ int tchrun_c10d_has_nccl(void) {
 }
 
 char* tchrun_store_new(const char* host, uint16_t port, int is_server, int num_workers,
-                       int64_t timeout_ms, tchrun_store** out, uint16_t* out_port) {
+                       int64_t timeout_ms, int listen_fd, tchrun_store** out, uint16_t* out_port) {
   PROTECT({
     c10d::TCPStoreOptions opts;
     opts.port = port;
@@ -84,6 +84,7 @@ char* tchrun_store_new(const char* host, uint16_t port, int is_server, int num_w
     if (num_workers > 0) opts.numWorkers = static_cast<size_t>(num_workers);
     opts.waitWorkers = false;
     opts.timeout = std::chrono::milliseconds(timeout_ms);
+    if (is_server != 0 && listen_fd >= 0) opts.masterListenFd = listen_fd;
     auto store = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
     *out_port = store->getPort();
     *out = new tchrun_store{store};

@@ -20,8 +20,10 @@ int tchrun_c10d_has_nccl(void);
 
 // TCPStore: is_server=1 serves on host:port (port 0 picks a free port); clients connect, retrying
 // until timeout_ms. *out_port receives the port actually used.
+// listen_fd >= 0 (server only): a socket the caller bound and listens on (the address the ranks
+// use); c10d takes it over instead of binding every interface.
 char* tchrun_store_new(const char* host, uint16_t port, int is_server, int num_workers,
-                       int64_t timeout_ms, tchrun_store** out, uint16_t* out_port);
+                       int64_t timeout_ms, int listen_fd, tchrun_store** out, uint16_t* out_port);
 void tchrun_store_free(tchrun_store* store);
 char* tchrun_store_set(tchrun_store* store, const char* key, const uint8_t* value, size_t len);
 // Blocks until the key exists (store timeout). *out is malloc'd; free with tchrun_c10d_free_error.

@@ -19,6 +19,7 @@ extern "C" {
         is_server: c_int,
         num_workers: c_int,
         timeout_ms: i64,
+        listen_fd: c_int,
         out: *mut *mut Store,
         out_port: *mut u16,
     ) -> *mut c_char;

@@ -60,19 +60,31 @@ pub struct Store {
 unsafe impl Send for Store {}
 
 impl Store {
-    /// Serves on `host:port` (port 0: a free port, see `port()`).
+    /// Serves on `host:port` (port 0: a free port, see `port()`). The listening socket is
+    /// bound to `host`'s address only (the one the ranks connect to), not every interface;
+    /// if `host` is not an address of this machine, c10d binds every interface as usual.
     pub fn serve(
         host: &str,
         port: u16,
         world_size: usize,
         timeout: Duration,
     ) -> Result<Store, C10dError> {
-        Store::new(host, port, true, world_size, timeout)
+        use std::os::fd::IntoRawFd;
+        let fd = match std::net::TcpListener::bind((host, port)) {
+            Ok(l) => l.into_raw_fd(),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot bind the store to {host}:{port} ({e}); c10d binds every interface"
+                );
+                -1
+            }
+        };
+        Store::new(host, port, true, world_size, timeout, fd)
     }
 
     /// Connects to rank 0's store, retrying until `timeout`.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Store, C10dError> {
-        Store::new(host, port, false, 0, timeout)
+        Store::new(host, port, false, 0, timeout, -1)
     }
 
     fn new(
@@ -81,6 +93,7 @@ impl Store {
         server: bool,
         workers: usize,
         timeout: Duration,
+        listen_fd: i32,
     ) -> Result<Store, C10dError> {
         let op = if server {
             "TCPStore serve"
@@ -98,6 +111,7 @@ impl Store {
                 server as i32,
                 workers,
                 millis(timeout),
+                listen_fd,
                 &mut raw,
                 &mut actual,
             )
