@@ -9,7 +9,7 @@ use crate::optim::Sgd;
 use crate::outputs;
 use crate::pg::{C10dError, ProcessGroup, ReduceOp};
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tch::{nn, nn::ModuleT, Device, Kind, Tensor};
 use tchrun::data::{self, Augment, DatasetError, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::exit::ErrorKind;
@@ -428,6 +428,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let mut skip_batches = state.batches_done;
     let mut partial = state.partial;
     let mut lr = schedule.lr(step);
+    let (run_start, run_first_step) = (Instant::now(), step);
     'epochs: for epoch in start_epoch..p.epochs {
         start_epoch = epoch;
         let t_epoch = Instant::now();
@@ -517,15 +518,22 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             seen_print += stats.samples;
             if (it + 1) % p.print_freq as u64 == 0 || it + 1 == steps_per_epoch {
                 let ips = seen_print / t_print.elapsed().as_secs_f64().max(1e-9);
+                // ETA of the training steps left (validation not included), from this run's pace.
+                let done_here = (step - run_first_step).max(1) as f64;
+                let left = schedule.total_steps.saturating_sub(step) as f64;
+                let eta = Duration::from_secs(
+                    (run_start.elapsed().as_secs_f64() / done_here * left) as u64,
+                );
                 let line = format!(
-                    "epoch {}/{} iter {}/{} loss {:.4} lr {:.3e} images/s {:.1}",
+                    "epoch {}/{} iter {}/{} loss {:.4} lr {:.3e} images/s {:.1} eta {}",
                     epoch + 1,
                     p.epochs,
                     it + 1,
                     steps_per_epoch,
                     stats.loss,
                     lr,
-                    ips
+                    ips,
+                    humantime::format_duration(eta)
                 );
                 (ctx.say)(&line);
                 t_print = Instant::now();
