@@ -131,6 +131,19 @@ impl Replicator {
         stop: bool,
     ) -> Result<StepStats, C10dError> {
         let n = n_local as f64;
+        if pg.size() == 1 {
+            // Nothing to combine: the gradients already are the batch's; no copies.
+            let loss = if n_local == 0 {
+                0.0
+            } else {
+                loss.double_value(&[])
+            };
+            return Ok(StepStats {
+                loss,
+                samples: n,
+                stop,
+            });
+        }
         let mut stats = StepStats {
             loss: f64::NAN,
             samples: 0.0,
@@ -148,9 +161,10 @@ impl Replicator {
                     }
                 })
                 .collect();
+            // Views; `cat` makes the one copy, scaling happens in place on it.
             let mut parts: Vec<Tensor> = grads
                 .iter()
-                .map(|g| g.reshape([-1]).to_kind(Kind::Float) * n)
+                .map(|g| g.reshape([-1]).to_kind(Kind::Float))
                 .collect();
             let carries_stats = k == 0;
             let grad_len: i64 = grads.iter().map(|g| numel(g) as i64).sum();
@@ -170,6 +184,7 @@ impl Replicator {
                 parts.push(Tensor::from_slice(&[n as f32, stop as i32 as f32]).to_device(device));
             }
             let mut flat = Tensor::cat(&parts, 0);
+            let _ = flat.narrow(0, 0, grad_len).g_mul_scalar_(n);
             pg.all_reduce(&mut [&mut flat], ReduceOp::Sum)?;
             if buffer_len > 0 {
                 unflatten_into(&flat.narrow(0, grad_len, buffer_len), &self.buffers);
@@ -188,7 +203,10 @@ impl Replicator {
                     stop,
                 };
             }
-            unflatten_into(&(flat * (1.0 / stats.samples.max(1.0))), &grads);
+            let _ = flat
+                .narrow(0, 0, grad_len)
+                .g_mul_scalar_(1.0 / stats.samples.max(1.0));
+            unflatten_into(&flat, &grads);
         }
         Ok(stats)
     }

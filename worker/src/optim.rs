@@ -35,11 +35,11 @@ impl Sgd {
                 if !g.defined() {
                     continue;
                 }
-                let d = if self.weight_decay != 0.0 {
-                    &g + p * self.weight_decay
-                } else {
-                    g.shallow_clone()
-                };
+                // The gradient is ours until the next zero_grad: add the decay in place.
+                let mut d = g.shallow_clone();
+                if self.weight_decay != 0.0 {
+                    let _ = d.g_add_(&(p * self.weight_decay));
+                }
                 let d = if self.momentum != 0.0 {
                     match self.buffers.get_mut(name) {
                         Some(buf) => {
