@@ -41,6 +41,12 @@ down() {
     ip netns del "$ns" 2>/dev/null || true # its veth end goes with it, and the pair with that
   done
   ip link del "$BRIDGE" 2>/dev/null || true
+  # A namespace that a leftover process still holds outlives `ip netns del`, and so does its
+  # veth pair: remove our veth ends explicitly, so that the next `up` does not collide.
+  local link
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep '^tchrun-v[0-9]*$' || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
   hosts_remove
 }
 

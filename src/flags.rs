@@ -115,8 +115,7 @@ impl RankFlags {
             self.timeout.to_string(),
         ];
         if let Some(d) = &self.log_dir {
-            v.push("--log-dir".into());
-            v.push(d.display().to_string());
+            v.push(format!("--log-dir={}", d.display()));
         }
         v
     }
@@ -359,5 +358,22 @@ impl TrainJob {
         v.extend(self.params.to_args());
         v.extend(self.options.to_args());
         v
+    }
+}
+
+/// Parses the command line of either binary; a bad flag prints clap's message (naming the
+/// flag) and exits with the invalid-input code, `--help`/`--version` exit 0.
+pub fn parse_or_exit<C: clap::Parser>() -> C {
+    match C::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                crate::exit::code::INVALID_INPUT
+            } else {
+                crate::exit::code::OK
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
     }
 }

@@ -158,6 +158,7 @@ pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
     };
     Ok(Plan {
         kind,
+        node_names: hosts.iter().map(|h| h.name.clone()).collect(),
         nodes: args.nodes,
         procs_per_node: args.procs_per_node,
         hosts: if args.hostfile.is_some() {
@@ -346,7 +347,11 @@ pub fn run_job(
             Signal::SIGUSR1
         },
         hang_timeout: (args.hang_timeout > 0).then(|| Duration::from_secs(args.hang_timeout)),
-        progress: Some(Box::new(move || report::last_progress(&log_dir_probe))),
+        progress: Some(Box::new({
+            let d = log_dir_probe.clone();
+            move || report::last_progress(&d)
+        })),
+        rank_failed: Some(Box::new(move || report::any_rank_failed(&log_dir_probe))),
         prefixes: Vec::new(),
     };
     crate::ranks::write_table(&plan);

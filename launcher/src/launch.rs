@@ -59,6 +59,8 @@ pub use tchrun::hostfile::{parse_hostfile, Host};
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub kind: LauncherKind,
+    /// Node names from --hostfile/--hosts (for the rank table), empty otherwise.
+    pub node_names: Vec<String>,
     pub nodes: u32,
     pub procs_per_node: u32,
     pub hosts: Vec<Host>,
@@ -217,6 +219,7 @@ mod tests {
 
     fn plan() -> Plan {
         Plan {
+            node_names: vec!["a".into(), "b".into()],
             kind: LauncherKind::Mpirun,
             nodes: 2,
             procs_per_node: 4,

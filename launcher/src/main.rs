@@ -12,7 +12,6 @@ mod supervise;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tchrun::exit::ErrorKind;
 use tchrun::flags::RankFlags;
 
 #[derive(Parser, Debug)]
@@ -113,18 +112,7 @@ struct ExecArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                ErrorKind::InvalidInput.exit_code()
-            } else {
-                0
-            };
-            let _ = e.print();
-            return ExitCode::from(code as u8);
-        }
-    };
+    let cli: Cli = tchrun::flags::parse_or_exit();
     let result = match cli.cmd {
         Cmd::Selftest(a) => {
             let mut args = vec!["selftest".to_string()];

@@ -29,9 +29,9 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
             let host = match plan.kind {
                 LauncherKind::Srun => format!("slurm node {node}"),
                 _ => plan
-                    .hosts
+                    .node_names
                     .get(node)
-                    .map(|h| h.name.clone())
+                    .cloned()
                     .unwrap_or_else(|| local.clone()),
             };
             RankRow {

@@ -77,7 +77,11 @@ pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
             }
         }
         if first_error.is_none() {
-            if let Some((ts, rest)) = line.split_once("  ERROR ") {
+            // tracing's line: "<RFC 3339 time> ERROR <message>" (levels are padded to 5).
+            let event = line.split_once(" ERROR ").filter(|(ts, _)| {
+                ts.trim().ends_with('Z') && ts.trim().starts_with(|c: char| c.is_ascii_digit())
+            });
+            if let Some((ts, rest)) = event {
                 first_error = Some((ts.trim().to_string(), rest.trim().to_string()));
             }
         }
@@ -124,6 +128,32 @@ pub fn last_progress(dir: &Path) -> Option<std::time::SystemTime> {
         .filter(|e| files::driver_log_rank(&e.file_name().to_string_lossy()).is_some())
         .filter_map(|e| e.metadata().ok()?.modified().ok())
         .max()
+}
+
+/// Whether a rank wrote that it exits with a non-zero code (read from the logs' tails only,
+/// so it is cheap enough to poll).
+pub fn any_rank_failed(dir: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    rd.flatten()
+        .filter(|e| files::driver_log_rank(&e.file_name().to_string_lossy()).is_some())
+        .any(|e| {
+            let Ok(mut f) = std::fs::File::open(e.path()) else {
+                return false;
+            };
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let _ = f.seek(SeekFrom::Start(len.saturating_sub(512)));
+            let mut tail = String::new();
+            let _ = f.take(512).read_to_string(&mut tail);
+            tail.lines().any(|l| {
+                l.split("rank exiting with code ")
+                    .nth(1)
+                    .and_then(|c| c.trim().parse::<i32>().ok())
+                    .is_some_and(|c| c != 0)
+            })
+        })
 }
 
 /// Kinds of failure tchrun can tell apart.

@@ -220,6 +220,7 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
         None => Vec::new(),
     };
     let plan = Plan {
+        node_names: Vec::new(),
         kind,
         nodes: a.launch.nodes,
         procs_per_node: a.launch.procs_per_node,

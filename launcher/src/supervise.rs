@@ -97,9 +97,15 @@ pub struct Settings {
     pub hang_timeout: Option<Duration>,
     /// When the ranks last showed progress (e.g. newest driver-log write).
     pub progress: Option<Box<dyn Fn() -> Option<SystemTime>>>,
+    /// Whether some rank reported that it failed. mpirun/srun normally end the job then; if
+    /// they have not within `RANK_FAILED_GRACE` (a node they cannot reach), tchrun stops them.
+    pub rank_failed: Option<Box<dyn Fn() -> bool>>,
     /// Prefix of each process's output lines on the terminal (e.g. "host:rank ").
     pub prefixes: Vec<String>,
 }
+
+/// How long mpirun/srun get to end the job after a rank reported its failure.
+pub const RANK_FAILED_GRACE: Duration = Duration::from_secs(5);
 
 /// Escalation of a stop: SIGTERM to the process groups at `term_at`, SIGKILL at `kill_at`.
 struct Stop {
@@ -211,6 +217,8 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
     let mut first_failure: Option<Exit> = None;
     let mut stopping: Option<Stop> = None;
     let mut hung = false;
+    let mut last_probe = Instant::now();
+    let mut failure_seen: Option<Instant> = None;
     let started = SystemTime::now();
     let mut interrupted: Option<i32> = None;
     let mut seen_signals = 0usize;
@@ -259,6 +267,27 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         // Fail fast: one failed, stop the others now (no clean stop: the job is lost).
         if settings.fail_fast && first_failure.is_some() && stopping.is_none() {
             stopping = Some(Stop::now());
+        }
+        // A rank reported failure but the launcher child keeps running: stop it.
+        if let (Some(probe), None) = (&settings.rank_failed, &stopping) {
+            if last_probe.elapsed() >= Duration::from_secs(1) {
+                last_probe = Instant::now();
+                if failure_seen.is_none() && probe() {
+                    failure_seen = Some(Instant::now());
+                }
+            }
+            if failure_seen.is_some_and(|t| t.elapsed() >= RANK_FAILED_GRACE) {
+                // The failure is the ranks', not the launcher child's that we now stop.
+                if first_failure.is_none() {
+                    first_failure = Some(Exit {
+                        index: 0,
+                        ended: Ended::Code(tchrun::exit::code::RANK_FAILED),
+                        at: SystemTime::now(),
+                        stopped_by_us: false,
+                    });
+                }
+                stopping = Some(Stop::now());
+            }
         }
         // Hang watchdog.
         if let (Some(limit), Some(probe), None) =

@@ -124,18 +124,7 @@ impl Fatal {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                ErrorKind::InvalidInput.exit_code()
-            } else {
-                0
-            };
-            let _ = e.print();
-            return ExitCode::from(code as u8);
-        }
-    };
+    let cli: Cli = tchrun::flags::parse_or_exit();
     let result = match cli.cmd {
         Cmd::Selftest(a) => run_selftest(a),
         Cmd::Exec(a) => run_exec(a),
@@ -160,6 +149,20 @@ fn main() -> ExitCode {
             }
             ExitCode::from(f.kind.exit_code() as u8)
         }
+    }
+}
+
+/// Leaves the job. After success: the process group is destroyed and MPI finalized. After a
+/// failure neither: MPI_Finalize and c10d's destructors wait for peers that may be dead or
+/// unreachable (a network cut hangs them); the rank must exit now, and mpirun or tchrun
+/// stops the rest.
+fn leave(pg: pg::ProcessGroup, joined: bootstrap::Joined, ok: bool) {
+    if ok {
+        drop(pg);
+        drop(joined);
+    } else {
+        std::mem::forget(pg);
+        std::mem::forget(joined);
     }
 }
 
@@ -347,8 +350,7 @@ fn run_selftest(a: SelftestArgs) -> RankResult {
         Ok(())
     };
     let r = body();
-    drop(pg);
-    drop(joined);
+    leave(pg, joined, r.is_ok());
     r.map_err(|f| (Some(console), f))
 }
 
@@ -434,8 +436,7 @@ fn run_train(a: TrainArgs) -> RankResult {
         say: &say,
     };
     let r = train::train(&a.job, inputs, &ctx);
-    drop(pg);
-    drop(joined);
+    leave(pg, joined, r.is_ok());
     r.map_err(|e| {
         (
             Some(console),
@@ -497,8 +498,7 @@ fn run_gradcheck(a: GradcheckArgs) -> RankResult {
     } = rank;
     let r = gradcheck::run(&pg);
     let is_rank0 = pg.rank() == 0;
-    drop(pg);
-    drop(joined);
+    leave(pg, joined, matches!(r, Ok(d) if d <= 1e-6));
     match r {
         Ok(diff) if diff <= 1e-6 => {
             if is_rank0 {
