@@ -33,8 +33,18 @@ impl Case {
     fn new() -> Case {
         let dir = tempdir();
         let d = digits();
-        let train = copy_subset(&d.join("train"), &dir.path().join("train"), TRAIN_PER_CLASS);
-        let valid = copy_subset(&d.join("valid"), &dir.path().join("valid"), VALID_PER_CLASS);
+        let train = subset(
+            &d.join("train"),
+            &dir.path().join("train"),
+            TRAIN_PER_CLASS,
+            0,
+        );
+        let valid = subset(
+            &d.join("valid"),
+            &dir.path().join("valid"),
+            VALID_PER_CLASS,
+            0,
+        );
         let model = model_dir(dir.path(), "resnet18", 32);
         Case {
             dir,
@@ -144,25 +154,6 @@ impl Case {
         );
         r
     }
-}
-
-/// A copy of `src` with `per_class` images of each of its 10 classes.
-fn copy_subset(src: &Path, dst: &Path, per_class: usize) -> PathBuf {
-    for c in 0..10 {
-        let to = dst.join(c.to_string());
-        std::fs::create_dir_all(&to).expect("mkdir");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(src.join(c.to_string()))
-            .expect("class dir")
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        files.sort();
-        assert!(files.len() >= per_class, "digits class {c} too small");
-        for f in files.into_iter().take(per_class) {
-            std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
-        }
-    }
-    dst.to_path_buf()
 }
 
 /// No output of the run nor any log it wrote mentions a panic.

@@ -177,24 +177,6 @@ fn averaged_gradient_equals_combined_batch_gradient() {
     );
 }
 
-/// A copy of `src` with at most `per_class` images per class, labels shifted by `shift` classes.
-fn subset(src: &Path, dst: &Path, per_class: usize, shift: usize) -> PathBuf {
-    for c in 0..10 {
-        let to = dst.join(((c + shift) % 10).to_string());
-        std::fs::create_dir_all(&to).expect("mkdir");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(src.join(c.to_string()))
-            .expect("class dir")
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        files.sort();
-        for f in files.into_iter().take(per_class) {
-            std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
-        }
-    }
-    dst.to_path_buf()
-}
-
 /// Validation labels shifted by one class: fitting the training set raises the validation
 /// loss, so early stopping must fire well before the last epoch.
 #[test]

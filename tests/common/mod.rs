@@ -241,28 +241,37 @@ pub fn model_dir(parent: &Path, arch: &str, size: u32) -> PathBuf {
     m
 }
 
+/// A copy of the digits split `src` with the first `per_class` images of each class, the
+/// labels shifted by `shift` classes (0: unchanged).
+pub fn subset(src: &Path, dst: &Path, per_class: usize, shift: usize) -> PathBuf {
+    for c in 0..10 {
+        let to = dst.join(((c + shift) % 10).to_string());
+        std::fs::create_dir_all(&to).expect("mkdir");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(src.join(c.to_string()))
+            .expect("class dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        assert!(
+            files.len() >= per_class,
+            "digits class {c} has fewer than {per_class} images"
+        );
+        for f in files.into_iter().take(per_class) {
+            std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
+        }
+    }
+    dst.to_path_buf()
+}
+
 /// A small digits subset (40 train and 10 valid images per class), made once per test binary.
 pub fn small_digits() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let src = digits();
         let dst = std::env::temp_dir().join(format!("tchrun-small-digits-{}", std::process::id()));
-        for (split, n) in [("train", 40), ("valid", 10)] {
-            for c in 0..10 {
-                let to = dst.join(split).join(c.to_string());
-                std::fs::create_dir_all(&to).expect("mkdir");
-                let mut files: Vec<PathBuf> =
-                    std::fs::read_dir(src.join(split).join(c.to_string()))
-                        .expect("class dir")
-                        .flatten()
-                        .map(|e| e.path())
-                        .collect();
-                files.sort();
-                for f in files.into_iter().take(n) {
-                    std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
-                }
-            }
-        }
+        subset(&src.join("train"), &dst.join("train"), 40, 0);
+        subset(&src.join("valid"), &dst.join("valid"), 10, 0);
         dst
     })
     .clone()
