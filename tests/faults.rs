@@ -486,3 +486,63 @@ fn log_has_dir(logs: &Path, needle: &str) -> bool {
         .map(|t| t.contains(needle))
         .unwrap_or(false)
 }
+
+#[test]
+fn progress_is_one_line_on_a_tty_and_plain_lines_otherwise() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let d = small_digits();
+    let args = |out: &Path| -> String {
+        format!(
+            "{} train --model {} --train {} --valid {} --output {} --epochs 1 --batch-size 20 --lr 0.05 --min-crop-scale 0.5 --no-hflip --print-freq 2 --launcher local",
+            bin_dir().join("tchrun").display(),
+            model.display(),
+            d.join("train").display(),
+            d.join("valid").display(),
+            out.display()
+        )
+    };
+    // A pseudo-terminal from util-linux's `script`.
+    let typescript = t.path().join("tty.out");
+    let r = run(
+        Command::new("script")
+            .arg("-qfec")
+            .arg(args(&t.path().join("tty")))
+            .arg(&typescript),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let tty = read(&typescript);
+    assert!(tty.contains(":0 epoch 1/1 iter 2/20 loss"), "{tty}");
+    assert!(
+        tty.contains("\x1b[2K"),
+        "progress rewritten in place on a TTY:\n{tty}"
+    );
+    let progress_lines = tty
+        .lines()
+        .filter(|l| l.contains(" iter ") && l.contains(" eta "))
+        .count();
+    assert!(
+        progress_lines <= 1,
+        "progress must not scroll on a TTY:\n{tty}"
+    );
+    // Not a terminal: plain lines, no escape codes.
+    let plain = run(
+        &mut Command::new("sh")
+            .arg("-c")
+            .arg(args(&t.path().join("plain"))),
+        LIMIT,
+    );
+    assert_eq!(plain.code, Some(0), "{}", plain.explain());
+    assert!(!plain.stdout.contains('\x1b'), "{}", plain.explain());
+    assert!(
+        plain
+            .stdout
+            .lines()
+            .filter(|l| l.contains(" iter ") && l.contains(" eta "))
+            .count()
+            >= 5,
+        "{}",
+        plain.explain()
+    );
+}

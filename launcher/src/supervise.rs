@@ -60,6 +60,19 @@ pub struct Outcome {
 struct Sink {
     log: Mutex<File>,
     tail: Mutex<std::collections::VecDeque<String>>,
+    /// The terminal shows rank 0's progress as one line rewritten in place (stdout is a TTY);
+    /// true while that line is on screen.
+    status: Option<Mutex<bool>>,
+}
+
+/// Rank 0's progress line ("<host>:0 epoch E/N iter I/M ... eta T").
+fn is_progress(line: &str) -> bool {
+    line.split_once(' ').is_some_and(|(who, rest)| {
+        who.ends_with(":0")
+            && rest.starts_with("epoch ")
+            && rest.contains(" iter ")
+            && rest.contains(" eta ")
+    })
 }
 
 const TAIL_LINES: usize = 200;
@@ -69,10 +82,30 @@ impl Sink {
         if let Ok(mut f) = self.log.lock() {
             let _ = writeln!(f, "{prefix}{line}");
         }
-        if to_stderr {
-            eprintln!("{prefix}{line}");
-        } else {
-            println!("{prefix}{line}");
+        match (&self.status, to_stderr) {
+            (Some(shown), _) => {
+                // TTY: progress replaces itself; other lines go above it.
+                let mut shown = shown.lock().unwrap_or_else(|e| e.into_inner());
+                let mut out = std::io::stdout().lock();
+                if !to_stderr && is_progress(line) {
+                    let _ = write!(out, "\r\x1b[2K{prefix}{line}");
+                    *shown = true;
+                } else {
+                    if *shown {
+                        let _ = write!(out, "\r\x1b[2K");
+                        *shown = false;
+                    }
+                    let _ = out.flush();
+                    if to_stderr {
+                        eprintln!("{prefix}{line}");
+                    } else {
+                        let _ = writeln!(out, "{prefix}{line}");
+                    }
+                }
+                let _ = out.flush();
+            }
+            (None, true) => eprintln!("{prefix}{line}"),
+            (None, false) => println!("{prefix}{line}"),
         }
         if let Ok(mut t) = self.tail.lock() {
             if t.len() == TAIL_LINES {
@@ -171,7 +204,9 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)?;
     }
+    use std::io::IsTerminal;
     let sink = Arc::new(Sink {
+        status: std::io::stdout().is_terminal().then(|| Mutex::new(false)),
         log: Mutex::new(mpi_log),
         tail: Mutex::new(Default::default()),
     });
@@ -324,6 +359,11 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         }
         if r.is_finished() {
             let _ = r.join();
+        }
+    }
+    if let Some(shown) = &sink.status {
+        if shown.lock().map(|s| *s).unwrap_or(false) {
+            println!(); // keep the last progress line, end it
         }
     }
     let tail = sink
