@@ -248,7 +248,6 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         children.push(Some(child));
     }
 
-    let mut exits: Vec<Exit> = Vec::new();
     let mut first_failure: Option<Exit> = None;
     let mut stopping: Option<Stop> = None;
     let mut hung = false;
@@ -269,9 +268,8 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
                         stopped_by_us: stopping.is_some(),
                     };
                     if !e.ended.ok() && !e.stopped_by_us && first_failure.is_none() {
-                        first_failure = Some(e.clone());
+                        first_failure = Some(e);
                     }
-                    exits.push(e);
                     *slot = None;
                 }
             }
