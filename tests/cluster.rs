@@ -147,18 +147,6 @@ fn processes_with(program: &str, needle: &str) -> Vec<(u32, String)> {
     found
 }
 
-/// Waits (bounded) until `cond` holds; false on timeout.
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    cond()
-}
-
 // ---------------------------------------------------------------- network-namespace nodes
 
 static NETNS: Mutex<()> = Mutex::new(());
