@@ -328,6 +328,9 @@ def main() -> int:
                     help="Markdown file to update (default: BENCHMARKS.md in the repository for a "
                          "full run, OUT/BENCHMARKS.md for --smoke)")
     ap.add_argument("--command", default="scripts/bench.sh", help="command line shown in the table")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated subset of train1,train2,first2,loader,busbw (for "
+                         "measuring one change; the table goes to OUT/BENCHMARKS.md only)")
     for k, v in FULL.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
     a = ap.parse_args()
@@ -365,6 +368,12 @@ def main() -> int:
         ("loader", lambda tool, r: (loader_tchrun if tool == "t" else loader_ref)(c, os.path.join(big, "train"), cores, work, str(r))),
         ("busbw", lambda tool, r: (busbw_tchrun if tool == "t" else busbw_ref)(c, 2, work, str(r))),
     ]
+    if a.cases:
+        want = set(a.cases.split(","))
+        unknown = want - {name for name, _ in cases}
+        if unknown:
+            raise SystemExit(f"--cases: unknown case(s) {sorted(unknown)}")
+        cases = [(name, fn) for name, fn in cases if name in want]
     res = {(name, tool): [] for name, _ in cases for tool in "tr"}
     t_start = time.time()
     loads = [os.getloadavg()[0]]
@@ -379,7 +388,7 @@ def main() -> int:
                     f"{json.dumps(res[(name, tool)][-1])} ({time.time() - t:.0f}s)")
 
     def med(name, tool, key, idx=None):
-        vals = [x[key] if idx is None else x[key][idx] for x in res[(name, tool)]]
+        vals = [x[key] if idx is None else x[key][idx] for x in res.get((name, tool), [])]
         vals = [v for v in vals if v is not None]
         return statistics.median(vals) if vals else float("nan")
 
@@ -388,13 +397,15 @@ def main() -> int:
     def paired(name, key, idx=None):
         """Median over repeats of tchrun / reference, each from adjacent runs (same load)."""
         out = []
-        for t, r in zip(res[(name, "t")], res[(name, "r")]):
+        for t, r in zip(res.get((name, "t"), []), res.get((name, "r"), [])):
             tv, rv = (t[key], r[key]) if idx is None else (t[key][idx], r[key][idx])
             if tv is not None and rv:
                 out.append(tv / rv)
         return statistics.median(out) if out else float("nan")
 
     def row(label, unit, tv, rv, target, higher, ratio):
+        if tv != tv and rv != rv:  # both NaN: the case did not run (--cases)
+            return
         if target is None:
             met = ""
         else:
@@ -443,7 +454,8 @@ def main() -> int:
         END,
     ])
     print(md)
-    table = a.table or (os.path.join(work, "BENCHMARKS.md") if a.smoke else os.path.join(ROOT, "BENCHMARKS.md"))
+    table = a.table or (os.path.join(work, "BENCHMARKS.md") if (a.smoke or a.cases)
+                        else os.path.join(ROOT, "BENCHMARKS.md"))
     write_section(table, md)
     if os.path.abspath(table) != os.path.join(work, "BENCHMARKS.md"):
         write_section(os.path.join(work, "BENCHMARKS.md"), md)

@@ -263,6 +263,22 @@ fn parse_power(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+fn parse_bucket_mb(s: &str) -> Result<f64, String> {
+    let v = parse_nonneg(s)?;
+    if !(v > 0.0 && v <= 4096.0) {
+        return Err(format!("must be in (0, 4096] MiB, got {s}"));
+    }
+    Ok(v)
+}
+
+impl TrainOptions {
+    /// Bucket caps in bytes: (first bucket, every later one).
+    pub fn bucket_caps(&self) -> (usize, usize) {
+        let rest = ((self.bucket_cap_mb * 1024.0 * 1024.0) as usize).max(4);
+        (rest.min(1024 * 1024), rest)
+    }
+}
+
 /// Optimizer and input-pipeline options beyond the seed's parameters (documented, overridable).
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct TrainOptions {
@@ -294,6 +310,10 @@ pub struct TrainOptions {
     /// Mixed precision on CUDA (ignored on CPU).
     #[arg(long, env = "TCHRUN_AMP", value_enum, default_value_t = Amp::Off)]
     pub amp: Amp,
+    /// Gradient bucket cap in MiB (DDP's bucket_cap_mb): each bucket's all-reduce starts as
+    /// soon as backward has filled it. The first bucket is capped at 1 MiB (or this, if less).
+    #[arg(long, env = "TCHRUN_BUCKET_CAP_MB", default_value_t = 25.0, value_parser = parse_bucket_mb)]
+    pub bucket_cap_mb: f64,
     /// Continue from the last checkpoint in --output.
     #[arg(long, env = "TCHRUN_RESUME")]
     pub resume: bool,
@@ -308,6 +328,7 @@ impl TrainOptions {
             format!("--max-image-pixels={}", self.max_image_pixels),
             format!("--amp={}", self.amp.as_str()),
             format!("--min-crop-scale={:e}", self.min_crop_scale),
+            format!("--bucket-cap-mb={:e}", self.bucket_cap_mb),
         ];
         if self.no_hflip {
             v.push("--no-hflip".into());

@@ -2,7 +2,7 @@
 //! gradient averaging, early stopping, NaN, the seed's errors, score and Python interop.
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(300);
@@ -175,6 +175,21 @@ fn averaged_gradient_equals_combined_batch_gradient() {
         "{}",
         r.explain()
     );
+    // "E of B bucket(s) all-reduced during backward": one bucket per parameter; all but the
+    // unused parameter's (which only the end of backward completes) start during backward.
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.contains("all-reduced during backward"))
+        .unwrap_or_else(|| panic!("no overlap line\n{}", r.explain()));
+    let nums: Vec<usize> = line
+        .split(';')
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(nums, vec![4, 5], "{line}");
 }
 
 /// Validation labels shifted by one class: fitting the training set raises the validation

@@ -11,9 +11,12 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -207,6 +210,299 @@ char* tchrun_pg_barrier(tchrun_pg* pg) {
 
 char* tchrun_autocast_set_cuda_dtype(int bf16) {
   PROTECT({ at::autocast::set_autocast_dtype(at::kCUDA, bf16 != 0 ? at::kBFloat16 : at::kHalf); })
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------
+// Gradient reducer. All state sits behind one mutex: the hooks run on autograd's thread (the
+// caller's on CPU, a device thread on CUDA), prepare/finish on the caller's.
+namespace {
+
+struct Bucket {
+  std::vector<size_t> members;  // parameter indices, in ready order
+  int64_t grad_len = 0;         // gradient elements; bucket 0 then holds the extra values
+  at::Tensor flat;
+  size_t pending = 0;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+struct ReducerState {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::chrono::milliseconds timeout{0};
+  std::vector<at::Tensor> params;
+  int64_t first_cap = 0;  // elements
+  int64_t cap = 0;
+  bool order_known = false;
+  std::vector<int64_t> seen;     // first step: the order gradients became ready here
+  std::vector<char> fired;       // this step
+  std::vector<size_t> bucket_of;
+  std::vector<int64_t> offset_of;
+  std::vector<Bucket> buckets;   // in launch order
+  size_t next_launch = 0;
+  size_t early = 0;
+  at::Tensor extra;
+  double scale = 1.0;
+  bool armed = false;
+  std::string error;
+  std::mutex mu;
+
+  static void check_params(const std::vector<at::Tensor>& ps) {
+    for (const auto& p : ps) {
+      if (!p.requires_grad()) throw std::runtime_error("reducer: a parameter does not require grad");
+    }
+  }
+
+  c10d::AllreduceOptions sum_opts() const {
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = timeout;
+    return o;
+  }
+
+  void wait(const c10::intrusive_ptr<c10d::Work>& w) const {
+    if (!w->wait(timeout)) {
+      throw std::runtime_error("gradient all-reduce did not complete within the process-group timeout");
+    }
+  }
+
+  // Launches, in bucket order, every bucket whose gradients are all in (same order on every rank).
+  void launch_ready(bool in_backward) {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      Bucket& b = buckets[next_launch];
+      std::vector<at::Tensor> v{b.flat};
+      b.work = backend->allreduce(v, sum_opts());
+      next_launch++;
+      if (in_backward) early++;
+    }
+  }
+
+  void on_grad(size_t i, const at::Tensor& grad) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!armed || !error.empty() || !grad.defined()) return;
+    try {
+      if (!order_known) {
+        seen.push_back(static_cast<int64_t>(i));
+        return;
+      }
+      if (fired[i]) throw std::runtime_error("a parameter received two gradients in one backward");
+      fired[i] = 1;
+      Bucket& b = buckets[bucket_of[i]];
+      at::Tensor slot = b.flat.narrow(0, offset_of[i], params[i].numel());
+      at::mul_out(slot, grad.reshape({-1}), at::scalar_tensor(at::Scalar(scale), at::kDouble));
+      if (--b.pending == 0) launch_ready(true);
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+
+  // Buckets in the given ready order, under the caps; bucket 0 also holds `extra_len` values.
+  void build(const std::vector<int64_t>& order, int64_t extra_len) {
+    buckets.clear();
+    bucket_of.assign(params.size(), 0);
+    offset_of.assign(params.size(), 0);
+    Bucket cur;
+    for (int64_t idx : order) {
+      size_t i = static_cast<size_t>(idx);
+      int64_t limit = buckets.empty() ? first_cap : cap;
+      int64_t n = params[i].numel();
+      if (!cur.members.empty() && cur.grad_len + n > limit) {
+        buckets.push_back(std::move(cur));
+        cur = Bucket();
+      }
+      bucket_of[i] = buckets.size();
+      offset_of[i] = cur.grad_len;
+      cur.members.push_back(i);
+      cur.grad_len += n;
+    }
+    if (!cur.members.empty() || buckets.empty()) buckets.push_back(std::move(cur));
+    for (size_t k = 0; k < buckets.size(); k++) {
+      Bucket& b = buckets[k];
+      int64_t len = b.grad_len + (k == 0 ? extra_len : 0);
+      b.flat = at::empty({len}, params.empty() ? at::TensorOptions().dtype(at::kFloat)
+                                                : params[0].options().dtype(at::kFloat)
+                                                      .requires_grad(false));
+    }
+    order_known = true;
+  }
+
+  // First step: one flat all-reduce after backward; then rank 0's ready order to every rank.
+  void discovery_step(int64_t divisor_index) {
+    std::vector<at::Tensor> parts;
+    parts.reserve(params.size() + 1);
+    for (auto& p : params) {
+      const at::Tensor& g = p.grad();
+      parts.push_back(g.defined() ? (g.reshape({-1}).to(at::kFloat) * scale)
+                                  : at::zeros({p.numel()}, p.options().dtype(at::kFloat)));
+    }
+    parts.push_back(extra.reshape({-1}).to(parts.empty() ? extra.device() : parts[0].device()));
+    at::Tensor flat = at::cat(parts, 0);
+    std::vector<at::Tensor> v{flat};
+    wait(backend->allreduce(v, sum_opts()));
+    int64_t total = flat.numel() - extra.numel();
+    extra.copy_(flat.narrow(0, total, extra.numel()).view_as(extra));
+    double inv = 1.0 / std::max(1.0, extra[divisor_index].item<double>());
+    int64_t off = 0;
+    for (auto& p : params) {
+      at::Tensor src = flat.narrow(0, off, p.numel()).view(p.sizes()) * inv;
+      at::Tensor& g = p.mutable_grad();
+      if (g.defined()) g.copy_(src); else g = src.to(p.dtype());
+      off += p.numel();
+    }
+    // The bucket order: this rank's ready order, parameters without a gradient last; rank 0's wins.
+    std::vector<char> have(params.size(), 0);
+    std::vector<int64_t> order;
+    for (int64_t i : seen) {
+      if (i >= 0 && static_cast<size_t>(i) < params.size() && !have[i]) { have[i] = 1; order.push_back(i); }
+    }
+    for (size_t i = 0; i < params.size(); i++) if (!have[i]) order.push_back(static_cast<int64_t>(i));
+    at::Tensor t = at::tensor(order, at::TensorOptions().dtype(at::kLong));
+    if (!params.empty() && params[0].is_cuda()) t = t.to(params[0].device());
+    std::vector<at::Tensor> bv{t};
+    c10d::BroadcastOptions bo;
+    bo.rootRank = 0;
+    bo.rootTensor = 0;
+    bo.timeout = timeout;
+    wait(backend->broadcast(bv, bo));
+    t = t.to(at::kCPU);
+    std::vector<int64_t> root(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+    std::vector<int64_t> sorted = root;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); i++) {
+      if (sorted[i] != static_cast<int64_t>(i)) throw std::runtime_error("reducer: rank 0 sent an invalid bucket order");
+    }
+    build(root, extra.numel());
+  }
+
+  void overlapped_finish(int64_t divisor_index) {
+    // Gradients that never arrived (unused parameters, or no batch on this rank) count as zeros.
+    for (size_t i = 0; i < params.size(); i++) {
+      if (fired[i]) continue;
+      Bucket& b = buckets[bucket_of[i]];
+      b.flat.narrow(0, offset_of[i], params[i].numel()).zero_();
+      b.pending--;
+    }
+    launch_ready(false);
+    for (auto& b : buckets) wait(b.work);
+    Bucket& b0 = buckets[0];
+    extra.copy_(b0.flat.narrow(0, b0.grad_len, extra.numel()).view_as(extra));
+    double inv = 1.0 / std::max(1.0, extra[divisor_index].item<double>());
+    // Each gradient becomes a view of its bucket (DDP's gradient_as_bucket_view): no copy back,
+    // and the tensor autograd produced is freed here. The next step's hooks overwrite the slots.
+    for (auto& b : buckets) {
+      b.flat.narrow(0, 0, b.grad_len).mul_(inv);
+      for (size_t i : b.members) {
+        at::Tensor& p = params[i];
+        if (p.scalar_type() == at::kFloat) {
+          p.mutable_grad() = b.flat.narrow(0, offset_of[i], p.numel()).view(p.sizes());
+        } else {
+          at::Tensor& g = p.mutable_grad();
+          at::Tensor src = b.flat.narrow(0, offset_of[i], p.numel()).view(p.sizes());
+          if (g.defined()) g.copy_(src); else g = src.to(p.scalar_type());
+        }
+      }
+      b.work.reset();
+    }
+  }
+};
+
+}  // namespace
+
+struct tchrun_reducer {
+  std::shared_ptr<ReducerState> state;
+  std::vector<unsigned> hooks;
+};
+
+extern "C" {
+
+char* tchrun_grads_to_none(tchrun_tensor* tensors, size_t n) {
+  PROTECT({
+    for (size_t i = 0; i < n; i++) tensor_ref(tensors[i]).mutable_grad().reset();
+  })
+}
+
+char* tchrun_reducer_new(tchrun_pg* pg, tchrun_tensor* params, size_t n, int64_t first_bucket_bytes,
+                         int64_t bucket_bytes, tchrun_reducer** out) {
+  PROTECT({
+    auto s = std::make_shared<ReducerState>();
+    s->backend = pg->backend;
+    s->timeout = pg->timeout;
+    s->params = tensor_vec(params, n);
+    ReducerState::check_params(s->params);
+    s->first_cap = std::max<int64_t>(1, first_bucket_bytes / 4);
+    s->cap = std::max<int64_t>(1, bucket_bytes / 4);
+    s->fired.assign(n, 0);
+    auto* r = new tchrun_reducer{s, {}};
+    std::weak_ptr<ReducerState> weak = s;
+    for (size_t i = 0; i < n; i++) {
+      r->hooks.push_back(s->params[i].register_hook([weak, i](const at::TensorBase& grad) {
+        if (auto st = weak.lock()) st->on_grad(i, at::Tensor(grad));
+      }));
+    }
+    *out = r;
+  })
+}
+
+void tchrun_reducer_free(tchrun_reducer* r) {
+  if (r == nullptr) return;
+  try {
+    for (size_t i = 0; i < r->hooks.size(); i++) r->state->params[i].remove_hook(r->hooks[i]);
+  } catch (...) {
+  }
+  delete r;
+}
+
+char* tchrun_reducer_prepare(tchrun_reducer* r, tchrun_tensor extra, double scale) {
+  PROTECT({
+    ReducerState& s = *r->state;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.armed) throw std::runtime_error("reducer: prepare called twice without finish");
+    at::Tensor e = tensor_ref(extra);
+    if (e.dim() != 1 || e.scalar_type() != at::kFloat) {
+      throw std::runtime_error("reducer: extra must be a 1-D float tensor");
+    }
+    if (s.order_known && e.numel() != s.buckets[0].flat.numel() - s.buckets[0].grad_len) {
+      throw std::runtime_error("reducer: extra changed length between steps");
+    }
+    // Gradients are the reducer's: drop them, so that autograd hands over fresh tensors instead
+    // of adding into last step's (which are views of the buckets the hooks are about to fill).
+    for (auto& p : s.params) p.mutable_grad().reset();
+    s.extra = e;
+    s.scale = scale;
+    s.error.clear();
+    s.seen.clear();
+    std::fill(s.fired.begin(), s.fired.end(), 0);
+    s.next_launch = 0;
+    s.early = 0;
+    if (s.order_known) {
+      for (auto& b : s.buckets) b.pending = b.members.size();
+      Bucket& b0 = s.buckets[0];
+      b0.flat.narrow(0, b0.grad_len, e.numel()).copy_(e);
+      // A bucket with no parameters (a model without any) is ready at once.
+      s.launch_ready(true);
+    }
+    s.armed = true;
+  })
+}
+
+char* tchrun_reducer_finish(tchrun_reducer* r, int64_t divisor_index, int64_t* out_early,
+                            int64_t* out_buckets) {
+  PROTECT({
+    ReducerState& s = *r->state;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.armed) throw std::runtime_error("reducer: finish called without prepare");
+    s.armed = false;
+    if (!s.error.empty()) throw std::runtime_error("gradient hook: " + s.error);
+    if (divisor_index < 0 || divisor_index >= s.extra.numel()) {
+      throw std::runtime_error("reducer: divisor index outside extra");
+    }
+    if (s.order_known) s.overlapped_finish(divisor_index);
+    else s.discovery_step(divisor_index);
+    *out_early = static_cast<int64_t>(s.early);
+    *out_buckets = static_cast<int64_t>(s.buckets.size());
+  })
 }
 
 }  // extern "C"

@@ -41,6 +41,31 @@ char* tchrun_pg_broadcast(tchrun_pg* pg, tchrun_tensor* tensors, size_t n, int r
 char* tchrun_pg_allgather(tchrun_pg* pg, tchrun_tensor input, tchrun_tensor* outputs, size_t n_out);
 char* tchrun_pg_barrier(tchrun_pg* pg);
 
+// Gradient reducer (DDP's Reducer, reduced to what tchrun needs): hooks on every parameter copy
+// its gradient × scale into a flat bucket as backward produces it, and launch each bucket's
+// asynchronous SUM all-reduce as soon as it and every bucket before it are full, so the
+// reduction overlaps the rest of backward. Buckets follow the order in which rank 0's gradients
+// became ready in the first step (that step reduces everything in one flat all-reduce after
+// backward and broadcasts the order). The reducer holds its own reference to the group.
+typedef struct tchrun_reducer tchrun_reducer;
+// first_bucket_bytes / bucket_bytes: bucket caps (DDP: 1 MiB for the first, 25 MiB after).
+char* tchrun_reducer_new(tchrun_pg* pg, tchrun_tensor* params, size_t n, int64_t first_bucket_bytes,
+                         int64_t bucket_bytes, tchrun_reducer** out);
+void tchrun_reducer_free(tchrun_reducer* r);
+// Before backward: `extra` (1-D float, same length every step) is summed with the first bucket;
+// gradients are multiplied by `scale`.
+char* tchrun_reducer_prepare(tchrun_reducer* r, tchrun_tensor extra, double scale);
+// After backward: launches what is left (a parameter without a gradient counts as zeros), waits
+// for every bucket, writes the summed extra back into `extra`, and sets every parameter's
+// gradient to its bucket sum divided by max(1, extra[divisor_index]).
+// *out_early: buckets launched during backward; *out_buckets: buckets in all.
+char* tchrun_reducer_finish(tchrun_reducer* r, int64_t divisor_index, int64_t* out_early,
+                            int64_t* out_buckets);
+
+// Drops each tensor's gradient (torch's zero_grad(set_to_none=True)): the next backward hands
+// its gradient over without a zero fill and an add.
+char* tchrun_grads_to_none(tchrun_tensor* tensors, size_t n);
+
 // Autocast dtype on CUDA: bf16=1 bfloat16, 0 float16 (tch's autocast enables, this picks the type).
 char* tchrun_autocast_set_cuda_dtype(int bf16);
 

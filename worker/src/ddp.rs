@@ -1,18 +1,22 @@
 //! Data parallelism over a `ProcessGroup`: parameters and buffers replicated from rank 0,
-//! gradients all-reduced in flat buckets (DDP's 25 MiB default), batch-norm running statistics
-//! averaged over the ranks in the same reduction (DDP broadcasts rank 0's instead, in a
-//! collective of its own), and the replica check.
+//! gradients all-reduced in flat buckets overlapped with backward (DDP's caps: 1 MiB for the
+//! first bucket, 25 MiB after; `pg::Reducer` does the hooks and the asynchronous all-reduces),
+//! batch-norm running statistics averaged over the ranks in the same reduction (DDP broadcasts
+//! rank 0's instead, in a collective of its own), and the replica check.
 //!
-//! Each rank contributes `n_local × grad` plus `[n_local × loss, n_local]` in the last bucket;
-//! one SUM all-reduce then gives the exact gradient and loss of the combined batch, also when
-//! ranks hold different numbers of samples (a skipped bad image), and a NaN on any rank
+//! Each rank contributes `n_local × grad` plus `[n_local × loss, n_local, stop]` in the first
+//! bucket; SUM all-reduces then give the exact gradient and loss of the combined batch, also
+//! when ranks hold different numbers of samples (a skipped bad image), and a NaN on any rank
 //! reaches every rank in the same step.
-use crate::pg::{C10dError, ProcessGroup, ReduceOp};
-use std::ops::Range;
+use crate::pg::{C10dError, ProcessGroup, ReduceOp, ReducedStep, Reducer};
+use std::cell::{Cell, OnceCell, RefCell};
 use tch::{Kind, Tensor};
 
 /// Bucket size cap in bytes (PyTorch DDP's default bucket_cap_mb = 25).
 pub const BUCKET_BYTES: usize = 25 * 1024 * 1024;
+/// The first bucket's cap (DDP's `_DEFAULT_FIRST_BUCKET_BYTES`): small, so the first
+/// all-reduce starts early in backward.
+pub const FIRST_BUCKET_BYTES: usize = 1024 * 1024;
 
 /// Statistics of one reduced step.
 #[derive(Debug, Clone, Copy)]
@@ -28,7 +32,20 @@ pub struct StepStats {
 pub struct Replicator {
     params: Vec<Tensor>,
     buffers: Vec<Tensor>,
-    buckets: Vec<Range<usize>>,
+    first_bucket_bytes: usize,
+    bucket_bytes: usize,
+    /// Created on the first multi-rank step (it needs the group).
+    reducer: OnceCell<Reducer>,
+    pending: RefCell<Option<Pending>>,
+    last: Cell<Option<ReducedStep>>,
+}
+
+/// A step between `begin_step` and `end_step`.
+struct Pending {
+    /// Multi-rank: the values summed with the first bucket; one rank: the loss.
+    extra: Tensor,
+    n_local: usize,
+    stop: bool,
 }
 
 fn numel(t: &Tensor) -> usize {
@@ -74,29 +91,26 @@ impl Replicator {
                 params.push(t.shallow_clone());
             }
         }
-        let mut buckets = Vec::new();
-        let mut start = 0;
-        let mut bytes = 0;
-        for (i, p) in params.iter().enumerate() {
-            bytes += numel(p) * 4;
-            if bytes >= BUCKET_BYTES {
-                buckets.push(start..i + 1);
-                start = i + 1;
-                bytes = 0;
-            }
-        }
-        if start < params.len() || buckets.is_empty() {
-            buckets.push(start..params.len());
-        }
         Replicator {
             params,
             buffers,
-            buckets,
+            first_bucket_bytes: FIRST_BUCKET_BYTES,
+            bucket_bytes: BUCKET_BYTES,
+            reducer: OnceCell::new(),
+            pending: RefCell::new(None),
+            last: Cell::new(None),
         }
     }
 
-    pub fn bucket_count(&self) -> usize {
-        self.buckets.len()
+    /// Bucket caps in bytes (before the first step): the first bucket, and every later one.
+    pub fn with_bucket_caps(mut self, first: usize, rest: usize) -> Replicator {
+        self.first_bucket_bytes = first.max(1);
+        self.bucket_bytes = rest.max(1);
+        self
+    }
+
+    pub fn bucket_caps(&self) -> (usize, usize) {
+        (self.first_bucket_bytes, self.bucket_bytes)
     }
 
     /// Parameters and buffers from rank 0 to everyone (at start).
@@ -118,97 +132,108 @@ impl Replicator {
         flat_op(&self.buffers, |f| pg.broadcast(&mut [f], 0))
     }
 
-    /// Replaces every parameter's gradient with the gradient of the combined batch.
-    /// `loss` is this rank's mean loss over its `n_local` samples (a 0-d tensor); `stop` is this
-    /// rank's vote to stop (a signal arrived).
-    /// Buckets go last to first (as DDP's do); the first one reduced carries the loss and the
-    /// sample count, so every bucket can be scaled as soon as it arrives.
-    pub fn reduce_gradients(
+    /// Starts a step's reduction: call after forward, before backward. `loss` is this rank's
+    /// mean loss over its `n_local` samples (a 0-d tensor); `stop` is this rank's vote to stop
+    /// (a signal arrived). From here on, backward's gradient hooks fill the buckets and launch
+    /// their all-reduces (see `pg::Reducer`); batch-norm running statistics (already updated by
+    /// forward), `n_local × loss`, `n_local` and the vote ride in the first bucket.
+    pub fn begin_step(
         &self,
         pg: &ProcessGroup,
         loss: &Tensor,
         n_local: usize,
         stop: bool,
-    ) -> Result<StepStats, C10dError> {
+    ) -> Result<(), C10dError> {
         let n = n_local as f64;
+        if self.pending.borrow().is_some() {
+            return Err(C10dError {
+                op: "gradient reduce",
+                message: "a step was begun twice without end_step".into(),
+            });
+        }
         if pg.size() == 1 {
             // Nothing to combine: the gradients already are the batch's; no copies.
-            let loss = if n_local == 0 {
+            *self.pending.borrow_mut() = Some(Pending {
+                extra: loss.shallow_clone(),
+                n_local,
+                stop,
+            });
+            return Ok(());
+        }
+        if self.reducer.get().is_none() {
+            let r = Reducer::new(pg, &self.params, self.first_bucket_bytes, self.bucket_bytes)?;
+            let _ = self.reducer.set(r);
+        }
+        let device = loss.device();
+        let inv = 1.0 / pg.size() as f64;
+        let mut parts: Vec<Tensor> = self
+            .buffers
+            .iter()
+            .map(|b| b.detach().reshape([-1]).to_kind(Kind::Float) * inv)
+            .collect();
+        parts.push(loss.detach().to_kind(Kind::Float).reshape([1]) * n);
+        parts.push(Tensor::from_slice(&[n as f32, stop as i32 as f32]).to_device(device));
+        let extra = Tensor::cat(&parts, 0);
+        if let Some(r) = self.reducer.get() {
+            r.prepare(&extra, n)?;
+        }
+        *self.pending.borrow_mut() = Some(Pending {
+            extra,
+            n_local,
+            stop,
+        });
+        Ok(())
+    }
+
+    /// Ends the step begun by `begin_step` (call after backward): every parameter's gradient
+    /// becomes the gradient of the combined batch, the batch-norm statistics the ranks' mean.
+    pub fn end_step(&self, pg: &ProcessGroup) -> Result<StepStats, C10dError> {
+        let Some(p) = self.pending.borrow_mut().take() else {
+            return Err(C10dError {
+                op: "gradient reduce",
+                message: "end_step without begin_step".into(),
+            });
+        };
+        if pg.size() == 1 {
+            let loss = if p.n_local == 0 {
                 0.0
             } else {
-                loss.double_value(&[])
+                p.extra.double_value(&[])
             };
             return Ok(StepStats {
                 loss,
-                samples: n,
-                stop,
+                samples: p.n_local as f64,
+                stop: p.stop,
             });
         }
-        let mut stats = StepStats {
-            loss: f64::NAN,
-            samples: 0.0,
-            stop: false,
+        let Some(r) = self.reducer.get() else {
+            return Err(C10dError {
+                op: "gradient reduce",
+                message: "no reducer (begin_step failed)".into(),
+            });
         };
-        for (k, range) in self.buckets.iter().rev().enumerate() {
-            let grads: Vec<Tensor> = self.params[range.clone()]
-                .iter()
-                .map(|p| {
-                    let g = p.grad();
-                    if g.defined() {
-                        g
-                    } else {
-                        p.zeros_like()
-                    }
-                })
-                .collect();
-            // Views; `cat` makes the one copy, scaling happens in place on it.
-            let mut parts: Vec<Tensor> = grads
-                .iter()
-                .map(|g| g.reshape([-1]).to_kind(Kind::Float))
-                .collect();
-            let carries_stats = k == 0;
-            let grad_len: i64 = grads.iter().map(|g| numel(g) as i64).sum();
-            let mut buffer_len = 0i64;
-            if carries_stats {
-                let device = loss.device();
-                // Batch-norm running statistics ride along, averaged: identical on every rank
-                // after every step without a collective of their own.
-                if pg.size() > 1 {
-                    let inv = 1.0 / pg.size() as f64;
-                    for b in &self.buffers {
-                        buffer_len += numel(b) as i64;
-                        parts.push(b.detach().reshape([-1]).to_kind(Kind::Float) * inv);
-                    }
-                }
-                parts.push(loss.detach().to_kind(Kind::Float).reshape([1]) * n);
-                parts.push(Tensor::from_slice(&[n as f32, stop as i32 as f32]).to_device(device));
-            }
-            let mut flat = Tensor::cat(&parts, 0);
-            let _ = flat.narrow(0, 0, grad_len).g_mul_scalar_(n);
-            pg.all_reduce(&mut [&mut flat], ReduceOp::Sum)?;
-            if buffer_len > 0 {
-                unflatten_into(&flat.narrow(0, grad_len, buffer_len), &self.buffers);
-            }
-            if carries_stats {
-                let len = flat.size()[0];
-                let tail =
-                    Vec::<f32>::try_from(flat.narrow(0, len - 3, 3).to_device(tch::Device::Cpu))
-                        .unwrap_or_default();
-                let loss_sum = tail.first().copied().unwrap_or(f32::NAN) as f64;
-                let samples = tail.get(1).copied().unwrap_or(0.0) as f64;
-                let stop = tail.get(2).copied().unwrap_or(0.0) > 0.0;
-                stats = StepStats {
-                    loss: loss_sum / samples.max(1.0),
-                    samples,
-                    stop,
-                };
-            }
-            let _ = flat
-                .narrow(0, 0, grad_len)
-                .g_mul_scalar_(1.0 / stats.samples.max(1.0));
-            unflatten_into(&flat, &grads);
+        let len = p.extra.size()[0];
+        let reduced = r.finish((len - 2) as usize)?;
+        self.last.set(Some(reduced));
+        let buffer_len = len - 3;
+        if buffer_len > 0 {
+            unflatten_into(&p.extra.narrow(0, 0, buffer_len), &self.buffers);
         }
-        Ok(stats)
+        let tail = Vec::<f32>::try_from(p.extra.narrow(0, len - 3, 3).to_device(tch::Device::Cpu))
+            .unwrap_or_default();
+        let loss_sum = tail.first().copied().unwrap_or(f32::NAN) as f64;
+        let samples = tail.get(1).copied().unwrap_or(0.0) as f64;
+        let stop = tail.get(2).copied().unwrap_or(0.0) > 0.0;
+        Ok(StepStats {
+            loss: loss_sum / samples.max(1.0),
+            samples,
+            stop,
+        })
+    }
+
+    /// Buckets of the last reduced step, and how many of them started during backward.
+    pub fn last_reduction(&self) -> Option<ReducedStep> {
+        self.last.get()
     }
 
     /// Whether every parameter and buffer is bit-identical on all ranks.

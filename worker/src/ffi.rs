@@ -9,6 +9,10 @@ pub struct Store {
 pub struct Pg {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct Reducer {
+    _private: [u8; 0],
+}
 
 extern "C" {
     pub fn tchrun_c10d_free_error(err: *mut c_char);
@@ -66,5 +70,22 @@ extern "C" {
         n_out: usize,
     ) -> *mut c_char;
     pub fn tchrun_pg_barrier(pg: *mut Pg) -> *mut c_char;
+    pub fn tchrun_reducer_new(
+        pg: *mut Pg,
+        params: *mut *mut c_void,
+        n: usize,
+        first_bucket_bytes: i64,
+        bucket_bytes: i64,
+        out: *mut *mut Reducer,
+    ) -> *mut c_char;
+    pub fn tchrun_reducer_free(r: *mut Reducer);
+    pub fn tchrun_reducer_prepare(r: *mut Reducer, extra: *mut c_void, scale: f64) -> *mut c_char;
+    pub fn tchrun_reducer_finish(
+        r: *mut Reducer,
+        divisor_index: i64,
+        out_early: *mut i64,
+        out_buckets: *mut i64,
+    ) -> *mut c_char;
+    pub fn tchrun_grads_to_none(tensors: *mut *mut c_void, n: usize) -> *mut c_char;
     pub fn tchrun_autocast_set_cuda_dtype(bf16: c_int) -> *mut c_char;
 }

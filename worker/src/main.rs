@@ -498,20 +498,23 @@ fn run_gradcheck(a: GradcheckArgs) -> RankResult {
     } = rank;
     let r = gradcheck::run(&pg);
     let is_rank0 = pg.rank() == 0;
-    leave(pg, joined, matches!(r, Ok(d) if d <= 1e-6));
+    leave(pg, joined, matches!(r, Ok(d) if d.max_diff <= 1e-6));
     match r {
-        Ok(diff) if diff <= 1e-6 => {
+        Ok(d) if d.max_diff <= 1e-6 => {
             if is_rank0 {
                 console.out(&format!(
-                    "gradcheck: max |distributed - combined batch| = {diff:.3e} (tolerance 1e-6)"
+                    "gradcheck: max |distributed - combined batch| = {:.3e} (tolerance 1e-6); \
+                     {} of {} bucket(s) all-reduced during backward",
+                    d.max_diff, d.early, d.buckets
                 ));
             }
             Ok(())
         }
-        Ok(diff) => Err((
+        Ok(d) => Err((
             Some(console),
             Fatal::rank(anyhow::anyhow!(
-                "gradcheck: difference {diff:e} exceeds 1e-6"
+                "gradcheck: difference {:e} exceeds 1e-6",
+                d.max_diff
             )),
         )),
         Err(e) => Err((Some(console), Fatal::rank(e.into()))),

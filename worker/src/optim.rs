@@ -22,10 +22,11 @@ impl Sgd {
         }
     }
 
-    pub fn zero_grad(&mut self) {
-        for (_, p) in &mut self.params {
-            p.zero_grad();
-        }
+    /// Drops the gradients (torch's default `set_to_none=True`): backward then hands its
+    /// gradient tensors over instead of zero-filling and adding into ours.
+    pub fn zero_grad(&mut self) -> Result<(), crate::pg::C10dError> {
+        let params: Vec<Tensor> = self.params.iter().map(|(_, p)| p.shallow_clone()).collect();
+        crate::pg::set_grads_to_none(&params)
     }
 
     pub fn step(&mut self, lr: f64) {

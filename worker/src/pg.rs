@@ -45,6 +45,16 @@ pub fn set_autocast_dtype(bf16: bool) -> Result<(), C10dError> {
     })
 }
 
+/// Drops every tensor's gradient (torch's `zero_grad(set_to_none=True)`, its default): the
+/// next backward stores its gradient without zero-filling and adding into the old one.
+pub fn set_grads_to_none(tensors: &[Tensor]) -> Result<(), C10dError> {
+    let mut ptrs: Vec<*mut std::ffi::c_void> =
+        tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
+    check("zero_grad", unsafe {
+        ffi::tchrun_grads_to_none(ptrs.as_mut_ptr(), ptrs.len())
+    })
+}
+
 /// Whether this binary was compiled with ProcessGroupNCCL.
 pub fn has_nccl() -> bool {
     unsafe { ffi::tchrun_c10d_has_nccl() != 0 }
@@ -294,5 +304,82 @@ impl ProcessGroup {
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         unsafe { ffi::tchrun_pg_free(self.raw) }
+    }
+}
+
+/// How one reduced step went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReducedStep {
+    /// Buckets whose all-reduce started while backward was still running.
+    pub early: usize,
+    /// Buckets in all.
+    pub buckets: usize,
+}
+
+/// Gradient reducer over a group (the shim's DDP-style Reducer): autograd hooks on every
+/// parameter fill flat buckets and launch their asynchronous SUM all-reduces during backward.
+/// Use: `prepare` after forward, then backward, then `finish`. The first step finds the order in
+/// which gradients become ready (rank 0's wins) and reduces in one piece after backward.
+pub struct Reducer {
+    raw: *mut ffi::Reducer,
+}
+
+// SAFETY: the shim guards all reducer state with a mutex; the handle is only freed in Drop.
+unsafe impl Send for Reducer {}
+
+impl Reducer {
+    /// `params`: every trainable parameter (requires grad), in the same order on every rank.
+    pub fn new(
+        pg: &ProcessGroup,
+        params: &[Tensor],
+        first_bucket_bytes: usize,
+        bucket_bytes: usize,
+    ) -> Result<Reducer, C10dError> {
+        let mut ptrs: Vec<*mut std::ffi::c_void> =
+            params.iter().map(|t| t.as_ptr() as *mut _).collect();
+        let mut raw = std::ptr::null_mut();
+        check("reducer create", unsafe {
+            ffi::tchrun_reducer_new(
+                pg.raw,
+                ptrs.as_mut_ptr(),
+                ptrs.len(),
+                i64::try_from(first_bucket_bytes).unwrap_or(i64::MAX),
+                i64::try_from(bucket_bytes).unwrap_or(i64::MAX),
+                &mut raw,
+            )
+        })?;
+        Ok(Reducer { raw })
+    }
+
+    /// Arms the hooks for one backward: gradients are multiplied by `scale`; `extra` (1-D f32,
+    /// the same length every step) is summed across ranks with the first bucket.
+    pub fn prepare(&self, extra: &Tensor, scale: f64) -> Result<(), C10dError> {
+        check("gradient reduce (prepare)", unsafe {
+            ffi::tchrun_reducer_prepare(self.raw, extra.as_ptr() as *mut _, scale)
+        })
+    }
+
+    /// After backward: waits for every bucket, writes the summed `extra` back into the tensor
+    /// given to `prepare`, and sets each gradient to its sum / max(1, extra[divisor_index]).
+    pub fn finish(&self, divisor_index: usize) -> Result<ReducedStep, C10dError> {
+        let (mut early, mut buckets) = (0i64, 0i64);
+        check("gradient all-reduce", unsafe {
+            ffi::tchrun_reducer_finish(
+                self.raw,
+                i64::try_from(divisor_index).unwrap_or(i64::MAX),
+                &mut early,
+                &mut buckets,
+            )
+        })?;
+        Ok(ReducedStep {
+            early: early.max(0) as usize,
+            buckets: buckets.max(0) as usize,
+        })
+    }
+}
+
+impl Drop for Reducer {
+    fn drop(&mut self) {
+        unsafe { ffi::tchrun_reducer_free(self.raw) }
     }
 }
