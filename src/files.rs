@@ -9,6 +9,8 @@ pub const DRIVER_LOG_PREFIX: &str = "70_driver_log_";
 pub const RANKS_JSON: &str = "ranks.json";
 /// Failure summary written by the launcher.
 pub const FAILURE_JSON: &str = "failure.json";
+/// The launcher's image-header verification, reused by the ranks (`preflight::VerifiedInputs`).
+pub const VERIFIED_INPUTS: &str = "verified_inputs.json";
 /// Model description inside a model directory.
 pub const MODEL_JSON: &str = "model.json";
 /// Weights inside a trained model directory.

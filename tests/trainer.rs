@@ -85,6 +85,13 @@ fn check_trained(out: &Path, ranks: usize, r: &Run) {
         assert!(first[key].is_number(), "metrics.jsonl lacks {key}: {first}");
     }
     let logs = driver_logs(&out.join("logs"), ranks);
+    // The ranks found the same files as the launcher's pre-flight and reused its header checks.
+    for l in &logs {
+        assert!(
+            l.contains("image headers: the launcher's verification reused (1797 images)"),
+            "{l}"
+        );
+    }
     let fp = fingerprints(&logs);
     assert!(fp.iter().all(|f| f == &fp[0]), "replicas differ: {fp:?}");
     assert!(r.stdout.contains("trained model in"), "{}", r.explain());

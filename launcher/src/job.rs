@@ -528,8 +528,11 @@ pub fn run_train(
     job.valid = absolute(job.valid);
     job.output = absolute(job.output);
     // Every image header too: a corrupt file is refused before any rank starts or anything is
-    // written to --output (the ranks check again and apply --skip-bad-images).
-    tchrun::preflight::check_train_job(&job, true).map_err(|e| JobError::invalid(e.to_string()))?;
+    // written to --output. The ranks reuse this verification (verified_inputs.json) when their
+    // own scan finds the same files, and verify for themselves otherwise.
+    let checked =
+        tchrun::preflight::check_train_job_with(&job, tchrun::preflight::Verification::Full)
+            .map_err(|e| JobError::invalid(e.to_string()))?;
     check_gpus(launch, rank)?;
     if !launch.dry_run {
         check_writable(&job.output)?;
@@ -544,6 +547,16 @@ pub fn run_train(
     let mut args = vec!["train".to_string()];
     args.extend(job.to_args());
     args.extend(rank.to_args());
+    if !launch.dry_run {
+        if let Some(m) = &checked.manifest {
+            let path = log_dir.join(files::VERIFIED_INPUTS);
+            match std::fs::create_dir_all(&log_dir).and_then(|_| m.write(&path)) {
+                Ok(()) => args.push(format!("--verified-inputs={}", path.display())),
+                // Only a shortcut: the ranks then verify the headers themselves.
+                Err(e) => eprintln!("tchrun: warning: cannot write {}: {e}", path.display()),
+            }
+        }
+    }
     let code = run_job(launch, log_dir.clone(), args)?;
     if code == 0 && !launch.dry_run {
         println!(

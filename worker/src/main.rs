@@ -46,6 +46,10 @@ struct TrainArgs {
     job: tchrun::flags::TrainJob,
     #[command(flatten)]
     rank: RankFlags,
+    /// The launcher's image-header verification (verified_inputs.json), reused when this
+    /// rank's scan finds exactly the same files.
+    #[arg(long, hide = true)]
+    verified_inputs: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -404,15 +408,16 @@ fn run_exec(a: ExecArgs) -> RankResult {
 fn run_train(a: TrainArgs) -> RankResult {
     let default_logs = a.job.output.join(tchrun::files::DEFAULT_LOG_SUBDIR);
     // Input errors need no log directory: report them before anything is written to --output.
-    let inputs = train::check_inputs(&a.job).map_err(|e| {
-        (
-            None,
-            Fatal {
-                kind: e.kind(),
-                err: e.into(),
-            },
-        )
-    })?;
+    let (inputs, verification) = train::check_inputs(&a.job, a.verified_inputs.as_deref())
+        .map_err(|e| {
+            (
+                None,
+                Fatal {
+                    kind: e.kind(),
+                    err: e.into(),
+                },
+            )
+        })?;
     let rank = start_rank(&a.rank, default_logs, &command_line())?;
     let Rank {
         joined,
@@ -420,6 +425,7 @@ fn run_train(a: TrainArgs) -> RankResult {
         device,
         console,
     } = rank;
+    tracing::info!("{verification}");
     let is_rank0 = pg.rank() == 0;
     // User-facing lines: in every driver log, and on rank 0's console.
     let say = |line: &str| {

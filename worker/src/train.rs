@@ -75,8 +75,33 @@ impl TrainError {
 pub use tchrun::preflight::Inputs;
 
 /// Model directory, image directories (every header decoded), output: before any step.
-pub fn check_inputs(job: &TrainJob) -> Result<Inputs, TrainError> {
-    Ok(tchrun::preflight::check_train_job(job, true)?)
+/// `verified`: the launcher's verification (`verified_inputs.json`), reused when it describes
+/// exactly the files this rank finds. Also returns a line for the driver log saying which.
+pub fn check_inputs(
+    job: &TrainJob,
+    verified: Option<&std::path::Path>,
+) -> Result<(Inputs, String), TrainError> {
+    use tchrun::preflight::{check_train_job_with, Verification, VerifiedInputs};
+    let manifest = verified.map(VerifiedInputs::read);
+    let verification = match &manifest {
+        Some(Ok(m)) => Verification::Reuse(m),
+        _ => Verification::Full,
+    };
+    let checked = check_train_job_with(job, verification)?;
+    let n = checked.inputs.train.samples.len() + checked.inputs.valid.samples.len();
+    let note = match (&manifest, &checked.reused) {
+        (None, _) => format!("image headers verified here ({n} images)"),
+        (Some(Err(e)), _) => format!(
+            "image headers verified here ({n} images): the launcher's verification is unreadable ({e})"
+        ),
+        (Some(Ok(_)), Ok(())) => {
+            format!("image headers: the launcher's verification reused ({n} images)")
+        }
+        (Some(Ok(_)), Err(why)) => format!(
+            "image headers verified here ({n} images): the launcher's verification does not apply ({why})"
+        ),
+    };
+    Ok((checked.inputs, note))
 }
 
 /// What the training loop needs from the rank.
