@@ -30,7 +30,7 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 FULL = dict(repeats=3, arch="resnet18", train_size=112, train_images=256, valid_images=64,
             epochs=2, batch_size=16, big_images=10000, loader_size=224, loader_batch=32,
-            loader_epochs=1, sizes="4096,65536,1048576,16777216", iters=20)
+            loader_epochs=1, sizes="4096,65536,1048576,16777216", iters=100)
 SMOKE = dict(repeats=1, arch="resnet18", train_size=64, train_images=32, valid_images=16,
              epochs=2, batch_size=8, big_images=64, loader_size=224, loader_batch=16,
              loader_epochs=1, sizes="4096,65536", iters=5)

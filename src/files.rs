@@ -50,3 +50,9 @@ mod tests {
         assert_eq!(driver_log_rank("70_mpi_log"), None);
     }
 }
+
+/// Now as RFC 3339 UTC with milliseconds: the one timestamp format of tchrun's files
+/// (driver logs, `failure.json`, `metrics.jsonl`).
+pub fn timestamp_now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}

@@ -70,25 +70,16 @@ impl Case {
     }
 
     fn train_cmd(&self, out: &Path, skip: bool) -> std::process::Command {
-        let mut c = tchrun();
-        c.arg("train")
-            .arg("--model")
-            .arg(&self.model)
-            .arg("--train")
-            .arg(&self.train)
-            .arg("--valid")
-            .arg(&self.valid)
-            .arg("--output")
-            .arg(out)
-            .args([
-                "--epochs",
-                "1",
-                "--batch-size",
-                "8",
-                "--min-crop-scale",
-                "0.5",
-                "--no-hflip",
-            ]);
+        let mut c = tchrun_train(&self.model, &self.train, &self.valid, out);
+        c.args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--min-crop-scale",
+            "0.5",
+            "--no-hflip",
+        ]);
         if skip {
             c.arg("--skip-bad-images");
         }

@@ -37,16 +37,7 @@ impl Drop for Mount {
 fn train(model: &Path, out: &Path, logs: &Path, epochs: &str, extra: &[&str]) -> Run {
     let d = small_digits();
     run(
-        tchrun()
-            .arg("train")
-            .arg("--model")
-            .arg(model)
-            .arg("--train")
-            .arg(d.join("train"))
-            .arg("--valid")
-            .arg(d.join("valid"))
-            .arg("--output")
-            .arg(out)
+        tchrun_train(model, &d.join("train"), &d.join("valid"), out)
             .arg("--log-dir")
             .arg(logs)
             .args([

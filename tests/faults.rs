@@ -78,36 +78,27 @@ fn train_cmd(
     extra: &[&str],
 ) -> Command {
     let d = small_digits();
-    let mut c = tchrun();
-    c.arg("train")
-        .arg("--model")
-        .arg(model)
-        .arg("--train")
-        .arg(d.join("train"))
-        .arg("--valid")
-        .arg(d.join("valid"))
-        .arg("--output")
-        .arg(out)
-        .args([
-            "--procs-per-node",
-            &ranks.to_string(),
-            "--launcher",
-            launcher,
-            "--epochs",
-            &epochs.to_string(),
-        ])
-        .args([
-            "--batch-size",
-            "20",
-            "--lr",
-            "0.05",
-            "--min-crop-scale",
-            "0.5",
-            "--no-hflip",
-            "--print-freq",
-            "1",
-        ])
-        .args(extra);
+    let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), out);
+    c.args([
+        "--procs-per-node",
+        &ranks.to_string(),
+        "--launcher",
+        launcher,
+        "--epochs",
+        &epochs.to_string(),
+    ])
+    .args([
+        "--batch-size",
+        "20",
+        "--lr",
+        "0.05",
+        "--min-crop-scale",
+        "0.5",
+        "--no-hflip",
+        "--print-freq",
+        "1",
+    ])
+    .args(extra);
     c
 }
 
@@ -545,4 +536,55 @@ fn progress_is_one_line_on_a_tty_and_plain_lines_otherwise() {
         "{}",
         plain.explain()
     );
+}
+
+/// `tchrun ... | head -1`: the reader goes away while the job still prints. The launcher must
+/// neither panic nor abandon the job: the ranks finish and the output still reaches 70_mpi_log.
+#[test]
+fn closed_stdout_does_not_stop_the_job() {
+    let t = tempdir();
+    let logs = t.path().join("logs");
+    let err_path = t.path().join("stderr");
+    let mut child = tchrun()
+        .args([
+            "selftest",
+            "--launcher",
+            "local",
+            "--procs-per-node",
+            "2",
+            "--iters",
+            "3",
+            "--log-dir",
+        ])
+        .arg(&logs)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(File::create(&err_path).expect("stderr file"))
+        .process_group(0)
+        .spawn()
+        .expect("start tchrun");
+    // Read one line, then close the pipe (what `head -1` does).
+    {
+        use std::io::BufRead;
+        let out = child.stdout.take().expect("stdout");
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(out).read_line(&mut first);
+    }
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if start.elapsed() > LIMIT {
+            let _ = kill(Pid::from_raw(-(child.id() as i32)), Signal::SIGKILL);
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = read(&err_path);
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let mpi_log = read(&logs.join("70_mpi_log"));
+    assert!(mpi_log.contains("barrier correct"), "{mpi_log}");
 }

@@ -20,16 +20,7 @@ const MIN_TOP1: f64 = 0.85;
 fn train(out: &Path, model: &Path, ranks: u32, extra: &[&str]) -> Run {
     let d = digits();
     run(
-        tchrun()
-            .arg("train")
-            .arg("--model")
-            .arg(model)
-            .arg("--train")
-            .arg(d.join("train"))
-            .arg("--valid")
-            .arg(d.join("valid"))
-            .arg("--output")
-            .arg(out)
+        tchrun_train(model, &d.join("train"), &d.join("valid"), out)
             .args(["--procs-per-node", &ranks.to_string(), "--batch-size", "32"])
             .args(DIGITS)
             .args(extra),
@@ -168,8 +159,9 @@ fn two_ranks_train_digits_score_and_load_in_torchvision() {
 #[test]
 fn averaged_gradient_equals_combined_batch_gradient() {
     let t = tempdir();
+    // Three ranks: Gloo's ring then really splits every bucket across ranks.
     let r = run(
-        mpirun(2)
+        mpirun(3)
             .arg(worker_path())
             .args(["gradcheck", "--log-dir"])
             .arg(t.path()),
@@ -210,16 +202,7 @@ fn early_stopping_fires_after_patience_epochs() {
     let train_dir = subset(&d.join("train"), &t.path().join("train-small"), 30, 0);
     let valid_dir = subset(&d.join("valid"), &t.path().join("valid-shifted"), 10, 1);
     let r = run(
-        tchrun()
-            .arg("train")
-            .arg("--model")
-            .arg(&model)
-            .arg("--train")
-            .arg(&train_dir)
-            .arg("--valid")
-            .arg(&valid_dir)
-            .arg("--output")
-            .arg(&out)
+        tchrun_train(&model, &train_dir, &valid_dir, &out)
             .args(DIGITS)
             .args([
                 "--batch-size",

@@ -198,17 +198,17 @@ fn commands(plan: &Plan, worker_args: &[String]) -> Result<Vec<CommandSpec>, Job
 }
 
 fn print_dry_run(plan: &Plan, specs: &[CommandSpec]) {
-    println!(
+    outln!(
         "# launcher: {:?}, {} rank(s): {} node(s) x {} per node",
         plan.kind,
         plan.world_size(),
         plan.nodes,
         plan.procs_per_node
     );
-    println!("# log directory: {}", plan.log_dir.display());
+    outln!("# log directory: {}", plan.log_dir.display());
     let forward = launch::forwarded_vars(std::env::vars().map(|(k, _)| k));
     if !forward.is_empty() {
-        println!("# environment forwarded to the ranks:");
+        outln!("# environment forwarded to the ranks:");
         for k in &forward {
             let v = std::env::var(k).unwrap_or_default();
             let shown = if launch::is_secret(k) {
@@ -216,7 +216,7 @@ fn print_dry_run(plan: &Plan, specs: &[CommandSpec]) {
             } else {
                 v
             };
-            println!("#   {k}={shown}");
+            outln!("#   {k}={shown}");
         }
     }
     for s in specs {
@@ -235,9 +235,9 @@ fn print_dry_run(plan: &Plan, specs: &[CommandSpec]) {
             })
             .collect();
         if env.is_empty() {
-            println!("{}", s.display());
+            outln!("{}", s.display());
         } else {
-            println!("{} {}", env.join(" "), s.display());
+            outln!("{} {}", env.join(" "), s.display());
         }
     }
 }
@@ -378,7 +378,7 @@ pub fn run_job(
             local_rank: None,
             exit_code: None,
             signal: None,
-            time: Some(crate::report::now()),
+            time: Some(tchrun::files::timestamp_now()),
             classification: "hang".into(),
             message: msg.clone(),
             log: None,
@@ -397,7 +397,7 @@ pub fn run_job(
         } else {
             ErrorKind::InterruptedTerm
         };
-        eprintln!(
+        errln!(
             "tchrun: interrupted; all ranks stopped (logs in {})",
             plan.log_dir.display()
         );
@@ -475,7 +475,14 @@ pub fn run_job(
         exit_status: kind.exit_code(),
     };
     report::write_summary(&plan.log_dir, &summary);
-    eprint!("{}", report::render(&summary, &plan.log_dir));
+    {
+        use std::io::Write as _;
+        let _ = write!(
+            std::io::stderr(),
+            "{}",
+            report::render(&summary, &plan.log_dir)
+        );
+    }
     Ok(kind.exit_code())
 }
 
@@ -553,13 +560,13 @@ pub fn run_train(
             match std::fs::create_dir_all(&log_dir).and_then(|_| m.write(&path)) {
                 Ok(()) => args.push(format!("--verified-inputs={}", path.display())),
                 // Only a shortcut: the ranks then verify the headers themselves.
-                Err(e) => eprintln!("tchrun: warning: cannot write {}: {e}", path.display()),
+                Err(e) => errln!("tchrun: warning: cannot write {}: {e}", path.display()),
             }
         }
     }
     let code = run_job(launch, log_dir.clone(), args)?;
     if code == 0 && !launch.dry_run {
-        println!(
+        outln!(
             "tchrun: trained model in {}: {}, {}; metrics {} and {}; logs in {}",
             job.output.display(),
             files::MODEL_JSON,

@@ -1,6 +1,24 @@
 //! `tchrun`: validates a job before any rank starts, launches its ranks through mpirun, srun or
 //! local processes, tees launch output into `70_mpi_log`, and reports the first failing rank.
 //! Architecture Invariant: the launcher links neither libtorch nor MPI.
+
+/// `println!` that never panics: a closed stdout (`tchrun train ... | head`) must not take the
+/// launcher down while it supervises ranks; the lines still reach `70_mpi_log`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics (see `outln!`).
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod job;
 mod launch;
 mod model_init;
@@ -160,7 +178,10 @@ fn main() -> ExitCode {
         ),
         Cmd::Logs { dir } => match report::logs_command(&dir) {
             Ok(text) => {
-                print!("{text}");
+                {
+                    use std::io::Write as _;
+                    let _ = write!(std::io::stdout(), "{text}");
+                }
                 Ok(0)
             }
             Err(e) => Err(job::JobError::invalid(e)),
@@ -169,7 +190,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
-            eprintln!("tchrun: error: {}", e.message);
+            errln!("tchrun: error: {}", e.message);
             ExitCode::from(e.kind.exit_code() as u8)
         }
     }

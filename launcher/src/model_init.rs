@@ -63,7 +63,7 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     std::fs::write(&tmp, model::to_json(&cfg))
         .and_then(|_| std::fs::rename(&tmp, &target))
         .map_err(|e| JobError::invalid(format!("--output {}: {e}", a.output.display())))?;
-    println!(
+    outln!(
         "untrained {} model ({}x{} input) in {}",
         a.arch.name(),
         a.input_size,

@@ -68,13 +68,17 @@ pub fn write_table(plan: &Plan) {
     write(plan, &rows);
     const SHOWN: usize = 16;
     for r in rows.iter().take(SHOWN) {
-        println!(
+        outln!(
             "tchrun: rank {:>3} -> {} (local rank {}, {}), log {}",
-            r.rank, r.host, r.local_rank, r.device, r.log
+            r.rank,
+            r.host,
+            r.local_rank,
+            r.device,
+            r.log
         );
     }
     if rows.len() > SHOWN {
-        println!(
+        outln!(
             "tchrun: ... {} more ranks in {}",
             rows.len() - SHOWN,
             plan.log_dir.join(files::RANKS_JSON).display()

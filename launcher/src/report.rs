@@ -312,10 +312,6 @@ pub fn logs_command(dir: &Path) -> Result<String, String> {
 }
 
 /// Wall-clock time now, RFC 3339.
-pub fn now() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
-}
-
 /// The end-of-run report from the ranks' summaries: throughput, slowest rank, LR used.
 pub fn run_report(dir: &Path) {
     let logs = read_driver_logs(dir);
@@ -362,5 +358,5 @@ pub fn run_report(dir: &Path) {
     if let Some(lr) = lr {
         line.push_str(&format!("; effective LR {lr}"));
     }
-    println!("{line}");
+    outln!("{line}");
 }

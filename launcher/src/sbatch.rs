@@ -285,7 +285,10 @@ pub fn run(a: &SbatchArgs) -> Result<i32, JobError> {
     let b = batch_job(a)?;
     let text = script(&b);
     if a.launch.dry_run {
-        print!("{text}");
+        {
+            use std::io::Write as _;
+            let _ = write!(std::io::stdout(), "{text}");
+        }
         return Ok(0);
     }
     let path = job::absolute(
@@ -301,9 +304,9 @@ pub fn run(a: &SbatchArgs) -> Result<i32, JobError> {
         ))
     })?;
     write_script(&path, &text)?;
-    println!("tchrun: wrote batch script {}", path.display());
+    outln!("tchrun: wrote batch script {}", path.display());
     if !a.submit {
-        println!("tchrun: submit it with: sbatch {}", path.display());
+        outln!("tchrun: submit it with: sbatch {}", path.display());
         return Ok(0);
     }
     let out = std::process::Command::new("sbatch")
@@ -332,8 +335,8 @@ pub fn run(a: &SbatchArgs) -> Result<i32, JobError> {
             stderr.trim()
         )));
     };
-    println!("Submitted batch job {id}");
-    println!(
+    outln!("Submitted batch job {id}");
+    outln!(
         "tchrun: logs in {}: {} (script and srun output), {}<rank> (each rank); follow with `tail -f {}`, stop with `scancel {id}`",
         b.log_dir.display(),
         files::MPI_LOG,

@@ -97,15 +97,15 @@ impl Sink {
                     }
                     let _ = out.flush();
                     if to_stderr {
-                        eprintln!("{prefix}{line}");
+                        errln!("{prefix}{line}");
                     } else {
                         let _ = writeln!(out, "{prefix}{line}");
                     }
                 }
                 let _ = out.flush();
             }
-            (None, true) => eprintln!("{prefix}{line}"),
-            (None, false) => println!("{prefix}{line}"),
+            (None, true) => errln!("{prefix}{line}"),
+            (None, false) => outln!("{prefix}{line}"),
         }
         if let Ok(mut t) = self.tail.lock() {
             if t.len() == TAIL_LINES {
@@ -361,7 +361,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
     }
     if let Some(shown) = &sink.status {
         if shown.lock().map(|s| *s).unwrap_or(false) {
-            println!(); // keep the last progress line, end it
+            outln!(); // keep the last progress line, end it
         }
     }
     let tail = sink

@@ -27,6 +27,21 @@ pub fn tchrun() -> Command {
     c
 }
 
+/// `tchrun train --model M --train T --valid V --output O`; each test adds its own flags.
+pub fn tchrun_train(model: &Path, train: &Path, valid: &Path, out: &Path) -> Command {
+    let mut c = tchrun();
+    c.arg("train")
+        .arg("--model")
+        .arg(model)
+        .arg("--train")
+        .arg(train)
+        .arg("--valid")
+        .arg(valid)
+        .arg("--output")
+        .arg(out);
+    c
+}
+
 pub fn worker_path() -> PathBuf {
     bin_dir().join("tchrun-worker")
 }

@@ -328,35 +328,17 @@ struct ReducerState {
     order_known = true;
   }
 
-  // First step: one flat all-reduce after backward; then rank 0's ready order to every rank.
+  // First step: the hooks only recorded the order in which gradients arrived. Rank 0's order
+  // goes to every rank, the buckets are built from it, and this step's gradients (in p.grad)
+  // are reduced through them after backward, so that every step sums in the same layout (the
+  // same rounding: a resumed run stays bit-identical to an uninterrupted one).
   void discovery_step(int64_t divisor_index) {
-    std::vector<at::Tensor> parts;
-    parts.reserve(params.size() + 1);
-    for (auto& p : params) {
-      const at::Tensor& g = p.grad();
-      parts.push_back(g.defined() ? (g.reshape({-1}).to(at::kFloat) * scale)
-                                  : at::zeros({p.numel()}, p.options().dtype(at::kFloat)));
-    }
-    parts.push_back(extra.reshape({-1}).to(parts.empty() ? extra.device() : parts[0].device()));
-    at::Tensor flat = at::cat(parts, 0);
-    std::vector<at::Tensor> v{flat};
-    wait(backend->allreduce(v, sum_opts()));
-    int64_t total = flat.numel() - extra.numel();
-    extra.copy_(flat.narrow(0, total, extra.numel()).view_as(extra));
-    double inv = 1.0 / std::max(1.0, extra[divisor_index].item<double>());
-    int64_t off = 0;
-    for (auto& p : params) {
-      at::Tensor src = flat.narrow(0, off, p.numel()).view(p.sizes()) * inv;
-      at::Tensor& g = p.mutable_grad();
-      if (g.defined()) g.copy_(src); else g = src.to(p.dtype());
-      off += p.numel();
-    }
-    // The bucket order: this rank's ready order, parameters without a gradient last; rank 0's wins.
     std::vector<char> have(params.size(), 0);
     std::vector<int64_t> order;
     for (int64_t i : seen) {
       if (i >= 0 && static_cast<size_t>(i) < params.size() && !have[i]) { have[i] = 1; order.push_back(i); }
     }
+    // Parameters without a gradient go last.
     for (size_t i = 0; i < params.size(); i++) if (!have[i]) order.push_back(static_cast<int64_t>(i));
     at::Tensor t = at::tensor(order, at::TensorOptions().dtype(at::kLong));
     if (!params.empty() && params[0].is_cuda()) t = t.to(params[0].device());
@@ -374,6 +356,21 @@ struct ReducerState {
       if (sorted[i] != static_cast<int64_t>(i)) throw std::runtime_error("reducer: rank 0 sent an invalid bucket order");
     }
     build(root, extra.numel());
+    for (auto& b : buckets) b.pending = b.members.size();
+    Bucket& b0 = buckets[0];
+    b0.flat.narrow(0, b0.grad_len, extra.numel()).copy_(extra.reshape({-1}));
+    at::Tensor scale_t = at::scalar_tensor(at::Scalar(scale), at::kDouble);
+    for (size_t i = 0; i < params.size(); i++) {
+      const at::Tensor& g = params[i].grad();
+      if (!g.defined()) continue;
+      Bucket& b = buckets[bucket_of[i]];
+      at::Tensor slot = b.flat.narrow(0, offset_of[i], params[i].numel());
+      at::mul_out(slot, g.reshape({-1}), scale_t);
+      fired[i] = 1;
+      b.pending--;
+    }
+    next_launch = 0;
+    overlapped_finish(divisor_index);
   }
 
   void overlapped_finish(int64_t divisor_index) {

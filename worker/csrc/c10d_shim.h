@@ -45,8 +45,8 @@ char* tchrun_pg_barrier(tchrun_pg* pg);
 // its gradient × scale into a flat bucket as backward produces it, and launch each bucket's
 // asynchronous SUM all-reduce as soon as it and every bucket before it are full, so the
 // reduction overlaps the rest of backward. Buckets follow the order in which rank 0's gradients
-// became ready in the first step (that step reduces everything in one flat all-reduce after
-// backward and broadcasts the order). The reducer holds its own reference to the group.
+// became ready in the first step (that step broadcasts the order, then reduces through the
+// buckets after backward, so every step sums in the same layout). The reducer holds its own reference to the group.
 typedef struct tchrun_reducer tchrun_reducer;
 // first_bucket_bytes / bucket_bytes: bucket caps (DDP: 1 MiB for the first, 25 MiB after).
 char* tchrun_reducer_new(tchrun_pg* pg, tchrun_tensor* params, size_t n, int64_t first_bucket_bytes,

@@ -77,7 +77,7 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
         tchrun::VERSION,
         env!("TCHRUN_TORCH_VERSION"),
         header.command,
-        humantime_now(),
+        tchrun::files::timestamp_now(),
     )?;
     file.flush()?;
     let console = Console {
@@ -104,9 +104,4 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
     }));
     crate::signals::install()?;
     Ok((path, console))
-}
-
-/// Wall-clock time as RFC 3339 UTC with milliseconds.
-pub fn humantime_now() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }

@@ -319,7 +319,8 @@ pub struct ReducedStep {
 /// Gradient reducer over a group (the shim's DDP-style Reducer): autograd hooks on every
 /// parameter fill flat buckets and launch their asynchronous SUM all-reduces during backward.
 /// Use: `prepare` after forward, then backward, then `finish`. The first step finds the order in
-/// which gradients become ready (rank 0's wins) and reduces in one piece after backward.
+/// which gradients become ready (rank 0's wins) and reduces through the buckets after backward,
+/// so that every step sums in the same layout.
 pub struct Reducer {
     raw: *mut ffi::Reducer,
 }

@@ -633,7 +633,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             top5: v.top5,
             lr,
             epoch_time_s: prior_s + t_epoch.elapsed().as_secs_f64(),
-            time: crate::driver_log::humantime_now(),
+            time: tchrun::files::timestamp_now(),
         };
         let line = format!(
             "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
