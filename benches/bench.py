@@ -21,19 +21,28 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = os.path.join(ROOT, ".venv", "bin", "python")
-TORCHRUN = os.path.join(ROOT, ".venv", "bin", "torchrun")
+# A machine with its own torch (the GPU machine) points these at its Python and torchrun.
+PY = os.environ.get("TCHRUN_BENCH_PYTHON", os.path.join(ROOT, ".venv", "bin", "python"))
+TORCHRUN = os.environ.get("TCHRUN_BENCH_TORCHRUN", os.path.join(ROOT, ".venv", "bin", "torchrun"))
 TCHRUN = os.path.join(ROOT, "target", "release", "tchrun")
 WORKER = os.path.join(ROOT, "target", "release", "tchrun-worker")
 REF = os.path.join(ROOT, "benches", "reference")
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+GPU_BEGIN, GPU_END = "<!-- bench-gpu:begin -->", "<!-- bench-gpu:end -->"
 
 FULL = dict(repeats=3, arch="resnet18", train_size=112, train_images=256, valid_images=64,
             epochs=2, batch_size=16, big_images=10000, loader_size=224, loader_batch=32,
-            loader_epochs=1, sizes="4096,65536,1048576,16777216", iters=100)
+            loader_epochs=1, sizes="4096,65536,1048576,16777216", iters=100,
+            step_arch="resnet18", step_size=112, step_batch=16, step_steps=20)
 SMOKE = dict(repeats=1, arch="resnet18", train_size=64, train_images=32, valid_images=16,
              epochs=2, batch_size=8, big_images=64, loader_size=224, loader_batch=16,
-             loader_epochs=1, sizes="4096,65536", iters=5)
+             loader_epochs=1, sizes="4096,65536", iters=5,
+             step_arch="resnet18", step_size=64, step_batch=4, step_steps=3)
+# --gpu: the GPU mode (issue 6): ResNet-50, 224 x 224, bf16 autocast, channels-last and cudnn
+# benchmark on both sides, synthetic tensors; images/s and GPU memory (nvidia-smi, per process).
+GPU = dict(repeats=3, step_arch="resnet50", step_size=224, step_batch=128, step_steps=50,
+           arch="resnet50", train_size=224, train_images=2560, valid_images=256, epochs=3,
+           batch_size=64)
 
 
 def log(msg):
@@ -103,7 +112,26 @@ def is_ref_rank(cmd):
         a.endswith(("train_ddp.py", "allreduce.py")) for a in cmd[1:3])
 
 
-def run(cmd, is_rank, stdout_path, stop=None, limit=1800, env=None, done_tag="RESULT "):
+def _gpu_mem_mib():
+    """{pid: used MiB} of every compute process nvidia-smi lists ({} without a GPU)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except Exception:
+        return {}
+    mem = {}
+    for line in out.splitlines():
+        try:
+            pid, used = (int(x) for x in line.split(","))
+            mem[pid] = used
+        except ValueError:
+            continue
+    return mem
+
+
+def run(cmd, is_rank, stdout_path, stop=None, limit=1800, env=None, done_tag="RESULT ",
+        gpu=False):
     """Runs cmd in its own session, sampling its rank processes; returns a dict. `stop()`
     true: the job is ended (SIGTERM) and that is no failure; once `done_tag` is in the output,
     a job that does not end within 30 s is stopped the same way (a hang at shutdown)."""
@@ -117,6 +145,7 @@ def run(cmd, is_rank, stdout_path, stop=None, limit=1800, env=None, done_tag="RE
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                              start_new_session=True, env=env)
         hwm, pss, rank_pids, stopped, tick = {}, {}, set(), False, 0
+        gpu_peak = 0
         while p.poll() is None:
             tick += 1
             kids = _children_map()
@@ -134,6 +163,9 @@ def run(cmd, is_rank, stdout_path, stop=None, limit=1800, env=None, done_tag="RE
                 if tick % 2 == 0:
                     total = sum(_pss_kb(q) for q in _subtree(pid, kids))
                     pss[pid] = max(pss.get(pid, 0), total)
+            if gpu:
+                mem = _gpu_mem_mib()
+                gpu_peak = max([gpu_peak] + [mem[q] for q in tree if q in mem])
             if done and done_at is None and done():
                 done_at = time.time()
             if done_at is not None and time.time() - done_at > 30 and not stopped:
@@ -157,7 +189,8 @@ def run(cmd, is_rank, stdout_path, stop=None, limit=1800, env=None, done_tag="RE
         raise SystemExit(f"failed (exit {p.returncode}): {' '.join(cmd)}\n{text[-3000:]}")
     return {"t0": t0, "wall": wall, "rc": p.returncode, "text": text,
             "hwm_mib": max(hwm.values(), default=0) / 1024,
-            "pss_mib": max(pss.values(), default=0) / 1024, "ranks": len(rank_pids)}
+            "pss_mib": max(pss.values(), default=0) / 1024, "ranks": len(rank_pids),
+            "gpu_mib": gpu_peak}
 
 
 def result_line(text, tag):
@@ -190,34 +223,34 @@ def warm_mean(values):
     return sum(vals) / len(vals)
 
 
-def train_tchrun(c, data, nproc, work, tag):
+def train_tchrun(c, data, nproc, work, tag, extra=(), gpu=False):
     out = os.path.join(work, f"out-{tag}")
     shutil.rmtree(out, ignore_errors=True)
     cmd = [TCHRUN, "train", "--model", c["model_dir"], "--train", os.path.join(data, "train"),
            "--valid", os.path.join(data, "valid"), "--output", out, "--epochs", str(c["epochs"]),
            "--batch-size", str(c["batch_size"]), "--procs-per-node", str(nproc),
-           "--launcher", "local", "--patience", "100"]
-    r = run(cmd, is_tchrun_rank, out + ".stdout")
+           "--launcher", "local", "--patience", "100", *extra]
+    r = run(cmd, is_tchrun_rank, out + ".stdout", gpu=gpu)
     with open(os.path.join(out, "metrics.jsonl")) as f:
         ips = [json.loads(l)["train_images_per_sec"] for l in f if l.strip()]
     fs = tchrun_first_step(os.path.join(out, "logs", "70_driver_log_0"))
     return {"ips": warm_mean(ips), "first_step": fs - r["t0"] if fs else None,
-            "hwm": r["hwm_mib"], "pss": r["pss_mib"], "ranks": r["ranks"]}
+            "hwm": r["hwm_mib"], "pss": r["pss_mib"], "ranks": r["ranks"], "gpu_mib": r["gpu_mib"]}
 
 
-def train_ref(c, data, nproc, work, tag):
+def train_ref(c, data, nproc, work, tag, extra=(), gpu=False):
     out = os.path.join(work, f"ref-{tag}")
     shutil.rmtree(out, ignore_errors=True)
     cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
            os.path.join(REF, "train_ddp.py"), "--arch", c["arch"], "--size", str(c["train_size"]),
            "--train", os.path.join(data, "train"), "--valid", os.path.join(data, "valid"),
            "--output", out, "--epochs", str(c["epochs"]), "--batch-size", str(c["batch_size"]),
-           "--patience", "100"]
-    r = run(cmd, is_ref_rank, out + ".stdout")
+           "--patience", "100", *extra]
+    r = run(cmd, is_ref_rank, out + ".stdout", gpu=gpu)
     res = json.loads(result_line(r["text"], "RESULT"))
     return {"ips": warm_mean(res["train_images_per_sec"]),
             "first_step": res["first_step_unix"] - r["t0"], "hwm": r["hwm_mib"],
-            "pss": r["pss_mib"], "ranks": r["ranks"]}
+            "pss": r["pss_mib"], "ranks": r["ranks"], "gpu_mib": r["gpu_mib"]}
 
 
 def first_step_tchrun(c, data, nproc, work, tag):
@@ -243,6 +276,36 @@ def first_step_ref(c, data, nproc, work, tag):
     r = run(cmd, is_ref_rank, path,
             stop=lambda: "FIRST_STEP " in (_read(path) or b"").decode(errors="replace"))
     return {"first_step": float(result_line(r["text"], "FIRST_STEP")) - r["t0"]}
+
+
+def step_tchrun(c, device, threads, work, tag):
+    cmd = [WORKER, "bench-step", "--arch", c["step_arch"], "--size", str(c["step_size"]),
+           "--batch-size", str(c["step_batch"]), "--steps", str(c["step_steps"]),
+           "--device", device]
+    if device == "cuda":
+        cmd += ["--amp", "bf16"]
+    else:
+        cmd += ["--threads", str(threads), "--classes", "10"]
+    r = run(cmd, is_tchrun_rank, os.path.join(work, f"step-{tag}.stdout"), done_tag=None,
+            gpu=device == "cuda")
+    res = json.loads(r["text"].strip().splitlines()[-1])
+    return {"ips": res["images_per_sec"], "hwm": r["hwm_mib"], "gpu_mib": r["gpu_mib"]}
+
+
+def step_ref(c, device, threads, work, tag):
+    cmd = [PY, os.path.join(REF, "bench_step.py"), "--arch", c["step_arch"], "--size",
+           str(c["step_size"]), "--batch-size", str(c["step_batch"]), "--steps",
+           str(c["step_steps"]), "--device", device]
+    if device == "cuda":
+        # The issue's GPU mode: channels-last and bf16 on both sides.
+        cmd += ["--amp", "bf16", "--channels-last"]
+    else:
+        # PyTorch's default layout, as a user's script runs (tchrun's default is channels-last).
+        cmd += ["--threads", str(threads), "--classes", "10"]
+    r = run(cmd, lambda cm: len(cm) > 1 and cm[1].endswith("bench_step.py"),
+            os.path.join(work, f"refstep-{tag}.stdout"), gpu=device == "cuda")
+    res = json.loads(result_line(r["text"], "RESULT"))
+    return {"ips": res["images_per_sec"], "hwm": r["hwm_mib"], "gpu_mib": r["gpu_mib"]}
 
 
 def loader_tchrun(c, images, threads, work, tag):
@@ -322,6 +385,9 @@ def git_rev():
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--smoke", action="store_true", help="1 repeat, tiny sizes (CI)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU mode: ResNet-50 training steps on CUDA (bf16, channels-last), "
+                         "images/s and GPU memory; writes the GPU section of BENCHMARKS.md")
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "bench"),
                     help="work directory (datasets, outputs, logs, BENCHMARKS.md copy)")
     ap.add_argument("--table", default=None,
@@ -334,6 +400,8 @@ def main() -> int:
     for k, v in FULL.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
     a = ap.parse_args()
+    if a.gpu:
+        return gpu_main(a)
     c = dict(SMOKE if a.smoke else FULL)
     for k in FULL:
         if getattr(a, k) is not None:
@@ -365,6 +433,7 @@ def main() -> int:
         ("train1", lambda tool, r: (train_tchrun if tool == "t" else train_ref)(c, small, 1, work, f"1-{r}")),
         ("train2", lambda tool, r: (train_tchrun if tool == "t" else train_ref)(c, small, 2, work, f"2-{r}")),
         ("first2", lambda tool, r: (first_step_tchrun if tool == "t" else first_step_ref)(c, big, 2, work, f"first-{r}")),
+        ("step", lambda tool, r: (step_tchrun if tool == "t" else step_ref)(c, "cpu", cores, work, str(r))),
         ("loader", lambda tool, r: (loader_tchrun if tool == "t" else loader_ref)(c, os.path.join(big, "train"), cores, work, str(r))),
         ("busbw", lambda tool, r: (busbw_tchrun if tool == "t" else busbw_ref)(c, 2, work, str(r))),
     ]
@@ -418,6 +487,9 @@ def main() -> int:
     row("Time to first step, 1 rank, small set", "s", med("train1", "t", "first_step"), med("train1", "r", "first_step"), 0.5, False, paired("train1", "first_step"))
     row("Time to first step, 2 ranks, small set", "s", med("train2", "t", "first_step"), med("train2", "r", "first_step"), 0.5, False, paired("train2", "first_step"))
     row(f"Time to first step, 2 ranks, {c['big_images']}-image set", "s", med("first2", "t", "first_step"), med("first2", "r", "first_step"), 0.5, False, paired("first2", "first_step"))
+    row(f"Training step alone, synthetic tensors, 1 process ({c['step_arch']} {c['step_size']}px, "
+        f"batch {c['step_batch']}; tchrun channels-last, reference PyTorch's default NCHW)",
+        "images/s", med("step", "t", "ips"), med("step", "r", "ips"), None, True, paired("step", "ips"))
     row(f"Input pipeline, {c['loader_size']}x{c['loader_size']}, {cores} threads/workers", "images/s", med("loader", "t", "ips"), med("loader", "r", "ips"), 2.0, True, paired("loader", "ips"))
     row("Peak RSS per rank (VmHWM), 1 rank", "MiB", med("train1", "t", "hwm"), med("train1", "r", "hwm"), 1.0, False, paired("train1", "hwm"))
     row("Peak RSS per rank (VmHWM), 2 ranks", "MiB", med("train2", "t", "hwm"), med("train2", "r", "hwm"), 1.0, False, paired("train2", "hwm"))
@@ -465,6 +537,88 @@ def main() -> int:
     return 0
 
 
+def gpu_main(a) -> int:
+    """The GPU mode: synthetic-tensor training steps on CUDA, tchrun versus PyTorch."""
+    c = dict(GPU)
+    for k in GPU:
+        if getattr(a, k, None) is not None:
+            c[k] = getattr(a, k)
+    work = os.path.abspath(a.out)
+    os.makedirs(work, exist_ok=True)
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception:
+        name = ""
+    if not name:
+        raise SystemExit("--gpu: nvidia-smi lists no GPU on this machine")
+    # Decoded JPEGs: the whole trainer (loader, bf16, channels-last) on one GPU.
+    data = os.path.join(work, f"data-gpu-{c['train_images']}")
+    subprocess.run([PY, os.path.join(ROOT, "benches", "make_images.py"), data, "--train",
+                    str(c["train_images"]), "--valid", str(c["valid_images"]), "--size", "256"],
+                   check=True, timeout=1800)
+    c["model_dir"] = os.path.join(work, f"model-{c['arch']}-{c['train_size']}")
+    if not os.path.isfile(os.path.join(c["model_dir"], "model.json")):
+        subprocess.run([TCHRUN, "model", "init", "--arch", c["arch"], "--input-size",
+                        str(c["train_size"]), "--output", c["model_dir"]], check=True, timeout=300)
+    cases = {
+        "step": (lambda r: step_tchrun(c, "cuda", 0, work, f"gpu-{r}"),
+                 lambda r: step_ref(c, "cuda", 0, work, f"gpu-{r}")),
+        "train": (lambda r: train_tchrun(c, data, 1, work, f"gpu-{r}",
+                                         ["--device", "cuda", "--amp", "bf16"], gpu=True),
+                  lambda r: train_ref(c, data, 1, work, f"gpu-{r}",
+                                      ["--device", "cuda", "--amp", "bf16", "--channels-last"],
+                                      gpu=True)),
+    }
+    res = {(k, t): [] for k in cases for t in "tr"}
+    t_start = time.time()
+    for r in range(c["repeats"]):
+        for name, fns in cases.items():
+            for tool in ("tr" if r % 2 == 0 else "rt"):
+                res[(name, tool)].append(fns[0 if tool == "t" else 1](r))
+                log(f"repeat {r + 1}/{c['repeats']} gpu {name} "
+                    f"{'tchrun' if tool == 't' else 'reference'}: {json.dumps(res[(name, tool)][-1])}")
+    med = lambda name, tool, k: statistics.median(x[k] for x in res[(name, tool)])  # noqa: E731
+    pair = lambda name, k: statistics.median(  # noqa: E731
+        t[k] / r[k] for t, r in zip(res[(name, "t")], res[(name, "r")]) if r[k])
+
+    def rows_for(name, label):
+        ratio = pair(name, "ips")
+        return [
+            f"| {label}: throughput | images/s | {med(name, 't', 'ips'):.1f} | "
+            f"{med(name, 'r', 'ips'):.1f} | {ratio:.2f}x | >= 1.00x | "
+            f"{'yes' if ratio >= 1.0 else '**no**'} |",
+            f"| {label}: GPU memory per process (nvidia-smi peak) | MiB | "
+            f"{med(name, 't', 'gpu_mib'):.0f} | {med(name, 'r', 'gpu_mib'):.0f} | "
+            f"{pair(name, 'gpu_mib'):.2f}x |  |  |",
+        ]
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    md = "\n".join([
+        GPU_BEGIN,
+        f"Command: `{a.command}` (took {(time.time() - t_start) / 60:.1f} min) · date: {when} · "
+        f"commit: {git_rev()}",
+        "",
+        f"Device: {name}. bf16 autocast, channels-last and cudnn benchmark on both sides. "
+        f"Synthetic tensors: {c['step_arch']} at {c['step_size']}x{c['step_size']}, batch "
+        f"{c['step_batch']}, {c['step_steps']} timed steps (tchrun-worker bench-step versus "
+        f"benches/reference/bench_step.py). Decoded JPEGs: `tchrun train --device cuda --amp bf16` "
+        f"versus train_ddp.py under torchrun, {c['arch']} at {c['train_size']}x{c['train_size']}, "
+        f"{c['train_images']} JPEGs (~256 px), batch {c['batch_size']}, {c['epochs']} epochs, 1 "
+        f"rank. Median of {c['repeats']} repeat(s), alternating; torch {torch_version()}.",
+        "",
+        "| benchmark | unit | tchrun | reference | tchrun / reference | target | met |",
+        "|---|---|---|---|---|---|---|",
+        *rows_for("step", "Synthetic tensors"),
+        *rows_for("train", "Decoded JPEGs"),
+        GPU_END,
+    ])
+    print(md)
+    table = a.table or os.path.join(ROOT, "BENCHMARKS.md")
+    write_section(table, md, GPU_BEGIN, GPU_END)
+    log(f"GPU table written to {table}")
+    return 0
+
+
 def torch_version():
     try:
         return subprocess.run([PY, "-c", "import torch, torchvision; print(torch.__version__, '/ torchvision', torchvision.__version__)"],
@@ -473,11 +627,11 @@ def torch_version():
         return "?"
 
 
-def write_section(path, md):
+def write_section(path, md, begin=BEGIN, end=END):
     """Replaces the generated section of `path` (between the markers), keeping the rest."""
     old = open(path).read() if os.path.exists(path) else ""
-    if BEGIN in old and END in old:
-        new = old[:old.index(BEGIN)] + md + old[old.index(END) + len(END):]
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + md + old[old.index(end) + len(end):]
     elif old:
         new = old.rstrip() + "\n\n" + md + "\n"
     else:

@@ -9,8 +9,12 @@
 # (1 repeat, tiny sizes, < 2 minutes) writes OUT/BENCHMARKS.md only.
 #   --out DIR     work directory: datasets (kept between runs), outputs, logs (default target/bench)
 #   --build       cargo build --release first (otherwise only when the binaries are missing)
+#   --cases LIST  a subset of train1,train2,first2,step,loader,busbw (table to OUT only)
+#   --gpu         the GPU mode (ResNet-50, bf16, channels-last; synthetic and decoded JPEGs)
 #   more: --arch, --train-size, --train-images, --valid-images, --epochs, --batch-size,
-#         --big-images, --loader-size, --loader-batch, --loader-epochs, --sizes, --iters
+#         --big-images, --loader-size, --loader-batch, --loader-epochs, --sizes, --iters,
+#         --step-arch, --step-size, --step-batch, --step-steps
+# TCHRUN_BENCH_PYTHON / TCHRUN_BENCH_TORCHRUN: another Python with torch (a GPU machine's).
 # Needs the venv and build of scripts/setup.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,11 +23,11 @@ args=()
 for a in "$@"; do
     case "$a" in
         --build) build=1 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) args+=("$a") ;;
     esac
 done
-if [[ ! -x .venv/bin/python || ! -x .venv/bin/torchrun ]]; then
+if [[ -z "${TCHRUN_BENCH_PYTHON:-}" && ( ! -x .venv/bin/python || ! -x .venv/bin/torchrun ) ]]; then
     echo "bench.sh: .venv missing: run scripts/setup.sh first" >&2
     exit 2
 fi
@@ -31,4 +35,4 @@ if [[ $build == 1 || ! -x target/release/tchrun || ! -x target/release/tchrun-wo
     timeout 1800 cargo build --release
 fi
 export PYTHONUNBUFFERED=1
-exec .venv/bin/python benches/bench.py --command "scripts/bench.sh $*" "${args[@]}"
+exec "${TCHRUN_BENCH_PYTHON:-.venv/bin/python}" benches/bench.py --command "scripts/bench.sh $*" "${args[@]}"

@@ -310,6 +310,11 @@ pub struct TrainOptions {
     /// Mixed precision on CUDA (ignored on CPU).
     #[arg(long, env = "TCHRUN_AMP", value_enum, default_value_t = Amp::Off)]
     pub amp: Amp,
+    /// Keep PyTorch's default NCHW layout instead of channels-last (NHWC in memory) for the
+    /// convolution weights and the input batches. Channels-last is the faster layout for
+    /// oneDNN and cuDNN convolutions; the weights written to --output are standard NCHW either way.
+    #[arg(long, env = "TCHRUN_NO_CHANNELS_LAST")]
+    pub no_channels_last: bool,
     /// Gradient bucket cap in MiB (DDP's bucket_cap_mb): each bucket's all-reduce starts as
     /// soon as backward has filled it. The first bucket is capped at 1 MiB (or this, if less).
     #[arg(long, env = "TCHRUN_BUCKET_CAP_MB", default_value_t = 25.0, value_parser = parse_bucket_mb)]
@@ -335,6 +340,9 @@ impl TrainOptions {
         }
         if self.skip_bad_images {
             v.push("--skip-bad-images".into());
+        }
+        if self.no_channels_last {
+            v.push("--no-channels-last".into());
         }
         if let Some(t) = self.loader_threads {
             v.push(format!("--loader-threads={t}"));

@@ -4,7 +4,8 @@
     torchrun --standalone --nproc-per-node N benches/reference/train_ddp.py \
         --arch resnet18 --size 224 --train T --valid V --output O --epochs E --batch-size B \
         [--lr 0.001] [--warmup-epochs 0] [--lr-power 1] [--seed 1] [--patience 3] \
-        [--min-crop-scale 0.08] [--no-hflip] [--loader-threads N] [--print-freq 10]
+        [--min-crop-scale 0.08] [--no-hflip] [--loader-threads N] [--print-freq 10] \
+        [--device cpu|cuda] [--amp off|bf16] [--channels-last]
 
 Semantics matched to tchrun (worker/src/train.rs, src/data.rs, src/schedule.rs):
 * model torchvision.models.<arch>(num_classes=C), seeded; DDP over Gloo on CPU;
@@ -16,7 +17,9 @@ Semantics matched to tchrun (worker/src/train.rs, src/data.rs, src/schedule.rs):
   each rank's unpadded shard, loss/top-1/top-5 all-reduced;
 * torch.set_num_threads(cores // local ranks); DataLoader num_workers = tchrun's loader
   threads (default cores // local ranks);
-* train images/s per epoch = global samples / (epoch start .. last step), like tchrun.
+* train images/s per epoch = global samples / (epoch start .. last step), like tchrun;
+* --device cuda (the GPU mode): NCCL, one GPU per local rank, pinned memory, cudnn benchmark,
+  --amp bf16 autocast and --channels-last as the PyTorch performance guide recommends.
 
 Rank 0 prints `FIRST_STEP <unix time>` right after the first optimizer step and, at the end,
 one line `RESULT {json}` (images/s per epoch, time to first step, peak RSS, ...).
@@ -87,6 +90,9 @@ def main() -> int:
     ap.add_argument("--min-crop-scale", type=float, default=0.08)
     ap.add_argument("--no-hflip", action="store_true")
     ap.add_argument("--loader-threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--amp", default="off", choices=["off", "bf16"])
+    ap.add_argument("--channels-last", action="store_true")
     args = ap.parse_args()
 
     t_proc = process_start_time()
@@ -96,7 +102,15 @@ def main() -> int:
     threads = max(cores // max(local_world, 1), 1)
     torch.set_num_threads(threads)
     loader_threads = args.loader_threads or threads
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cuda = args.device == "cuda"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+        torch.backends.cudnn.benchmark = True
+    amp = cuda and args.amp == "bf16"
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
 
     def say(msg):
         if rank == 0:
@@ -120,7 +134,10 @@ def main() -> int:
 
     torch.manual_seed(args.seed)
     model = getattr(torchvision.models, args.arch)(num_classes=classes)
-    model = DDP(model)  # broadcasts parameters and buffers from rank 0
+    if cuda:
+        model = DDP(model.to(dev, memory_format=memory_format), device_ids=[local_rank])
+    else:
+        model = DDP(model)  # broadcasts parameters and buffers from rank 0
     peak = args.lr * world
     opt = torch.optim.SGD(model.parameters(), lr=peak, momentum=args.momentum,
                           weight_decay=args.weight_decay)
@@ -128,14 +145,15 @@ def main() -> int:
     sampler = DistributedSampler(train_ds, num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=False)
     train_dl = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler,
-                          num_workers=loader_threads, drop_last=False)
+                          num_workers=loader_threads, drop_last=False, pin_memory=cuda)
     valid_dl = DataLoader(Subset(valid_ds, range(rank, len(valid_ds), world)),
-                          batch_size=args.batch_size, shuffle=False, num_workers=loader_threads)
+                          batch_size=args.batch_size, shuffle=False, num_workers=loader_threads,
+                          pin_memory=cuda)
     steps_per_epoch = math.ceil(len(sampler) / args.batch_size)
     warmup_steps = min(args.warmup_epochs * steps_per_epoch, args.epochs * steps_per_epoch)
     total_steps = max(args.epochs * steps_per_epoch, 1)
     say(f"training {args.arch} on {len(train_ds)} train / {len(valid_ds)} valid images, {classes} "
-        f"classes, {world} rank(s) on cpu: {steps_per_epoch} steps/epoch, effective LR {peak:e}, "
+        f"classes, {world} rank(s) on {args.device}: {steps_per_epoch} steps/epoch, effective LR {peak:e}, "
         f"{threads} threads, {loader_threads} loader workers")
 
     step, first_step_unix = 0, None
@@ -147,8 +165,12 @@ def main() -> int:
         loss_sum, seen = 0.0, 0
         lr = lr_at(step, peak, warmup_steps, total_steps, args.lr_power)
         for it, (x, y) in enumerate(train_dl):
+            if cuda:
+                x = x.to(dev, non_blocking=True).contiguous(memory_format=memory_format)
+                y = y.to(dev, non_blocking=True)
             opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
+            with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=amp):
+                loss = F.cross_entropy(model(x).float(), y)
             loss.backward()
             lr = lr_at(step, peak, warmup_steps, total_steps, args.lr_power)
             for g in opt.param_groups:
@@ -169,17 +191,21 @@ def main() -> int:
         train_time = time.time() - t_epoch
 
         model.eval()
-        totals = torch.zeros(4, dtype=torch.float64)
+        totals = torch.zeros(4, dtype=torch.float64, device=dev)
         k = min(5, classes)
         with torch.no_grad():
             for x, y in valid_dl:
-                logits = model(x).float()
+                if cuda:
+                    x = x.to(dev, non_blocking=True).contiguous(memory_format=memory_format)
+                    y = y.to(dev, non_blocking=True)
+                with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=amp):
+                    logits = model(x).float()
                 top = logits.topk(k, -1, True, True)[1]
                 hits = top.eq(y.unsqueeze(1))
                 totals += torch.stack([
                     F.cross_entropy(logits, y, reduction="sum").double(),
                     hits[:, :1].sum().double(), hits.any(1).sum().double(),
-                    torch.tensor(float(x.shape[0]), dtype=torch.float64)])
+                    torch.tensor(float(x.shape[0]), dtype=torch.float64, device=dev)])
         dist.all_reduce(totals)
         n = max(totals[3].item(), 1.0)
         m = {"epoch": epoch + 1, "train_loss": loss_sum / max(seen, 1),
@@ -207,7 +233,7 @@ def main() -> int:
                 f.write(json.dumps(m) + "\n")
     dist.barrier()
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    rss = torch.tensor([float(peak_rss)], dtype=torch.float64)
+    rss = torch.tensor([float(peak_rss)], dtype=torch.float64, device=dev)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     result = {
         "tool": "torchrun+ddp", "world_size": world, "threads": threads,

@@ -238,6 +238,9 @@ struct ReducerState {
   std::vector<char> fired;       // this step
   std::vector<size_t> bucket_of;
   std::vector<int64_t> offset_of;
+  // Each parameter's slot in its bucket, with the parameter's own strides (channels-last
+  // weights stay channels-last): the hooks write it in one pass, and it becomes p.grad.
+  std::vector<at::Tensor> slot_of;
   std::vector<Bucket> buckets;   // in launch order
   size_t next_launch = 0;
   size_t early = 0;
@@ -288,8 +291,7 @@ struct ReducerState {
       if (fired[i]) throw std::runtime_error("a parameter received two gradients in one backward");
       fired[i] = 1;
       Bucket& b = buckets[bucket_of[i]];
-      at::Tensor slot = b.flat.narrow(0, offset_of[i], params[i].numel());
-      at::mul_out(slot, grad.reshape({-1}), at::scalar_tensor(at::Scalar(scale), at::kDouble));
+      at::mul_out(slot_of[i], grad, at::scalar_tensor(at::Scalar(scale), at::kDouble));
       if (--b.pending == 0) launch_ready(true);
     } catch (const c10::Error& e) {
       error = e.what_without_backtrace();
@@ -324,6 +326,13 @@ struct ReducerState {
       b.flat = at::empty({len}, params.empty() ? at::TensorOptions().dtype(at::kFloat)
                                                 : params[0].options().dtype(at::kFloat)
                                                       .requires_grad(false));
+    }
+    slot_of.assign(params.size(), at::Tensor());
+    for (size_t i = 0; i < params.size(); i++) {
+      const at::Tensor& p = params[i];
+      at::Tensor base = buckets[bucket_of[i]].flat.narrow(0, offset_of[i], p.numel());
+      slot_of[i] = p.is_non_overlapping_and_dense() ? base.as_strided(p.sizes(), p.strides())
+                                                    : base.view(p.sizes());
     }
     order_known = true;
   }
@@ -364,8 +373,7 @@ struct ReducerState {
       const at::Tensor& g = params[i].grad();
       if (!g.defined()) continue;
       Bucket& b = buckets[bucket_of[i]];
-      at::Tensor slot = b.flat.narrow(0, offset_of[i], params[i].numel());
-      at::mul_out(slot, g.reshape({-1}), scale_t);
+      at::mul_out(slot_of[i], g, scale_t);
       fired[i] = 1;
       b.pending--;
     }
@@ -378,7 +386,7 @@ struct ReducerState {
     for (size_t i = 0; i < params.size(); i++) {
       if (fired[i]) continue;
       Bucket& b = buckets[bucket_of[i]];
-      b.flat.narrow(0, offset_of[i], params[i].numel()).zero_();
+      slot_of[i].zero_();
       b.pending--;
     }
     launch_ready(false);
@@ -393,11 +401,10 @@ struct ReducerState {
       for (size_t i : b.members) {
         at::Tensor& p = params[i];
         if (p.scalar_type() == at::kFloat) {
-          p.mutable_grad() = b.flat.narrow(0, offset_of[i], p.numel()).view(p.sizes());
+          p.mutable_grad() = slot_of[i];
         } else {
           at::Tensor& g = p.mutable_grad();
-          at::Tensor src = b.flat.narrow(0, offset_of[i], p.numel()).view(p.sizes());
-          if (g.defined()) g.copy_(src); else g = src.to(p.scalar_type());
+          if (g.defined()) g.copy_(slot_of[i]); else g = slot_of[i].to(p.scalar_type());
         }
       }
       b.work.reset();

@@ -1,7 +1,7 @@
 //! `tchrun-worker gradcheck` (a test of the training path): the gradient averaged across the
 //! ranks by `Replicator::begin_step`/`end_step` must equal the single-process gradient of the
-//! combined batch. Uses a model without batch-norm, an uneven split of the batch, one bucket per
-//! parameter (so buckets are all-reduced while backward runs), a parameter that never gets a
+//! combined batch. Uses a model without batch-norm, channels-last weights and inputs, an uneven
+//! split of the batch, one bucket per parameter (so buckets are all-reduced while backward runs), a parameter that never gets a
 //! gradient, and a step in which the last rank has no samples (a skipped batch).
 use crate::ddp::Replicator;
 use crate::pg::ProcessGroup;
@@ -59,6 +59,8 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
     let model = net(&vs.root());
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
+    // Channels-last convolution weights, as training uses: bucket slots take their strides.
+    crate::models::to_channels_last(&named);
     // One bucket per parameter: the first ones are reduced while backward still runs.
     let rep = Replicator::new(&named, |_| false).with_bucket_caps(4, 4);
     rep.broadcast_all(pg)?;
@@ -74,7 +76,10 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
         // The same global batch on every rank; rank r takes an uneven contiguous slice.
         tch::manual_seed(99 + it);
         let total = 3 * world + 1;
-        let x = Tensor::randn([total, 3, 8, 8], (Kind::Float, Device::Cpu));
+        let x = crate::models::channels_last(&Tensor::randn(
+            [total, 3, 8, 8],
+            (Kind::Float, Device::Cpu),
+        ));
         let y = Tensor::arange(total, (Kind::Int64, Device::Cpu)).remainder(10);
         let mut bounds: Vec<i64> = (0..=world)
             .map(|r| if r == world { total } else { r * 3 + r.min(1) })

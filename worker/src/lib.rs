@@ -3,6 +3,7 @@
 //! programs that want to be a rank of a tchrun job with their own training function.
 //! Architecture Invariant: nothing here spawns ranks.
 pub mod bench_loader;
+pub mod bench_step;
 pub mod bootstrap;
 pub mod checkpoint;
 pub mod ddp;

@@ -38,6 +38,9 @@ enum Cmd {
     /// Benchmark the input pipeline alone (decode + augment), images/s.
     #[command(hide = true)]
     BenchLoader(bench_loader::Args),
+    /// Benchmark training steps on synthetic tensors, ms/step.
+    #[command(hide = true)]
+    BenchStep(tchrun_worker::bench_step::Args),
 }
 
 #[derive(Args, Debug)]
@@ -136,6 +139,9 @@ fn main() -> ExitCode {
         Cmd::Score(a) => run_score(a),
         Cmd::Gradcheck(a) => run_gradcheck(a),
         Cmd::BenchLoader(a) => bench_loader::run(a).map_err(|e| (None, Fatal::invalid(e))),
+        Cmd::BenchStep(a) => {
+            tchrun_worker::bench_step::run(a).map_err(|e| (None, Fatal::invalid(e)))
+        }
     };
     match result {
         Ok(()) => {

@@ -34,6 +34,28 @@ pub fn is_buffer(name: &str) -> bool {
 
 /// The state dict as torchvision names it: tch's variables plus `num_batches_tracked` for each
 /// batch-norm layer (set to the optimizer steps taken), all on the CPU.
+/// `x` (N, C, H, W) with channels-last strides (NHWC in memory); same shape and values.
+pub fn channels_last(x: &Tensor) -> Tensor {
+    x.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])
+}
+
+/// Every 4-D tensor (the convolution weights) to channels-last in place: the same tensors (so
+/// the optimizer, the replicator and the model keep seeing them), new storage.
+pub fn to_channels_last(tensors: &[(String, Tensor)]) -> usize {
+    let mut n = 0;
+    tch::no_grad(|| {
+        for (_, t) in tensors {
+            if t.dim() == 4 {
+                let mut t = t.shallow_clone();
+                let cl = channels_last(&t.detach());
+                t.set_data(&cl);
+                n += 1;
+            }
+        }
+    });
+    n
+}
+
 pub fn state_dict(weights: &BTreeMap<String, Tensor>, steps: i64) -> Vec<(String, Tensor)> {
     let mut out: Vec<(String, Tensor)> = Vec::with_capacity(weights.len() + weights.len() / 4);
     for (name, t) in weights {

@@ -119,16 +119,21 @@ struct Validation {
     top5: f64,
 }
 
-fn to_input(batch: &data::Batch, device: Device) -> (Tensor, Tensor) {
+fn to_input(batch: &data::Batch, device: Device, channels_last: bool) -> (Tensor, Tensor) {
     let s = batch.size as i64;
     let x = Tensor::from_slice(&batch.images).view([batch.len as i64, 3, s, s]);
     let y = Tensor::from_slice(&batch.labels);
-    if device.is_cuda() {
+    let (x, y) = if device.is_cuda() {
         (
             x.pin_memory(device)
                 .to_device_(device, Kind::Float, true, false),
             y.to_device_(device, Kind::Int64, true, false),
         )
+    } else {
+        (x, y)
+    };
+    if channels_last {
+        (models::channels_last(&x), y)
     } else {
         (x, y)
     }
@@ -184,7 +189,7 @@ fn validate(
             }
             Err(e) => return Err(TrainError::Data(e)),
         };
-        let (x, y) = to_input(&batch, ctx.device);
+        let (x, y) = to_input(&batch, ctx.device, !job.options.no_channels_last);
         tch::no_grad(|| {
             let logits = model.forward_t(&x, false).to_kind(Kind::Float);
             let loss =
@@ -324,6 +329,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let vs = nn::VarStore::new(device);
     let net = models::build(cfg.arch, &vs.root(), classes);
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
+    if !job.options.no_channels_last {
+        let n = models::to_channels_last(&named);
+        tracing::info!("channels-last layout for {n} convolution weight(s) and the input batches");
+    }
     let trainable: Vec<(String, Tensor)> = named
         .iter()
         .filter(|(n, t)| !models::is_buffer(n) && t.requires_grad())
@@ -504,7 +513,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             // begin_step arms the gradient hooks: buckets are all-reduced while backward runs.
             match &batch {
                 Some(batch) => {
-                    let (x, y) = to_input(batch, device);
+                    let (x, y) = to_input(batch, device, !job.options.no_channels_last);
                     let loss = tch::autocast(amp, || {
                         net.forward_t(&x, true)
                             .to_kind(Kind::Float)

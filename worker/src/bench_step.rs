@@ -1,0 +1,123 @@
+//! `tchrun-worker bench-step` (hidden): training steps alone on synthetic tensors — forward,
+//! loss, backward, SGD — with the trainer's model, layout (channels-last), autocast and
+//! optimizer; reports ms/step and images/s. The counterpart of
+//! `benches/reference/bench_step.py` (torchvision model, the same loop); used by
+//! `scripts/bench.sh` (CPU, and the GPU mode: ResNet-50, 224 × 224, bf16).
+use crate::{models, optim::Sgd};
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+use tchrun::flags::Amp;
+use tchrun::model::Arch;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Architecture (resnet18 ... densenet201).
+    #[arg(long, default_value = "resnet18", value_parser = parse_arch)]
+    arch: Arch,
+    /// Input side in pixels.
+    #[arg(long, default_value_t = 112)]
+    size: i64,
+    #[arg(long, default_value_t = 16)]
+    batch_size: i64,
+    #[arg(long, default_value_t = 1000)]
+    classes: i64,
+    /// Timed steps (after --warmup untimed ones).
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Autocast on CUDA (ignored on CPU).
+    #[arg(long, value_enum, default_value_t = Amp::Off)]
+    amp: Amp,
+    /// Keep NCHW instead of channels-last.
+    #[arg(long)]
+    no_channels_last: bool,
+    /// Intra-op threads (default: libtorch's).
+    #[arg(long)]
+    threads: Option<i32>,
+}
+
+fn parse_arch(s: &str) -> Result<Arch, String> {
+    Arch::from_name(s).ok_or_else(|| format!("unknown architecture '{s}'"))
+}
+
+/// Runs the benchmark and prints one JSON line on stdout.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let device = match a.device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" if tch::Cuda::is_available() => Device::Cuda(0),
+        "cuda" => anyhow::bail!("--device cuda: no CUDA device visible"),
+        other => anyhow::bail!("--device {other}: expected cpu or cuda"),
+    };
+    if let Some(t) = a.threads {
+        tch::set_num_threads(t.max(1));
+    }
+    let amp = device.is_cuda() && a.amp != Amp::Off;
+    if amp {
+        crate::pg::set_autocast_dtype(a.amp == Amp::Bf16)?;
+    }
+    if device.is_cuda() {
+        tch::Cuda::cudnn_set_benchmark(true);
+    }
+    tch::manual_seed(0);
+    let vs = tch::nn::VarStore::new(device);
+    let net = models::build(a.arch, &vs.root(), a.classes);
+    let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
+    let channels_last = !a.no_channels_last;
+    if channels_last {
+        models::to_channels_last(&named);
+    }
+    let trainable: Vec<(String, Tensor)> = named
+        .iter()
+        .filter(|(n, t)| !models::is_buffer(n) && t.requires_grad())
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    let mut opt = Sgd::new(trainable, 0.9, 1e-4);
+    let x = Tensor::randn([a.batch_size, 3, a.size, a.size], (Kind::Float, device));
+    let x = if channels_last {
+        models::channels_last(&x)
+    } else {
+        x
+    };
+    let y = Tensor::randint(a.classes, [a.batch_size], (Kind::Int64, device));
+    let sync = || {
+        if device.is_cuda() {
+            tch::Cuda::synchronize(0);
+        }
+    };
+    let mut start = Instant::now();
+    for i in 0..a.warmup + a.steps {
+        if i == a.warmup {
+            sync();
+            start = Instant::now();
+        }
+        opt.zero_grad()?;
+        let loss = tch::autocast(amp, || {
+            net.forward_t(&x, true)
+                .to_kind(Kind::Float)
+                .cross_entropy_for_logits(&y)
+        });
+        loss.backward();
+        opt.step(0.01);
+    }
+    sync();
+    let secs = start.elapsed().as_secs_f64() / a.steps.max(1) as f64;
+    let line = serde_json::json!({
+        "tool": "tchrun",
+        "arch": a.arch.name(),
+        "size": a.size,
+        "batch_size": a.batch_size,
+        "steps": a.steps,
+        "device": a.device,
+        "amp": if amp { a.amp.as_str() } else { "off" },
+        "channels_last": channels_last,
+        "threads": tch::get_num_threads(),
+        "ms_per_step": secs * 1e3,
+        "images_per_sec": a.batch_size as f64 / secs,
+    });
+    println!("{line}");
+    Ok(())
+}
