@@ -311,10 +311,12 @@ impl ImageFolder {
         if n == 0 {
             return Ok(Vec::new());
         }
+        // Reading headers waits on storage far more than it computes (a cold page cache, a
+        // network file system): many more threads than cores keep the device busy.
         let threads = std::thread::available_parallelism()
-            .map(|p| p.get())
-            .unwrap_or(2)
-            .clamp(2, 16)
+            .map(|p| p.get() * 8)
+            .unwrap_or(16)
+            .clamp(16, 64)
             .min(n);
         let chunk = n.div_ceil(threads);
         let samples = &self.samples;
