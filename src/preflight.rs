@@ -90,10 +90,14 @@ pub fn check_train_job_with(
     let mut valid = ImageFolder::scan(&job.valid).map_err(ds("--valid"))?;
     ImageFolder::check_same_classes(&train, &valid).map_err(ds("--train/--valid"))?;
     let (skip, max) = (job.options.skip_bad_images, job.options.max_image_pixels);
-    let scanned = (
-        VerifiedFolder::listing(&train),
-        VerifiedFolder::listing(&valid),
-    );
+    // The file lists the manifest records and compares (not needed without verification).
+    let scanned = match verification {
+        Verification::None => (None, None),
+        _ => (
+            VerifiedFolder::listing(&train),
+            VerifiedFolder::listing(&valid),
+        ),
+    };
     let mut skipped = Vec::new();
     let mut reused = Err("not asked to reuse a verification".to_string());
     let mut manifest = None;

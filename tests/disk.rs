@@ -115,12 +115,7 @@ fn disk_full_keeps_the_previous_checkpoint_and_no_partial_model() {
         .expect("cp");
     assert!(cp.success());
     let r = train(&model, &moved, &logs, "2", &["--resume"]);
-    assert_eq!(r.code, Some(0), "{}", r.explain());
-    assert!(
-        r.stdout.contains("resuming from") && moved.join("model.json").is_file(),
-        "{}",
-        r.explain()
-    );
+    assert_resumed(&r, &moved);
 }
 
 #[test]

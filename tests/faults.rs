@@ -185,12 +185,7 @@ fn kill_9_of_a_rank_fails_fast_names_it_and_resumes() {
                 &mut train_cmd(&model, &out, 2, launcher, 3, &["--resume"]),
                 LIMIT,
             );
-            assert_eq!(r.code, Some(0), "{}", r.explain());
-            assert!(
-                r.stdout.contains("resuming from") && out.join("model.json").is_file(),
-                "{}",
-                r.explain()
-            );
+            assert_resumed(&r, &out);
         }
     }
 }

@@ -42,6 +42,16 @@ pub fn tchrun_train(model: &Path, train: &Path, valid: &Path, out: &Path) -> Com
     c
 }
 
+/// A `--resume` run completed: exit 0, it said so, and `out` holds the trained model.
+pub fn assert_resumed(r: &Run, out: &Path) {
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains("resuming from") && out.join("model.json").is_file(),
+        "{}",
+        r.explain()
+    );
+}
+
 pub fn worker_path() -> PathBuf {
     bin_dir().join("tchrun-worker")
 }

@@ -245,7 +245,7 @@ struct ReducerState {
   size_t next_launch = 0;
   size_t early = 0;
   at::Tensor extra;
-  double scale = 1.0;
+  at::Tensor scale;  // 0-d, this step's gradient multiplier
   bool armed = false;
   std::string error;
   std::mutex mu;
@@ -269,6 +269,20 @@ struct ReducerState {
     }
   }
 
+  // A new step: every bucket waits for all its gradients; the extra values ride in bucket 0.
+  void arm_buckets() {
+    for (auto& b : buckets) b.pending = b.members.size();
+    Bucket& b0 = buckets[0];
+    b0.flat.narrow(0, b0.grad_len, extra.numel()).copy_(extra);
+  }
+
+  // Parameter i's gradient × scale into its slot; true when that completes its bucket.
+  bool fill(size_t i, const at::Tensor& grad) {
+    at::mul_out(slot_of[i], grad, scale);
+    fired[i] = 1;
+    return --buckets[bucket_of[i]].pending == 0;
+  }
+
   // Launches, in bucket order, every bucket whose gradients are all in (same order on every rank).
   void launch_ready(bool in_backward) {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
@@ -289,10 +303,7 @@ struct ReducerState {
         return;
       }
       if (fired[i]) throw std::runtime_error("a parameter received two gradients in one backward");
-      fired[i] = 1;
-      Bucket& b = buckets[bucket_of[i]];
-      at::mul_out(slot_of[i], grad, at::scalar_tensor(at::Scalar(scale), at::kDouble));
-      if (--b.pending == 0) launch_ready(true);
+      if (fill(i, grad)) launch_ready(true);
     } catch (const c10::Error& e) {
       error = e.what_without_backtrace();
     } catch (const std::exception& e) {
@@ -365,19 +376,11 @@ struct ReducerState {
       if (sorted[i] != static_cast<int64_t>(i)) throw std::runtime_error("reducer: rank 0 sent an invalid bucket order");
     }
     build(root, extra.numel());
-    for (auto& b : buckets) b.pending = b.members.size();
-    Bucket& b0 = buckets[0];
-    b0.flat.narrow(0, b0.grad_len, extra.numel()).copy_(extra.reshape({-1}));
-    at::Tensor scale_t = at::scalar_tensor(at::Scalar(scale), at::kDouble);
+    arm_buckets();
     for (size_t i = 0; i < params.size(); i++) {
       const at::Tensor& g = params[i].grad();
-      if (!g.defined()) continue;
-      Bucket& b = buckets[bucket_of[i]];
-      at::mul_out(slot_of[i], g, scale_t);
-      fired[i] = 1;
-      b.pending--;
+      if (g.defined()) fill(i, g);
     }
-    next_launch = 0;
     overlapped_finish(divisor_index);
   }
 
@@ -474,16 +477,14 @@ char* tchrun_reducer_prepare(tchrun_reducer* r, tchrun_tensor extra, double scal
     // of adding into last step's (which are views of the buckets the hooks are about to fill).
     for (auto& p : s.params) p.mutable_grad().reset();
     s.extra = e;
-    s.scale = scale;
+    s.scale = at::scalar_tensor(at::Scalar(scale), at::kDouble);
     s.error.clear();
     s.seen.clear();
     std::fill(s.fired.begin(), s.fired.end(), 0);
     s.next_launch = 0;
     s.early = 0;
     if (s.order_known) {
-      for (auto& b : s.buckets) b.pending = b.members.size();
-      Bucket& b0 = s.buckets[0];
-      b0.flat.narrow(0, b0.grad_len, e.numel()).copy_(e);
+      s.arm_buckets();
       // A bucket with no parameters (a model without any) is ready at once.
       s.launch_ready(true);
     }

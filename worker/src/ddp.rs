@@ -109,10 +109,6 @@ impl Replicator {
         self
     }
 
-    pub fn bucket_caps(&self) -> (usize, usize) {
-        (self.first_bucket_bytes, self.bucket_bytes)
-    }
-
     /// Parameters and buffers from rank 0 to everyone (at start).
     pub fn broadcast_all(&self, pg: &ProcessGroup) -> Result<(), C10dError> {
         flat_op(&self.params, |f| pg.broadcast(&mut [f], 0))?;

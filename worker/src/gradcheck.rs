@@ -89,14 +89,16 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
         }
         let (lo, hi) = (bounds[rank as usize], bounds[rank as usize + 1]);
         let n_local = (hi - lo) as usize;
-        if n_local > 0 {
-            let loss = model
+        let loss = if n_local > 0 {
+            model
                 .forward(&x.narrow(0, lo, hi - lo))
-                .cross_entropy_for_logits(&y.narrow(0, lo, hi - lo));
-            rep.begin_step(pg, &loss, n_local, false)?;
-            loss.backward();
+                .cross_entropy_for_logits(&y.narrow(0, lo, hi - lo))
         } else {
-            rep.begin_step(pg, &Tensor::zeros([], (Kind::Float, Device::Cpu)), 0, false)?;
+            Tensor::zeros([], (Kind::Float, Device::Cpu))
+        };
+        rep.begin_step(pg, &loss, n_local, false)?;
+        if n_local > 0 {
+            loss.backward();
         }
         let stats = rep.end_step(pg)?;
         if it == 1 {

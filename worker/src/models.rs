@@ -32,8 +32,6 @@ pub fn is_buffer(name: &str) -> bool {
     name.ends_with(".running_mean") || name.ends_with(".running_var")
 }
 
-/// The state dict as torchvision names it: tch's variables plus `num_batches_tracked` for each
-/// batch-norm layer (set to the optimizer steps taken), all on the CPU.
 /// `x` (N, C, H, W) with channels-last strides (NHWC in memory); same shape and values.
 pub fn channels_last(x: &Tensor) -> Tensor {
     x.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])
@@ -56,6 +54,8 @@ pub fn to_channels_last(tensors: &[(String, Tensor)]) -> usize {
     n
 }
 
+/// The state dict as torchvision names it: tch's variables plus `num_batches_tracked` for each
+/// batch-norm layer (set to the optimizer steps taken), all on the CPU.
 pub fn state_dict(weights: &BTreeMap<String, Tensor>, steps: i64) -> Vec<(String, Tensor)> {
     let mut out: Vec<(String, Tensor)> = Vec::with_capacity(weights.len() + weights.len() / 4);
     for (name, t) in weights {

@@ -25,8 +25,7 @@ impl Sgd {
     /// Drops the gradients (torch's default `set_to_none=True`): backward then hands its
     /// gradient tensors over instead of zero-filling and adding into ours.
     pub fn zero_grad(&mut self) -> Result<(), crate::pg::C10dError> {
-        let params: Vec<Tensor> = self.params.iter().map(|(_, p)| p.shallow_clone()).collect();
-        crate::pg::set_grads_to_none(&params)
+        crate::pg::set_grads_to_none(self.params.iter().map(|(_, p)| p))
     }
 
     pub fn step(&mut self, lr: f64) {

@@ -47,9 +47,11 @@ pub fn set_autocast_dtype(bf16: bool) -> Result<(), C10dError> {
 
 /// Drops every tensor's gradient (torch's `zero_grad(set_to_none=True)`, its default): the
 /// next backward stores its gradient without zero-filling and adding into the old one.
-pub fn set_grads_to_none(tensors: &[Tensor]) -> Result<(), C10dError> {
+pub fn set_grads_to_none<'a>(
+    tensors: impl IntoIterator<Item = &'a Tensor>,
+) -> Result<(), C10dError> {
     let mut ptrs: Vec<*mut std::ffi::c_void> =
-        tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
+        tensors.into_iter().map(|t| t.as_ptr() as *mut _).collect();
     check("zero_grad", unsafe {
         ffi::tchrun_grads_to_none(ptrs.as_mut_ptr(), ptrs.len())
     })

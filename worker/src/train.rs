@@ -510,22 +510,21 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             opt.zero_grad()?;
             let n_local = batch.as_ref().map(|b| b.len).unwrap_or(0);
             let stop_vote = crate::signals::requested() != 0;
-            // begin_step arms the gradient hooks: buckets are all-reduced while backward runs.
-            match &batch {
+            let loss = match &batch {
                 Some(batch) => {
                     let (x, y) = to_input(batch, device, !job.options.no_channels_last);
-                    let loss = tch::autocast(amp, || {
+                    tch::autocast(amp, || {
                         net.forward_t(&x, true)
                             .to_kind(Kind::Float)
                             .cross_entropy_for_logits(&y)
-                    });
-                    replicas.begin_step(pg, &loss, n_local, stop_vote)?;
-                    (&loss * scaler.scale).backward();
+                    })
                 }
-                None => {
-                    let loss = Tensor::zeros([], (Kind::Float, device));
-                    replicas.begin_step(pg, &loss, n_local, stop_vote)?;
-                }
+                None => Tensor::zeros([], (Kind::Float, device)),
+            };
+            // begin_step arms the gradient hooks: buckets are all-reduced while backward runs.
+            replicas.begin_step(pg, &loss, n_local, stop_vote)?;
+            if batch.is_some() {
+                (&loss * scaler.scale).backward();
             }
             let t1 = Instant::now();
             let stats = replicas.end_step(pg)?;
