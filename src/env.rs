@@ -12,6 +12,11 @@ pub const MASTER_ADDR: &str = "MASTER_ADDR";
 pub const MASTER_PORT: &str = "MASTER_PORT";
 /// Log directory handed from the launcher to the ranks.
 pub const TCHRUN_LOG_DIR: &str = "TCHRUN_LOG_DIR";
+/// For tests on machines without GPUs: the number of CUDA devices `tchrun` and
+/// `tchrun-worker` count instead of the driver's (launcher) and `torch.cuda.device_count()`
+/// (worker). Only the checks of `--procs-per-node` against the GPUs use it: a worker that
+/// passes them still needs real CUDA, and says so, before it touches a device.
+pub const TCHRUN_TEST_CUDA_DEVICES: &str = "TCHRUN_TEST_CUDA_DEVICES";
 /// Prefixes of variables the launcher forwards to remote ranks.
 pub const FORWARD_PREFIXES: &[&str] = &["TCHRUN_", "NCCL_", "CUDA_", "GLOO_", "TORCH_", "OMP_"];
 /// Exact names the launcher forwards to remote ranks.
@@ -130,6 +135,24 @@ fn check_rank(env: RankEnv) -> Result<RankEnv, EnvError> {
 }
 
 const TORCHRUN_HINT: &str = "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun's contract) or start the ranks with mpirun/srun";
+
+/// `TCHRUN_TEST_CUDA_DEVICES`: `None` when unset (or empty), else the device count it claims.
+pub fn test_cuda_devices(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<usize>, EnvError> {
+    match get(TCHRUN_TEST_CUDA_DEVICES) {
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(_) => parse(get, TCHRUN_TEST_CUDA_DEVICES, "").map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The refusal when more ranks share a host than it has GPUs (one rank per GPU; NCCL fails
+/// later with "Duplicate GPU detected" otherwise). Both binaries print the same words.
+pub fn too_many_ranks_for_gpus(procs_per_node: usize, gpus: usize, host: &str) -> String {
+    format!(
+        "--procs-per-node {procs_per_node} exceeds the {gpus} GPU(s) visible on {host}; \
+         lower --procs-per-node to {gpus} or check CUDA_VISIBLE_DEVICES (or use --device cpu)"
+    )
+}
 
 /// torchrun's contract: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (+ optional
 /// `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `NODE_RANK`).
@@ -343,6 +366,30 @@ mod tests {
         );
         assert_eq!(e.master_addr.as_deref(), Some("gpu07"));
         assert_eq!(e.master_port, Some(20000 + (42 * 31) % 20000));
+    }
+
+    #[test]
+    fn test_cuda_devices_variable() {
+        assert_eq!(test_cuda_devices(&vars(&[])).expect("unset"), None);
+        assert_eq!(
+            test_cuda_devices(&vars(&[(TCHRUN_TEST_CUDA_DEVICES, "")])).expect("empty"),
+            None
+        );
+        assert_eq!(
+            test_cuda_devices(&vars(&[(TCHRUN_TEST_CUDA_DEVICES, " 2 ")])).expect("2"),
+            Some(2)
+        );
+        let err = test_cuda_devices(&vars(&[(TCHRUN_TEST_CUDA_DEVICES, "two")]))
+            .expect_err("junk");
+        assert!(
+            err.to_string().contains("TCHRUN_TEST_CUDA_DEVICES=\"two\""),
+            "{err}"
+        );
+        let m = too_many_ranks_for_gpus(4, 2, "gpu07");
+        assert!(
+            m.starts_with("--procs-per-node 4 exceeds the 2 GPU(s) visible on gpu07; lower --procs-per-node to 2"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! One job from flags to exit code: pre-flight → plan → (dry run | supervise) → outcome.
+use crate::gpus::{self, GpuUse};
 use crate::launch::{self, CommandSpec, LaunchArgs, LauncherKind, Plan};
 use crate::report::{self, FailureSummary};
 use crate::supervise::{self, Ended, Settings};
@@ -309,16 +310,23 @@ fn launch_failure_message(plan: &Plan, tail: &[String]) -> String {
     }
 }
 
-/// Runs a job end to end; returns the exit code.
+/// Runs a job end to end (pre-flight, GPU check, launch); returns the exit code.
 pub fn run_job(
     args: &LaunchArgs,
     log_dir: PathBuf,
     worker_args: Vec<String>,
+    usage: GpuUse,
 ) -> Result<i32, JobError> {
     let plan = plan(args, log_dir)?;
-    let specs = commands(&plan, &worker_args)?;
+    gpus::check(&plan, usage)?;
+    run_planned(args, &plan, worker_args)
+}
+
+/// Runs a job whose plan passed its pre-flight; returns the exit code.
+fn run_planned(args: &LaunchArgs, plan: &Plan, worker_args: Vec<String>) -> Result<i32, JobError> {
+    let specs = commands(plan, &worker_args)?;
     if args.dry_run {
-        print_dry_run(&plan, &specs);
+        print_dry_run(plan, &specs);
         return Ok(0);
     }
     std::fs::create_dir_all(&plan.log_dir).map_err(|e| {
@@ -354,10 +362,10 @@ pub fn run_job(
         rank_failed: Some(Box::new(move || report::any_rank_failed(&log_dir_probe))),
         prefixes: Vec::new(),
     };
-    crate::ranks::write_table(&plan);
+    crate::ranks::write_table(plan);
     let outcome = supervise::run(&specs, mpi_log, &settings)
         .map_err(|e| JobError::launch(format!("{e} (see {})", mpi_log_path.display())))?;
-    crate::ranks::finish(&plan, &report::read_driver_logs(&plan.log_dir), &outcome);
+    crate::ranks::finish(plan, &report::read_driver_logs(&plan.log_dir), &outcome);
     if outcome.hung {
         let logs = report::read_driver_logs(&plan.log_dir);
         let mut msg = format!(
@@ -422,7 +430,7 @@ pub fn run_job(
         )));
     }
     if logs.is_empty() {
-        let message = launch_failure_message(&plan, &outcome.tail);
+        let message = launch_failure_message(plan, &outcome.tail);
         let summary = FailureSummary {
             rank: None,
             host: None,
@@ -486,43 +494,6 @@ pub fn run_job(
     Ok(kind.exit_code())
 }
 
-/// Number of GPUs this host exposes to CUDA (`CUDA_VISIBLE_DEVICES` respected), without CUDA:
-/// the NVIDIA driver's device list.
-pub fn visible_gpus() -> usize {
-    let present = std::fs::read_dir("/proc/driver/nvidia/gpus")
-        .map(|rd| rd.count())
-        .unwrap_or(0);
-    match std::env::var("CUDA_VISIBLE_DEVICES") {
-        Ok(v) if v.trim().is_empty() || v.trim() == "-1" => 0,
-        Ok(v) => v
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .count()
-            .min(present),
-        Err(_) => present,
-    }
-}
-
-/// Checks `--procs-per-node` against the GPUs when the ranks will use CUDA.
-fn check_gpus(launch: &LaunchArgs, rank: &tchrun::flags::RankFlags) -> Result<(), JobError> {
-    use tchrun::flags::Device;
-    let gpus = visible_gpus();
-    let host = hostname::get()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    match rank.device {
-        Device::Cuda if gpus == 0 => Err(JobError::invalid(format!(
-            "--device cuda: no GPU is visible on {host}; use --device cpu or check CUDA_VISIBLE_DEVICES"
-        ))),
-        Device::Cuda | Device::Auto if gpus > 0 && launch.procs_per_node as usize > gpus => Err(JobError::invalid(format!(
-            "--procs-per-node {} exceeds the {gpus} GPU(s) visible on {host}; lower --procs-per-node to {gpus} \
-             or check CUDA_VISIBLE_DEVICES (or use --device cpu)",
-            launch.procs_per_node
-        ))),
-        _ => Ok(()),
-    }
-}
-
 /// `tchrun train`: the trainer's input checks, then the job.
 pub fn run_train(
     job: &tchrun::flags::TrainJob,
@@ -540,16 +511,17 @@ pub fn run_train(
     let checked =
         tchrun::preflight::check_train_job_with(&job, tchrun::preflight::Verification::Full)
             .map_err(|e| JobError::invalid(e.to_string()))?;
-    check_gpus(launch, rank)?;
-    if !launch.dry_run {
-        check_writable(&job.output)?;
-    }
     let mut rank = rank.clone();
     let log_dir = absolute(
         rank.log_dir
             .clone()
             .unwrap_or_else(|| job.output.join(files::DEFAULT_LOG_SUBDIR)),
     );
+    let plan = plan(launch, log_dir.clone())?;
+    gpus::check(&plan, GpuUse::Ranks(rank.device))?;
+    if !launch.dry_run {
+        check_writable(&job.output)?;
+    }
     rank.log_dir = Some(log_dir.clone());
     let mut args = vec!["train".to_string()];
     args.extend(job.to_args());
@@ -564,7 +536,7 @@ pub fn run_train(
             }
         }
     }
-    let code = run_job(launch, log_dir.clone(), args)?;
+    let code = run_planned(launch, &plan, args)?;
     if code == 0 && !launch.dry_run {
         outln!(
             "tchrun: trained model in {}: {}, {}; metrics {} and {}; logs in {}",
@@ -588,6 +560,8 @@ pub fn run_score(
     batch_size: u32,
     device: tchrun::flags::Device,
 ) -> Result<i32, JobError> {
+    // One process on this host.
+    gpus::check_here(1, GpuUse::Ranks(device))?;
     tchrun::model::load(model, true).map_err(|e| JobError::invalid(format!("--model {e}")))?;
     let worker = match worker {
         Some(w) => w.to_path_buf(),

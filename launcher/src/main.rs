@@ -19,6 +19,7 @@ macro_rules! errln {
     }};
 }
 
+mod gpus;
 mod job;
 mod launch;
 mod model_init;
@@ -149,7 +150,7 @@ fn main() -> ExitCode {
             if let Some(i) = a.iters {
                 args.push(format!("--iters={i}"));
             }
-            job::run_job(&a.launch, log_dir, args)
+            job::run_job(&a.launch, log_dir, args, gpus::GpuUse::Ranks(a.rank.device))
         }
         Cmd::Exec(a) => {
             let log_dir = job::absolute(
@@ -163,7 +164,7 @@ fn main() -> ExitCode {
                 "--".into(),
             ];
             args.extend(a.program.iter().cloned());
-            job::run_job(&a.launch, log_dir, args)
+            job::run_job(&a.launch, log_dir, args, gpus::GpuUse::Program)
         }
         Cmd::Train(a) => job::run_train(&a.job, &a.launch, &a.rank),
         Cmd::Sbatch(a) => sbatch::run(&a),

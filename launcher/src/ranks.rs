@@ -21,7 +21,11 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
     let local = hostname::get()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
-    let gpus = crate::job::visible_gpus();
+    // This host's GPUs only when the ranks start here (see gpus.rs).
+    let gpus = match crate::gpus::ranks_start_elsewhere(plan, &|k| std::env::var(k).ok()) {
+        None => crate::gpus::visible_gpus().ok(),
+        Some(_) => None,
+    };
     (0..plan.world_size())
         .map(|rank| {
             let node = (rank / plan.procs_per_node) as usize;
@@ -38,10 +42,10 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
                 rank,
                 host,
                 local_rank,
-                device: if gpus > 0 {
-                    format!("cuda:{}", local_rank as usize % gpus)
-                } else {
-                    "cpu".into()
+                device: match gpus {
+                    Some(g) if (local_rank as usize) < g => format!("cuda:{local_rank}"),
+                    Some(_) => "cpu".into(),
+                    None => "unknown until it starts".into(),
                 },
                 log: files::driver_log(&plan.log_dir, rank as usize)
                     .display()

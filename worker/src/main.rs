@@ -178,17 +178,52 @@ fn leave(pg: pg::ProcessGroup, joined: bootstrap::Joined, ok: bool) {
 
 type RankResult = Result<(), (Option<driver_log::Console>, Fatal)>;
 
-/// Device and backend after `auto` is resolved.
-fn resolve(flags: &RankFlags, local_rank: usize) -> Result<(tch::Device, pg::BackendKind), Fatal> {
-    let cuda = tch::Cuda::is_available();
+/// The CUDA devices this rank can use: `TCHRUN_TEST_CUDA_DEVICES` when set (tests; nothing
+/// touches CUDA to count them), else torch's device count (`CUDA_VISIBLE_DEVICES` respected).
+fn cuda_devices() -> Result<usize, Fatal> {
+    match tchrun::env::test_cuda_devices(&|k| std::env::var(k).ok()) {
+        Ok(Some(n)) => Ok(n),
+        Ok(None) if tch::Cuda::is_available() => Ok(tch::Cuda::device_count().max(0) as usize),
+        Ok(None) => Ok(0),
+        Err(e) => Err(Fatal::invalid(e.into())),
+    }
+}
+
+/// Device and backend after `auto` is resolved. One rank per GPU: local rank `i` uses
+/// `cuda:i`, and a host with more ranks than GPUs is refused here, before the process group
+/// exists (NCCL would fail later with "Duplicate GPU detected").
+fn resolve(
+    flags: &RankFlags,
+    local_rank: usize,
+    local_size: usize,
+    host: &str,
+) -> Result<(tch::Device, pg::BackendKind), Fatal> {
+    let gpus = match flags.device {
+        DeviceFlag::Cpu => 0,
+        DeviceFlag::Auto | DeviceFlag::Cuda => cuda_devices()?,
+    };
     let device = match flags.device {
-        DeviceFlag::Auto if cuda => tch::Device::Cuda(local_rank % tch::Cuda::device_count().max(1) as usize),
-        DeviceFlag::Auto | DeviceFlag::Cpu => tch::Device::Cpu,
-        DeviceFlag::Cuda if cuda => tch::Device::Cuda(local_rank % tch::Cuda::device_count().max(1) as usize),
-        DeviceFlag::Cuda => {
+        DeviceFlag::Cpu => tch::Device::Cpu,
+        DeviceFlag::Auto if gpus == 0 => tch::Device::Cpu,
+        DeviceFlag::Cuda if gpus == 0 => {
             return Err(Fatal::invalid(anyhow::anyhow!(
-                "--device cuda: no CUDA device is visible on this host; use --device cpu or check CUDA_VISIBLE_DEVICES"
+                "--device cuda: no CUDA device is visible on {host}; use --device cpu or check CUDA_VISIBLE_DEVICES"
             )))
+        }
+        DeviceFlag::Auto | DeviceFlag::Cuda => {
+            if local_size > gpus || local_rank >= gpus {
+                return Err(Fatal::invalid(anyhow::anyhow!(
+                    "{}",
+                    tchrun::env::too_many_ranks_for_gpus(local_size.max(local_rank + 1), gpus, host)
+                )));
+            }
+            if !tch::Cuda::is_available() {
+                return Err(Fatal::invalid(anyhow::anyhow!(
+                    "{}={gpus} claims CUDA devices but CUDA is not available on {host}; unset it (it is for tests)",
+                    tchrun::env::TCHRUN_TEST_CUDA_DEVICES
+                )));
+            }
+            tch::Device::Cuda(local_rank)
         }
     };
     let backend = match (flags.backend, device.is_cuda()) {
@@ -238,7 +273,8 @@ fn start_rank(
 ) -> Result<Rank, (Option<driver_log::Console>, Fatal)> {
     let t0 = Instant::now();
     let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
-    let (device, backend) = resolve(flags, id.local_rank).map_err(|f| (None, f))?;
+    let (device, backend) =
+        resolve(flags, id.local_rank, id.local_size, &id.host).map_err(|f| (None, f))?;
     let log_dir = flags.log_dir.clone().unwrap_or(default_log_dir);
     let header = driver_log::Header {
         host: &id.host,
@@ -467,7 +503,10 @@ fn run_score(a: ScoreArgs) -> RankResult {
         log_dir: None,
         timeout: 60,
     };
-    let (device, _) = resolve(&flags, 0).map_err(|f| (None, f))?;
+    let host = hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "this host".into());
+    let (device, _) = resolve(&flags, 0, 1, &host).map_err(|f| (None, f))?;
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
