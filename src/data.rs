@@ -529,6 +529,9 @@ pub struct Batch {
     pub paths: Vec<PathBuf>,
     pub len: usize,
     pub size: usize,
+    /// Images of this batch that failed to decode and were dropped (`skip_bad`), with the
+    /// reason; `len` counts only the images that remain (it may be 0).
+    pub skipped: Vec<(PathBuf, String)>,
 }
 
 #[derive(Debug, Clone)]
@@ -547,6 +550,9 @@ pub struct LoaderConfig {
     /// Position of `indices[0]` in the epoch's shard (non-zero when resuming mid-epoch), so
     /// augmentation is the same as in an uninterrupted epoch.
     pub first_position: usize,
+    /// `--skip-bad-images`: an image that fails to decode is dropped alone (listed in
+    /// `Batch::skipped`) and its batch goes on with the others; otherwise the batch fails.
+    pub skip_bad: bool,
 }
 
 fn splitmix64(mut z: u64) -> u64 {
@@ -712,7 +718,8 @@ fn build_batch(
     images.resize(len * per, 0.0);
     let mut labels = Vec::with_capacity(len);
     let mut paths = Vec::with_capacity(len);
-    for (k, pos) in (start..end).enumerate() {
+    let mut skipped = Vec::new();
+    for pos in start..end {
         if shared.cancel.load(Ordering::Relaxed) {
             return Err(DatasetError::InvalidDataset {
                 detail: "loader cancelled".into(),
@@ -727,23 +734,36 @@ fn build_batch(
                 ),
             });
         };
+        // The RNG follows the image's position in the shard, so a dropped image never shifts
+        // the augmentation of the others.
         let mut rng = image_rng(cfg.seed, cfg.epoch, cfg.rank, cfg.first_position + pos);
-        process_image(
+        let k = labels.len();
+        match process_image(
             &smp.path,
             &mut rng,
             shared,
             st,
             &mut images[k * per..(k + 1) * per],
-        )?;
-        labels.push(smp.label as i64);
-        paths.push(smp.path.clone());
+        ) {
+            Ok(()) => {
+                labels.push(smp.label as i64);
+                paths.push(smp.path.clone());
+            }
+            Err(e @ (DatasetError::BadImage { .. } | DatasetError::Io { .. })) if cfg.skip_bad => {
+                skipped.push((smp.path.clone(), e.to_string()));
+            }
+            Err(e) => return Err(e),
+        }
     }
+    let kept = labels.len();
+    images.truncate(kept * per);
     Ok(Batch {
         images,
         labels,
         paths,
-        len,
+        len: kept,
         size: cfg.size,
+        skipped,
     })
 }
 
@@ -948,6 +968,7 @@ mod tests {
             epoch: 3,
             rank: 1,
             first_position: 0,
+            skip_bad: false,
         }
     }
 

@@ -21,6 +21,9 @@ pub const METRICS_JSONL: &str = "metrics.jsonl";
 pub const METRICS_PLOT: &str = "metrics.png";
 /// Log directory inside `--output` when `--log-dir` is not given.
 pub const DEFAULT_LOG_SUBDIR: &str = "logs";
+/// Driver-log prefix of a line naming an image dropped under `--skip-bad-images` (once per
+/// file per rank); the launcher counts the distinct files for its run report.
+pub const SKIPPED_IMAGE: &str = "skipped bad image: ";
 
 /// `<log_dir>/70_driver_log_<rank>`.
 pub fn driver_log(log_dir: &Path, rank: usize) -> PathBuf {

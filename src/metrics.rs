@@ -22,4 +22,9 @@ pub struct EpochMetrics {
     pub epoch_time_s: f64,
     /// Wall-clock time at the end of the epoch (RFC 3339).
     pub time: String,
+    /// Images left out of this epoch under `--skip-bad-images`: those the pre-flight refused
+    /// plus those that failed to decode during the epoch (training and validation, all ranks).
+    /// Absent in rows written before it existed.
+    #[serde(default)]
+    pub skipped_images: u64,
 }

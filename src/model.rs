@@ -27,6 +27,28 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// Side of the last feature map (what the final batch-norm layer sees) for a square input
+    /// of `input` pixels: torchvision's strides and paddings (ResNet: conv1, max-pool and three
+    /// stride-2 stages, each ceil(s/2); DenseNet: conv0 and pool0 ceil(s/2), then three 2x2
+    /// average-pool transitions, each floor(s/2)).
+    pub fn last_feature_size(self, input: u32) -> u32 {
+        let half_up = |s: u32| s.div_ceil(2);
+        let s = half_up(half_up(input));
+        if self.name().starts_with("densenet") {
+            s / 2 / 2 / 2
+        } else {
+            half_up(half_up(half_up(s)))
+        }
+    }
+
+    /// The smallest input size at which one image still gives batch norm more than one value
+    /// per channel in every layer.
+    pub fn min_input_for_single_image(self) -> u32 {
+        (1..=4096)
+            .find(|&i| self.last_feature_size(i) >= 2)
+            .unwrap_or(4096)
+    }
+
     pub const ALL: [Arch; 9] = [
         Arch::Resnet18,
         Arch::Resnet34,

@@ -18,6 +18,9 @@ pub enum PreflightError {
     },
     #[error("{0}")]
     Output(String),
+    /// Training flags that cannot work with this model.
+    #[error("{0}")]
+    Flags(String),
 }
 
 /// The checked inputs of a training job.
@@ -85,6 +88,17 @@ pub fn check_train_job_with(
 ) -> Result<Checked, PreflightError> {
     let cfg = model::load(&job.model, false).map_err(PreflightError::Model)?;
     check_output(&job.output, job.options.resume)?;
+    let last = cfg.arch.last_feature_size(cfg.input_size);
+    if job.params.batch_size == 1 && last <= 1 {
+        return Err(PreflightError::Flags(format!(
+            "--batch-size 1: {} at input size {} ends in a 1x1 feature map, so batch norm would see \
+             one value per channel and its running variance would become NaN; use --batch-size 2 \
+             or more, or a model with --input-size {} or more",
+            cfg.arch.name(),
+            cfg.input_size,
+            cfg.arch.min_input_for_single_image()
+        )));
+    }
     let ds = |flag: &'static str| move |error| PreflightError::Dataset { flag, error };
     let mut train = ImageFolder::scan(&job.train).map_err(ds("--train"))?;
     let mut valid = ImageFolder::scan(&job.valid).map_err(ds("--valid"))?;

@@ -3,8 +3,11 @@
 //! and listed in the driver log; never a panic, never a hang (every run is bounded).
 //!
 //! A truncated JPEG is refused by its missing end-of-image marker. A file that fails only
-//! while decoding in training (truncated PNG) ends the job with exit 4 naming the file, or
-//! under `--skip-bad-images` its batch is skipped (logged with the file) and training goes on.
+//! while decoding in training (truncated PNG, a JPEG whose scan is cut by a stray marker) ends
+//! the job with exit 4 naming the file, or under `--skip-bad-images` is dropped alone (its batch
+//! goes on with the others), named once in the driver log and counted in `metrics.jsonl` and the
+//! run report, and the model stays sound (every weight finite) at 1 and 2 ranks, also when a
+//! whole step has no image left.
 //!
 //! Each case builds a small dataset (10 classes, 5 train and 2 valid digits PNGs per class, so
 //! one epoch takes seconds) plus one bad file in `train/3/`.
@@ -129,8 +132,9 @@ impl Case {
         assert_eq!(r.code, Some(0), "{}", r.explain());
         assert!(out.join("model.json").is_file(), "{}", r.explain());
         let log = driver_logs(&out.join("logs"), 1).remove(0);
-        let line = format!("skipped {}", bad.display());
+        let line = format!("skipped bad image: {}", bad.display());
         assert!(log.contains(&line), "driver log must list '{line}':\n{log}");
+        assert_sound(&out, 1, &r);
         let total = 10 * TRAIN_PER_CLASS;
         assert!(
             r.stdout.contains(&format!("on {total} train / ")),
@@ -249,13 +253,8 @@ fn truncated_jpeg_is_refused_or_skipped() {
 }
 
 /// A valid PNG cut in half inside its IDAT: the header check passes, decoding fails during
-/// training. Without `--skip-bad-images` the job must fail (4: data error during training)
-/// naming the file, in bounded time, with no model left behind; with it, the file is skipped
-/// and listed, or the job fails the same way.
-#[test]
-fn truncated_png_fails_in_training_naming_the_file() {
-    let c = Case::new();
-    let bad = c.train.join("3/truncated.png");
+/// training.
+fn truncated_png(path: &Path) {
     let img = image::RgbImage::from_fn(128, 128, |x, y| {
         let v = x
             .wrapping_mul(2654435761)
@@ -270,38 +269,174 @@ fn truncated_png_fails_in_training_naming_the_file() {
             image::ImageFormat::Png,
         )
         .expect("encode png");
-    std::fs::write(&bad, &bytes[..bytes.len() / 2]).expect("write");
-    let shown = bad.display().to_string();
-    for skip in [false, true] {
-        let out = c.root().join(if skip { "out-skip" } else { "out-strict" });
-        let r = c.train(&out, skip);
-        eprintln!("truncated PNG (skip={skip}): {}", r.explain());
-        match r.code {
-            Some(4) => {
-                assert!(!skip, "--skip-bad-images must skip it:\n{}", r.explain());
-                assert!(
-                    r.stderr.contains(&shown) || r.stdout.contains(&shown),
-                    "the failure must name the file:\n{}",
-                    r.explain()
-                );
-                assert!(!out.join("model.json").exists(), "{}", r.explain());
-            }
-            Some(0) => {
-                assert!(
-                    skip,
-                    "a truncated PNG trained on silently:\n{}",
-                    r.explain()
-                );
-                let log = driver_logs(&out.join("logs"), 1).remove(0);
-                assert!(
-                    log.contains("skipped a batch (--skip-bad-images)") && log.contains(&shown),
-                    "{log}"
-                );
-            }
-            other => panic!("unexpected exit {other:?}:\n{}", r.explain()),
+    std::fs::write(path, &bytes[..bytes.len() / 2]).expect("write");
+}
+
+/// A valid JPEG whose entropy-coded scan is cut short by a stray marker (a DHT marker 40 bytes
+/// into the scan); its header and its end-of-image marker are intact, so the header check
+/// passes and decoding fails during training ("Invalid DHT index").
+fn cut_scan_jpeg(path: &Path) {
+    let full = detailed_jpeg(path);
+    let sos = sos_position(&full);
+    let mut bytes = full[..sos + 40].to_vec();
+    bytes.extend_from_slice(&[0xFF, 0xC4]);
+    bytes.extend_from_slice(&full[sos + 42..]);
+    std::fs::write(path, bytes).expect("write");
+}
+
+/// After a `--skip-bad-images` run: exit 0, finite losses in every `metrics.jsonl` row,
+/// `skipped` images counted there, every weight of the model finite.
+fn assert_sound(out: &Path, skipped: u64, r: &Run) {
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let rows = metrics_rows(out);
+    assert!(!rows.is_empty(), "{}", r.explain());
+    for row in &rows {
+        for key in ["train_loss", "val_loss"] {
+            let v = row[key].as_f64().unwrap_or(f64::NAN);
+            assert!(v.is_finite(), "{key} is {v} in {row}\n{}", r.explain());
         }
-        assert!(r.elapsed < Duration::from_secs(180), "{}", r.explain());
     }
+    let counted: u64 = rows
+        .iter()
+        .map(|row| row["skipped_images"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(counted, skipped, "skipped_images in metrics.jsonl: {rows:?}");
+    let tensors = all_weights_finite(&out.join("model.safetensors"))
+        .unwrap_or_else(|e| panic!("the model is poisoned: {e}\n{}", r.explain()));
+    assert!(tensors > 50, "a resnet18 state dict has more tensors than {tensors}");
+    assert!(
+        r.stdout.contains(&format!("{skipped} bad image(s) skipped"))
+            || r.stderr.contains(&format!("{skipped} bad image(s) skipped")),
+        "the run report counts the skipped image(s):\n{}",
+        r.explain()
+    );
+}
+
+/// The file is named exactly once in all the driver logs together (one epoch: only the rank
+/// whose shard holds it meets it), with the contract's prefix.
+fn named_once(out: &Path, ranks: u32, bad: &Path) {
+    let line = format!("skipped bad image: {}", bad.display());
+    let logs = driver_logs(&out.join("logs"), ranks as usize);
+    let times: usize = logs.iter().map(|l| l.matches(&line).count()).sum();
+    assert_eq!(times, 1, "'{line}' must appear once in the driver logs:\n{logs:#?}");
+    assert!(
+        logs.iter().all(|l| !l.contains("skipped a batch")),
+        "a bad image is dropped alone, not with its batch:\n{logs:#?}"
+    );
+}
+
+/// Without `--skip-bad-images` a file that fails only while decoding ends the job (exit 4, the
+/// data error of a rank) naming the file, in bounded time, with no model left behind.
+#[test]
+fn truncated_png_fails_in_training_naming_the_file() {
+    let c = Case::new();
+    let bad = c.train.join("3/truncated.png");
+    truncated_png(&bad);
+    let out = c.root().join("out-strict");
+    let r = c.train(&out, false);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    let shown = bad.display().to_string();
+    assert!(
+        r.stderr.contains(&shown) || r.stdout.contains(&shown),
+        "the failure must name the file:\n{}",
+        r.explain()
+    );
+    assert!(!out.join("model.json").exists(), "{}", r.explain());
+    assert!(r.elapsed < Duration::from_secs(180), "{}", r.explain());
+}
+
+/// Issue 12: a truncated PNG and a JPEG with a cut scan, found while decoding in training, are
+/// dropped alone at 1 and at 2 ranks: exit 0, finite losses, a finite model, the file named
+/// once, a skipped count of exactly 1 in `metrics.jsonl` and the run report.
+#[test]
+fn bad_images_found_in_training_are_dropped_alone_at_1_and_2_ranks() {
+    for (ranks, png) in [(1u32, true), (2, false), (2, true), (1, false)] {
+        let c = Case::new();
+        let bad = if png {
+            c.train.join("3/zz_truncated.png")
+        } else {
+            c.train.join("3/zz_cut_scan.jpg")
+        };
+        if png {
+            truncated_png(&bad)
+        } else {
+            cut_scan_jpeg(&bad)
+        }
+        let out = c.root().join(format!("out-{ranks}"));
+        let mut cmd = c.train_cmd(&out, true);
+        cmd.args(["--procs-per-node", &ranks.to_string()]);
+        let r = run(&mut cmd, LIMIT);
+        no_panic(&r, &out);
+        eprintln!("{} at {ranks} rank(s): {}", bad.display(), r.explain());
+        assert_sound(&out, 1, &r);
+        named_once(&out, ranks, &bad);
+        assert!(
+            r.stdout.contains("1 image(s) failed to decode and were skipped"),
+            "{}",
+            r.explain()
+        );
+    }
+}
+
+/// Issue 12, item 2: with `--batch-size 1` the bad image's step has no sample on its rank
+/// (at 1 rank: none in the whole job). That step changes nothing, and the job ends sound.
+/// Input size 64: one image still gives batch norm 2x2 values per channel.
+#[test]
+fn a_step_made_only_of_bad_images_changes_nothing() {
+    for ranks in [1u32, 2] {
+        let c = Case::new();
+        let model = model_dir(c.root(), "resnet18", 64);
+        let bad = c.train.join("3/zz_truncated.png");
+        truncated_png(&bad);
+        let out = c.root().join(format!("out-{ranks}"));
+        let mut cmd = tchrun_train(&model, &c.train, &c.valid, &out);
+        cmd.args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "1",
+            "--lr",
+            "0.0005",
+            "--no-hflip",
+            "--print-freq",
+            "100",
+            "--skip-bad-images",
+            "--procs-per-node",
+            &ranks.to_string(),
+        ]);
+        let r = run(&mut cmd, LIMIT);
+        no_panic(&r, &out);
+        eprintln!("batch size 1 at {ranks} rank(s): {}", r.explain());
+        assert_sound(&out, 1, &r);
+        named_once(&out, ranks, &bad);
+        if ranks == 1 {
+            let log = driver_logs(&out.join("logs"), 1).remove(0);
+            assert!(
+                log.contains("no images on any rank (all skipped as bad); weights unchanged"),
+                "{log}"
+            );
+        }
+    }
+}
+
+/// `--batch-size 1` where one image gives batch norm a single value per channel (resnet18 at
+/// 32 px ends in a 1x1 map) is refused before any rank starts: it would make the running
+/// variance NaN.
+#[test]
+fn batch_size_1_at_a_1x1_feature_map_is_refused() {
+    let c = Case::new();
+    let out = c.root().join("out");
+    let r = run(
+        tchrun_train(&c.model, &c.train, &c.valid, &out).args(["--batch-size", "1"]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("--batch-size 1") && r.stderr.contains("--input-size 33"),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.exists(), "{}", r.explain());
 }
 
 /// Random bytes behind a `.jpg` name.
@@ -453,7 +588,7 @@ fn unreadable_file_permission_denied() {
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let log = driver_logs(&out.join("logs"), 1).remove(0);
     assert!(
-        log.contains(&format!("skipped {}", bad.display())),
+        log.contains(&format!("skipped bad image: {}", bad.display())),
         "driver log must list the skipped file:\n{log}"
     );
 }
@@ -519,7 +654,7 @@ fn all_bad_files_at_once_are_skipped_and_counted() {
     let log = driver_logs(&out.join("logs"), 1).remove(0);
     for b in &bad {
         assert!(
-            log.contains(&format!("skipped {}", b.display())),
+            log.contains(&format!("skipped bad image: {}", b.display())),
             "{} not listed:\n{log}",
             b.display()
         );

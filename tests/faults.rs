@@ -258,6 +258,83 @@ fn sigterm_checkpoints_and_resume_matches_an_uninterrupted_run() {
     );
 }
 
+/// Starts a 2-rank, 2-epoch job, stops it with SIGTERM in epoch 2 (exit 143, a checkpoint).
+fn interrupt(model: &Path, out: &Path, dir: &Path, extra: &[&str]) {
+    let mut job = Job::start(&mut train_cmd(model, out, 2, "mpirun", 2, extra), dir);
+    assert!(
+        wait_for(LIMIT, || log_has(out, 0, "epoch 2/2 iter 3/")),
+        "{}",
+        job.output()
+    );
+    kill(job.pid(), Signal::SIGTERM).expect("SIGTERM to tchrun");
+    let code = job.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(143), "{}", job.output());
+}
+
+/// Drops every momentum buffer from the checkpoint's tensor files: the state of a run whose
+/// optimizer has not applied a step yet (fp16 skipping its first steps on a GPU).
+fn strip_momentum(out: &Path) -> usize {
+    use safetensors::SafeTensors;
+    let mut stripped = 0;
+    for e in std::fs::read_dir(out.join("checkpoints")).expect("checkpoints").flatten() {
+        let p = e.path();
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if !(name.starts_with("last-") && name.ends_with(".safetensors")) {
+            continue;
+        }
+        let bytes = std::fs::read(&p).expect("checkpoint");
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+        let (keep, drop): (Vec<_>, Vec<_>) = st
+            .tensors()
+            .into_iter()
+            .partition(|(n, _)| !n.starts_with("momentum."));
+        stripped += drop.len();
+        safetensors::serialize_to_file(keep, &None, &p).expect("rewrite checkpoint");
+    }
+    stripped
+}
+
+/// Issue 18, item 2: a checkpoint that holds no momentum buffers resumes on 2 ranks. Before,
+/// ranks >= 1 made zero buffers and waited in a broadcast that rank 0 never entered, until the
+/// timeout. `--momentum 0`: bit-identical to the uninterrupted run. Buffers stripped from a
+/// momentum run's checkpoint (fp16's "no step applied yet"): completes, replicas identical.
+#[test]
+fn resume_without_momentum_buffers_does_not_hang() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let no_momentum = ["--momentum", "0", "--timeout", "60"];
+    let reference = t.path().join("reference");
+    let r = run(
+        &mut train_cmd(&model, &reference, 2, "mpirun", 2, &no_momentum),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let out = t.path().join("interrupted");
+    interrupt(&model, &out, t.path(), &no_momentum);
+    let resume: Vec<&str> = no_momentum.iter().copied().chain(["--resume"]).collect();
+    let r = run(&mut train_cmd(&model, &out, 2, "mpirun", 2, &resume), LIMIT);
+    // A hang ends at --timeout with exit 4: exit 0 is the guard.
+    assert_resumed(&r, &out);
+    let a = std::fs::read(reference.join("model.safetensors")).expect("reference weights");
+    let b = std::fs::read(out.join("model.safetensors")).expect("resumed weights");
+    assert!(a == b, "resumed weights differ from the uninterrupted run's");
+
+    let out = t.path().join("stripped");
+    let timeout = ["--timeout", "60"];
+    interrupt(&model, &out, t.path(), &timeout);
+    assert!(strip_momentum(&out) > 0, "the momentum run's checkpoint held buffers");
+    let r = run(
+        &mut train_cmd(&model, &out, 2, "mpirun", 2, &["--timeout", "60", "--resume"]),
+        LIMIT,
+    );
+    assert_resumed(&r, &out);
+    let logs = driver_logs(&out.join("logs"), 2);
+    assert!(
+        logs.iter().all(|l| l.contains("parameters identical across ranks")),
+        "{logs:#?}"
+    );
+}
+
 #[test]
 fn killing_tchrun_leaves_no_rank_behind() {
     let t = tempdir();

@@ -620,6 +620,7 @@ fn exercise(root: &Path, max_pixels: u64, threads: usize) -> (usize, usize, usiz
             epoch: 0,
             rank: 0,
             first_position: 0,
+            skip_bad: false,
         };
         let indices: Vec<usize> = (0..kept.samples.len()).collect();
         for b in data::load_batches(&kept, indices, cfg) {

@@ -258,6 +258,57 @@ fn early_stopping_fires_after_patience_epochs() {
     );
 }
 
+/// `--lr 1e12` on 2 ranks: every rank stops in the same step with exit 5 and a message that
+/// gives the effective LR (and says what went non-finite); no model is written.
+#[test]
+fn nan_loss_stops_every_rank_with_exit_5() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let d = small_digits();
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
+            .args(DIGITS)
+            .args([
+                "--procs-per-node",
+                "2",
+                "--batch-size",
+                "16",
+                "--epochs",
+                "1",
+                "--lr",
+                "1e12",
+            ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(5), "{}", r.explain());
+    assert!(
+        r.stderr.contains("effective LR was 2e12 (--lr 1e12 × world size 2)"),
+        "{}",
+        r.explain()
+    );
+    let logs = driver_logs(&out.join("logs"), 2);
+    let mut steps = Vec::new();
+    for l in &logs {
+        assert!(l.contains("rank exiting with code 5"), "{l}");
+        let diverged = l
+            .lines()
+            .find(|x| x.contains("training diverged: "))
+            .unwrap_or_else(|| panic!("no divergence message in:\n{l}"));
+        assert!(diverged.contains(" became "), "{diverged}");
+        let step = diverged
+            .split(", step ")
+            .nth(1)
+            .and_then(|x| x.split('.').next())
+            .unwrap_or_else(|| panic!("no step in {diverged}"))
+            .to_string();
+        steps.push(step);
+    }
+    assert_eq!(steps[0], steps[1], "the ranks stopped in different steps: {steps:?}");
+    assert!(!out.join("model.json").exists(), "{}", r.explain());
+    assert!(!out.join("model.safetensors").exists(), "{}", r.explain());
+}
+
 fn expect_invalid(args: &[&str], needle: &str, out: &Path) {
     let r = run(tchrun().args(args), LIMIT);
     assert_eq!(r.code, Some(2), "{}", r.explain());

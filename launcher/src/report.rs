@@ -311,7 +311,24 @@ pub fn logs_command(dir: &Path) -> Result<String, String> {
     Ok(out)
 }
 
-/// Wall-clock time now, RFC 3339.
+/// Distinct image files the ranks dropped under `--skip-bad-images` (each rank names each file
+/// once, with the `files::SKIPPED_IMAGE` prefix; several ranks may meet the same file).
+pub fn skipped_images(logs: &[RankLog]) -> usize {
+    let mut named = std::collections::BTreeSet::new();
+    for l in logs {
+        let Ok(text) = std::fs::read_to_string(&l.path) else {
+            continue;
+        };
+        for line in text.lines() {
+            if let Some(rest) = line.split(files::SKIPPED_IMAGE).nth(1) {
+                let file = rest.split(" (--skip-bad-images)").next().unwrap_or(rest);
+                named.insert(file.to_string());
+            }
+        }
+    }
+    named.len()
+}
+
 /// The end-of-run report from the ranks' summaries: throughput, slowest rank, LR used.
 pub fn run_report(dir: &Path) {
     let logs = read_driver_logs(dir);
@@ -357,6 +374,12 @@ pub fn run_report(dir: &Path) {
     }
     if let Some(lr) = lr {
         line.push_str(&format!("; effective LR {lr}"));
+    }
+    let skipped = skipped_images(&logs);
+    if skipped > 0 {
+        line.push_str(&format!(
+            "; {skipped} bad image(s) skipped (--skip-bad-images), named in the driver logs"
+        ));
     }
     outln!("{line}");
 }

@@ -331,3 +331,39 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// Every floating-point value of a safetensors file (the model a run wrote) is finite; the
+/// first tensor holding a NaN or an infinity otherwise.
+pub fn all_weights_finite(path: &Path) -> Result<usize, String> {
+    use safetensors::{Dtype, SafeTensors};
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| format!("{}: {e:?}", path.display()))?;
+    let mut n = 0;
+    for (name, view) in st.tensors() {
+        let finite = match view.dtype() {
+            Dtype::F32 => view
+                .data()
+                .chunks_exact(4)
+                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+            Dtype::F64 => view.data().chunks_exact(8).all(|b| {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(b);
+                f64::from_le_bytes(a).is_finite()
+            }),
+            _ => true,
+        };
+        if !finite {
+            return Err(format!("{name} holds a NaN or an infinity"));
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The rows of a `metrics.jsonl`.
+pub fn metrics_rows(out: &Path) -> Vec<serde_json::Value> {
+    read(&out.join("metrics.jsonl"))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("metrics.jsonl rows are JSON"))
+        .collect()
+}

@@ -6,10 +6,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef TCHRUN_WITH_NCCL
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +33,21 @@ struct tchrun_pg {
   int size;
   std::chrono::milliseconds timeout;
 };
+
+// Waits for a collective. Gloo: a bounded CPU wait. NCCL: no timeout, which makes the caller's
+// current stream wait for the NCCL stream without blocking the CPU; with a timeout, torch 2.11's
+// WorkNCCL::wait blocks the CPU in a 1 ms sleep loop. NCCL's watchdog still enforces the group's
+// timeout (it aborts the communicator and the job fails, as with Gloo).
+static void wait_for(bool is_gloo, std::chrono::milliseconds timeout,
+                     const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  if (!is_gloo) {
+    work->wait();
+    return;
+  }
+  if (!work->wait(timeout)) {
+    throw std::runtime_error(std::string(what) + " did not complete within the process-group timeout");
+  }
+}
 
 static char* dup_message(const std::string& msg) {
   char* out = static_cast<char*>(std::malloc(msg.size() + 1));
@@ -60,10 +78,15 @@ static std::vector<at::Tensor> tensor_vec(tchrun_tensor* ts, size_t n) {
   return v;
 }
 
+// The current CUDA device, through c10's device-guard registry (libc10; the CUDA implementation
+// is registered when libtorch_cuda loads), so the shim needs no link to libc10_cuda.
+static void set_cuda_device(int device) {
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+      ->setDevice(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+}
+
 static void wait_work(tchrun_pg* pg, const c10::intrusive_ptr<c10d::Work>& work) {
-  if (!work->wait(pg->timeout)) {
-    throw std::runtime_error("collective did not complete within the process-group timeout");
-  }
+  wait_for(pg->is_gloo, pg->timeout, work, "collective");
 }
 
 extern "C" {
@@ -115,7 +138,8 @@ char* tchrun_store_get(tchrun_store* store, const char* key, uint8_t** out, size
 }
 
 char* tchrun_pg_new(tchrun_store* store, const char* prefix, const char* backend, int rank,
-                    int size, int64_t timeout_ms, const char* gloo_host, tchrun_pg** out) {
+                    int size, int64_t timeout_ms, const char* gloo_host, int cuda_device,
+                    tchrun_pg** out) {
   PROTECT({
     auto timeout = std::chrono::milliseconds(timeout_ms);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), store->store);
@@ -128,9 +152,14 @@ char* tchrun_pg_new(tchrun_store* store, const char* prefix, const char* backend
       *out = new tchrun_pg{pg, true, size, timeout};
     } else if (name == "nccl") {
 #ifdef TCHRUN_WITH_NCCL
+      if (cuda_device < 0) throw std::runtime_error("nccl needs the rank's CUDA device");
+      // The rank's device is current before NCCL (or anything) can create a context on GPU 0,
+      // and the group is bound to it (Python's init_process_group(device_id=...)).
+      set_cuda_device(cuda_device);
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;
       auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, size, opts);
+      pg->setBoundDeviceId(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
       *out = new tchrun_pg{pg, false, size, timeout};
 #else
       throw std::runtime_error("tchrun-worker was built without NCCL support");
@@ -141,7 +170,18 @@ char* tchrun_pg_new(tchrun_store* store, const char* prefix, const char* backend
   })
 }
 
-void tchrun_pg_free(tchrun_pg* pg) { delete pg; }
+// A clean exit: NCCL's communicators and watchdog are shut down before the group is freed
+// (torch warns, and may hang at exit, when a NCCL group is destroyed without it).
+void tchrun_pg_free(tchrun_pg* pg) {
+  if (pg == nullptr) return;
+  if (!pg->is_gloo) {
+    try {
+      pg->backend->shutdown();
+    } catch (...) {
+    }
+  }
+  delete pg;
+}
 
 char* tchrun_pg_allreduce(tchrun_pg* pg, tchrun_tensor* tensors, size_t n, int op) {
   PROTECT({
@@ -212,6 +252,56 @@ char* tchrun_autocast_set_cuda_dtype(int bf16) {
   PROTECT({ at::autocast::set_autocast_dtype(at::kCUDA, bf16 != 0 ? at::kBFloat16 : at::kHalf); })
 }
 
+int tchrun_cuda_queries(void) {
+#ifdef TCHRUN_WITH_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+char* tchrun_cuda_set_device(int device) {
+  PROTECT({
+    set_cuda_device(device);
+  })
+}
+
+char* tchrun_cuda_bf16_supported(int device, int* out) {
+  PROTECT({
+#ifdef TCHRUN_WITH_NCCL
+    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+    *out = prop->major >= 8 ? 1 : 0;
+#else
+    (void)device;
+    (void)out;
+    throw std::runtime_error("tchrun-worker was built without the CUDA headers");
+#endif
+  })
+}
+
+char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int* found_inf) {
+  PROTECT({
+    *found_inf = 0;
+    if (n == 0) return nullptr;
+    auto v = tensor_vec(tensors, n);
+    auto opts = at::TensorOptions().dtype(at::kFloat).device(v[0].device());
+    at::Tensor found = at::zeros({1}, opts);
+    at::Tensor inv = at::full({1}, inv_scale, opts);
+    // The fused kernel wants tensors of one device and dtype per call (GradScaler groups them).
+    std::vector<at::Tensor> group;
+    for (auto& t : v) {
+      if (!t.defined()) continue;
+      if (!group.empty() && (t.device() != group[0].device() || t.scalar_type() != group[0].scalar_type())) {
+        at::_amp_foreach_non_finite_check_and_unscale_(group, found, inv);
+        group.clear();
+      }
+      group.push_back(t);
+    }
+    if (!group.empty()) at::_amp_foreach_non_finite_check_and_unscale_(group, found, inv);
+    *found_inf = found.item<float>() != 0.0f ? 1 : 0;
+  })
+}
+
 }  // extern "C"
 
 // ---------------------------------------------------------------------------------------------
@@ -229,6 +319,7 @@ struct Bucket {
 
 struct ReducerState {
   c10::intrusive_ptr<c10d::Backend> backend;
+  bool is_gloo = true;
   std::chrono::milliseconds timeout{0};
   std::vector<at::Tensor> params;
   int64_t first_cap = 0;  // elements
@@ -264,9 +355,7 @@ struct ReducerState {
   }
 
   void wait(const c10::intrusive_ptr<c10d::Work>& w) const {
-    if (!w->wait(timeout)) {
-      throw std::runtime_error("gradient all-reduce did not complete within the process-group timeout");
-    }
+    wait_for(is_gloo, timeout, w, "gradient all-reduce");
   }
 
   // A new step: every bucket waits for all its gradients; the extra values ride in bucket 0.
@@ -435,6 +524,7 @@ char* tchrun_reducer_new(tchrun_pg* pg, tchrun_tensor* params, size_t n, int64_t
   PROTECT({
     auto s = std::make_shared<ReducerState>();
     s->backend = pg->backend;
+    s->is_gloo = pg->is_gloo;
     s->timeout = pg->timeout;
     s->params = tensor_vec(params, n);
     ReducerState::check_params(s->params);

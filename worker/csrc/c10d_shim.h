@@ -31,8 +31,11 @@ char* tchrun_store_get(tchrun_store* store, const char* key, uint8_t** out, size
 
 // Process groups. Each group gets its own PrefixStore over `store` named `prefix`.
 // backend: "gloo" or "nccl". gloo_host: address this rank's Gloo device binds (ignored by nccl).
+// cuda_device: the rank's CUDA device index, or -1 (CPU). nccl needs one: the shim makes it the
+// current device before the group exists and binds the group to it.
 char* tchrun_pg_new(tchrun_store* store, const char* prefix, const char* backend, int rank,
-                    int size, int64_t timeout_ms, const char* gloo_host, tchrun_pg** out);
+                    int size, int64_t timeout_ms, const char* gloo_host, int cuda_device,
+                    tchrun_pg** out);
 void tchrun_pg_free(tchrun_pg* pg);
 // op: 0 sum, 1 avg (gloo: sum then divide), 2 max, 3 min. In place on every tensor.
 char* tchrun_pg_allreduce(tchrun_pg* pg, tchrun_tensor* tensors, size_t n, int op);
@@ -68,6 +71,15 @@ char* tchrun_grads_to_none(tchrun_tensor* tensors, size_t n);
 
 // Autocast dtype on CUDA: bf16=1 bfloat16, 0 float16 (tch's autocast enables, this picks the type).
 char* tchrun_autocast_set_cuda_dtype(int bf16);
+// Whether this build can query CUDA devices (compiled with the CUDA headers).
+int tchrun_cuda_queries(void);
+// Makes `device` the current CUDA device of this thread (before anything touches GPU 0).
+char* tchrun_cuda_set_device(int device);
+// *out = 1 when `device` computes in bfloat16 natively (compute capability >= 8.0).
+char* tchrun_cuda_bf16_supported(int device, int* out);
+// torch's fused GradScaler check: every tensor *= inv_scale; *found_inf = 1 when any value of
+// any tensor is NaN or infinite. One kernel per tensor group and one read on the host.
+char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int* found_inf);
 
 #ifdef __cplusplus
 }

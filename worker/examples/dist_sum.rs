@@ -10,7 +10,8 @@ fn main() {
             std::process::exit(4);
         }
     };
-    let mut t = tch::Tensor::from_slice(&[d.info.rank as f32 + 1.0; 4]);
+    // On the group's device: CUDA under NCCL (a CPU tensor there is refused by name).
+    let mut t = tch::Tensor::from_slice(&[d.info.rank as f32 + 1.0; 4]).to_device(d.device());
     if let Err(e) = d.pg.all_reduce(&mut [&mut t], ReduceOp::Sum) {
         eprintln!("dist_sum: {e}");
         std::process::exit(4);

@@ -64,6 +64,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 epoch,
                 rank: 0,
                 first_position: 0,
+                skip_bad: false,
             },
         );
         let mut images = 0usize;

@@ -32,6 +32,8 @@ pub struct StepStats {
 pub struct Replicator {
     params: Vec<Tensor>,
     buffers: Vec<Tensor>,
+    /// Names of `params`, then of `buffers` (for the replica check's message).
+    names: Vec<String>,
     first_bucket_bytes: usize,
     bucket_bytes: usize,
     /// Created on the first multi-rank step (it needs the group).
@@ -84,16 +86,21 @@ impl Replicator {
     pub fn new(named: &[(String, Tensor)], is_buffer: impl Fn(&str) -> bool) -> Replicator {
         let mut params = Vec::new();
         let mut buffers = Vec::new();
+        let (mut param_names, mut buffer_names) = (Vec::new(), Vec::new());
         for (name, t) in named {
             if is_buffer(name) || !t.requires_grad() {
                 buffers.push(t.shallow_clone());
+                buffer_names.push(name.clone());
             } else {
                 params.push(t.shallow_clone());
+                param_names.push(name.clone());
             }
         }
+        param_names.extend(buffer_names);
         Replicator {
             params,
             buffers,
+            names: param_names,
             first_bucket_bytes: FIRST_BUCKET_BYTES,
             bucket_bytes: BUCKET_BYTES,
             reducer: OnceCell::new(),
@@ -168,7 +175,11 @@ impl Replicator {
             .map(|b| b.detach().reshape([-1]).to_kind(Kind::Float) * inv)
             .collect();
         parts.push(loss.detach().to_kind(Kind::Float).reshape([1]) * n);
-        parts.push(Tensor::from_slice(&[n as f32, stop as i32 as f32]).to_device(device));
+        // Fills on the device, not a copy from pageable host memory (which would synchronize
+        // the CUDA stream between forward and backward).
+        let opts = (Kind::Float, device);
+        parts.push(Tensor::full([1], n, opts));
+        parts.push(Tensor::full([1], if stop { 1.0 } else { 0.0 }, opts));
         let extra = Tensor::cat(&parts, 0);
         if let Some(r) = self.reducer.get() {
             r.prepare(&extra, n)?;
@@ -212,14 +223,16 @@ impl Replicator {
         let reduced = r.finish((len - 2) as usize)?;
         self.last.set(Some(reduced));
         let buffer_len = len - 3;
-        if buffer_len > 0 {
-            unflatten_into(&p.extra.narrow(0, 0, buffer_len), &self.buffers);
-        }
         let tail = Vec::<f32>::try_from(p.extra.narrow(0, len - 3, 3).to_device(tch::Device::Cpu))
             .unwrap_or_default();
         let loss_sum = tail.first().copied().unwrap_or(f32::NAN) as f64;
         let samples = tail.get(1).copied().unwrap_or(0.0) as f64;
         let stop = tail.get(2).copied().unwrap_or(0.0) > 0.0;
+        // A step without samples on any rank changed no statistics: keep them bit for bit
+        // (the mean of n equal values times 1/n need not round back to the value).
+        if buffer_len > 0 && samples > 0.0 {
+            unflatten_into(&p.extra.narrow(0, 0, buffer_len), &self.buffers);
+        }
         Ok(StepStats {
             loss: loss_sum / samples.max(1.0),
             samples,
@@ -232,20 +245,37 @@ impl Replicator {
         self.last.get()
     }
 
-    /// Whether every parameter and buffer is bit-identical on all ranks.
-    pub fn identical_across_ranks(&self, pg: &ProcessGroup) -> Result<bool, C10dError> {
+    /// The first parameter or buffer (by name) that is not bit-identical on all ranks; `None`
+    /// when every one is (always at world size 1). NaN counts as equal to NaN here: a value
+    /// that went non-finite is the divergence guard's to report, not a replica difference.
+    pub fn first_difference(&self, pg: &ProcessGroup) -> Result<Option<String>, C10dError> {
+        if pg.size() == 1 {
+            return Ok(None);
+        }
         let all: Vec<Tensor> = self
             .params
             .iter()
             .chain(self.buffers.iter())
-            .map(|t| t.detach().reshape([-1]))
+            .map(|t| t.detach().reshape([-1]).to_kind(Kind::Double))
             .collect();
-        let mine = Tensor::cat(&all, 0);
+        let mine = Tensor::cat(&all, 0).nan_to_num(0.0, None, None);
         let mut max = mine.copy();
         let mut min = mine.copy();
         pg.all_reduce(&mut [&mut max], ReduceOp::Max)?;
         pg.all_reduce(&mut [&mut min], ReduceOp::Min)?;
-        Ok(max.equal(&mine) && min.equal(&mine))
+        if max.equal(&mine) && min.equal(&mine) {
+            return Ok(None);
+        }
+        let differs = max.ne_tensor(&min);
+        let mut offset = 0i64;
+        for (name, t) in self.names.iter().zip(all.iter()) {
+            let n = numel(t) as i64;
+            if differs.narrow(0, offset, n).any().int64_value(&[]) != 0 {
+                return Ok(Some(name.clone()));
+            }
+            offset += n;
+        }
+        Ok(Some("(unknown)".into()))
     }
 
     /// A fingerprint of the replica (sum and sum of squares of every value), for the logs.

@@ -5,7 +5,8 @@
 //!
 //! ```no_run
 //! let d = tchrun_worker::dist::init().expect("join the job");
-//! let mut t = tch::Tensor::from_slice(&[d.info.rank as f32 + 1.0]);
+//! // Tensors live on the group's device (CUDA under NCCL).
+//! let mut t = tch::Tensor::from_slice(&[d.info.rank as f32 + 1.0]).to_device(d.device());
 //! d.pg.all_reduce(&mut [&mut t], tchrun_worker::pg::ReduceOp::Sum).expect("all-reduce");
 //! ```
 use crate::bootstrap::{self, BootstrapError, RankInfo};
@@ -29,8 +30,18 @@ pub enum DistError {
     Group(#[from] C10dError),
 }
 
+impl Dist {
+    /// This rank's device: `cuda:<local rank>` under NCCL, the CPU under Gloo. Collectives take
+    /// tensors of this device only.
+    pub fn device(&self) -> tch::Device {
+        self.pg.device()
+    }
+}
+
 /// Joins the job (timeout: `TCHRUN_TIMEOUT` seconds, default 300) and creates the group.
-/// Backend: `TCHRUN_BACKEND` (gloo|nccl), else NCCL with CUDA and Gloo without.
+/// Backend: `TCHRUN_BACKEND` (gloo|nccl), else NCCL with CUDA and Gloo without. Under NCCL the
+/// rank's device is `cuda:<local rank>` (one GPU per rank: more ranks on a node than GPUs is
+/// refused).
 pub fn init() -> Result<Dist, DistError> {
     let timeout = Duration::from_secs(
         std::env::var("TCHRUN_TIMEOUT")
@@ -46,6 +57,22 @@ pub fn init() -> Result<Dist, DistError> {
     };
     let joined = bootstrap::identify()?.join(timeout)?;
     let info = joined.info.clone();
+    let device = if backend == BackendKind::Nccl {
+        let gpus = tch::Cuda::device_count().max(0) as usize;
+        if info.local_size > gpus {
+            return Err(DistError::Group(C10dError {
+                op: "ProcessGroup create",
+                message: format!(
+                    "{} ranks on this node but {gpus} GPU(s) visible: NCCL needs one GPU per rank; \
+                     start fewer ranks per node or set TCHRUN_BACKEND=gloo",
+                    info.local_size
+                ),
+            }));
+        }
+        tch::Device::Cuda(info.local_rank)
+    } else {
+        tch::Device::Cpu
+    };
     let pg = ProcessGroup::new(
         &joined.store,
         "tchrun/dist",
@@ -54,6 +81,7 @@ pub fn init() -> Result<Dist, DistError> {
         info.world_size,
         timeout,
         &info.local_addr,
+        device,
     )?;
     Ok(Dist {
         info,

@@ -48,6 +48,7 @@ extern "C" {
         size: c_int,
         timeout_ms: i64,
         gloo_host: *const c_char,
+        cuda_device: c_int,
         out: *mut *mut Pg,
     ) -> *mut c_char;
     pub fn tchrun_pg_free(pg: *mut Pg);
@@ -88,4 +89,13 @@ extern "C" {
     ) -> *mut c_char;
     pub fn tchrun_grads_to_none(tensors: *mut *mut c_void, n: usize) -> *mut c_char;
     pub fn tchrun_autocast_set_cuda_dtype(bf16: c_int) -> *mut c_char;
+    pub fn tchrun_cuda_queries() -> c_int;
+    pub fn tchrun_cuda_set_device(device: c_int) -> *mut c_char;
+    pub fn tchrun_cuda_bf16_supported(device: c_int, out: *mut c_int) -> *mut c_char;
+    pub fn tchrun_amp_unscale(
+        tensors: *mut *mut c_void,
+        n: usize,
+        inv_scale: f64,
+        found_inf: *mut c_int,
+    ) -> *mut c_char;
 }

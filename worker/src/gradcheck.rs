@@ -5,7 +5,7 @@
 //! gradient, and a step in which the last rank has no samples (a skipped batch).
 use crate::ddp::Replicator;
 use crate::pg::ProcessGroup;
-use tch::{nn, nn::Module, Device, Kind, Tensor};
+use tch::{nn, nn::Module, Kind, Tensor};
 
 fn net(p: &nn::Path) -> impl Module {
     // Registered, never used in forward: its gradient stays zero everywhere.
@@ -55,7 +55,9 @@ pub struct Report {
 pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
     let (rank, world) = (pg.rank() as i64, pg.size() as i64);
     tch::manual_seed(1234 + rank); // different init per rank: the broadcast must fix it
-    let vs = nn::VarStore::new(Device::Cpu);
+    // The group's device: on a GPU host this covers the CUDA hooks, buckets and NCCL.
+    let dev = pg.device();
+    let vs = nn::VarStore::new(dev);
     let model = net(&vs.root());
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
@@ -78,9 +80,9 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
         let total = 3 * world + 1;
         let x = crate::models::channels_last(&Tensor::randn(
             [total, 3, 8, 8],
-            (Kind::Float, Device::Cpu),
+            (Kind::Float, dev),
         ));
-        let y = Tensor::arange(total, (Kind::Int64, Device::Cpu)).remainder(10);
+        let y = Tensor::arange(total, (Kind::Int64, dev)).remainder(10);
         let mut bounds: Vec<i64> = (0..=world)
             .map(|r| if r == world { total } else { r * 3 + r.min(1) })
             .collect();
@@ -94,7 +96,7 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
                 .forward(&x.narrow(0, lo, hi - lo))
                 .cross_entropy_for_logits(&y.narrow(0, lo, hi - lo))
         } else {
-            Tensor::zeros([], (Kind::Float, Device::Cpu))
+            Tensor::zeros([], (Kind::Float, dev))
         };
         rep.begin_step(pg, &loss, n_local, false)?;
         if n_local > 0 {

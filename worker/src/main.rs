@@ -323,6 +323,7 @@ fn start_rank(
         info.world_size,
         timeout,
         &info.local_addr,
+        device,
     ) {
         Ok(pg) => pg,
         Err(e) => {
@@ -359,7 +360,7 @@ fn run_selftest(a: SelftestArgs) -> RankResult {
     } = rank;
     let fail = |e: anyhow::Error| Fatal::rank(e);
     let body = || -> Result<(), Fatal> {
-        let failed = selftest::check_collectives(&pg, device).map_err(|e| fail(e.into()))?;
+        let failed = selftest::check_collectives(&pg).map_err(|e| fail(e.into()))?;
         for f in &failed {
             tracing::error!("selftest check failed: {f}");
         }
@@ -373,7 +374,7 @@ fn run_selftest(a: SelftestArgs) -> RankResult {
         tracing::info!(
             "collectives correct: all_reduce sum/avg/max, broadcast, all_gather, barrier"
         );
-        let rows = selftest::bandwidth(&pg, device, &a.sizes, a.iters as usize)
+        let rows = selftest::bandwidth(&pg, &a.sizes, a.iters as usize)
             .map_err(|e| fail(e.into()))?;
         let table = selftest::format_table(&rows, pg.size(), pg.backend().name());
         tracing::info!("\n{table}");

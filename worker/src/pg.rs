@@ -57,6 +57,35 @@ pub fn set_grads_to_none<'a>(
     })
 }
 
+/// Whether `device` computes in bfloat16 natively (compute capability 8.0 or newer, as torch's
+/// `is_bf16_supported`); `None` when this build cannot ask (compiled without the CUDA headers).
+pub fn cuda_bf16_supported(device: tch::Device) -> Result<Option<bool>, C10dError> {
+    let tch::Device::Cuda(i) = device else {
+        return Ok(Some(true));
+    };
+    if unsafe { ffi::tchrun_cuda_queries() } == 0 {
+        return Ok(None);
+    }
+    let mut out = 0;
+    check("cuda device properties", unsafe {
+        ffi::tchrun_cuda_bf16_supported(i as i32, &mut out)
+    })?;
+    Ok(Some(out != 0))
+}
+
+/// torch's fused GradScaler check (`_amp_foreach_non_finite_check_and_unscale_`): every tensor
+/// is multiplied by `inv_scale` in place; true when any value was NaN or infinite. One read on
+/// the host for all tensors (not one per tensor).
+pub fn amp_unscale(tensors: &[Tensor], inv_scale: f64) -> Result<bool, C10dError> {
+    let mut ptrs: Vec<*mut std::ffi::c_void> =
+        tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
+    let mut found = 0;
+    check("unscale gradients", unsafe {
+        ffi::tchrun_amp_unscale(ptrs.as_mut_ptr(), ptrs.len(), inv_scale, &mut found)
+    })?;
+    Ok(found != 0)
+}
+
 /// Whether this binary was compiled with ProcessGroupNCCL.
 pub fn has_nccl() -> bool {
     unsafe { ffi::tchrun_c10d_has_nccl() != 0 }
@@ -192,12 +221,48 @@ impl BackendKind {
     }
 }
 
-/// A c10d process group over all ranks of the job.
+/// A c10d process group over all ranks of the job, on the rank's device: every collective
+/// takes tensors of that device only (NCCL: CUDA; Gloo: CPU or CUDA) and says so otherwise.
 pub struct ProcessGroup {
     raw: *mut ffi::Pg,
     rank: usize,
     size: usize,
     backend: BackendKind,
+    device: tch::Device,
+}
+
+fn device_name(d: tch::Device) -> String {
+    match d {
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        tch::Device::Cpu => "cpu".into(),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// Every tensor must be on `device` (the group's): a clear error naming the call, instead of
+/// the c10 exception NCCL throws ("Tensors must be CUDA and dense") or a silent host copy.
+pub fn check_devices<'a>(
+    op: &'static str,
+    device: tch::Device,
+    backend: BackendKind,
+    tensors: impl IntoIterator<Item = &'a Tensor>,
+) -> Result<(), C10dError> {
+    for (i, t) in tensors.into_iter().enumerate() {
+        let d = t.device();
+        if d != device {
+            return Err(C10dError {
+                op,
+                message: format!(
+                    "tensor {i} is on {}, but this {} group runs its collectives on {}; create it \
+                     on the group's device (ProcessGroup::device)",
+                    device_name(d),
+                    backend.name(),
+                    device_name(device)
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 // SAFETY: c10d backends may be used from any thread; we never share &mut across threads.
@@ -205,7 +270,10 @@ unsafe impl Send for ProcessGroup {}
 
 impl ProcessGroup {
     /// Creates the group on its own `PrefixStore` named `name` (two groups on one raw store
-    /// collide). `local_addr` is the address this rank's Gloo device binds.
+    /// collide). `local_addr` is the address this rank's Gloo device binds. `device`: the rank's
+    /// device; NCCL needs a CUDA one, which becomes the current device before the group exists
+    /// and the group's bound device.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: &Store,
         name: &str,
@@ -214,8 +282,23 @@ impl ProcessGroup {
         size: usize,
         timeout: Duration,
         local_addr: &str,
+        device: tch::Device,
     ) -> Result<ProcessGroup, C10dError> {
         let op = "ProcessGroup create";
+        let cuda_device = match device {
+            tch::Device::Cuda(i) => i as i32,
+            _ => -1,
+        };
+        if backend == BackendKind::Nccl && cuda_device < 0 {
+            return Err(C10dError {
+                op,
+                message: format!(
+                    "nccl runs on CUDA devices, but this rank's device is {}; use --backend gloo \
+                     (or --device cuda)",
+                    device_name(device)
+                ),
+            });
+        }
         if backend == BackendKind::Nccl && !has_nccl() {
             return Err(C10dError {
                 op,
@@ -223,6 +306,11 @@ impl ProcessGroup {
                           installs the CUDA headers, or use --backend gloo"
                     .into(),
             });
+        }
+        if cuda_device >= 0 {
+            // The rank's GPU is current before anything (c10d, NCCL, the allocator) can create
+            // a context on GPU 0.
+            check(op, unsafe { ffi::tchrun_cuda_set_device(cuda_device) })?;
         }
         let prefix = cstring(op, name)?;
         let b = cstring(op, backend.name())?;
@@ -237,6 +325,7 @@ impl ProcessGroup {
                 size as i32,
                 millis(timeout),
                 host.as_ptr(),
+                cuda_device,
                 &mut raw,
             )
         })?;
@@ -245,7 +334,13 @@ impl ProcessGroup {
             rank,
             size,
             backend,
+            device,
         })
+    }
+
+    /// The device every tensor given to this group's collectives must be on.
+    pub fn device(&self) -> tch::Device {
+        self.device
     }
 
     pub fn rank(&self) -> usize {
@@ -260,6 +355,7 @@ impl ProcessGroup {
 
     /// All-reduce in place on every tensor (same shapes on every rank).
     pub fn all_reduce(&self, tensors: &mut [&mut Tensor], op: ReduceOp) -> Result<(), C10dError> {
+        check_devices("allreduce", self.device, self.backend, tensors.iter().map(|t| &**t))?;
         let mut ptrs: Vec<*mut std::ffi::c_void> = tensors
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
@@ -271,6 +367,7 @@ impl ProcessGroup {
 
     /// Broadcast in place from `root` to every rank.
     pub fn broadcast(&self, tensors: &mut [&mut Tensor], root: usize) -> Result<(), C10dError> {
+        check_devices("broadcast", self.device, self.backend, tensors.iter().map(|t| &**t))?;
         let mut ptrs: Vec<*mut std::ffi::c_void> = tensors
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
@@ -282,6 +379,7 @@ impl ProcessGroup {
 
     /// Every rank's `input`, in rank order.
     pub fn all_gather(&self, input: &Tensor) -> Result<Vec<Tensor>, C10dError> {
+        check_devices("allgather", self.device, self.backend, [input])?;
         let mut outputs: Vec<Tensor> = (0..self.size).map(|_| input.empty_like()).collect();
         let mut ptrs: Vec<*mut std::ffi::c_void> = outputs
             .iter_mut()
@@ -338,6 +436,7 @@ impl Reducer {
         first_bucket_bytes: usize,
         bucket_bytes: usize,
     ) -> Result<Reducer, C10dError> {
+        check_devices("reducer create", pg.device, pg.backend, params)?;
         let mut ptrs: Vec<*mut std::ffi::c_void> =
             params.iter().map(|t| t.as_ptr() as *mut _).collect();
         let mut raw = std::ptr::null_mut();
@@ -384,5 +483,50 @@ impl Reducer {
 impl Drop for Reducer {
     fn drop(&mut self) {
         unsafe { ffi::tchrun_reducer_free(self.raw) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    #[test]
+    fn collectives_refuse_tensors_off_the_group_device() {
+        let cpu = Tensor::zeros([4], (Kind::Float, Device::Cpu));
+        let e = check_devices("allreduce", Device::Cuda(0), BackendKind::Nccl, [&cpu])
+            .expect_err("a CPU tensor on a CUDA group must be refused");
+        assert_eq!(e.op, "allreduce");
+        assert!(
+            e.message.contains("tensor 0 is on cpu")
+                && e.message.contains("nccl group")
+                && e.message.contains("cuda:0"),
+            "{e}"
+        );
+        let e = check_devices("broadcast", Device::Cuda(1), BackendKind::Gloo, [&cpu, &cpu])
+            .expect_err("refused on a Gloo group on CUDA too");
+        assert!(e.to_string().starts_with("c10d broadcast:"), "{e}");
+        check_devices("allreduce", Device::Cpu, BackendKind::Gloo, [&cpu, &cpu])
+            .expect("CPU tensors on a CPU group");
+    }
+
+    #[test]
+    fn fused_unscale_finds_non_finite_values_and_scales() {
+        let a = Tensor::from_slice(&[2.0f32, 4.0]);
+        let b = Tensor::from_slice(&[8.0f32]);
+        let found = amp_unscale(&[a.shallow_clone(), b.shallow_clone()], 0.5).expect("unscale");
+        assert!(!found);
+        assert_eq!(Vec::<f32>::try_from(&a).expect("a"), vec![1.0, 2.0]);
+        assert_eq!(Vec::<f32>::try_from(&b).expect("b"), vec![4.0]);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let c = Tensor::from_slice(&[1.0f32, bad]);
+            assert!(amp_unscale(&[a.shallow_clone(), c], 1.0).expect("unscale"));
+        }
+        assert!(!amp_unscale(&[], 1.0).expect("no tensors"));
+    }
+
+    #[test]
+    fn bf16_query_on_cpu_is_trivially_true() {
+        assert_eq!(cuda_bf16_supported(Device::Cpu).expect("cpu"), Some(true));
     }
 }

@@ -117,6 +117,7 @@ pub fn score(
             epoch: 0,
             rank: 0,
             first_position: 0,
+            skip_bad: false,
         },
     );
     let tmp = output.with_extension(format!("tmp-{}", std::process::id()));

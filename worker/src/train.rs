@@ -28,10 +28,12 @@ pub enum TrainError {
     #[error("data error during training: {0}")]
     Data(DatasetError),
     #[error(
-        "training diverged: the loss became {value} at epoch {epoch}, step {step}. Lower --lr: the \
+        "training diverged: {what} became {value} at epoch {epoch}, step {step}. Lower --lr: the \
          effective LR was {effective_lr:e} (--lr {lr:e} × world size {world})"
     )]
     Diverged {
+        /// What went non-finite: "the loss", "the gradient of fc.weight", ...
+        what: String,
         value: f64,
         epoch: u32,
         step: u64,
@@ -41,8 +43,11 @@ pub enum TrainError {
     },
     #[error(transparent)]
     Comm(#[from] C10dError),
-    #[error("parameters differ across ranks after training (replicas out of sync)")]
-    Replicas,
+    #[error(
+        "parameters differ across ranks after training (replicas out of sync): '{0}' is the first \
+         tensor that differs"
+    )]
+    Replicas(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
     #[error("stopped by signal {0}; a checkpoint was written: continue with --resume")]
@@ -64,7 +69,7 @@ impl TrainError {
             TrainError::Stopped(_) => ErrorKind::InterruptedTerm,
             TrainError::Data(_)
             | TrainError::Comm(_)
-            | TrainError::Replicas
+            | TrainError::Replicas(_)
             | TrainError::Checkpoint(_)
             | TrainError::Output(_)
             | TrainError::Torch(_) => ErrorKind::RankFailed,
@@ -117,6 +122,8 @@ struct Validation {
     loss: f64,
     top1: f64,
     top5: f64,
+    /// Images dropped while decoding in this epoch (training and validation, all ranks).
+    skipped: u64,
 }
 
 fn to_input(batch: &data::Batch, device: Device, channels_last: bool) -> (Tensor, Tensor) {
@@ -157,6 +164,8 @@ fn validate(
     cfg: &ModelConfig,
     job: &TrainJob,
     ctx: &RankCtx,
+    bad_images: &mut BadImages,
+    train_skipped: u64,
 ) -> Result<Validation, TrainError> {
     let (rank, world) = (ctx.pg.rank(), ctx.pg.size());
     let mut idx = data::shard(valid.samples.len(), rank, world, 0, 0, false);
@@ -175,20 +184,20 @@ fn validate(
             epoch: 0,
             rank,
             first_position: 0,
+            skip_bad: job.options.skip_bad_images,
         },
     );
     let k = 5.min(valid.classes.len() as i64);
-    // [loss sum, top-1 correct, top-5 correct, samples], reduced exactly over the ranks.
-    let mut totals = Tensor::zeros([4], (Kind::Double, ctx.device));
+    // [loss sum, top-1 correct, top-5 correct, samples, skipped images (validation here, plus
+    // this rank's training epoch)], reduced exactly over the ranks.
+    let mut totals = Tensor::zeros([5], (Kind::Double, ctx.device));
+    let mut skipped_here = train_skipped;
     for batch in loader {
-        let batch = match batch {
-            Ok(b) => b,
-            Err(e) if job.options.skip_bad_images => {
-                tracing::warn!("skipped a validation batch (--skip-bad-images): {e}");
-                continue;
-            }
-            Err(e) => return Err(TrainError::Data(e)),
-        };
+        let batch = batch.map_err(TrainError::Data)?;
+        skipped_here += bad_images.note(&batch.skipped);
+        if batch.len == 0 {
+            continue;
+        }
         let (x, y) = to_input(&batch, ctx.device, !job.options.no_channels_last);
         tch::no_grad(|| {
             let logits = model.forward_t(&x, false).to_kind(Kind::Float);
@@ -198,9 +207,14 @@ fn validate(
             let hits = top.eq_tensor(&y.unsqueeze(1));
             let top1 = hits.narrow(1, 0, 1).sum(Kind::Double);
             let topk = hits.any_dim(1, false).sum(Kind::Double);
-            let n = Tensor::from(batch.len as f64).to_device(ctx.device);
-            totals += Tensor::stack(&[loss.to_kind(Kind::Double), top1, topk, n], 0);
+            // A fill, not a host-to-device copy: no synchronization per batch on CUDA.
+            let n = Tensor::full([], batch.len as f64, (Kind::Double, ctx.device));
+            let skipped = Tensor::zeros([], (Kind::Double, ctx.device));
+            totals += Tensor::stack(&[loss.to_kind(Kind::Double), top1, topk, n, skipped], 0);
         });
+    }
+    if skipped_here > 0 {
+        let _ = totals.get(4).fill_(skipped_here as f64);
     }
     ctx.pg.all_reduce(&mut [&mut totals], ReduceOp::Sum)?;
     let t = Vec::<f64>::try_from(totals.to_device(Device::Cpu))?;
@@ -209,7 +223,121 @@ fn validate(
         loss: t[0] / n,
         top1: t[1] / n,
         top5: t[2] / n,
+        skipped: t[4].round().max(0.0) as u64,
     })
+}
+
+/// Images dropped while decoding (`--skip-bad-images`): each file is named once in this rank's
+/// driver log, with the contract's prefix (`tchrun::files::SKIPPED_IMAGE`) the launcher counts.
+#[derive(Default)]
+struct BadImages {
+    named: std::collections::HashSet<std::path::PathBuf>,
+}
+
+impl BadImages {
+    /// Logs the files not named yet; returns how many images were dropped.
+    fn note(&mut self, skipped: &[(std::path::PathBuf, String)]) -> u64 {
+        for (path, why) in skipped {
+            if self.named.insert(path.clone()) {
+                tracing::warn!(
+                    "{}{} (--skip-bad-images): {why}",
+                    tchrun::files::SKIPPED_IMAGE,
+                    path.display()
+                );
+            }
+        }
+        skipped.len() as u64
+    }
+
+    fn distinct(&self) -> usize {
+        self.named.len()
+    }
+}
+
+/// The first tensor (by name) holding a NaN or an infinity, and that value.
+fn first_non_finite(tensors: &[(String, Tensor)]) -> Option<(String, f64)> {
+    tensors.iter().find_map(|(name, t)| {
+        if !t.defined() {
+            return None;
+        }
+        let bad = t.isfinite().logical_not();
+        if bad.any().int64_value(&[]) == 0 {
+            return None;
+        }
+        let value = t.masked_select(&bad).get(0).double_value(&[]);
+        Some((name.clone(), value))
+    })
+}
+
+/// The non-finite guard run after every optimizer step: one fused value (each tensor's sum in
+/// float64, which cannot overflow from finite float32 values, so it is finite exactly when every
+/// value is) over the weights and the batch-norm statistics (a non-finite gradient reaches the
+/// weights through the update). It is read after the next step's reduction, where the rank waits
+/// for the device anyway, so the check costs no synchronization of its own on CUDA.
+struct Guard {
+    /// Weights and buffers by name.
+    watched: Vec<(String, Tensor)>,
+    /// 0-d float64 sum of every watched tensor's sum, for the step named, and its LR.
+    pending: Option<(Tensor, u64, u32, f64)>,
+}
+
+impl Guard {
+    fn arm(&mut self, step: u64, epoch: u32, lr: f64) {
+        let sums: Vec<Tensor> = self
+            .watched
+            .iter()
+            .map(|(_, t)| t.detach().sum(Kind::Double))
+            .collect();
+        if sums.is_empty() {
+            return;
+        }
+        self.pending = Some((Tensor::stack(&sums, 0).sum(Kind::Double), step, epoch, lr));
+    }
+
+    /// Checks the armed step; `grads`: the gradients of that step, if still held, to name.
+    fn check(
+        &mut self,
+        grads: Option<&[(String, Tensor)]>,
+        p_lr: f64,
+        world: usize,
+    ) -> Result<(), TrainError> {
+        let Some((total, step, epoch, lr)) = self.pending.take() else {
+            return Ok(());
+        };
+        if total.double_value(&[]).is_finite() {
+            return Ok(());
+        }
+        let named_grads: Vec<(String, Tensor)> = grads
+            .unwrap_or_default()
+            .iter()
+            .map(|(n, p)| (format!("the gradient of {n}"), p.grad()))
+            .collect();
+        let what = first_non_finite(&named_grads).or_else(|| {
+            let labelled: Vec<(String, Tensor)> = self
+                .watched
+                .iter()
+                .map(|(n, t)| {
+                    let kind = if crate::models::is_buffer(n) {
+                        "the batch-norm statistic"
+                    } else {
+                        "the weight"
+                    };
+                    (format!("{kind} {n}"), t.shallow_clone())
+                })
+                .collect();
+            first_non_finite(&labelled)
+        });
+        let (what, value) = what.unwrap_or_else(|| ("a weight".into(), f64::NAN));
+        Err(TrainError::Diverged {
+            what,
+            value,
+            epoch,
+            step,
+            effective_lr: lr,
+            lr: p_lr,
+            world,
+        })
+    }
 }
 
 /// Training state restored from a checkpoint (or fresh).
@@ -245,6 +373,10 @@ fn load_resume(
     best: &mut Option<BTreeMap<String, Tensor>>,
 ) -> Result<Option<checkpoint::Meta>, TrainError> {
     const KEY: &str = "tchrun/resume";
+    // The names of the momentum buffers rank 0 holds (a checkpoint may hold none: --momentum 0,
+    // or fp16 stopped before its first applied step): the other ranks make exactly these, so
+    // that everyone enters the same broadcast.
+    const MOMENTUM_KEY: &str = "tchrun/resume-momentum";
     let pg = ctx.pg;
     if pg.rank() == 0 {
         let loaded = if job.options.resume {
@@ -258,6 +390,13 @@ fn load_resume(
             }
             None => String::new(),
         };
+        let momentum_names: Vec<&String> = loaded
+            .as_ref()
+            .map(|l| l.momentum.keys().collect())
+            .unwrap_or_default();
+        let names = serde_json::to_string(&momentum_names)
+            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        ctx.store.set(MOMENTUM_KEY, names.as_bytes())?;
         ctx.store.set(KEY, text.as_bytes())?;
         let Some(l) = loaded else { return Ok(None) };
         tch::no_grad(|| -> Result<(), TrainError> {
@@ -280,15 +419,19 @@ fn load_resume(
         }
         let meta: checkpoint::Meta =
             serde_json::from_slice(&text).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        if meta.step > 0 {
-            // Placeholders the broadcast from rank 0 fills.
-            let zeros = opt
-                .params()
-                .iter()
-                .map(|(n, p)| (n.clone(), p.detach().zeros_like()))
-                .collect();
-            opt.load_state(zeros);
+        let names: Vec<String> = serde_json::from_slice(&ctx.store.get(MOMENTUM_KEY)?)
+            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        // Placeholders the broadcast from rank 0 fills: exactly the buffers rank 0 has.
+        let mut zeros = BTreeMap::new();
+        for name in names {
+            let Some((_, p)) = opt.params().iter().find(|(n, _)| *n == name) else {
+                return Err(TrainError::Checkpoint(format!(
+                    "the checkpoint's momentum buffer '{name}' is not a parameter of this model"
+                )));
+            };
+            zeros.insert(name, p.detach().zeros_like());
         }
+        opt.load_state(zeros);
         Ok(Some(meta))
     }
 }
@@ -310,19 +453,39 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             "skipping bad images (--skip-bad-images)"
         );
         for (path, why) in &skipped {
-            tracing::warn!("skipped {}: {why}", path.display());
+            tracing::warn!(
+                "{}{} (--skip-bad-images): {why}",
+                tchrun::files::SKIPPED_IMAGE,
+                path.display()
+            );
         }
         (ctx.say)(&format!(
             "skipped {} bad image(s) (--skip-bad-images); listed in the driver logs",
             skipped.len()
         ));
     }
+    let preflight_skipped = skipped.len() as u64;
     let classes = train.classes.len() as i64;
     tch::manual_seed(p.seed);
     if device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
     let amp = device.is_cuda() && job.options.amp != Amp::Off;
+    if amp && job.options.amp == Amp::Bf16 {
+        match crate::pg::cuda_bf16_supported(device)? {
+            Some(true) => {}
+            Some(false) => {
+                return Err(TrainError::Invalid(format!(
+                    "--amp bf16: this GPU ({device:?}) has no native bfloat16 (compute capability \
+                     below 8.0); use --amp fp16 or --amp off"
+                )))
+            }
+            None => tracing::warn!(
+                "--amp bf16: this tchrun-worker cannot query the GPU (built without the CUDA \
+                 headers); assuming bfloat16 works"
+            ),
+        }
+    }
     if amp {
         crate::pg::set_autocast_dtype(job.options.amp == Amp::Bf16)?;
     }
@@ -464,6 +627,17 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let mut partial = state.partial;
     let mut lr = schedule.lr(step);
     let (run_start, run_first_step) = (Instant::now(), step);
+    let mut bad_images = BadImages::default();
+    let single_image_poisons_bn = cfg.arch.last_feature_size(cfg.input_size) <= 1;
+    let mut warned_single = false;
+    let mut epoch_skipped = 0u64;
+    let mut guard = Guard {
+        watched: named
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect(),
+        pending: None,
+    };
     'epochs: for epoch in start_epoch..p.epochs {
         start_epoch = epoch;
         let t_epoch = Instant::now();
@@ -487,6 +661,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 epoch: epoch as u64,
                 rank,
                 first_position,
+                skip_bad: job.options.skip_bad_images,
             },
         );
         let (mut loss_sum, mut seen, prior_s) = partial;
@@ -495,60 +670,53 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         let mut seen_print = 0.0f64;
         for (k, batch) in loader.enumerate() {
             let it = skip_batches + k as u64;
-            // An image that fails only while decoding: with --skip-bad-images this rank
-            // contributes no samples to the step (the others' gradients still apply), so every
-            // rank keeps taking the same steps.
-            let batch = match batch {
-                Ok(b) => Some(b),
-                Err(e) if job.options.skip_bad_images => {
-                    tracing::warn!("skipped a batch (--skip-bad-images): {e}");
-                    None
-                }
-                Err(e) => return Err(TrainError::Data(e)),
-            };
+            // With --skip-bad-images an image that fails only while decoding is dropped alone:
+            // the batch goes on with the others (the reduction is exact for uneven batches).
+            let batch = batch.map_err(TrainError::Data)?;
+            epoch_skipped += bad_images.note(&batch.skipped);
             let t0 = Instant::now();
             opt.zero_grad()?;
-            let n_local = batch.as_ref().map(|b| b.len).unwrap_or(0);
-            let stop_vote = crate::signals::requested() != 0;
-            let loss = match &batch {
-                Some(batch) => {
-                    let (x, y) = to_input(batch, device, !job.options.no_channels_last);
-                    tch::autocast(amp, || {
-                        net.forward_t(&x, true)
-                            .to_kind(Kind::Float)
-                            .cross_entropy_for_logits(&y)
-                    })
+            let mut n_local = batch.len;
+            if n_local == 1 && single_image_poisons_bn {
+                // One image would give the last batch-norm layer one value per channel: its
+                // running variance becomes NaN (torch raises in Python; libtorch does not).
+                // The image sits out this step (the others' samples still train).
+                if !warned_single {
+                    tracing::warn!(
+                        "a batch of 1 image on this rank ({} at input size {} ends in a 1x1 feature \
+                         map): left out of its step, as batch norm needs more than one value per \
+                         channel; said once",
+                        cfg.arch.name(),
+                        cfg.input_size
+                    );
+                    warned_single = true;
                 }
-                None => Tensor::zeros([], (Kind::Float, device)),
+                n_local = 0;
+            }
+            let stop_vote = crate::signals::requested() != 0;
+            let loss = if n_local > 0 {
+                let (x, y) = to_input(&batch, device, !job.options.no_channels_last);
+                tch::autocast(amp, || {
+                    net.forward_t(&x, true)
+                        .to_kind(Kind::Float)
+                        .cross_entropy_for_logits(&y)
+                })
+            } else {
+                Tensor::zeros([], (Kind::Float, device))
             };
             // begin_step arms the gradient hooks: buckets are all-reduced while backward runs.
             replicas.begin_step(pg, &loss, n_local, stop_vote)?;
-            if batch.is_some() {
+            if n_local > 0 {
                 (&loss * scaler.scale).backward();
             }
             let t1 = Instant::now();
             let stats = replicas.end_step(pg)?;
+            // The previous step's deferred guard (CUDA): the device has caught up by now.
+            guard.check(None, p.lr, world)?;
             let t2 = Instant::now();
-            if step == run_first_step {
-                if let Some(r) = replicas.last_reduction() {
-                    tracing::info!(
-                        "gradient buckets: {} (caps {} / {} bytes), in rank 0's order of gradient arrival",
-                        r.buckets,
-                        first_cap,
-                        cap
-                    );
-                }
-            } else if step == run_first_step + 1 {
-                if let Some(r) = replicas.last_reduction() {
-                    tracing::info!(
-                        "gradient all-reduce: {} of {} bucket(s) started during backward",
-                        r.early,
-                        r.buckets
-                    );
-                }
-            }
             if !stats.loss.is_finite() {
                 return Err(TrainError::Diverged {
+                    what: "the loss".into(),
                     value: stats.loss,
                     epoch: epoch + 1,
                     step,
@@ -558,10 +726,23 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 });
             }
             lr = schedule.lr(step);
-            if scaler.unscale_and_check(opt.params())? {
+            if stats.samples == 0.0 {
+                // Every image of every rank's batch was bad: nothing to learn from. Weights,
+                // momentum and batch-norm statistics stay as they were (a no-op step).
+                tracing::warn!(
+                    "step {step}: no images on any rank (all skipped as bad); weights unchanged"
+                );
+            } else if scaler.unscale_and_check(opt.params())? {
                 opt.step(lr);
                 if step == 0 {
                     tracing::info!("first optimizer step done");
+                }
+                guard.arm(step, epoch + 1, lr);
+                if !device.is_cuda() {
+                    // On CPU reading the verdict now costs nothing, and the gradients that
+                    // made it are still here to be named.
+                    let grads = (!scaler.enabled).then_some(opt.params());
+                    guard.check(grads, p.lr, world)?;
                 }
             }
             let t3 = Instant::now();
@@ -629,8 +810,26 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             }
         }
         skip_batches = 0;
+        guard.check(None, p.lr, world)?;
         let train_time = prior_s + t_epoch.elapsed().as_secs_f64();
-        let v = validate(net.as_ref(), &valid, &cfg, job, ctx)?;
+        let v = validate(
+            net.as_ref(),
+            &valid,
+            &cfg,
+            job,
+            ctx,
+            &mut bad_images,
+            // Images the pre-flight left out count in every epoch (once: rank 0 adds them).
+            epoch_skipped + if rank == 0 { preflight_skipped } else { 0 },
+        )?;
+        epoch_skipped = 0;
+        if v.skipped > preflight_skipped {
+            (ctx.say)(&format!(
+                "epoch {}: {} image(s) failed to decode and were skipped (--skip-bad-images); named in the driver logs",
+                epoch + 1,
+                v.skipped - preflight_skipped
+            ));
+        }
         let m = EpochMetrics {
             schema: SCHEMA_VERSION,
             epoch: epoch + 1,
@@ -642,6 +841,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             lr,
             epoch_time_s: prior_s + t_epoch.elapsed().as_secs_f64(),
             time: tchrun::files::timestamp_now(),
+            skipped_images: v.skipped,
         };
         let line = format!(
             "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
@@ -701,8 +901,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let _ = start_epoch;
     crate::signals::set_graceful(false);
 
-    if !replicas.identical_across_ranks(pg)? {
-        return Err(TrainError::Replicas);
+    if let Some(name) = replicas.first_difference(pg)? {
+        return Err(TrainError::Replicas(name));
     }
     let (sum, sumsq) = replicas.fingerprint();
     tracing::info!(
@@ -712,6 +912,12 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         "rank summary: images {images:.0}, compute {compute_s:.2}s, communication {comm_s:.2}s, images/s {:.1}",
         images / (compute_s + comm_s).max(1e-9)
     );
+    if bad_images.distinct() > 0 {
+        tracing::warn!(
+            "{} image(s) failed to decode on this rank and were skipped (--skip-bad-images)",
+            bad_images.distinct()
+        );
+    }
 
     let (Some((_, best_epoch)), Some(weights)) = (stopping.best, best_weights) else {
         return Err(TrainError::Invalid(
@@ -789,19 +995,9 @@ impl LossScaler {
             .map(|(_, p)| p.grad())
             .filter(|g| g.defined())
             .collect();
-        let mut finite = true;
-        tch::no_grad(|| {
-            for g in &grads {
-                let mut g = g.shallow_clone();
-                let _ = g.g_mul_scalar_(1.0 / self.scale);
-            }
-        });
-        for g in &grads {
-            if g.isfinite().all().int64_value(&[]) == 0 {
-                finite = false;
-                break;
-            }
-        }
+        // torch's GradScaler: one fused unscale-and-check, one read on the host (not a
+        // synchronization per parameter).
+        let finite = !crate::pg::amp_unscale(&grads, 1.0 / self.scale)?;
         if finite {
             self.good_steps += 1;
             if self.good_steps >= 2000 {
