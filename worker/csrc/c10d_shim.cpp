@@ -279,6 +279,19 @@ char* tchrun_cuda_bf16_supported(int device, int* out) {
   })
 }
 
+char* tchrun_l1_total(tchrun_tensor* tensors, size_t n, tchrun_tensor out) {
+  PROTECT({
+    at::Tensor& total = tensor_ref(out);
+    if (n == 0) {
+      total.zero_();
+      return nullptr;
+    }
+    auto v = tensor_vec(tensors, n);
+    auto norms = at::_foreach_norm(v, 1);
+    total.copy_(at::stack(norms).sum());
+  })
+}
+
 char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int* found_inf) {
   PROTECT({
     *found_inf = 0;

@@ -79,6 +79,10 @@ char* tchrun_cuda_set_device(int device);
 char* tchrun_cuda_bf16_supported(int device, int* out);
 // torch's fused GradScaler check: every tensor *= inv_scale; *found_inf = 1 when any value of
 // any tensor is NaN or infinite. One kernel per tensor group and one read on the host.
+// out (a 0-d float tensor on the tensors' device) = the sum of every tensor's L1 norm, in one
+// fused kernel group (_foreach_norm): finite exactly when every value is (short of an overflow
+// past 3.4e38, itself a divergence). Asynchronous on CUDA: nothing waits for the device.
+char* tchrun_l1_total(tchrun_tensor* tensors, size_t n, tchrun_tensor out);
 char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int* found_inf);
 
 #ifdef __cplusplus

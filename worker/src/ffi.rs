@@ -92,6 +92,7 @@ extern "C" {
     pub fn tchrun_cuda_queries() -> c_int;
     pub fn tchrun_cuda_set_device(device: c_int) -> *mut c_char;
     pub fn tchrun_cuda_bf16_supported(device: c_int, out: *mut c_int) -> *mut c_char;
+    pub fn tchrun_l1_total(tensors: *mut *mut c_void, n: usize, out: *mut c_void) -> *mut c_char;
     pub fn tchrun_amp_unscale(
         tensors: *mut *mut c_void,
         n: usize,

@@ -86,6 +86,20 @@ pub fn amp_unscale(tensors: &[Tensor], inv_scale: f64) -> Result<bool, C10dError
     Ok(found != 0)
 }
 
+/// The sum of every tensor's L1 norm (one fused kernel group, no wait on the device): a 0-d
+/// float tensor that is finite exactly when every value of every tensor is (the divergence
+/// guard). The tensors must share one device and dtype (float32 or wider float).
+pub fn l1_total(tensors: &[Tensor]) -> Result<Tensor, C10dError> {
+    let device = tensors.first().map(|t| t.device()).unwrap_or(tch::Device::Cpu);
+    let out = Tensor::zeros([], (tch::Kind::Float, device));
+    let mut ptrs: Vec<*mut std::ffi::c_void> =
+        tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
+    check("non-finite check", unsafe {
+        ffi::tchrun_l1_total(ptrs.as_mut_ptr(), ptrs.len(), out.as_ptr() as *mut _)
+    })?;
+    Ok(out)
+}
+
 /// Whether this binary was compiled with ProcessGroupNCCL.
 pub fn has_nccl() -> bool {
     unsafe { ffi::tchrun_c10d_has_nccl() != 0 }
@@ -523,6 +537,20 @@ mod tests {
             assert!(amp_unscale(&[a.shallow_clone(), c], 1.0).expect("unscale"));
         }
         assert!(!amp_unscale(&[], 1.0).expect("no tensors"));
+    }
+
+    #[test]
+    fn l1_total_is_finite_exactly_when_every_value_is() {
+        let a = Tensor::from_slice(&[1.0f32, -2.0]);
+        let b = Tensor::from_slice(&[3.0f32]);
+        let t = l1_total(&[a.shallow_clone(), b]).expect("total");
+        assert_eq!(t.double_value(&[]), 6.0);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let c = Tensor::from_slice(&[0.5f32, bad]);
+            let t = l1_total(&[a.shallow_clone(), c]).expect("total");
+            assert!(!t.double_value(&[]).is_finite(), "{bad}");
+        }
+        assert_eq!(l1_total(&[]).expect("none").double_value(&[]), 0.0);
     }
 
     #[test]

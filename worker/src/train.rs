@@ -269,11 +269,12 @@ fn first_non_finite(tensors: &[(String, Tensor)]) -> Option<(String, f64)> {
     })
 }
 
-/// The non-finite guard run after every optimizer step: one fused value (each tensor's sum in
-/// float64, which cannot overflow from finite float32 values, so it is finite exactly when every
-/// value is) over the weights and the batch-norm statistics (a non-finite gradient reaches the
-/// weights through the update). It is read after the next step's reduction, where the rank waits
-/// for the device anyway, so the check costs no synchronization of its own on CUDA.
+/// The non-finite guard run after every optimizer step: one fused value (the sum of every
+/// tensor's L1 norm, `pg::l1_total`: finite exactly when every value is) over the weights and the
+/// batch-norm statistics. A non-finite gradient reaches the weights through the update (also at
+/// LR 0: NaN × 0 is NaN). Cost on CPU: ~2 ms per ResNet-18 step (one pass over the weights). On
+/// CUDA it is read after the next step's reduction, where the rank waits for the device anyway,
+/// so the check costs no synchronization of its own.
 struct Guard {
     /// Weights and buffers by name.
     watched: Vec<(String, Tensor)>,
@@ -283,15 +284,15 @@ struct Guard {
 
 impl Guard {
     fn arm(&mut self, step: u64, epoch: u32, lr: f64) {
-        let sums: Vec<Tensor> = self
-            .watched
-            .iter()
-            .map(|(_, t)| t.detach().sum(Kind::Double))
-            .collect();
-        if sums.is_empty() {
+        if self.watched.is_empty() {
             return;
         }
-        self.pending = Some((Tensor::stack(&sums, 0).sum(Kind::Double), step, epoch, lr));
+        let tensors: Vec<Tensor> = self.watched.iter().map(|(_, t)| t.detach()).collect();
+        match crate::pg::l1_total(&tensors) {
+            Ok(total) => self.pending = Some((total, step, epoch, lr)),
+            // Cannot happen for a model's float weights; never a reason to stop training.
+            Err(e) => tracing::warn!("non-finite check skipped at step {step}: {e}"),
+        }
     }
 
     /// Checks the armed step; `grads`: the gradients of that step, if still held, to name.
@@ -634,6 +635,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let mut guard = Guard {
         watched: named
             .iter()
+            .filter(|(_, t)| t.kind() == Kind::Float)
             .map(|(n, t)| (n.clone(), t.shallow_clone()))
             .collect(),
         pending: None,
