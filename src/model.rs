@@ -41,6 +41,13 @@ impl Arch {
         }
     }
 
+    /// The smallest input size the architecture works at (every feature map at least 1x1).
+    pub fn min_input_size(self) -> u32 {
+        (MIN_INPUT_SIZE..=MAX_INPUT_SIZE)
+            .find(|&i| self.last_feature_size(i) >= 1)
+            .unwrap_or(MAX_INPUT_SIZE)
+    }
+
     /// The smallest input size at which one image still gives batch norm more than one value
     /// per channel in every layer.
     pub fn min_input_for_single_image(self) -> u32 {
@@ -161,6 +168,21 @@ pub fn check_input_size(size: u32) -> Result<(), String> {
     }
 }
 
+/// `check_input_size`, and the architecture's own minimum: below it a DenseNet's feature map
+/// shrinks to nothing in its last 2x2 average pool.
+pub fn check_arch_input_size(arch: Arch, size: u32) -> Result<(), String> {
+    check_input_size(size)?;
+    let min = arch.min_input_size();
+    if size < min {
+        return Err(format!(
+            "input size {size} is too small for {}: its feature maps vanish before the classifier; \
+             use an input size of {min} or more",
+            arch.name()
+        ));
+    }
+    Ok(())
+}
+
 /// Reads and validates `<dir>/model.json`. With `need_weights`, also requires
 /// `model.safetensors` (a trained model, as `score` needs).
 pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelDirectory> {
@@ -215,7 +237,7 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
             ),
         ));
     }
-    check_input_size(cfg.input_size).map_err(|e| invalid(&file, e))?;
+    check_arch_input_size(cfg.arch, cfg.input_size).map_err(|e| invalid(&file, e))?;
     if cfg
         .normalization
         .std
@@ -269,6 +291,26 @@ mod tests {
 
     fn write(dir: &Path, text: &str) {
         std::fs::write(dir.join(MODEL_JSON), text).expect("write model.json");
+    }
+
+    #[test]
+    fn feature_map_sizes_follow_torchvision() {
+        // ResNet: 224 -> 7, 32 -> 1, 33 -> 2; DenseNet: 224 -> 7, 256 -> 8, 40 -> 1, 28 -> 0.
+        assert_eq!(Arch::Resnet50.last_feature_size(224), 7);
+        assert_eq!(Arch::Resnet18.last_feature_size(32), 1);
+        assert_eq!(Arch::Resnet18.last_feature_size(33), 2);
+        assert_eq!(Arch::Densenet121.last_feature_size(224), 7);
+        assert_eq!(Arch::Densenet121.last_feature_size(256), 8);
+        assert_eq!(Arch::Densenet121.last_feature_size(40), 1);
+        assert_eq!(Arch::Densenet121.last_feature_size(28), 0);
+        assert_eq!(Arch::Densenet201.min_input_size(), 29);
+        assert_eq!(Arch::Resnet18.min_input_size(), MIN_INPUT_SIZE);
+        assert_eq!(Arch::Resnet18.min_input_for_single_image(), 33);
+        assert!(check_arch_input_size(Arch::Densenet121, 28)
+            .unwrap_err()
+            .contains("use an input size of 29 or more"));
+        assert!(check_arch_input_size(Arch::Densenet121, 29).is_ok());
+        assert!(check_arch_input_size(Arch::Resnet18, 16).is_ok());
     }
 
     #[test]

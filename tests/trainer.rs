@@ -156,6 +156,66 @@ fn two_ranks_train_digits_score_and_load_in_torchvision() {
     );
 }
 
+/// DenseNet away from 224 px (torchvision pools adaptively; tch's DenseNet pooled 7x7, so the
+/// first forward at 32 px failed with "Output size is too small"): densenet121 trains at 32 and
+/// at 64 px, its weights load strictly in torchvision, and both agree on every prediction; a
+/// size too small for DenseNet is refused by `model init` with the smallest one that works.
+#[test]
+fn densenet_trains_away_from_224_and_agrees_with_torchvision() {
+    let t = tempdir();
+    let d = small_digits();
+    let valid = subset(&d.join("valid"), &t.path().join("valid"), 3, 0);
+    for size in [32u32, 64] {
+        let model = model_dir(t.path(), "densenet121", size);
+        let out = t.path().join(format!("out-{size}"));
+        let r = run(
+            tchrun_train(&model, &d.join("train"), &valid, &out)
+                .args(DIGITS)
+                .args(["--epochs", "1", "--batch-size", "20", "--lr", "0.01"]),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        let csv = t.path().join(format!("scores-{size}.csv"));
+        let s = run(
+            tchrun()
+                .arg("score")
+                .arg("--model")
+                .arg(&out)
+                .arg("--images")
+                .arg(&valid)
+                .arg("--output")
+                .arg(&csv),
+            LIMIT,
+        );
+        assert_eq!(s.code, Some(0), "{}", s.explain());
+        let py = run(
+            python()
+                .arg(repo().join("tests/python/interop.py"))
+                .arg(&out)
+                .arg(&valid)
+                .arg(&csv),
+            LIMIT,
+        );
+        assert_eq!(py.code, Some(0), "{}", py.explain());
+        assert!(
+            py.stdout.contains("strict load ok; top-1 agreement 30/30"),
+            "{}",
+            py.explain()
+        );
+    }
+    let r = run(
+        tchrun().args(["model", "init", "--arch", "densenet121", "--input-size", "28", "--output"])
+            .arg(t.path().join("too-small")),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("use an input size of 29 or more"),
+        "{}",
+        r.explain()
+    );
+}
+
 #[test]
 fn averaged_gradient_equals_combined_batch_gradient() {
     let t = tempdir();

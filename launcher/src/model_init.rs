@@ -33,7 +33,7 @@ pub struct InitArgs {
 }
 
 pub fn run(a: &InitArgs) -> Result<(), JobError> {
-    model::check_input_size(a.input_size)
+    model::check_arch_input_size(a.arch, a.input_size)
         .map_err(|e| JobError::invalid(format!("--input-size: {e}")))?;
     let mut norm = Normalization::default();
     if let Some(m) = &a.mean {

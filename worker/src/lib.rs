@@ -8,6 +8,7 @@ pub mod bootstrap;
 pub mod checkpoint;
 pub mod ddp;
 pub mod dist;
+pub mod densenet;
 pub mod driver_log;
 mod ffi;
 pub mod gradcheck;

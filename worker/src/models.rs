@@ -7,7 +7,8 @@ use tchrun::model::Arch;
 
 /// Builds `arch` with `classes` outputs under `root`.
 pub fn build(arch: Arch, root: &nn::Path, classes: i64) -> Box<dyn nn::ModuleT> {
-    use tch::vision::{densenet, resnet};
+    use crate::densenet;
+    use tch::vision::resnet;
     match arch {
         Arch::Resnet18 => Box::new(resnet::resnet18(root, classes)),
         Arch::Resnet34 => Box::new(resnet::resnet34(root, classes)),
