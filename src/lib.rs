@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod model;
 pub mod preflight;
 pub mod schedule;
+pub mod weights;
 
 /// tchrun's version, written into every driver log header.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -121,6 +121,10 @@ pub struct ModelConfig {
     /// Final metrics (trained models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<serde_json::Value>,
+    /// Where the initial weights came from (`model init --weights`): file name, sha256, the
+    /// classes of its classifier. Kept through training, so a trained model says how it began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_weights: Option<serde_json::Value>,
 }
 
 impl ModelConfig {
@@ -133,6 +137,7 @@ impl ModelConfig {
             class_names: Vec::new(),
             training: None,
             metrics: None,
+            initial_weights: None,
         }
     }
 

@@ -88,6 +88,18 @@ pub fn check_train_job_with(
 ) -> Result<Checked, PreflightError> {
     let cfg = model::load(&job.model, false).map_err(PreflightError::Model)?;
     check_output(&job.output, job.options.resume)?;
+    let weights = job.model.join(crate::files::MODEL_WEIGHTS);
+    if weights.is_file() {
+        crate::weights::check(cfg.arch, &weights).map_err(|e| {
+            PreflightError::Model(model::InvalidModelDirectory {
+                path: weights.clone(),
+                detail: format!(
+                    "its weights do not fit {}: {e}; run `tchrun model init` again",
+                    cfg.arch.name()
+                ),
+            })
+        })?;
+    }
     let last = cfg.arch.last_feature_size(cfg.input_size);
     if job.params.batch_size == 1 && last <= 1 {
         return Err(PreflightError::Flags(format!(

@@ -1,5 +1,7 @@
 //! `tchrun model init`: an untrained model directory (`model.json`: arch, input size,
-//! normalization). Weights are initialized from `--seed` when training starts.
+//! normalization). Weights are initialized from `--seed` when training starts, or come from
+//! `--weights` (a torchvision `state_dict` in safetensors, checked without libtorch and copied
+//! into the directory as `model.safetensors`, so the directory is self-contained).
 use crate::job::JobError;
 use clap::Args;
 use std::path::PathBuf;
@@ -27,6 +29,11 @@ pub struct InitArgs {
     /// Directory to write.
     #[arg(long)]
     pub output: PathBuf,
+    /// Initial weights: a torchvision state_dict as safetensors (e.g. ImageNet weights saved
+    /// with `safetensors.torch.save_file(model.state_dict(), PATH)`). A classifier with another
+    /// number of classes than the training set is replaced by a fresh one when training starts.
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
     /// Replace an existing model.json.
     #[arg(long)]
     pub force: bool,
@@ -45,6 +52,13 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
         }
         norm.std = [s[0], s[1], s[2]];
     }
+    // Before anything is written: a file for another architecture, truncated or corrupt.
+    let checked = match &a.weights {
+        Some(w) => Some(
+            tchrun::weights::check(a.arch, w).map_err(|e| JobError::invalid(e.to_string()))?,
+        ),
+        None => None,
+    };
     let target = a.output.join(tchrun::files::MODEL_JSON);
     if target.exists() && !a.force {
         return Err(JobError::invalid(format!(
@@ -58,17 +72,52 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
             a.output.display()
         ))
     })?;
-    let cfg = ModelConfig::untrained(a.arch, a.input_size, norm);
+    let mut cfg = ModelConfig::untrained(a.arch, a.input_size, norm);
+    let weights_target = a.output.join(tchrun::files::MODEL_WEIGHTS);
+    if let (Some(w), Some(info)) = (&a.weights, checked) {
+        let bytes = std::fs::read(w)
+            .map_err(|e| JobError::invalid(format!("--weights {}: {e}", w.display())))?;
+        let sha = tchrun::weights::sha256_file(w)
+            .map_err(|e| JobError::invalid(format!("--weights {}: {e}", w.display())))?;
+        let tmp_w = a.output.join(format!(".{}.tmp", tchrun::files::MODEL_WEIGHTS));
+        std::fs::write(&tmp_w, &bytes)
+            .and_then(|_| std::fs::rename(&tmp_w, &weights_target))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp_w);
+                JobError::invalid(format!("--output {}: {e}", a.output.display()))
+            })?;
+        cfg.initial_weights = Some(serde_json::json!({
+            "file": w.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            "sha256": sha,
+            "head_classes": info.head_classes,
+            "tensors": info.tensors,
+        }));
+    } else if weights_target.exists() {
+        // --force over a directory with weights: without --weights it starts from the seed.
+        std::fs::remove_file(&weights_target).map_err(|e| {
+            JobError::invalid(format!("--output {}: {e}", weights_target.display()))
+        })?;
+    }
     let tmp = a.output.join(format!(".{}.tmp", tchrun::files::MODEL_JSON));
     std::fs::write(&tmp, model::to_json(&cfg))
         .and_then(|_| std::fs::rename(&tmp, &target))
         .map_err(|e| JobError::invalid(format!("--output {}: {e}", a.output.display())))?;
-    outln!(
-        "untrained {} model ({}x{} input) in {}",
-        a.arch.name(),
-        a.input_size,
-        a.input_size,
-        a.output.display()
-    );
+    match &a.weights {
+        Some(w) => outln!(
+            "{} model ({}x{} input) with the weights of {} in {}",
+            a.arch.name(),
+            a.input_size,
+            a.input_size,
+            w.display(),
+            a.output.display()
+        ),
+        None => outln!(
+            "untrained {} model ({}x{} input) in {}",
+            a.arch.name(),
+            a.input_size,
+            a.input_size,
+            a.output.display()
+        ),
+    }
     Ok(())
 }

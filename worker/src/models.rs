@@ -90,6 +90,53 @@ pub enum WeightsError {
     },
 }
 
+/// Starts the model from a weights file (`model init --weights`, or a trained model directory
+/// given to `--model`): every tensor of the store is copied from the file, except a classifier
+/// (`head` prefix) whose shape differs (another number of classes), which keeps its fresh,
+/// seeded initialization. Returns what happened, for the log.
+pub fn load_initial(vs: &nn::VarStore, path: &Path, head: &str) -> Result<String, WeightsError> {
+    let p = path.display().to_string();
+    let tensors = Tensor::read_safetensors(path).map_err(|source| WeightsError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let by_name: BTreeMap<String, Tensor> = tensors.into_iter().collect();
+    let (mut loaded, mut fresh) = (0usize, Vec::new());
+    tch::no_grad(|| {
+        for (name, mut var) in vs.variables() {
+            let src = by_name.get(&name).ok_or_else(|| WeightsError::Missing {
+                path: p.clone(),
+                name: name.clone(),
+            })?;
+            if src.size() != var.size() {
+                if name.starts_with(head) {
+                    fresh.push((name, src.size(), var.size()));
+                    continue;
+                }
+                return Err(WeightsError::Shape {
+                    path: p.clone(),
+                    name,
+                    got: src.size(),
+                    want: var.size(),
+                });
+            }
+            var.copy_(&src.to_kind(var.kind()));
+            loaded += 1;
+        }
+        Ok(())
+    })?;
+    let mut note = format!("initial weights from {p}: {loaded} tensors");
+    if let Some((_, got, want)) = fresh.iter().find(|(n, _, _)| n.ends_with("weight")) {
+        note.push_str(&format!(
+            "; a new head ({}) for {} classes (the file's has {}), initialized from --seed",
+            head.trim_end_matches('.'),
+            want.first().copied().unwrap_or(0),
+            got.first().copied().unwrap_or(0)
+        ));
+    }
+    Ok(note)
+}
+
 /// Loads `model.safetensors` into the store, checking every name and shape.
 pub fn load(vs: &mut nn::VarStore, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();

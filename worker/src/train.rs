@@ -492,6 +492,24 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     }
     let vs = nn::VarStore::new(device);
     let net = models::build(cfg.arch, &vs.root(), classes);
+    // Initial weights: `model init --weights`, or a trained model directory given to --model
+    // (its weights, not a resume). Every rank reads them; the broadcast below agrees anyway.
+    let weights_file = job.model.join(tchrun::files::MODEL_WEIGHTS);
+    let mut initial_weights = cfg.initial_weights.clone();
+    if weights_file.is_file() {
+        let note = models::load_initial(&vs, &weights_file, tchrun::weights::head_prefix(cfg.arch))
+            .map_err(|e| TrainError::Invalid(format!("--model {e}")))?;
+        (ctx.say)(&note);
+        if cfg.is_trained() {
+            initial_weights = Some(serde_json::json!({
+                "file": weights_file.display().to_string(),
+                "sha256": tchrun::weights::sha256_file(&weights_file).unwrap_or_default(),
+                "trained_model": true,
+            }));
+        }
+    } else {
+        tracing::info!("initial weights: random, from --seed {}", p.seed);
+    }
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
     if !job.options.no_channels_last {
         let n = models::to_channels_last(&named);
@@ -941,6 +959,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             metrics: best_metrics
                 .as_ref()
                 .map(|m| serde_json::to_value(m).unwrap_or_default()),
+            initial_weights: initial_weights.clone(),
             ..cfg.clone()
         };
         let state_dict = models::state_dict(&weights, step as i64);

@@ -1,0 +1,194 @@
+//! Initial weights (part of issue 13): `tchrun model init --weights` takes a torchvision
+//! `state_dict` in safetensors, checks it against the architecture without libtorch (names,
+//! shapes and dtypes equal to torchvision's, a file of another architecture named as such,
+//! truncated files refused, nothing written on a refusal), copies it into the model directory,
+//! and training starts from it (a new, seeded head when the classes differ); a trained model
+//! directory given to `--model` starts training from its weights too.
+mod common;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// Python writes seeded torchvision `state_dict`s as safetensors: `ARCH:CLASSES:FILE ...`.
+fn torchvision_weights(dir: &Path, specs: &[(&str, usize, &str)]) {
+    let list: Vec<String> = specs
+        .iter()
+        .map(|(a, c, f)| format!("('{a}', {c}, '{}')", dir.join(f).display()))
+        .collect();
+    let code = format!(
+        "import torch, torchvision\n\
+         from safetensors.torch import save_file\n\
+         torch.manual_seed(0)\n\
+         for arch, classes, path in [{}]:\n\
+         \x20   save_file(getattr(torchvision.models, arch)(num_classes=classes).state_dict(), path)\n",
+        list.join(", ")
+    );
+    let r = run(python().arg("-c").arg(code), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+}
+
+fn init(arch: &str, weights: &Path, out: &Path) -> Run {
+    run(
+        tchrun()
+            .args(["model", "init", "--arch", arch, "--input-size", "32", "--weights"])
+            .arg(weights)
+            .arg("--output")
+            .arg(out),
+        LIMIT,
+    )
+}
+
+/// `tchrun::weights::spec` is torchvision's `state_dict` for every architecture (names and
+/// shapes, in order), as torchvision itself lists it.
+#[test]
+fn weight_spec_equals_torchvision_state_dicts() {
+    use tchrun::model::Arch;
+    let code = "import json, torchvision\n\
+                out = {}\n\
+                for a in ['resnet18','resnet34','resnet50','resnet101','resnet152',\
+                'densenet121','densenet161','densenet169','densenet201']:\n\
+                \x20   m = getattr(torchvision.models, a)(num_classes=7)\n\
+                \x20   out[a] = [[k, list(v.shape)] for k, v in m.state_dict().items()]\n\
+                print(json.dumps(out))\n";
+    let r = run(python().arg("-c").arg(code), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let tv: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("json");
+    for arch in Arch::ALL {
+        let want: Vec<(String, Vec<usize>)> = tv[arch.name()]
+            .as_array()
+            .expect("arch listed")
+            .iter()
+            .map(|e| {
+                let name = e[0].as_str().expect("name").to_string();
+                let shape = e[1]
+                    .as_array()
+                    .expect("shape")
+                    .iter()
+                    .map(|d| d.as_u64().expect("dim") as usize)
+                    .collect();
+                (name, shape)
+            })
+            .collect();
+        assert_eq!(tchrun::weights::spec(arch, 7), want, "{}", arch.name());
+    }
+}
+
+#[test]
+fn model_init_checks_weights_and_training_starts_from_them() {
+    let t = tempdir();
+    torchvision_weights(
+        t.path(),
+        &[
+            ("resnet18", 1000, "r18.safetensors"),
+            ("densenet121", 3, "d121.safetensors"),
+        ],
+    );
+    // Another architecture's file: exit 2, named, the right --arch suggested, nothing written.
+    let bad = t.path().join("bad");
+    let r = init("resnet18", &t.path().join("d121.safetensors"), &bad);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("d121.safetensors")
+            && r.stderr.contains("looks like a densenet121 state_dict: use --arch densenet121"),
+        "{}",
+        r.explain()
+    );
+    assert!(!bad.exists(), "nothing may be written on a refusal");
+    // Truncated: exit 2, named.
+    let full = std::fs::read(t.path().join("r18.safetensors")).expect("weights");
+    let cut = t.path().join("cut.safetensors");
+    std::fs::write(&cut, &full[..full.len() / 2]).expect("write");
+    let r = init("resnet18", &cut, &bad);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("cut.safetensors") && r.stderr.contains("not a complete safetensors file"),
+        "{}",
+        r.explain()
+    );
+    assert!(!bad.exists());
+    // The right architecture: accepted, copied, recorded.
+    let ok = init("densenet121", &t.path().join("d121.safetensors"), &t.path().join("d"));
+    assert_eq!(ok.code, Some(0), "{}", ok.explain());
+    let model = t.path().join("m");
+    let r = init("resnet18", &t.path().join("r18.safetensors"), &model);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert_eq!(
+        std::fs::read(model.join("model.safetensors")).expect("copied"),
+        full,
+        "the model directory holds the weights"
+    );
+    let cfg: serde_json::Value =
+        serde_json::from_str(&read(&model.join("model.json"))).expect("model.json");
+    assert_eq!(cfg["initial_weights"]["file"], "r18.safetensors");
+    assert_eq!(cfg["initial_weights"]["head_classes"], 1000);
+    assert_eq!(
+        cfg["initial_weights"]["sha256"].as_str().map(|s| s.len()),
+        Some(64)
+    );
+
+    // Training starts from the file: a new head for the 10 digit classes, and at an LR so
+    // small that no weight moves measurably, the backbone ends where the file began.
+    let d = small_digits();
+    let out = t.path().join("out");
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out).args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "40",
+            "--lr",
+            "1e-15",
+            "--no-hflip",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains("initial weights from")
+            && r.stdout.contains("a new head (fc) for 10 classes (the file's has 1000)"),
+        "{}",
+        r.explain()
+    );
+    let py = format!(
+        "from safetensors.torch import load_file\n\
+         a = load_file('{}'); b = load_file('{}')\n\
+         d = max((a[k] - b[k]).abs().max().item() for k in a if k.endswith('conv1.weight') or k.endswith('conv2.weight'))\n\
+         print('max conv diff', d)\n\
+         assert d < 1e-6, d\n\
+         assert b['fc.weight'].shape == (10, 512)\n",
+        t.path().join("r18.safetensors").display(),
+        out.join("model.safetensors").display()
+    );
+    let c = run(python().arg("-c").arg(py), LIMIT);
+    assert_eq!(c.code, Some(0), "{}", c.explain());
+    let trained: serde_json::Value =
+        serde_json::from_str(&read(&out.join("model.json"))).expect("model.json");
+    assert_eq!(trained["initial_weights"]["file"], "r18.safetensors");
+
+    // A trained model directory given to --model: training starts from its weights (10
+    // classes again: the head is kept), and the new model says where it came from.
+    let again = t.path().join("again");
+    let r = run(
+        tchrun_train(&out, &d.join("train"), &d.join("valid"), &again).args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "40",
+            "--lr",
+            "1e-15",
+            "--no-hflip",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains("initial weights from") && !r.stdout.contains("a new head"),
+        "{}",
+        r.explain()
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&again.join("model.json"))).expect("model.json");
+    assert_eq!(m["initial_weights"]["trained_model"], true);
+}
