@@ -125,6 +125,10 @@ pub struct ModelConfig {
     /// classes of its classifier. Kept through training, so a trained model says how it began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initial_weights: Option<serde_json::Value>,
+    /// ResNet: the last batch-norm weight of every residual block starts at zero (torchvision's
+    /// `zero_init_residual=True`), so each block starts as the identity.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zero_init_residual: bool,
 }
 
 impl ModelConfig {
@@ -138,6 +142,7 @@ impl ModelConfig {
             training: None,
             metrics: None,
             initial_weights: None,
+            zero_init_residual: false,
         }
     }
 

@@ -192,3 +192,71 @@ fn model_init_checks_weights_and_training_starts_from_them() {
         serde_json::from_str(&read(&again.join("model.json"))).expect("model.json");
     assert_eq!(m["initial_weights"]["trained_model"], true);
 }
+
+/// `--zero-init-residual` (torchvision's `zero_init_residual=True`): the last batch-norm weight
+/// of every residual block starts at zero, which training with a negligible LR keeps; the other
+/// batch-norm weights do not; DenseNet (no residual blocks) refuses the flag.
+#[test]
+fn zero_init_residual_starts_every_block_as_the_identity() {
+    let t = tempdir();
+    let model = t.path().join("m");
+    let r = run(
+        tchrun()
+            .args([
+                "model",
+                "init",
+                "--arch",
+                "resnet18",
+                "--input-size",
+                "32",
+                "--zero-init-residual",
+                "--output",
+            ])
+            .arg(&model),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let d = small_digits();
+    let out = t.path().join("out");
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out).args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "40",
+            "--lr",
+            "1e-15",
+            "--no-hflip",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let py = format!(
+        "from safetensors.torch import load_file\n\
+         w = load_file('{}')\n\
+         last = [k for k in w if k.startswith('layer') and k.endswith('.bn2.weight')]\n\
+         assert len(last) == 8, last\n\
+         assert all(w[k].abs().max().item() < 1e-6 for k in last)\n\
+         assert all(w[k].abs().max().item() > 0.01 for k in w if k.endswith('.bn1.weight'))\n\
+         print('zeroed', len(last))\n",
+        out.join("model.safetensors").display()
+    );
+    let c = run(python().arg("-c").arg(py), LIMIT);
+    assert_eq!(c.code, Some(0), "{}", c.explain());
+    let r = run(
+        tchrun()
+            .args([
+                "model",
+                "init",
+                "--arch",
+                "densenet121",
+                "--zero-init-residual",
+                "--output",
+            ])
+            .arg(t.path().join("dn")),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(r.stderr.contains("ResNet only"), "{}", r.explain());
+    assert!(!t.path().join("dn").exists());
+}

@@ -34,6 +34,10 @@ pub struct InitArgs {
     /// number of classes than the training set is replaced by a fresh one when training starts.
     #[arg(long)]
     pub weights: Option<PathBuf>,
+    /// ResNet: start the last batch-norm weight of every residual block at zero
+    /// (torchvision's zero_init_residual=True; ignored where --weights set those weights).
+    #[arg(long)]
+    pub zero_init_residual: bool,
     /// Replace an existing model.json.
     #[arg(long)]
     pub force: bool,
@@ -51,6 +55,12 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
             return Err(JobError::invalid("--std: every value must be > 0"));
         }
         norm.std = [s[0], s[1], s[2]];
+    }
+    if a.zero_init_residual && a.arch.name().starts_with("densenet") {
+        return Err(JobError::invalid(format!(
+            "--zero-init-residual: {} has no residual blocks (ResNet only); leave the flag out",
+            a.arch.name()
+        )));
     }
     // Before anything is written: a file for another architecture, truncated or corrupt.
     let checked = match &a.weights {
@@ -73,6 +83,7 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
         ))
     })?;
     let mut cfg = ModelConfig::untrained(a.arch, a.input_size, norm);
+    cfg.zero_init_residual = a.zero_init_residual;
     let weights_target = a.output.join(tchrun::files::MODEL_WEIGHTS);
     if let (Some(w), Some(info)) = (&a.weights, checked) {
         let bytes = std::fs::read(w)

@@ -22,6 +22,24 @@ pub fn build(arch: Arch, root: &nn::Path, classes: i64) -> Box<dyn nn::ModuleT> 
     }
 }
 
+/// torchvision's `zero_init_residual=True`: the last batch-norm weight of every residual block
+/// (`bn2` of a basic block, `bn3` of a bottleneck) set to zero. Returns how many were.
+pub fn zero_init_residual(vs: &nn::VarStore) -> usize {
+    let vars = vs.variables();
+    let bottleneck = vars.keys().any(|n| n.ends_with(".bn3.weight"));
+    let last = if bottleneck { ".bn3.weight" } else { ".bn2.weight" };
+    let mut n = 0;
+    tch::no_grad(|| {
+        for (name, mut v) in vars {
+            if name.starts_with("layer") && name.ends_with(last) {
+                let _ = v.zero_();
+                n += 1;
+            }
+        }
+    });
+    n
+}
+
 /// Every variable of the store by name (sorted: the same order on every rank).
 pub fn named(vs: &nn::VarStore) -> BTreeMap<String, Tensor> {
     vs.variables().into_iter().collect()

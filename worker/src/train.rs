@@ -492,6 +492,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     }
     let vs = nn::VarStore::new(device);
     let net = models::build(cfg.arch, &vs.root(), classes);
+    if cfg.zero_init_residual {
+        let n = models::zero_init_residual(&vs);
+        tracing::info!("--zero-init-residual: {n} residual blocks start as the identity");
+    }
     // Initial weights: `model init --weights`, or a trained model directory given to --model
     // (its weights, not a resume). Every rank reads them; the broadcast below agrees anyway.
     let weights_file = job.model.join(tchrun::files::MODEL_WEIGHTS);
