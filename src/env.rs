@@ -379,8 +379,7 @@ mod tests {
             test_cuda_devices(&vars(&[(TCHRUN_TEST_CUDA_DEVICES, " 2 ")])).expect("2"),
             Some(2)
         );
-        let err = test_cuda_devices(&vars(&[(TCHRUN_TEST_CUDA_DEVICES, "two")]))
-            .expect_err("junk");
+        let err = test_cuda_devices(&vars(&[(TCHRUN_TEST_CUDA_DEVICES, "two")])).expect_err("junk");
         assert!(
             err.to_string().contains("TCHRUN_TEST_CUDA_DEVICES=\"two\""),
             "{err}"

@@ -300,13 +300,21 @@ fn assert_sound(out: &Path, skipped: u64, r: &Run) {
         .iter()
         .map(|row| row["skipped_images"].as_u64().unwrap_or(0))
         .sum();
-    assert_eq!(counted, skipped, "skipped_images in metrics.jsonl: {rows:?}");
+    assert_eq!(
+        counted, skipped,
+        "skipped_images in metrics.jsonl: {rows:?}"
+    );
     let tensors = all_weights_finite(&out.join("model.safetensors"))
         .unwrap_or_else(|e| panic!("the model is poisoned: {e}\n{}", r.explain()));
-    assert!(tensors > 50, "a resnet18 state dict has more tensors than {tensors}");
     assert!(
-        r.stdout.contains(&format!("{skipped} bad image(s) skipped"))
-            || r.stderr.contains(&format!("{skipped} bad image(s) skipped")),
+        tensors > 50,
+        "a resnet18 state dict has more tensors than {tensors}"
+    );
+    assert!(
+        r.stdout
+            .contains(&format!("{skipped} bad image(s) skipped"))
+            || r.stderr
+                .contains(&format!("{skipped} bad image(s) skipped")),
         "the run report counts the skipped image(s):\n{}",
         r.explain()
     );
@@ -318,7 +326,10 @@ fn named_once(out: &Path, ranks: u32, bad: &Path) {
     let line = format!("skipped bad image: {}", bad.display());
     let logs = driver_logs(&out.join("logs"), ranks as usize);
     let times: usize = logs.iter().map(|l| l.matches(&line).count()).sum();
-    assert_eq!(times, 1, "'{line}' must appear once in the driver logs:\n{logs:#?}");
+    assert_eq!(
+        times, 1,
+        "'{line}' must appear once in the driver logs:\n{logs:#?}"
+    );
     assert!(
         logs.iter().all(|l| !l.contains("skipped a batch")),
         "a bad image is dropped alone, not with its batch:\n{logs:#?}"
@@ -371,7 +382,8 @@ fn bad_images_found_in_training_are_dropped_alone_at_1_and_2_ranks() {
         assert_sound(&out, 1, &r);
         named_once(&out, ranks, &bad);
         assert!(
-            r.stdout.contains("1 image(s) failed to decode and were skipped"),
+            r.stdout
+                .contains("1 image(s) failed to decode and were skipped"),
             "{}",
             r.explain()
         );

@@ -50,7 +50,9 @@ fn worker_needs_libtorch_cuda_whenever_the_wheel_ships_it() {
         .filter(|p| p.is_file())
         .collect();
     if ships_cuda.is_empty() {
-        eprintln!("CPU-only libtorch (no libtorch_cuda.so in {rpath:?} or {venv:?}): nothing to link");
+        eprintln!(
+            "CPU-only libtorch (no libtorch_cuda.so in {rpath:?} or {venv:?}): nothing to link"
+        );
         return;
     }
     assert!(
@@ -67,8 +69,16 @@ fn worker_needs_libtorch_cuda_whenever_the_wheel_ships_it() {
 fn worker_with_cuda_linked_starts_on_a_host_without_a_gpu() {
     let r = run(Command::new("ldd").arg(worker_path()), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
-    let missing: Vec<&str> = r.stdout.lines().filter(|l| l.contains("not found")).collect();
-    assert!(missing.is_empty(), "unresolved libraries: {missing:?}\n{}", r.stdout);
+    let missing: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter(|l| l.contains("not found"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "unresolved libraries: {missing:?}\n{}",
+        r.stdout
+    );
     let r = run(worker().arg("--version"), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(r.stdout.starts_with("tchrun-worker "), "{}", r.explain());

@@ -50,7 +50,11 @@ fn citation_parser_finds_file_and_test() {
                 "trainer.rs".to_string(),
                 "nan_loss_stops_every_rank_with_exit_5".to_string()
             ),
-            ("X.md".to_string(), "bad_data.rs".to_string(), "a_b".to_string()),
+            (
+                "X.md".to_string(),
+                "bad_data.rs".to_string(),
+                "a_b".to_string()
+            ),
         ]
     );
 }
@@ -75,10 +79,13 @@ fn every_test_cited_in_the_documents_exists() {
         let text = read(doc);
         let name = doc.file_name().map(|n| n.to_string_lossy().into_owned());
         for (d, file, test) in citations(&name.unwrap_or_default(), &text) {
-            let source = std::fs::read_to_string(root.join("tests").join(&file)).unwrap_or_default();
+            let source =
+                std::fs::read_to_string(root.join("tests").join(&file)).unwrap_or_default();
             checked += 1;
             if !source.contains(&format!("fn {test}(")) {
-                missing.push(format!("{d} cites tests/{file}::{test}, which does not exist"));
+                missing.push(format!(
+                    "{d} cites tests/{file}::{test}, which does not exist"
+                ));
             }
         }
     }

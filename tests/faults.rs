@@ -276,9 +276,15 @@ fn interrupt(model: &Path, out: &Path, dir: &Path, extra: &[&str]) {
 fn strip_momentum(out: &Path) -> usize {
     use safetensors::SafeTensors;
     let mut stripped = 0;
-    for e in std::fs::read_dir(out.join("checkpoints")).expect("checkpoints").flatten() {
+    for e in std::fs::read_dir(out.join("checkpoints"))
+        .expect("checkpoints")
+        .flatten()
+    {
         let p = e.path();
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if !(name.starts_with("last-") && name.ends_with(".safetensors")) {
             continue;
         }
@@ -317,20 +323,34 @@ fn resume_without_momentum_buffers_does_not_hang() {
     assert_resumed(&r, &out);
     let a = std::fs::read(reference.join("model.safetensors")).expect("reference weights");
     let b = std::fs::read(out.join("model.safetensors")).expect("resumed weights");
-    assert!(a == b, "resumed weights differ from the uninterrupted run's");
+    assert!(
+        a == b,
+        "resumed weights differ from the uninterrupted run's"
+    );
 
     let out = t.path().join("stripped");
     let timeout = ["--timeout", "60"];
     interrupt(&model, &out, t.path(), &timeout);
-    assert!(strip_momentum(&out) > 0, "the momentum run's checkpoint held buffers");
+    assert!(
+        strip_momentum(&out) > 0,
+        "the momentum run's checkpoint held buffers"
+    );
     let r = run(
-        &mut train_cmd(&model, &out, 2, "mpirun", 2, &["--timeout", "60", "--resume"]),
+        &mut train_cmd(
+            &model,
+            &out,
+            2,
+            "mpirun",
+            2,
+            &["--timeout", "60", "--resume"],
+        ),
         LIMIT,
     );
     assert_resumed(&r, &out);
     let logs = driver_logs(&out.join("logs"), 2);
     assert!(
-        logs.iter().all(|l| l.contains("parameters identical across ranks")),
+        logs.iter()
+            .all(|l| l.contains("parameters identical across ranks")),
         "{logs:#?}"
     );
 }

@@ -32,7 +32,15 @@ fn torchvision_weights(dir: &Path, specs: &[(&str, usize, &str)]) {
 fn init(arch: &str, weights: &Path, out: &Path) -> Run {
     run(
         tchrun()
-            .args(["model", "init", "--arch", arch, "--input-size", "32", "--weights"])
+            .args([
+                "model",
+                "init",
+                "--arch",
+                arch,
+                "--input-size",
+                "32",
+                "--weights",
+            ])
             .arg(weights)
             .arg("--output")
             .arg(out),
@@ -91,7 +99,8 @@ fn model_init_checks_weights_and_training_starts_from_them() {
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
         r.stderr.contains("d121.safetensors")
-            && r.stderr.contains("looks like a densenet121 state_dict: use --arch densenet121"),
+            && r.stderr
+                .contains("looks like a densenet121 state_dict: use --arch densenet121"),
         "{}",
         r.explain()
     );
@@ -103,13 +112,18 @@ fn model_init_checks_weights_and_training_starts_from_them() {
     let r = init("resnet18", &cut, &bad);
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
-        r.stderr.contains("cut.safetensors") && r.stderr.contains("not a complete safetensors file"),
+        r.stderr.contains("cut.safetensors")
+            && r.stderr.contains("not a complete safetensors file"),
         "{}",
         r.explain()
     );
     assert!(!bad.exists());
     // The right architecture: accepted, copied, recorded.
-    let ok = init("densenet121", &t.path().join("d121.safetensors"), &t.path().join("d"));
+    let ok = init(
+        "densenet121",
+        &t.path().join("d121.safetensors"),
+        &t.path().join("d"),
+    );
     assert_eq!(ok.code, Some(0), "{}", ok.explain());
     let model = t.path().join("m");
     let r = init("resnet18", &t.path().join("r18.safetensors"), &model);
@@ -147,7 +161,8 @@ fn model_init_checks_weights_and_training_starts_from_them() {
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
         r.stdout.contains("initial weights from")
-            && r.stdout.contains("a new head (fc) for 10 classes (the file's has 1000)"),
+            && r.stdout
+                .contains("a new head (fc) for 10 classes (the file's has 1000)"),
         "{}",
         r.explain()
     );

@@ -21,8 +21,11 @@ fn fake_smi(dir: &Path, out: &str, code: i32) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).expect("mkdir");
     let smi = bin.join("nvidia-smi");
-    std::fs::write(&smi, format!("#!/bin/sh\nprintf '%s\\n' '{out}'\nexit {code}\n"))
-        .expect("fake nvidia-smi");
+    std::fs::write(
+        &smi,
+        format!("#!/bin/sh\nprintf '%s\\n' '{out}'\nexit {code}\n"),
+    )
+    .expect("fake nvidia-smi");
     std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     bin
 }
@@ -71,7 +74,8 @@ fn gpu_check_without_a_gpu_exits_77_before_any_work() {
         );
         assert_eq!(r.code, Some(NO_GPU), "{}", r.explain());
         assert!(
-            r.stdout.contains("gpu-check: no NVIDIA GPU on this machine")
+            r.stdout
+                .contains("gpu-check: no NVIDIA GPU on this machine")
                 && r.stdout.contains("nothing was run"),
             "{}",
             r.explain()
@@ -81,10 +85,18 @@ fn gpu_check_without_a_gpu_exits_77_before_any_work() {
             "the no-GPU answer must come at once: {:?}",
             r.elapsed
         );
-        assert!(!out.exists(), "no work before the GPU test: {}", r.explain());
+        assert!(
+            !out.exists(),
+            "no work before the GPU test: {}",
+            r.explain()
+        );
     }
     // GPUs the driver lists but CUDA_VISIBLE_DEVICES hides are no GPUs either.
-    let bin = fake_smi(&t.path().join("smi0"), "GPU 0: NVIDIA H100 (UUID: GPU-0)", 0);
+    let bin = fake_smi(
+        &t.path().join("smi0"),
+        "GPU 0: NVIDIA H100 (UUID: GPU-0)",
+        0,
+    );
     let r = run(
         Command::new("bash")
             .arg(script())
@@ -96,7 +108,11 @@ fn gpu_check_without_a_gpu_exits_77_before_any_work() {
         LIMIT,
     );
     assert_eq!(r.code, Some(NO_GPU), "{}", r.explain());
-    assert!(r.stdout.contains("CUDA_VISIBLE_DEVICES=-1"), "{}", r.explain());
+    assert!(
+        r.stdout.contains("CUDA_VISIBLE_DEVICES=-1"),
+        "{}",
+        r.explain()
+    );
     assert!(!out.exists(), "{}", r.explain());
 }
 
@@ -125,7 +141,8 @@ fn gpu_check_on_this_machine_without_a_gpu() {
     );
     assert_eq!(r.code, Some(NO_GPU), "{}", r.explain());
     assert!(
-        r.stdout.contains("gpu-check: no NVIDIA GPU on this machine"),
+        r.stdout
+            .contains("gpu-check: no NVIDIA GPU on this machine"),
         "{}",
         r.explain()
     );

@@ -11,7 +11,8 @@ const FAKE: &str = "TCHRUN_TEST_CUDA_DEVICES";
 
 /// The refusal's words (src/env.rs `too_many_ranks_for_gpus`), for 2 ranks and 1 GPU.
 const REFUSAL: &str = "--procs-per-node 2 exceeds the 1 GPU(s) visible on";
-const HINT: &str = "lower --procs-per-node to 1 or check CUDA_VISIBLE_DEVICES (or use --device cpu)";
+const HINT: &str =
+    "lower --procs-per-node to 1 or check CUDA_VISIBLE_DEVICES (or use --device cpu)";
 
 fn has_gpu() -> bool {
     std::fs::read_dir("/proc/driver/nvidia/gpus")
@@ -61,8 +62,9 @@ fn worker_fake_device_count_never_touches_cuda_and_junk_is_refused() {
         );
         assert_eq!(r.code, Some(2), "{}", r.explain());
         assert!(
-            r.stderr
-                .contains("TCHRUN_TEST_CUDA_DEVICES=1 claims CUDA devices but CUDA is not available"),
+            r.stderr.contains(
+                "TCHRUN_TEST_CUDA_DEVICES=1 claims CUDA devices but CUDA is not available"
+            ),
             "{}",
             r.explain()
         );
@@ -83,7 +85,16 @@ fn worker_fake_device_count_never_touches_cuda_and_junk_is_refused() {
     // --device cpu never counts GPUs.
     let r = run(
         worker()
-            .args(["selftest", "--device", "cpu", "--sizes", "4096", "--iters", "1", "--log-dir"])
+            .args([
+                "selftest",
+                "--device",
+                "cpu",
+                "--sizes",
+                "4096",
+                "--iters",
+                "1",
+                "--log-dir",
+            ])
             .arg(tempdir().path())
             .env(FAKE, "two"),
         LIMIT,
@@ -123,7 +134,14 @@ fn launcher_refuses_more_ranks_than_gpus_before_any_rank_starts() {
     // --device cpu is never checked against GPUs.
     let r = run(
         tchrun()
-            .args(["selftest", "--device", "cpu", "--procs-per-node", "2", "--dry-run"])
+            .args([
+                "selftest",
+                "--device",
+                "cpu",
+                "--procs-per-node",
+                "2",
+                "--dry-run",
+            ])
             .env(FAKE, "1"),
         LIMIT,
     );
@@ -196,7 +214,11 @@ fn launcher_refuses_train_with_auto_device_before_writing_output() {
         "{}",
         r.explain()
     );
-    assert!(!out.exists(), "nothing written to --output: {}", r.explain());
+    assert!(
+        !out.exists(),
+        "nothing written to --output: {}",
+        r.explain()
+    );
 }
 
 #[test]
@@ -207,7 +229,14 @@ fn launcher_with_hostfile_leaves_the_gpu_check_to_each_rank() {
     let logs = t.path().join("logs");
     let r = run(
         tchrun()
-            .args(["selftest", "--device", "cuda", "--procs-per-node", "2", "--hostfile"])
+            .args([
+                "selftest",
+                "--device",
+                "cuda",
+                "--procs-per-node",
+                "2",
+                "--hostfile",
+            ])
             .arg(&hf)
             .arg("--log-dir")
             .arg(&logs)

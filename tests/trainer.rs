@@ -204,7 +204,16 @@ fn densenet_trains_away_from_224_and_agrees_with_torchvision() {
         );
     }
     let r = run(
-        tchrun().args(["model", "init", "--arch", "densenet121", "--input-size", "28", "--output"])
+        tchrun()
+            .args([
+                "model",
+                "init",
+                "--arch",
+                "densenet121",
+                "--input-size",
+                "28",
+                "--output",
+            ])
             .arg(t.path().join("too-small")),
         LIMIT,
     );
@@ -343,7 +352,8 @@ fn nan_loss_stops_every_rank_with_exit_5() {
     );
     assert_eq!(r.code, Some(5), "{}", r.explain());
     assert!(
-        r.stderr.contains("effective LR was 2e12 (--lr 1e12 × world size 2)"),
+        r.stderr
+            .contains("effective LR was 2e12 (--lr 1e12 × world size 2)"),
         "{}",
         r.explain()
     );
@@ -364,7 +374,10 @@ fn nan_loss_stops_every_rank_with_exit_5() {
             .to_string();
         steps.push(step);
     }
-    assert_eq!(steps[0], steps[1], "the ranks stopped in different steps: {steps:?}");
+    assert_eq!(
+        steps[0], steps[1],
+        "the ranks stopped in different steps: {steps:?}"
+    );
     assert!(!out.join("model.json").exists(), "{}", r.explain());
     assert!(!out.join("model.safetensors").exists(), "{}", r.explain());
 }

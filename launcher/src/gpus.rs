@@ -38,7 +38,10 @@ pub fn visible_gpus() -> Result<usize, JobError> {
     let present = std::fs::read_dir("/proc/driver/nvidia/gpus")
         .map(|rd| rd.count())
         .unwrap_or(0);
-    Ok(count_visible(present, get("CUDA_VISIBLE_DEVICES").as_deref()))
+    Ok(count_visible(
+        present,
+        get("CUDA_VISIBLE_DEVICES").as_deref(),
+    ))
 }
 
 /// The devices CUDA shows of `present`, given `CUDA_VISIBLE_DEVICES`.
@@ -62,7 +65,15 @@ pub fn ranks_start_elsewhere(
     plan: &Plan,
     get: &dyn Fn(&str) -> Option<String>,
 ) -> Option<&'static str> {
-    const HOST_ARGS: &[&str] = &["-H", "--host", "-host", "--hostfile", "-hostfile", "--machinefile", "-machinefile"];
+    const HOST_ARGS: &[&str] = &[
+        "-H",
+        "--host",
+        "-host",
+        "--hostfile",
+        "-hostfile",
+        "--machinefile",
+        "-machinefile",
+    ];
     match plan.kind {
         LauncherKind::Srun => Some("the Slurm allocation's nodes (srun)"),
         LauncherKind::Local => None,
@@ -71,9 +82,11 @@ pub fn ranks_start_elsewhere(
                 Some("the hosts of --hostfile")
             } else if !plan.node_names.is_empty() || !plan.hosts.is_empty() {
                 Some("the hosts of --hosts")
-            } else if plan.mpirun_args.iter().any(|a| {
-                HOST_ARGS.contains(&a.split('=').next().unwrap_or(a.as_str()))
-            }) {
+            } else if plan
+                .mpirun_args
+                .iter()
+                .any(|a| HOST_ARGS.contains(&a.split('=').next().unwrap_or(a.as_str())))
+            {
                 Some("the hosts of --mpirun-args")
             } else if get("SLURM_JOB_ID").is_some()
                 && get("SLURM_JOB_NUM_NODES").is_some_and(|n| n.trim() != "1")
@@ -169,7 +182,9 @@ mod tests {
             .is_some_and(|p| p.contains("--hosts")));
         assert!(elsewhere(&plan(LauncherKind::Mpirun, &[], true))
             .is_some_and(|p| p.contains("--hostfile")));
-        assert!(elsewhere(&plan(LauncherKind::Srun, &[], false)).is_some_and(|p| p.contains("srun")));
+        assert!(
+            elsewhere(&plan(LauncherKind::Srun, &[], false)).is_some_and(|p| p.contains("srun"))
+        );
         let mut p = plan(LauncherKind::Mpirun, &[], false);
         p.mpirun_args = vec!["--host=a,b".into()];
         assert!(elsewhere(&p).is_some_and(|w| w.contains("--mpirun-args")));

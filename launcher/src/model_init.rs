@@ -64,9 +64,9 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     }
     // Before anything is written: a file for another architecture, truncated or corrupt.
     let checked = match &a.weights {
-        Some(w) => Some(
-            tchrun::weights::check(a.arch, w).map_err(|e| JobError::invalid(e.to_string()))?,
-        ),
+        Some(w) => {
+            Some(tchrun::weights::check(a.arch, w).map_err(|e| JobError::invalid(e.to_string()))?)
+        }
         None => None,
     };
     let target = a.output.join(tchrun::files::MODEL_JSON);
@@ -90,7 +90,9 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
             .map_err(|e| JobError::invalid(format!("--weights {}: {e}", w.display())))?;
         let sha = tchrun::weights::sha256_file(w)
             .map_err(|e| JobError::invalid(format!("--weights {}: {e}", w.display())))?;
-        let tmp_w = a.output.join(format!(".{}.tmp", tchrun::files::MODEL_WEIGHTS));
+        let tmp_w = a
+            .output
+            .join(format!(".{}.tmp", tchrun::files::MODEL_WEIGHTS));
         std::fs::write(&tmp_w, &bytes)
             .and_then(|_| std::fs::rename(&tmp_w, &weights_target))
             .map_err(|e| {

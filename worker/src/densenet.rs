@@ -81,7 +81,12 @@ fn densenet(
     }
     seq.add(nn::batch_norm2d(&fp / "norm5", nfeat, Default::default()))
         .add_fn(|xs| xs.relu().adaptive_avg_pool2d([1, 1]).flat_view())
-        .add(nn::linear(p / "classifier", nfeat, classes, Default::default()))
+        .add(nn::linear(
+            p / "classifier",
+            nfeat,
+            classes,
+            Default::default(),
+        ))
 }
 
 pub fn densenet121(p: &nn::Path, classes: i64) -> impl ModuleT {

@@ -55,7 +55,7 @@ pub struct Report {
 pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
     let (rank, world) = (pg.rank() as i64, pg.size() as i64);
     tch::manual_seed(1234 + rank); // different init per rank: the broadcast must fix it
-    // The group's device: on a GPU host this covers the CUDA hooks, buckets and NCCL.
+                                   // The group's device: on a GPU host this covers the CUDA hooks, buckets and NCCL.
     let dev = pg.device();
     let vs = nn::VarStore::new(dev);
     let model = net(&vs.root());
@@ -78,10 +78,7 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
         // The same global batch on every rank; rank r takes an uneven contiguous slice.
         tch::manual_seed(99 + it);
         let total = 3 * world + 1;
-        let x = crate::models::channels_last(&Tensor::randn(
-            [total, 3, 8, 8],
-            (Kind::Float, dev),
-        ));
+        let x = crate::models::channels_last(&Tensor::randn([total, 3, 8, 8], (Kind::Float, dev)));
         let y = Tensor::arange(total, (Kind::Int64, dev)).remainder(10);
         let mut bounds: Vec<i64> = (0..=world)
             .map(|r| if r == world { total } else { r * 3 + r.min(1) })

@@ -374,8 +374,8 @@ fn run_selftest(a: SelftestArgs) -> RankResult {
         tracing::info!(
             "collectives correct: all_reduce sum/avg/max, broadcast, all_gather, barrier"
         );
-        let rows = selftest::bandwidth(&pg, &a.sizes, a.iters as usize)
-            .map_err(|e| fail(e.into()))?;
+        let rows =
+            selftest::bandwidth(&pg, &a.sizes, a.iters as usize).map_err(|e| fail(e.into()))?;
         let table = selftest::format_table(&rows, pg.size(), pg.backend().name());
         tracing::info!("\n{table}");
         if pg.rank() == 0 {

@@ -27,7 +27,11 @@ pub fn build(arch: Arch, root: &nn::Path, classes: i64) -> Box<dyn nn::ModuleT> 
 pub fn zero_init_residual(vs: &nn::VarStore) -> usize {
     let vars = vs.variables();
     let bottleneck = vars.keys().any(|n| n.ends_with(".bn3.weight"));
-    let last = if bottleneck { ".bn3.weight" } else { ".bn2.weight" };
+    let last = if bottleneck {
+        ".bn3.weight"
+    } else {
+        ".bn2.weight"
+    };
     let mut n = 0;
     tch::no_grad(|| {
         for (name, mut v) in vars {

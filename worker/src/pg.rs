@@ -90,7 +90,10 @@ pub fn amp_unscale(tensors: &[Tensor], inv_scale: f64) -> Result<bool, C10dError
 /// float tensor that is finite exactly when every value of every tensor is (the divergence
 /// guard). The tensors must share one device and dtype (float32 or wider float).
 pub fn l1_total(tensors: &[Tensor]) -> Result<Tensor, C10dError> {
-    let device = tensors.first().map(|t| t.device()).unwrap_or(tch::Device::Cpu);
+    let device = tensors
+        .first()
+        .map(|t| t.device())
+        .unwrap_or(tch::Device::Cpu);
     let out = Tensor::zeros([], (tch::Kind::Float, device));
     let mut ptrs: Vec<*mut std::ffi::c_void> =
         tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
@@ -369,7 +372,12 @@ impl ProcessGroup {
 
     /// All-reduce in place on every tensor (same shapes on every rank).
     pub fn all_reduce(&self, tensors: &mut [&mut Tensor], op: ReduceOp) -> Result<(), C10dError> {
-        check_devices("allreduce", self.device, self.backend, tensors.iter().map(|t| &**t))?;
+        check_devices(
+            "allreduce",
+            self.device,
+            self.backend,
+            tensors.iter().map(|t| &**t),
+        )?;
         let mut ptrs: Vec<*mut std::ffi::c_void> = tensors
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
@@ -381,7 +389,12 @@ impl ProcessGroup {
 
     /// Broadcast in place from `root` to every rank.
     pub fn broadcast(&self, tensors: &mut [&mut Tensor], root: usize) -> Result<(), C10dError> {
-        check_devices("broadcast", self.device, self.backend, tensors.iter().map(|t| &**t))?;
+        check_devices(
+            "broadcast",
+            self.device,
+            self.backend,
+            tensors.iter().map(|t| &**t),
+        )?;
         let mut ptrs: Vec<*mut std::ffi::c_void> = tensors
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
@@ -517,8 +530,13 @@ mod tests {
                 && e.message.contains("cuda:0"),
             "{e}"
         );
-        let e = check_devices("broadcast", Device::Cuda(1), BackendKind::Gloo, [&cpu, &cpu])
-            .expect_err("refused on a Gloo group on CUDA too");
+        let e = check_devices(
+            "broadcast",
+            Device::Cuda(1),
+            BackendKind::Gloo,
+            [&cpu, &cpu],
+        )
+        .expect_err("refused on a Gloo group on CUDA too");
         assert!(e.to_string().starts_with("c10d broadcast:"), "{e}");
         check_devices("allreduce", Device::Cpu, BackendKind::Gloo, [&cpu, &cpu])
             .expect("CPU tensors on a CPU group");
