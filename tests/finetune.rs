@@ -48,6 +48,24 @@ fn init(arch: &str, weights: &Path, out: &Path) -> Run {
     )
 }
 
+/// One epoch on the small digits at an LR so small (1e-15) that no weight moves measurably:
+/// the trained model shows where training started.
+fn train_still(model: &Path, out: &Path) -> Run {
+    let d = small_digits();
+    run(
+        tchrun_train(model, &d.join("train"), &d.join("valid"), out).args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "40",
+            "--lr",
+            "1e-15",
+            "--no-hflip",
+        ]),
+        LIMIT,
+    )
+}
+
 /// `tchrun::weights::spec` is torchvision's `state_dict` for every architecture (names and
 /// shapes, in order), as torchvision itself lists it.
 #[test]
@@ -144,20 +162,8 @@ fn model_init_checks_weights_and_training_starts_from_them() {
 
     // Training starts from the file: a new head for the 10 digit classes, and at an LR so
     // small that no weight moves measurably, the backbone ends where the file began.
-    let d = small_digits();
     let out = t.path().join("out");
-    let r = run(
-        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out).args([
-            "--epochs",
-            "1",
-            "--batch-size",
-            "40",
-            "--lr",
-            "1e-15",
-            "--no-hflip",
-        ]),
-        LIMIT,
-    );
+    let r = train_still(&model, &out);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
         r.stdout.contains("initial weights from")
@@ -185,18 +191,7 @@ fn model_init_checks_weights_and_training_starts_from_them() {
     // A trained model directory given to --model: training starts from its weights (10
     // classes again: the head is kept), and the new model says where it came from.
     let again = t.path().join("again");
-    let r = run(
-        tchrun_train(&out, &d.join("train"), &d.join("valid"), &again).args([
-            "--epochs",
-            "1",
-            "--batch-size",
-            "40",
-            "--lr",
-            "1e-15",
-            "--no-hflip",
-        ]),
-        LIMIT,
-    );
+    let r = train_still(&out, &again);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
         r.stdout.contains("initial weights from") && !r.stdout.contains("a new head"),
@@ -231,20 +226,8 @@ fn zero_init_residual_starts_every_block_as_the_identity() {
         LIMIT,
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
-    let d = small_digits();
     let out = t.path().join("out");
-    let r = run(
-        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out).args([
-            "--epochs",
-            "1",
-            "--batch-size",
-            "40",
-            "--lr",
-            "1e-15",
-            "--no-hflip",
-        ]),
-        LIMIT,
-    );
+    let r = train_still(&model, &out);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let py = format!(
         "from safetensors.torch import load_file\n\

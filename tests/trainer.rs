@@ -47,6 +47,42 @@ fn fingerprints(logs: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// `tchrun score --model MODEL --images IMAGES --output CSV` succeeds.
+fn score(model: &Path, images: &Path, csv: &Path) {
+    let s = run(
+        tchrun()
+            .arg("score")
+            .arg("--model")
+            .arg(model)
+            .arg("--images")
+            .arg(images)
+            .arg("--output")
+            .arg(csv),
+        LIMIT,
+    );
+    assert_eq!(s.code, Some(0), "{}", s.explain());
+}
+
+/// torchvision loads the model's weights strictly and agrees with every one of the `n`
+/// predictions `score` wrote to `csv` (tests/python/interop.py).
+fn agrees_with_torchvision(model: &Path, images: &Path, csv: &Path, n: usize) {
+    let py = run(
+        python()
+            .arg(repo().join("tests/python/interop.py"))
+            .arg(model)
+            .arg(images)
+            .arg(csv),
+        LIMIT,
+    );
+    assert_eq!(py.code, Some(0), "{}", py.explain());
+    assert!(
+        py.stdout
+            .contains(&format!("strict load ok; top-1 agreement {n}/{n}")),
+        "{}",
+        py.explain()
+    );
+}
+
 fn check_trained(out: &Path, ranks: usize, r: &Run) {
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let m = model_json(out);
@@ -117,18 +153,7 @@ fn two_ranks_train_digits_score_and_load_in_torchvision() {
     // Score the validation set, then Python loads the weights strictly and agrees.
     let csv = t.path().join("scores.csv");
     let valid = digits().join("valid");
-    let s = run(
-        tchrun()
-            .arg("score")
-            .arg("--model")
-            .arg(&out)
-            .arg("--images")
-            .arg(&valid)
-            .arg("--output")
-            .arg(&csv),
-        LIMIT,
-    );
-    assert_eq!(s.code, Some(0), "{}", s.explain());
+    score(&out, &valid, &csv);
     let text = read(&csv);
     assert!(
         text.starts_with("file,predicted_class,probability,top5_classes,top5_probabilities\n"),
@@ -139,21 +164,7 @@ fn two_ranks_train_digits_score_and_load_in_torchvision() {
         1 + 359,
         "one row per validation image"
     );
-    let py = run(
-        python()
-            .arg(repo().join("tests/python/interop.py"))
-            .arg(&out)
-            .arg(&valid)
-            .arg(&csv),
-        LIMIT,
-    );
-    assert_eq!(py.code, Some(0), "{}", py.explain());
-    assert!(
-        py.stdout
-            .contains("strict load ok; top-1 agreement 359/359"),
-        "{}",
-        py.explain()
-    );
+    agrees_with_torchvision(&out, &valid, &csv, 359);
 }
 
 /// DenseNet away from 224 px (torchvision pools adaptively; tch's DenseNet pooled 7x7, so the
@@ -176,32 +187,8 @@ fn densenet_trains_away_from_224_and_agrees_with_torchvision() {
         );
         assert_eq!(r.code, Some(0), "{}", r.explain());
         let csv = t.path().join(format!("scores-{size}.csv"));
-        let s = run(
-            tchrun()
-                .arg("score")
-                .arg("--model")
-                .arg(&out)
-                .arg("--images")
-                .arg(&valid)
-                .arg("--output")
-                .arg(&csv),
-            LIMIT,
-        );
-        assert_eq!(s.code, Some(0), "{}", s.explain());
-        let py = run(
-            python()
-                .arg(repo().join("tests/python/interop.py"))
-                .arg(&out)
-                .arg(&valid)
-                .arg(&csv),
-            LIMIT,
-        );
-        assert_eq!(py.code, Some(0), "{}", py.explain());
-        assert!(
-            py.stdout.contains("strict load ok; top-1 agreement 30/30"),
-            "{}",
-            py.explain()
-        );
+        score(&out, &valid, &csv);
+        agrees_with_torchvision(&out, &valid, &csv, 30);
     }
     let r = run(
         tchrun()

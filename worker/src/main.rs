@@ -239,13 +239,6 @@ fn resolve(
     Ok((device, backend))
 }
 
-fn device_name(d: tch::Device) -> String {
-    match d {
-        tch::Device::Cuda(i) => format!("cuda:{i}"),
-        _ => "cpu".into(),
-    }
-}
-
 /// Intra-op threads: the host's cores shared among the ranks on it (no oversubscription).
 fn set_threads(local_size: usize) {
     let cores = std::thread::available_parallelism()
@@ -281,7 +274,7 @@ fn start_rank(
         rank: id.rank,
         local_rank: id.local_rank,
         world_size: id.world_size,
-        device: &device_name(device),
+        device: &pg::device_name(device),
         backend: backend.name(),
         command,
         started_by: &format!("{:?}", id.started_by),
@@ -382,7 +375,7 @@ fn run_selftest(a: SelftestArgs) -> RankResult {
             console.out(&format!(
                 "selftest: {} ranks on {} ({}): all_reduce, broadcast, all_gather, barrier correct",
                 pg.size(),
-                device_name(device),
+                pg::device_name(device),
                 pg.backend().name()
             ));
             console.out(table.trim_end());

@@ -112,18 +112,24 @@ pub enum WeightsError {
     },
 }
 
-/// Starts the model from a weights file (`model init --weights`, or a trained model directory
-/// given to `--model`): every tensor of the store is copied from the file, except a classifier
-/// (`head` prefix) whose shape differs (another number of classes), which keeps its fresh,
-/// seeded initialization. Returns what happened, for the log.
-pub fn load_initial(vs: &nn::VarStore, path: &Path, head: &str) -> Result<String, WeightsError> {
+/// A classifier tensor the file holds with another shape: (name, file's shape, model's shape).
+type Replaced = (String, Vec<i64>, Vec<i64>);
+
+/// Copies every variable of the store from the safetensors file at `path`, checking every name
+/// and shape. With `head`, a tensor under that prefix whose shape differs is left as it is (and
+/// listed) instead of refused. Returns the number of tensors copied.
+fn copy_from_file(
+    vs: &nn::VarStore,
+    path: &Path,
+    head: Option<&str>,
+) -> Result<(usize, Vec<Replaced>), WeightsError> {
     let p = path.display().to_string();
     let tensors = Tensor::read_safetensors(path).map_err(|source| WeightsError::Read {
         path: p.clone(),
         source,
     })?;
     let by_name: BTreeMap<String, Tensor> = tensors.into_iter().collect();
-    let (mut loaded, mut fresh) = (0usize, Vec::new());
+    let (mut loaded, mut kept) = (0usize, Vec::new());
     tch::no_grad(|| {
         for (name, mut var) in vs.variables() {
             let src = by_name.get(&name).ok_or_else(|| WeightsError::Missing {
@@ -131,8 +137,8 @@ pub fn load_initial(vs: &nn::VarStore, path: &Path, head: &str) -> Result<String
                 name: name.clone(),
             })?;
             if src.size() != var.size() {
-                if name.starts_with(head) {
-                    fresh.push((name, src.size(), var.size()));
+                if head.is_some_and(|h| name.starts_with(h)) {
+                    kept.push((name, src.size(), var.size()));
                     continue;
                 }
                 return Err(WeightsError::Shape {
@@ -145,9 +151,17 @@ pub fn load_initial(vs: &nn::VarStore, path: &Path, head: &str) -> Result<String
             var.copy_(&src.to_kind(var.kind()));
             loaded += 1;
         }
-        Ok(())
-    })?;
-    let mut note = format!("initial weights from {p}: {loaded} tensors");
+        Ok((loaded, kept))
+    })
+}
+
+/// Starts the model from a weights file (`model init --weights`, or a trained model directory
+/// given to `--model`): every tensor of the store is copied from the file, except a classifier
+/// (`head` prefix) whose shape differs (another number of classes), which keeps its fresh,
+/// seeded initialization. Returns what happened, for the log.
+pub fn load_initial(vs: &nn::VarStore, path: &Path, head: &str) -> Result<String, WeightsError> {
+    let (loaded, fresh) = copy_from_file(vs, path, Some(head))?;
+    let mut note = format!("initial weights from {}: {loaded} tensors", path.display());
     if let Some((_, got, want)) = fresh.iter().find(|(n, _, _)| n.ends_with("weight")) {
         note.push_str(&format!(
             "; a new head ({}) for {} classes (the file's has {}), initialized from --seed",
@@ -161,29 +175,5 @@ pub fn load_initial(vs: &nn::VarStore, path: &Path, head: &str) -> Result<String
 
 /// Loads `model.safetensors` into the store, checking every name and shape.
 pub fn load(vs: &mut nn::VarStore, path: &Path) -> Result<(), WeightsError> {
-    let p = path.display().to_string();
-    let tensors = Tensor::read_safetensors(path).map_err(|source| WeightsError::Read {
-        path: p.clone(),
-        source,
-    })?;
-    let by_name: BTreeMap<String, Tensor> = tensors.into_iter().collect();
-    let vars = vs.variables();
-    tch::no_grad(|| {
-        for (name, mut var) in vars {
-            let src = by_name.get(&name).ok_or_else(|| WeightsError::Missing {
-                path: p.clone(),
-                name: name.clone(),
-            })?;
-            if src.size() != var.size() {
-                return Err(WeightsError::Shape {
-                    path: p.clone(),
-                    name,
-                    got: src.size(),
-                    want: var.size(),
-                });
-            }
-            var.copy_(&src.to_kind(var.kind()));
-        }
-        Ok(())
-    })
+    copy_from_file(vs, path, None).map(|_| ())
 }

@@ -248,7 +248,8 @@ pub struct ProcessGroup {
     device: tch::Device,
 }
 
-fn device_name(d: tch::Device) -> String {
+/// A device as users write it: `cpu`, `cuda:0`.
+pub fn device_name(d: tch::Device) -> String {
     match d {
         tch::Device::Cuda(i) => format!("cuda:{i}"),
         tch::Device::Cpu => "cpu".into(),

@@ -209,8 +209,9 @@ fn validate(
             let topk = hits.any_dim(1, false).sum(Kind::Double);
             // A fill, not a host-to-device copy: no synchronization per batch on CUDA.
             let n = Tensor::full([], batch.len as f64, (Kind::Double, ctx.device));
-            let skipped = Tensor::zeros([], (Kind::Double, ctx.device));
-            totals += Tensor::stack(&[loss.to_kind(Kind::Double), top1, topk, n, skipped], 0);
+            // Into the first four slots (a view): the fifth is this rank's skipped count.
+            let mut sums = totals.narrow(0, 0, 4);
+            sums += Tensor::stack(&[loss.to_kind(Kind::Double), top1, topk, n], 0);
         });
     }
     if skipped_here > 0 {
@@ -227,6 +228,16 @@ fn validate(
     })
 }
 
+/// The driver-log line naming a skipped image (pre-flight or decoding), with the contract's
+/// prefix (`tchrun::files::SKIPPED_IMAGE`) the launcher's run report counts.
+fn log_skipped(path: &std::path::Path, why: &str) {
+    tracing::warn!(
+        "{}{} (--skip-bad-images): {why}",
+        tchrun::files::SKIPPED_IMAGE,
+        path.display()
+    );
+}
+
 /// Images dropped while decoding (`--skip-bad-images`): each file is named once in this rank's
 /// driver log, with the contract's prefix (`tchrun::files::SKIPPED_IMAGE`) the launcher counts.
 #[derive(Default)]
@@ -239,11 +250,7 @@ impl BadImages {
     fn note(&mut self, skipped: &[(std::path::PathBuf, String)]) -> u64 {
         for (path, why) in skipped {
             if self.named.insert(path.clone()) {
-                tracing::warn!(
-                    "{}{} (--skip-bad-images): {why}",
-                    tchrun::files::SKIPPED_IMAGE,
-                    path.display()
-                );
+                log_skipped(path, why);
             }
         }
         skipped.len() as u64
@@ -454,11 +461,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             "skipping bad images (--skip-bad-images)"
         );
         for (path, why) in &skipped {
-            tracing::warn!(
-                "{}{} (--skip-bad-images): {why}",
-                tchrun::files::SKIPPED_IMAGE,
-                path.display()
-            );
+            log_skipped(path, why);
         }
         (ctx.say)(&format!(
             "skipped {} bad image(s) (--skip-bad-images); listed in the driver logs",
