@@ -2,7 +2,7 @@
 //! checked name by name and shape by shape against the architecture without libtorch (the
 //! launcher's pre-flight runs on login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration.
-use crate::model::Arch;
+use crate::model::{Arch, Family};
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -16,14 +16,12 @@ pub fn spec(arch: Arch, classes: usize) -> Vec<(String, Vec<usize>)> {
         }
         out.push((format!("{name}.num_batches_tracked"), vec![]));
     };
-    match arch {
-        Arch::Densenet121 | Arch::Densenet161 | Arch::Densenet169 | Arch::Densenet201 => {
-            let (c0, growth, blocks): (usize, usize, &[usize]) = match arch {
-                Arch::Densenet161 => (96, 48, &[6, 12, 36, 24]),
-                Arch::Densenet169 => (64, 32, &[6, 12, 32, 32]),
-                Arch::Densenet201 => (64, 32, &[6, 12, 48, 32]),
-                _ => (64, 32, &[6, 12, 24, 16]),
-            };
+    match arch.family() {
+        Family::Densenet {
+            init_features: c0,
+            growth,
+            blocks,
+        } => {
             let inter = 4 * growth;
             out.push(("features.conv0.weight".into(), vec![c0, 3, 7, 7]));
             bn(&mut out, "features.norm0", c0);
@@ -49,28 +47,30 @@ pub fn spec(arch: Arch, classes: usize) -> Vec<(String, Vec<usize>)> {
             out.push(("classifier.weight".into(), vec![classes, nf]));
             out.push(("classifier.bias".into(), vec![classes]));
         }
-        _ => {
-            let (bottleneck, blocks): (bool, [usize; 4]) = match arch {
-                Arch::Resnet18 => (false, [2, 2, 2, 2]),
-                Arch::Resnet34 => (false, [3, 4, 6, 3]),
-                Arch::Resnet50 => (true, [3, 4, 6, 3]),
-                Arch::Resnet101 => (true, [3, 4, 23, 3]),
-                _ => (true, [3, 8, 36, 3]),
-            };
+        Family::Resnet {
+            bottleneck,
+            blocks,
+            groups,
+            width_per_group,
+        } => {
             let expansion = if bottleneck { 4 } else { 1 };
             out.push(("conv1.weight".into(), vec![64, 3, 7, 7]));
             bn(&mut out, "bn1", 64);
             let mut inplanes = 64;
             for (s, &n) in blocks.iter().enumerate() {
                 let planes = 64 << s;
+                let width = planes * width_per_group / 64 * groups;
                 for j in 0..n {
                     let p = format!("layer{}.{j}", s + 1);
                     if bottleneck {
-                        out.push((format!("{p}.conv1.weight"), vec![planes, inplanes, 1, 1]));
-                        bn(&mut out, &format!("{p}.bn1"), planes);
-                        out.push((format!("{p}.conv2.weight"), vec![planes, planes, 3, 3]));
-                        bn(&mut out, &format!("{p}.bn2"), planes);
-                        out.push((format!("{p}.conv3.weight"), vec![planes * 4, planes, 1, 1]));
+                        out.push((format!("{p}.conv1.weight"), vec![width, inplanes, 1, 1]));
+                        bn(&mut out, &format!("{p}.bn1"), width);
+                        out.push((
+                            format!("{p}.conv2.weight"),
+                            vec![width, width / groups, 3, 3],
+                        ));
+                        bn(&mut out, &format!("{p}.bn2"), width);
+                        out.push((format!("{p}.conv3.weight"), vec![planes * 4, width, 1, 1]));
                         bn(&mut out, &format!("{p}.bn3"), planes * 4);
                     } else {
                         out.push((format!("{p}.conv1.weight"), vec![planes, inplanes, 3, 3]));
@@ -106,7 +106,7 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
 
 /// The classifier's tensor-name prefix: `fc.` (ResNet) or `classifier.` (DenseNet).
 pub fn head_prefix(arch: Arch) -> &'static str {
-    if arch.name().starts_with("densenet") {
+    if arch.is_densenet() {
         "classifier."
     } else {
         "fc."
@@ -237,6 +237,11 @@ mod tests {
         assert_eq!(params(Arch::Resnet18), 11_689_512);
         assert_eq!(params(Arch::Resnet50), 25_557_032);
         assert_eq!(params(Arch::Resnet152), 60_192_808);
+        assert_eq!(params(Arch::Resnext50_32x4d), 25_028_904);
+        assert_eq!(params(Arch::Resnext101_32x8d), 88_791_336);
+        assert_eq!(params(Arch::Resnext101_64x4d), 83_455_272);
+        assert_eq!(params(Arch::WideResnet50_2), 68_883_240);
+        assert_eq!(params(Arch::WideResnet101_2), 126_886_696);
         assert_eq!(params(Arch::Densenet121), 7_978_856);
         assert_eq!(params(Arch::Densenet161), 28_681_000);
         assert_eq!(params(Arch::Densenet201), 20_013_928);

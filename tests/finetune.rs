@@ -71,13 +71,19 @@ fn train_still(model: &Path, out: &Path) -> Run {
 #[test]
 fn weight_spec_equals_torchvision_state_dicts() {
     use tchrun::model::Arch;
-    let code = "import json, torchvision\n\
-                out = {}\n\
-                for a in ['resnet18','resnet34','resnet50','resnet101','resnet152',\
-                'densenet121','densenet161','densenet169','densenet201']:\n\
-                \x20   m = getattr(torchvision.models, a)(num_classes=7)\n\
-                \x20   out[a] = [[k, list(v.shape)] for k, v in m.state_dict().items()]\n\
-                print(json.dumps(out))\n";
+    let names: Vec<String> = Arch::ALL
+        .iter()
+        .map(|a| format!("'{}'", a.name()))
+        .collect();
+    let code = format!(
+        "import json, torchvision\n\
+         out = {{}}\n\
+         for a in [{}]:\n\
+         \x20   m = getattr(torchvision.models, a)(num_classes=7)\n\
+         \x20   out[a] = [[k, list(v.shape)] for k, v in m.state_dict().items()]\n\
+         print(json.dumps(out))\n",
+        names.join(",")
+    );
     let r = run(python().arg("-c").arg(code), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let tv: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("json");

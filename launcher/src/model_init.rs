@@ -56,7 +56,7 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
         }
         norm.std = [s[0], s[1], s[2]];
     }
-    if a.zero_init_residual && a.arch.name().starts_with("densenet") {
+    if a.zero_init_residual && a.arch.is_densenet() {
         return Err(JobError::invalid(format!(
             "--zero-init-residual: {} has no residual blocks (ResNet only); leave the flag out",
             a.arch.name()

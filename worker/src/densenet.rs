@@ -6,6 +6,7 @@
 //! its final pool *sum* their windows instead of averaging them, so the same weights gave other
 //! logits than torchvision's at every size (`tests/trainer.rs` compares the two).
 use tch::{nn, nn::Conv2D, nn::ModuleT, Tensor};
+use tchrun::model::Family;
 
 fn conv2d(p: nn::Path, c_in: i64, c_out: i64, ksize: i64, padding: i64, stride: i64) -> Conv2D {
     let cfg = nn::ConvConfig {
@@ -45,14 +46,18 @@ fn transition(p: nn::Path, c_in: i64, c_out: i64) -> impl ModuleT {
 }
 
 /// torchvision's `DenseNet(growth_rate, block_config, num_init_features, bn_size)`.
-fn densenet(
-    p: &nn::Path,
-    c_in: i64,
-    bn_size: i64,
-    growth: i64,
-    block_config: &[i64],
-    classes: i64,
-) -> impl ModuleT {
+/// Panics on a ResNet family (a programming error: `models::build` picks).
+pub fn densenet(p: &nn::Path, family: Family, classes: i64) -> impl ModuleT {
+    let Family::Densenet {
+        init_features,
+        growth,
+        blocks,
+    } = family
+    else {
+        unreachable!("densenet() is only called with a DenseNet family")
+    };
+    let (c_in, growth, bn_size) = (init_features as i64, growth as i64, 4);
+    let block_config = blocks.map(|b| b as i64);
     let fp = p / "features";
     let mut seq = nn::seq_t()
         .add(conv2d(&fp / "conv0", 3, c_in, 7, 3, 2))
@@ -89,22 +94,6 @@ fn densenet(
         ))
 }
 
-pub fn densenet121(p: &nn::Path, classes: i64) -> impl ModuleT {
-    densenet(p, 64, 4, 32, &[6, 12, 24, 16], classes)
-}
-
-pub fn densenet161(p: &nn::Path, classes: i64) -> impl ModuleT {
-    densenet(p, 96, 4, 48, &[6, 12, 36, 24], classes)
-}
-
-pub fn densenet169(p: &nn::Path, classes: i64) -> impl ModuleT {
-    densenet(p, 64, 4, 32, &[6, 12, 32, 32], classes)
-}
-
-pub fn densenet201(p: &nn::Path, classes: i64) -> impl ModuleT {
-    densenet(p, 64, 4, 32, &[6, 12, 48, 32], classes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,8 +103,9 @@ mod tests {
     /// 224 px and misfit above it).
     #[test]
     fn densenet121_runs_at_any_input_size() {
+        let _rng = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
         let vs = nn::VarStore::new(Device::Cpu);
-        let net = densenet121(&vs.root(), 7);
+        let net = densenet(&vs.root(), tchrun::model::Arch::Densenet121.family(), 7);
         for size in [29i64, 32, 64, 224, 256, 299] {
             let x = Tensor::randn([2, 3, size, size], (Kind::Float, Device::Cpu));
             let y = tch::no_grad(|| net.forward_t(&x, false));

@@ -17,7 +17,13 @@ pub mod optim;
 pub mod outputs;
 pub mod pg;
 pub mod plot;
+pub mod resnet;
 pub mod score;
 pub mod selftest;
 pub mod signals;
 pub mod train;
+
+/// libtorch's random generator is global to the process: unit tests that draw from it (or
+/// seed it and compare) hold this lock, so parallel tests do not interleave their draws.
+#[cfg(test)]
+pub(crate) static TEST_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -3,22 +3,15 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{nn, Kind, Tensor};
-use tchrun::model::Arch;
+use tchrun::model::{Arch, Family};
 
-/// Builds `arch` with `classes` outputs under `root`.
+/// Builds `arch` with `classes` outputs under `root`, as torchvision does.
 pub fn build(arch: Arch, root: &nn::Path, classes: i64) -> Box<dyn nn::ModuleT> {
-    use crate::densenet;
-    use tch::vision::resnet;
-    match arch {
-        Arch::Resnet18 => Box::new(resnet::resnet18(root, classes)),
-        Arch::Resnet34 => Box::new(resnet::resnet34(root, classes)),
-        Arch::Resnet50 => Box::new(resnet::resnet50(root, classes)),
-        Arch::Resnet101 => Box::new(resnet::resnet101(root, classes)),
-        Arch::Resnet152 => Box::new(resnet::resnet152(root, classes)),
-        Arch::Densenet121 => Box::new(densenet::densenet121(root, classes)),
-        Arch::Densenet161 => Box::new(densenet::densenet161(root, classes)),
-        Arch::Densenet169 => Box::new(densenet::densenet169(root, classes)),
-        Arch::Densenet201 => Box::new(densenet::densenet201(root, classes)),
+    match arch.family() {
+        family @ Family::Resnet { .. } => Box::new(crate::resnet::resnet(root, family, classes)),
+        family @ Family::Densenet { .. } => {
+            Box::new(crate::densenet::densenet(root, family, classes))
+        }
     }
 }
 
