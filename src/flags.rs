@@ -322,6 +322,15 @@ pub struct TrainOptions {
     /// Continue from the last checkpoint in --output.
     #[arg(long, env = "TCHRUN_RESUME")]
     pub resume: bool,
+    /// Fine-tuning: train the classifier only (`fc` / `classifier`). Every other parameter and
+    /// batch-norm statistic stays as it started, bit for bit: no gradient, no all-reduce, batch
+    /// norm in inference mode.
+    #[arg(long, env = "TCHRUN_FREEZE_BACKBONE")]
+    pub freeze_backbone: bool,
+    /// Fine-tuning: the LR of everything but the classifier is the scheduled LR × S (the
+    /// classifier's is the scheduled LR). 1 trains all layers alike.
+    #[arg(long, env = "TCHRUN_BACKBONE_LR_SCALE", default_value_t = 1.0, value_parser = parse_nonneg, conflicts_with = "freeze_backbone")]
+    pub backbone_lr_scale: f64,
 }
 
 impl TrainOptions {
@@ -349,6 +358,12 @@ impl TrainOptions {
         }
         if self.resume {
             v.push("--resume".into());
+        }
+        if self.freeze_backbone {
+            v.push("--freeze-backbone".into());
+        }
+        if self.backbone_lr_scale != 1.0 {
+            v.push(format!("--backbone-lr-scale={:e}", self.backbone_lr_scale));
         }
         v
     }

@@ -264,3 +264,134 @@ fn zero_init_residual_starts_every_block_as_the_identity() {
     assert!(r.stderr.contains("ResNet only"), "{}", r.explain());
     assert!(!t.path().join("dn").exists());
 }
+
+/// The digits of classes `lo..lo + 5` of `split`, at most `per_class` images each, copied to
+/// `dst/<class>` (class names kept: "5" stays "5").
+fn five_digits(split: &str, lo: usize, per_class: usize, dst: &Path) -> std::path::PathBuf {
+    let src = digits().join(split);
+    for c in lo..lo + 5 {
+        let to = dst.join(c.to_string());
+        std::fs::create_dir_all(&to).expect("mkdir");
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(src.join(c.to_string()))
+            .expect("class dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        for f in files.into_iter().take(per_class) {
+            std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
+        }
+    }
+    dst.to_path_buf()
+}
+
+fn top1(out: &Path) -> f64 {
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&out.join("model.json"))).expect("model.json");
+    m["metrics"]["top1"].as_f64().expect("top1")
+}
+
+/// Transfer that shows: resnet18 pretrained on digits 0–4, then fine-tuned on digits 5–9 (a
+/// trained model directory with other classes: a new 5-class head), beats the same budget from
+/// random initialization. `--freeze-backbone` (at 2 ranks) keeps every backbone tensor bit for
+/// bit, batch-norm statistics included, while the head learns; `--backbone-lr-scale 0` keeps the
+/// backbone's weights but not its batch-norm statistics (batch norm still trains).
+#[test]
+fn pretrained_digits_transfer_and_freeze_backbone_keeps_the_backbone() {
+    let t = tempdir();
+    let p = t.path();
+    const FLAGS: &[&str] = &[
+        "--min-crop-scale",
+        "0.5",
+        "--no-hflip",
+        "--print-freq",
+        "50",
+    ];
+    let pre = p.join("pre");
+    let untrained = model_dir(p, "resnet18", 32);
+    let r = run(
+        tchrun_train(
+            &untrained,
+            &five_digits("train", 0, usize::MAX, &p.join("a/train")),
+            &five_digits("valid", 0, usize::MAX, &p.join("a/valid")),
+            &pre,
+        )
+        .args(["--epochs", "3", "--batch-size", "32", "--lr", "0.05"])
+        .args(FLAGS),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    // Few images of the new classes: what the backbone already knows is what helps.
+    let (ft_train, ft_valid) = (
+        five_digits("train", 5, 20, &p.join("b/train")),
+        five_digits("valid", 5, usize::MAX, &p.join("b/valid")),
+    );
+    let budget = |model: &Path, out: &Path, extra: &[&str], ranks: &str| {
+        let lr = if extra.contains(&"--freeze-backbone") { "0.05" } else { "0.02" };
+        run(
+            tchrun_train(model, &ft_train, &ft_valid, out)
+                .args(["--epochs", "1", "--batch-size", "10", "--lr", lr])
+                .args(["--procs-per-node", ranks])
+                .args(FLAGS)
+                .args(extra),
+            LIMIT,
+        )
+    };
+    let (tuned, scratch) = (p.join("tuned"), p.join("scratch"));
+    let r = budget(&pre, &tuned, &[], "1");
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains(
+            "a new head (fc) for 5 classes (the model's classes are not the training set's)"
+        ),
+        "{}",
+        r.explain()
+    );
+    let r = budget(&untrained, &scratch, &[], "1");
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let (t_tuned, t_scratch) = (top1(&tuned), top1(&scratch));
+    eprintln!("top-1 after one epoch: fine-tuned {t_tuned:.3}, from scratch {t_scratch:.3}");
+    assert!(
+        t_tuned > t_scratch + 0.1,
+        "fine-tuned top-1 {t_tuned} is not clearly above random initialization's {t_scratch}"
+    );
+
+    let frozen = p.join("frozen");
+    let r = budget(&pre, &frozen, &["--freeze-backbone"], "2");
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains("--freeze-backbone: training fc only"),
+        "{}",
+        r.explain()
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&frozen.join("model.json"))).expect("model.json");
+    assert_eq!(m["training"]["freeze_backbone"], true);
+    assert!(
+        top1(&frozen) > 0.5,
+        "the head alone should learn the new digits: top-1 {}",
+        top1(&frozen)
+    );
+    let scaled = p.join("scaled");
+    let r = budget(&pre, &scaled, &["--backbone-lr-scale", "0"], "1");
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let py = format!(
+        "import torch\n\
+         from safetensors.torch import load_file\n\
+         pre = load_file('{}'); fr = load_file('{}'); sc = load_file('{}')\n\
+         back = [k for k in pre if not k.startswith('fc.') and not k.endswith('num_batches_tracked')]\n\
+         same = [k for k in back if torch.equal(pre[k], fr[k])]\n\
+         assert len(same) == len(back), [k for k in back if k not in same][:5]\n\
+         assert not torch.equal(pre['fc.weight'], fr['fc.weight'])\n\
+         w = [k for k in back if not k.endswith(('running_mean', 'running_var'))]\n\
+         assert all(torch.equal(pre[k], sc[k]) for k in w), 'scale 0 moved a backbone weight'\n\
+         assert any(not torch.equal(pre[k], sc[k]) for k in back if k.endswith('running_mean'))\n\
+         assert not torch.equal(pre['fc.weight'], sc['fc.weight'])\n\
+         print('frozen backbone tensors identical:', len(same))\n",
+        pre.join("model.safetensors").display(),
+        frozen.join("model.safetensors").display(),
+        scaled.join("model.safetensors").display()
+    );
+    let c = run(python().arg("-c").arg(py), LIMIT);
+    assert_eq!(c.code, Some(0), "{}", c.explain());
+}

@@ -32,7 +32,10 @@ pub struct StepStats {
 pub struct Replicator {
     params: Vec<Tensor>,
     buffers: Vec<Tensor>,
-    /// Names of `params`, then of `buffers` (for the replica check's message).
+    /// Tensors that never change (`--freeze-backbone`): broadcast at start and checked at the
+    /// end, never reduced.
+    fixed: Vec<Tensor>,
+    /// Names of `params`, then of `buffers`, then of `fixed` (for the replica check's message).
     names: Vec<String>,
     first_bucket_bytes: usize,
     bucket_bytes: usize,
@@ -84,11 +87,24 @@ fn unflatten_into(flat: &Tensor, tensors: &[Tensor]) {
 impl Replicator {
     /// `named`: every variable of the model by name (sorted), `is_buffer` tells buffers apart.
     pub fn new(named: &[(String, Tensor)], is_buffer: impl Fn(&str) -> bool) -> Replicator {
-        let mut params = Vec::new();
-        let mut buffers = Vec::new();
-        let (mut param_names, mut buffer_names) = (Vec::new(), Vec::new());
+        Replicator::with_fixed(named, is_buffer, |_| false)
+    }
+
+    /// As `new`, with the variables `is_fixed` accepts (a frozen backbone: parameters and
+    /// batch-norm statistics alike) left out of every step's reduction.
+    pub fn with_fixed(
+        named: &[(String, Tensor)],
+        is_buffer: impl Fn(&str) -> bool,
+        is_fixed: impl Fn(&str) -> bool,
+    ) -> Replicator {
+        let (mut params, mut buffers, mut fixed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut param_names, mut buffer_names, mut fixed_names) =
+            (Vec::new(), Vec::new(), Vec::new());
         for (name, t) in named {
-            if is_buffer(name) || !t.requires_grad() {
+            if is_fixed(name) {
+                fixed.push(t.shallow_clone());
+                fixed_names.push(name.clone());
+            } else if is_buffer(name) || !t.requires_grad() {
                 buffers.push(t.shallow_clone());
                 buffer_names.push(name.clone());
             } else {
@@ -97,9 +113,11 @@ impl Replicator {
             }
         }
         param_names.extend(buffer_names);
+        param_names.extend(fixed_names);
         Replicator {
             params,
             buffers,
+            fixed,
             names: param_names,
             first_bucket_bytes: FIRST_BUCKET_BYTES,
             bucket_bytes: BUCKET_BYTES,
@@ -119,6 +137,9 @@ impl Replicator {
     /// Parameters and buffers from rank 0 to everyone (at start).
     pub fn broadcast_all(&self, pg: &ProcessGroup) -> Result<(), C10dError> {
         flat_op(&self.params, |f| pg.broadcast(&mut [f], 0))?;
+        if pg.size() > 1 {
+            flat_op(&self.fixed, |f| pg.broadcast(&mut [f], 0))?;
+        }
         self.sync_buffers(pg)
     }
 
@@ -256,6 +277,7 @@ impl Replicator {
             .params
             .iter()
             .chain(self.buffers.iter())
+            .chain(self.fixed.iter())
             .map(|t| t.detach().reshape([-1]).to_kind(Kind::Double))
             .collect();
         let mine = Tensor::cat(&all, 0).nan_to_num(0.0, None, None);
@@ -284,6 +306,7 @@ impl Replicator {
             .params
             .iter()
             .chain(self.buffers.iter())
+            .chain(self.fixed.iter())
             .map(|t| t.detach().reshape([-1]).to_kind(Kind::Double))
             .collect();
         let v = Tensor::cat(&all, 0);

@@ -114,7 +114,7 @@ type Replaced = (String, Vec<i64>, Vec<i64>);
 fn copy_from_file(
     vs: &nn::VarStore,
     path: &Path,
-    head: Option<&str>,
+    head: Option<(&str, bool)>,
 ) -> Result<(usize, Vec<Replaced>), WeightsError> {
     let p = path.display().to_string();
     let tensors = Tensor::read_safetensors(path).map_err(|source| WeightsError::Read {
@@ -129,8 +129,13 @@ fn copy_from_file(
                 path: p.clone(),
                 name: name.clone(),
             })?;
+            let in_head = head.filter(|(h, _)| name.starts_with(h));
+            if in_head.is_some_and(|(_, always_new)| always_new) {
+                kept.push((name, src.size(), var.size()));
+                continue;
+            }
             if src.size() != var.size() {
-                if head.is_some_and(|h| name.starts_with(h)) {
+                if in_head.is_some() {
                     kept.push((name, src.size(), var.size()));
                     continue;
                 }
@@ -150,17 +155,27 @@ fn copy_from_file(
 
 /// Starts the model from a weights file (`model init --weights`, or a trained model directory
 /// given to `--model`): every tensor of the store is copied from the file, except a classifier
-/// (`head` prefix) whose shape differs (another number of classes), which keeps its fresh,
+/// (`head` prefix) whose shape differs (another number of classes) or, with `new_head`, any
+/// classifier (a trained model's classes are not the training set's): it keeps its fresh,
 /// seeded initialization. Returns what happened, for the log.
-pub fn load_initial(vs: &nn::VarStore, path: &Path, head: &str) -> Result<String, WeightsError> {
-    let (loaded, fresh) = copy_from_file(vs, path, Some(head))?;
+pub fn load_initial(
+    vs: &nn::VarStore,
+    path: &Path,
+    head: &str,
+    new_head: bool,
+) -> Result<String, WeightsError> {
+    let (loaded, fresh) = copy_from_file(vs, path, Some((head, new_head)))?;
     let mut note = format!("initial weights from {}: {loaded} tensors", path.display());
     if let Some((_, got, want)) = fresh.iter().find(|(n, _, _)| n.ends_with("weight")) {
+        let why = if got == want {
+            "the model's classes are not the training set's".to_string()
+        } else {
+            format!("the file's has {}", got.first().copied().unwrap_or(0))
+        };
         note.push_str(&format!(
-            "; a new head ({}) for {} classes (the file's has {}), initialized from --seed",
+            "; a new head ({}) for {} classes ({why}), initialized from --seed",
             head.trim_end_matches('.'),
             want.first().copied().unwrap_or(0),
-            got.first().copied().unwrap_or(0)
         ));
     }
     Ok(note)

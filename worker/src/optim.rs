@@ -6,6 +6,8 @@ use tch::Tensor;
 
 pub struct Sgd {
     params: Vec<(String, Tensor)>,
+    /// Each parameter's LR multiplier (torch's parameter groups: `--backbone-lr-scale`).
+    lr_scales: Vec<f64>,
     momentum: f64,
     weight_decay: f64,
     buffers: BTreeMap<String, Tensor>,
@@ -15,6 +17,7 @@ impl Sgd {
     /// `params`: the trainable parameters by name.
     pub fn new(params: Vec<(String, Tensor)>, momentum: f64, weight_decay: f64) -> Sgd {
         Sgd {
+            lr_scales: vec![1.0; params.len()],
             params,
             momentum,
             weight_decay,
@@ -24,13 +27,29 @@ impl Sgd {
 
     /// Drops the gradients (torch's default `set_to_none=True`): backward then hands its
     /// gradient tensors over instead of zero-filling and adding into ours.
+    /// Two parameter groups, as `torch.optim.SGD([{params: backbone, lr: lr × scale},
+    /// {params: head}])`: parameters whose name `in_head` accepts step with the LR, the others
+    /// with the LR × `backbone_scale`.
+    pub fn with_backbone_lr_scale(
+        mut self,
+        in_head: impl Fn(&str) -> bool,
+        backbone_scale: f64,
+    ) -> Sgd {
+        self.lr_scales = self
+            .params
+            .iter()
+            .map(|(n, _)| if in_head(n) { 1.0 } else { backbone_scale })
+            .collect();
+        self
+    }
+
     pub fn zero_grad(&mut self) -> Result<(), crate::pg::C10dError> {
         crate::pg::set_grads_to_none(self.params.iter().map(|(_, p)| p))
     }
 
     pub fn step(&mut self, lr: f64) {
         tch::no_grad(|| {
-            for (name, p) in &self.params {
+            for ((name, p), &scale) in self.params.iter().zip(&self.lr_scales) {
                 let g = p.grad();
                 if !g.defined() {
                     continue;
@@ -56,7 +75,7 @@ impl Sgd {
                     d
                 };
                 let mut p = p.shallow_clone();
-                let _ = p.g_add_(&(d * -lr));
+                let _ = p.g_add_(&(d * (-lr * scale)));
             }
         });
     }

@@ -504,8 +504,15 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let weights_file = job.model.join(tchrun::files::MODEL_WEIGHTS);
     let mut initial_weights = cfg.initial_weights.clone();
     if weights_file.is_file() {
-        let note = models::load_initial(&vs, &weights_file, tchrun::weights::head_prefix(cfg.arch))
-            .map_err(|e| TrainError::Invalid(format!("--model {e}")))?;
+        // A trained model's head knows its own classes: another class list gets a new head.
+        let other_classes = cfg.is_trained() && cfg.class_names != train.classes;
+        let note = models::load_initial(
+            &vs,
+            &weights_file,
+            tchrun::weights::head_prefix(cfg.arch),
+            other_classes,
+        )
+        .map_err(|e| TrainError::Invalid(format!("--model {e}")))?;
         (ctx.say)(&note);
         if cfg.is_trained() {
             initial_weights = Some(serde_json::json!({
@@ -518,6 +525,36 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         tracing::info!("initial weights: random, from --seed {}", p.seed);
     }
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
+    let head = tchrun::weights::head_prefix(cfg.arch);
+    let frozen = job.options.freeze_backbone;
+    let is_fixed = |name: &str| frozen && !name.starts_with(head);
+    if frozen {
+        let mut n = 0;
+        for (name, t) in &named {
+            if is_fixed(name) && t.requires_grad() {
+                let _ = t.set_requires_grad(false);
+                n += 1;
+            }
+        }
+        if initial_weights.is_none() && !weights_file.is_file() {
+            tracing::warn!(
+                "--freeze-backbone without initial weights: the backbone stays at its random \
+                 initialization (give --model a directory made with `model init --weights`)"
+            );
+        }
+        (ctx.say)(&format!(
+            "--freeze-backbone: training {} only; {n} backbone parameters and every batch-norm \
+             statistic stay as loaded",
+            head.trim_end_matches('.')
+        ));
+    } else if job.options.backbone_lr_scale != 1.0 {
+        (ctx.say)(&format!(
+            "--backbone-lr-scale {}: everything but {} steps with the LR × {}",
+            job.options.backbone_lr_scale,
+            head.trim_end_matches('.'),
+            job.options.backbone_lr_scale
+        ));
+    }
     if !job.options.no_channels_last {
         let n = models::to_channels_last(&named);
         tracing::info!("channels-last layout for {n} convolution weight(s) and the input batches");
@@ -528,8 +565,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         .map(|(n, t)| (n.clone(), t.shallow_clone()))
         .collect();
     let (first_cap, cap) = job.options.bucket_caps();
-    let replicas = Replicator::new(&named, models::is_buffer).with_bucket_caps(first_cap, cap);
-    let mut opt = Sgd::new(trainable, job.options.momentum, job.options.weight_decay);
+    let replicas = Replicator::with_fixed(&named, models::is_buffer, is_fixed)
+        .with_bucket_caps(first_cap, cap);
+    let mut opt = Sgd::new(trainable, job.options.momentum, job.options.weight_decay)
+        .with_backbone_lr_scale(|n| n.starts_with(head), job.options.backbone_lr_scale);
 
     let per_rank = data::shard(train.samples.len(), rank, world, p.seed, 0, true).len();
     let steps_per_epoch = per_rank.div_ceil(p.batch_size as usize) as u64;
@@ -654,7 +693,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let mut lr = schedule.lr(step);
     let (run_start, run_first_step) = (Instant::now(), step);
     let mut bad_images = BadImages::default();
-    let single_image_poisons_bn = cfg.arch.last_feature_size(cfg.input_size) <= 1;
+    // A frozen backbone runs batch norm in inference mode: one image is fine.
+    let single_image_poisons_bn = !frozen && cfg.arch.last_feature_size(cfg.input_size) <= 1;
     let mut warned_single = false;
     let mut epoch_skipped = 0u64;
     let mut guard = Guard {
@@ -724,7 +764,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             let loss = if n_local > 0 {
                 let (x, y) = to_input(&batch, device, !job.options.no_channels_last);
                 tch::autocast(amp, || {
-                    net.forward_t(&x, true)
+                    net.forward_t(&x, !frozen)
                         .to_kind(Kind::Float)
                         .cross_entropy_for_logits(&y)
                 })
@@ -961,6 +1001,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 "effective_lr": schedule.peak, "world_size": world, "seed": p.seed, "patience": p.patience,
                 "momentum": job.options.momentum, "weight_decay": job.options.weight_decay,
                 "lr_power": job.options.lr_power, "steps": step,
+                "freeze_backbone": frozen, "backbone_lr_scale": job.options.backbone_lr_scale,
                 "train_images": train.samples.len(), "valid_images": valid.samples.len(),
             })),
             metrics: best_metrics
