@@ -12,6 +12,7 @@ pub mod hostfile;
 pub mod metrics;
 pub mod model;
 pub mod preflight;
+pub mod pth;
 pub mod schedule;
 pub mod weights;
 

@@ -1,9 +1,11 @@
-//! Initial weights (`tchrun model init --weights`): a torchvision `state_dict` as safetensors,
-//! checked name by name and shape by shape against the architecture without libtorch (the
-//! launcher's pre-flight runs on login nodes). `spec` is torchvision's `state_dict` layout of
+//! Initial weights (`tchrun model init --weights`): a torchvision `state_dict` as safetensors
+//! or as a `torch.save` file (`.pth`/`.pt`, read by `crate::pth`), checked name by name and
+//! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
+//! login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration.
 use crate::model::{Arch, Family};
 use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
 use std::path::Path;
 
 /// `(name, shape)` of every tensor of torchvision's `state_dict` for `arch` with `classes`
@@ -98,10 +100,13 @@ pub fn spec(arch: Arch, classes: usize) -> Vec<(String, Vec<usize>)> {
 
 /// SHA-256 of a file, hex (recorded in `model.json` for the initial weights).
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    Ok(sha256_hex(&std::fs::read(path)?))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    let bytes = std::fs::read(path)?;
-    let d = sha2::Sha256::digest(&bytes);
-    Ok(d.iter().map(|b| format!("{b:02x}")).collect())
+    let d = sha2::Sha256::digest(bytes);
+    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The classifier's tensor-name prefix: `fc.` (ResNet) or `classifier.` (DenseNet).
@@ -120,6 +125,9 @@ pub enum WeightsError {
     Unreadable { path: String, detail: String },
     #[error("--weights {path}: {detail}")]
     Mismatch { path: String, detail: String },
+    /// A `.pth` that is not a readable state_dict (its message starts with the path).
+    #[error("--weights {0}")]
+    Pth(#[from] crate::pth::PthError),
 }
 
 /// What a checked weights file holds.
@@ -128,47 +136,76 @@ pub struct WeightsInfo {
     /// Output classes of the file's classifier.
     pub head_classes: usize,
     pub tensors: usize,
+    pub format: Format,
+}
+
+/// The format of a weights file, told by its content (not its name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Safetensors,
+    /// `torch.save`'s zip archive (`.pth`, `.pt`).
+    Pth,
+}
+
+impl Format {
+    /// As `model.json` records it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Safetensors => "safetensors",
+            Format::Pth => "pth",
+        }
+    }
+}
+
+/// A checked weights file, ready for the model directory.
+pub struct Loaded {
+    pub info: WeightsInfo,
+    /// The weights as safetensors: the file itself, or the `.pth` converted.
+    pub safetensors: Vec<u8>,
+    /// SHA-256 of the file as given (hex).
+    pub sha256: String,
 }
 
 fn is_float(d: Dtype) -> bool {
     matches!(d, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64)
 }
 
+/// Name -> (dtype, shape) of every tensor of a file, whatever its format.
+type Listing = HashMap<String, (Dtype, Vec<usize>)>;
+
 /// The file's head size if it is exactly `arch`'s `state_dict` (any number of classes).
-fn head_classes_if(arch: Arch, st: &SafeTensors) -> Result<usize, String> {
+fn head_classes_if(arch: Arch, st: &Listing) -> Result<usize, String> {
     let head = format!("{}weight", head_prefix(arch));
     let classes = st
-        .tensor(&head)
-        .map_err(|_| format!("it lacks '{head}', which {} needs", arch.name()))?
-        .shape()
+        .get(&head)
+        .ok_or_else(|| format!("it lacks '{head}', which {} needs", arch.name()))?
+        .1
         .first()
         .copied()
         .unwrap_or(0);
     let want = spec(arch, classes);
     for (name, shape) in &want {
-        let Ok(view) = st.tensor(name) else {
+        let Some((dtype, have)) = st.get(name) else {
             if name.ends_with(".num_batches_tracked") {
                 continue; // optional: tch does not keep it, torchvision restores 0
             }
             return Err(format!("it lacks '{name}', which {} needs", arch.name()));
         };
-        if view.shape() != shape.as_slice() {
+        if have != shape {
             return Err(format!(
-                "tensor '{name}' has shape {:?}, {} needs {shape:?}",
-                view.shape(),
+                "tensor '{name}' has shape {have:?}, {} needs {shape:?}",
                 arch.name()
             ));
         }
         let float_expected = !name.ends_with(".num_batches_tracked");
-        if float_expected && !is_float(view.dtype()) {
+        if float_expected && !is_float(*dtype) {
             return Err(format!(
-                "tensor '{name}' is {:?}; weights must be floating point (F32, F16, BF16 or F64)",
-                view.dtype()
+                "tensor '{name}' is {dtype:?}; weights must be floating point (F32, F16, BF16 or F64)"
             ));
         }
     }
     let known: std::collections::HashSet<&str> = want.iter().map(|(n, _)| n.as_str()).collect();
-    let mut names: Vec<String> = st.names().into_iter().cloned().collect();
+    let mut names: Vec<&String> = st.keys().collect();
     names.sort();
     if let Some(extra) = names.iter().find(|n| !known.contains(n.as_str())) {
         return Err(format!(
@@ -179,31 +216,77 @@ fn head_classes_if(arch: Arch, st: &SafeTensors) -> Result<usize, String> {
     Ok(classes)
 }
 
-/// Checks a safetensors `state_dict` against `arch` (every name, shape and dtype; the
-/// classifier may have any number of classes: a new head replaces it when the training set
-/// has another). On a mismatch, says which architecture the file looks like when one fits.
-pub fn check(arch: Arch, path: &Path) -> Result<WeightsInfo, WeightsError> {
+/// A weights file's tensors: the file's bytes, its listing, and a `.pth`'s state_dict.
+fn read_weights(
+    path: &Path,
+) -> Result<(Vec<u8>, Listing, Option<crate::pth::StateDict>), WeightsError> {
     let shown = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| WeightsError::Unreadable {
         path: shown.clone(),
         detail: format!("cannot read it: {e}"),
     })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| WeightsError::Unreadable {
-        path: shown.clone(),
-        detail: format!(
-            "not a complete safetensors file ({e:?}): it may be truncated or another format; \
-             save it with safetensors.torch.save_file(model.state_dict(), PATH)"
+    // torch.save's zip archive or a legacy torch file; else safetensors, whatever the name
+    // (a .pth/.pt that is neither is reported as a torch file).
+    let torch_name = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("pth" | "pt")
+    );
+    let st = if crate::pth::is_zip(&bytes) || crate::pth::is_legacy(&bytes) {
+        None
+    } else {
+        match SafeTensors::deserialize(&bytes) {
+            Ok(st) => Some(st),
+            Err(_) if torch_name => None,
+            Err(e) => {
+                return Err(WeightsError::Unreadable {
+                    path: shown,
+                    detail: format!(
+                        "not a complete safetensors file ({e:?}): it may be truncated or another \
+                         format; save it with safetensors.torch.save_file(model.state_dict(), \
+                         PATH)"
+                    ),
+                })
+            }
+        }
+    };
+    let (listing, sd) = match st {
+        Some(st) => (
+            st.tensors()
+                .into_iter()
+                .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec())))
+                .collect(),
+            None,
         ),
-    })?;
-    match head_classes_if(arch, &st) {
+        None => {
+            let sd = crate::pth::read_bytes(&bytes, &shown)?;
+            let listing = sd
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), (t.dtype, t.shape.clone())))
+                .collect();
+            (listing, Some(sd))
+        }
+    };
+    Ok((bytes, listing, sd))
+}
+
+/// Checks `listing` against `arch`; on a mismatch, says which architecture it looks like.
+fn check_listing(
+    arch: Arch,
+    path: &Path,
+    st: &Listing,
+    format: Format,
+) -> Result<WeightsInfo, WeightsError> {
+    match head_classes_if(arch, st) {
         Ok(head_classes) => Ok(WeightsInfo {
             head_classes,
             tensors: st.len(),
+            format,
         }),
         Err(detail) => {
             let like = Arch::ALL
                 .iter()
-                .find(|a| **a != arch && head_classes_if(**a, &st).is_ok());
+                .find(|a| **a != arch && head_classes_if(**a, st).is_ok());
             let hint = match like {
                 Some(a) => format!(
                     "; the file looks like a {} state_dict: use --arch {}",
@@ -213,11 +296,52 @@ pub fn check(arch: Arch, path: &Path) -> Result<WeightsInfo, WeightsError> {
                 None => format!("; give a torchvision {} state_dict", arch.name()),
             };
             Err(WeightsError::Mismatch {
-                path: shown,
+                path: path.display().to_string(),
                 detail: format!("{detail}{hint}"),
             })
         }
     }
+}
+
+/// Checks a `state_dict` file against `arch` (every name, shape and dtype; the classifier may
+/// have any number of classes: a new head replaces it when the training set has another). The
+/// file is safetensors or what `torch.save` writes (`.pth`/`.pt`, read without running
+/// anything in it: `crate::pth`). On a mismatch, says which architecture the file looks like
+/// when one fits.
+pub fn check(arch: Arch, path: &Path) -> Result<WeightsInfo, WeightsError> {
+    let (_, listing, sd) = read_weights(path)?;
+    let format = if sd.is_some() {
+        Format::Pth
+    } else {
+        Format::Safetensors
+    };
+    check_listing(arch, path, &listing, format)
+}
+
+/// `check`, and the weights as safetensors (a `.pth` converted) with the file's SHA-256.
+pub fn load(arch: Arch, path: &Path) -> Result<Loaded, WeightsError> {
+    let (bytes, listing, sd) = read_weights(path)?;
+    let format = if sd.is_some() {
+        Format::Pth
+    } else {
+        Format::Safetensors
+    };
+    let info = check_listing(arch, path, &listing, format)?;
+    let sha256 = sha256_hex(&bytes);
+    let safetensors = match sd {
+        None => bytes,
+        Some(sd) => sd
+            .to_safetensors()
+            .map_err(|detail| WeightsError::Unreadable {
+                path: path.display().to_string(),
+                detail,
+            })?,
+    };
+    Ok(Loaded {
+        info,
+        safetensors,
+        sha256,
+    })
 }
 
 #[cfg(test)]

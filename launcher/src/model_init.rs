@@ -1,7 +1,8 @@
 //! `tchrun model init`: an untrained model directory (`model.json`: arch, input size,
 //! normalization). Weights are initialized from `--seed` when training starts, or come from
-//! `--weights` (a torchvision `state_dict` in safetensors, checked without libtorch and copied
-//! into the directory as `model.safetensors`, so the directory is self-contained).
+//! `--weights` (a torchvision `state_dict` in safetensors or as a `torch.save` `.pth`, checked
+//! without libtorch and written into the directory as `model.safetensors`, a `.pth` converted,
+//! so the directory is self-contained).
 use crate::job::JobError;
 use clap::Args;
 use std::path::PathBuf;
@@ -29,9 +30,12 @@ pub struct InitArgs {
     /// Directory to write.
     #[arg(long)]
     pub output: PathBuf,
-    /// Initial weights: a torchvision state_dict as safetensors (e.g. ImageNet weights saved
-    /// with `safetensors.torch.save_file(model.state_dict(), PATH)`). A classifier with another
-    /// number of classes than the training set is replaced by a fresh one when training starts.
+    /// Initial weights: a torchvision state_dict, as safetensors (saved with
+    /// `safetensors.torch.save_file(model.state_dict(), PATH)`) or as a PyTorch .pth/.pt file
+    /// (saved with `torch.save(model.state_dict(), PATH)`, e.g. torchvision's downloaded
+    /// ImageNet checkpoints; read without running anything in it, and stored converted to
+    /// safetensors). A classifier with another number of classes than the training set is
+    /// replaced by a fresh one when training starts.
     #[arg(long)]
     pub weights: Option<PathBuf>,
     /// ResNet: start the last batch-norm weight of every residual block at zero
@@ -63,9 +67,9 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
         )));
     }
     // Before anything is written: a file for another architecture, truncated or corrupt.
-    let checked = match &a.weights {
+    let loaded = match &a.weights {
         Some(w) => {
-            Some(tchrun::weights::check(a.arch, w).map_err(|e| JobError::invalid(e.to_string()))?)
+            Some(tchrun::weights::load(a.arch, w).map_err(|e| JobError::invalid(e.to_string()))?)
         }
         None => None,
     };
@@ -85,15 +89,11 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     let mut cfg = ModelConfig::untrained(a.arch, a.input_size, norm);
     cfg.zero_init_residual = a.zero_init_residual;
     let weights_target = a.output.join(tchrun::files::MODEL_WEIGHTS);
-    if let (Some(w), Some(info)) = (&a.weights, checked) {
-        let bytes = std::fs::read(w)
-            .map_err(|e| JobError::invalid(format!("--weights {}: {e}", w.display())))?;
-        let sha = tchrun::weights::sha256_file(w)
-            .map_err(|e| JobError::invalid(format!("--weights {}: {e}", w.display())))?;
+    if let (Some(w), Some(loaded)) = (&a.weights, loaded) {
         let tmp_w = a
             .output
             .join(format!(".{}.tmp", tchrun::files::MODEL_WEIGHTS));
-        std::fs::write(&tmp_w, &bytes)
+        std::fs::write(&tmp_w, &loaded.safetensors)
             .and_then(|_| std::fs::rename(&tmp_w, &weights_target))
             .map_err(|e| {
                 let _ = std::fs::remove_file(&tmp_w);
@@ -101,9 +101,10 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
             })?;
         cfg.initial_weights = Some(serde_json::json!({
             "file": w.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-            "sha256": sha,
-            "head_classes": info.head_classes,
-            "tensors": info.tensors,
+            "sha256": loaded.sha256,
+            "format": loaded.info.format.name(),
+            "head_classes": loaded.info.head_classes,
+            "tensors": loaded.info.tensors,
         }));
     } else if weights_target.exists() {
         // --force over a directory with weights: without --weights it starts from the seed.
