@@ -211,6 +211,10 @@ pub struct ModelConfig {
     /// `zero_init_residual=True`), so each block starts as the identity.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub zero_init_residual: bool,
+    /// DenseNet: each dense layer's concatenation, norm1 and relu are recomputed in backward
+    /// instead of kept (torchvision's `memory_efficient=True`): less memory, the same values.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_efficient: bool,
 }
 
 impl ModelConfig {
@@ -225,6 +229,7 @@ impl ModelConfig {
             metrics: None,
             initial_weights: None,
             zero_init_residual: false,
+            memory_efficient: false,
         }
     }
 

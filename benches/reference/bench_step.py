@@ -3,15 +3,17 @@
 
     python benches/reference/bench_step.py --arch resnet18 --size 112 --batch-size 16 \
         [--classes 1000] [--steps 20] [--warmup 3] [--device cpu|cuda] [--amp off|bf16|fp16] \
-        [--channels-last] [--threads N]
+        [--channels-last] [--threads N] [--memory-efficient]
 
 The same loop as tchrun: torchvision.models.<arch>(num_classes), SGD(momentum 0.9, weight decay
 1e-4, lr 0.01), zero_grad (set to None), forward under autocast (CUDA), cross-entropy, backward,
 step; cudnn.benchmark on CUDA. PyTorch's default layout is NCHW; --channels-last converts the
-model and the input as the PyTorch performance guide recommends. Prints `RESULT {json}`.
+model and the input as the PyTorch performance guide recommends. --memory-efficient: a DenseNet
+built with torchvision's memory_efficient=True. Prints `RESULT {json}` (with the peak RSS).
 """
 import argparse
 import json
+import resource
 import time
 
 import torch
@@ -31,14 +33,18 @@ def main() -> int:
     ap.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"])
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--memory-efficient", action="store_true")
     a = ap.parse_args()
+    if a.memory_efficient and not a.arch.startswith("densenet"):
+        ap.error("--memory-efficient: DenseNet only")
     if a.threads:
         torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
-    model = getattr(torchvision.models, a.arch)(num_classes=a.classes).to(dev)
+    kwargs = {"memory_efficient": True} if a.memory_efficient else {}
+    model = getattr(torchvision.models, a.arch)(num_classes=a.classes, **kwargs).to(dev)
     x = torch.randn(a.batch_size, 3, a.size, a.size, device=dev)
     y = torch.randint(a.classes, (a.batch_size,), device=dev)
     if a.channels_last:
@@ -70,7 +76,9 @@ def main() -> int:
     out = {"tool": "torch", "arch": a.arch, "size": a.size, "batch_size": a.batch_size,
            "steps": a.steps, "device": a.device, "amp": a.amp if amp else "off",
            "channels_last": a.channels_last, "threads": torch.get_num_threads(),
-           "ms_per_step": secs * 1e3, "images_per_sec": a.batch_size / secs}
+           "memory_efficient": a.memory_efficient,
+           "ms_per_step": secs * 1e3, "images_per_sec": a.batch_size / secs,
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if cuda:
         out["max_memory_allocated_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
     print("RESULT " + json.dumps(out), flush=True)

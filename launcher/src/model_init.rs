@@ -42,6 +42,11 @@ pub struct InitArgs {
     /// (torchvision's zero_init_residual=True; ignored where --weights set those weights).
     #[arg(long)]
     pub zero_init_residual: bool,
+    /// DenseNet: recompute each dense layer's concatenation, norm1 and relu in backward
+    /// instead of keeping them (torchvision's memory_efficient=True): peak memory grows
+    /// linearly, not quadratically, with a block's layers, for some more compute.
+    #[arg(long)]
+    pub memory_efficient: bool,
     /// Replace an existing model.json.
     #[arg(long)]
     pub force: bool,
@@ -63,6 +68,12 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     if a.zero_init_residual && a.arch.is_densenet() {
         return Err(JobError::invalid(format!(
             "--zero-init-residual: {} has no residual blocks (ResNet only); leave the flag out",
+            a.arch.name()
+        )));
+    }
+    if a.memory_efficient && !a.arch.is_densenet() {
+        return Err(JobError::invalid(format!(
+            "--memory-efficient: {} has no dense blocks (DenseNet only); leave the flag out",
             a.arch.name()
         )));
     }
@@ -88,6 +99,7 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     })?;
     let mut cfg = ModelConfig::untrained(a.arch, a.input_size, norm);
     cfg.zero_init_residual = a.zero_init_residual;
+    cfg.memory_efficient = a.memory_efficient;
     let weights_target = a.output.join(tchrun::files::MODEL_WEIGHTS);
     if let (Some(w), Some(loaded)) = (&a.weights, loaded) {
         let tmp_w = a

@@ -1,5 +1,7 @@
-// The only C++ in tchrun: flat extern "C" wrappers over libtorch c10d. Each body runs inside
-// PROTECT, which turns any C++ exception into a returned, malloc'd message (tch's pattern).
+// The only C++ in tchrun: flat extern "C" wrappers over libtorch c10d, the autograd hooks and
+// functions tch does not expose (gradient reducer, DenseNet's memory-efficient bottleneck). Each
+// body runs inside PROTECT, which turns any C++ exception into a returned, malloc'd message
+// (tch's pattern).
 #include "c10d_shim.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -13,6 +15,8 @@
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <chrono>
@@ -610,6 +614,184 @@ char* tchrun_reducer_finish(tchrun_reducer* r, int64_t divisor_index, int64_t* o
     else s.discovery_step(divisor_index);
     *out_early = static_cast<int64_t>(s.early);
     *out_buckets = static_cast<int64_t>(s.buckets.size());
+  })
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------
+// DenseNet's memory-efficient bottleneck (torchvision's `memory_efficient=True`, which wraps
+// `conv1(relu1(norm1(torch.cat(inputs, 1))))` in torch.utils.checkpoint): a custom autograd
+// function whose forward runs without recording a graph and keeps only its inputs (the block's
+// feature maps, which the block holds anyway) and the three parameters; backward recomputes the
+// concatenation, batch norm and ReLU with gradients on and differentiates through them. So the
+// concatenation and the norm1/relu outputs, which grow with every layer of a block, are never
+// held between forward and backward.
+namespace {
+
+// The running statistics reach forward inside a struct, not as tensors: autograd then neither
+// records them as inputs of the node nor expects gradients for them (forward updates them in
+// place, as batch norm does).
+struct RunningStats {
+  at::Tensor mean;
+  at::Tensor var;
+};
+
+at::Tensor bottleneck(at::TensorList inputs, const at::Tensor& weight, const at::Tensor& bias,
+                      const std::optional<at::Tensor>& mean, const std::optional<at::Tensor>& var,
+                      bool train, double momentum, double eps, const at::Tensor& conv_weight) {
+  // One input (a block's first layer) is used as it is, as the plain model does.
+  at::Tensor x = inputs.size() == 1 ? inputs[0] : at::cat(inputs, 1);
+  at::Tensor y = at::batch_norm(x, weight, bias, mean, var, train, momentum, eps,
+                                /*cudnn_enabled=*/true);
+  return at::conv2d(at::relu(y), conv_weight);
+}
+
+// The autocast state forward ran under, restored while backward recomputes (backward runs
+// outside the caller's autocast region, and on CUDA on autograd's own thread), so the recompute
+// gives the same dtypes as forward did; torch.utils.checkpoint does the same. The cast cache
+// stays off meanwhile: the recompute's weights are fresh detached tensors.
+constexpr at::DeviceType kAutocastDevices[] = {at::kCUDA, at::kCPU};
+
+void save_autocast(torch::autograd::AutogradContext* ctx) {
+  for (at::DeviceType d : kAutocastDevices) {
+    std::string key = c10::DeviceTypeName(d, /*lower_case=*/true);
+    ctx->saved_data["autocast_" + key] = at::autocast::is_autocast_enabled(d);
+    ctx->saved_data["autocast_dtype_" + key] =
+        static_cast<int64_t>(at::autocast::get_autocast_dtype(d));
+  }
+}
+
+// Autocast's cast cache off for a scope. Forward runs under no-grad: a weight cast cached there
+// would carry no gradient to a later use of the same weight in the autocast region.
+struct AutocastCacheOff {
+  bool was = at::autocast::is_autocast_cache_enabled();
+  AutocastCacheOff() { at::autocast::set_autocast_cache_enabled(false); }
+  ~AutocastCacheOff() { at::autocast::set_autocast_cache_enabled(was); }
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+};
+
+struct AutocastScope {
+  struct Was {
+    at::DeviceType device;
+    bool enabled;
+    at::ScalarType dtype;
+  };
+  std::vector<Was> was;
+  AutocastCacheOff cache_off;
+
+  explicit AutocastScope(torch::autograd::AutogradContext* ctx) {
+    for (at::DeviceType d : kAutocastDevices) {
+      std::string key = c10::DeviceTypeName(d, /*lower_case=*/true);
+      was.push_back({d, at::autocast::is_autocast_enabled(d), at::autocast::get_autocast_dtype(d)});
+      at::autocast::set_autocast_enabled(d, ctx->saved_data["autocast_" + key].toBool());
+      at::autocast::set_autocast_dtype(
+          d, static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype_" + key].toInt()));
+    }
+  }
+  ~AutocastScope() {
+    for (const Was& w : was) {
+      at::autocast::set_autocast_enabled(w.device, w.enabled);
+      at::autocast::set_autocast_dtype(w.device, w.dtype);
+    }
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+};
+
+struct DenseBottleneck : public torch::autograd::Function<DenseBottleneck> {
+  // Runs with grad mode off (Function::apply). Batch norm in training mode: normalized with the
+  // batch's statistics, the running ones updated once here (momentum, unbiased variance), as
+  // the plain layer does.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& conv_weight, const RunningStats& stats,
+                            double momentum, double eps) {
+    std::vector<at::Tensor> keep(inputs.begin(), inputs.end());
+    keep.push_back(weight);
+    keep.push_back(bias);
+    keep.push_back(conv_weight);
+    ctx->save_for_backward(keep);
+    ctx->saved_data["eps"] = eps;
+    save_autocast(ctx);
+    AutocastCacheOff cache_off;
+    return bottleneck(inputs, weight, bias, stats.mean, stats.var, true, momentum, eps,
+                      conv_weight);
+  }
+
+  // One gradient per forward argument: each input, norm1's weight and bias, conv1's weight,
+  // then none for the statistics, momentum and eps.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const size_t n = saved.size() - 3;
+    torch::autograd::variable_list grads(saved.size() + 3);
+    if (grad_out.empty() || !grad_out[0].defined()) return grads;
+    // Detached leaves: the recompute's graph ends at them, not at the real parameters, so the
+    // parameters' hooks (the gradient reducer's) fire once, when this node hands its gradients
+    // on, and not inside the nested differentiation below.
+    std::vector<at::Tensor> leaves;
+    std::vector<at::Tensor> wrt;
+    std::vector<size_t> wrt_index;
+    leaves.reserve(saved.size());
+    for (size_t i = 0; i < saved.size(); i++) {
+      at::Tensor t = saved[i].detach();
+      if (ctx->needs_input_grad(i)) {
+        t.requires_grad_(true);
+        wrt.push_back(t);
+        wrt_index.push_back(i);
+      }
+      leaves.push_back(std::move(t));
+    }
+    if (wrt.empty()) return grads;
+    const double eps = ctx->saved_data["eps"].toDouble();
+    at::Tensor out;
+    {
+      at::AutoGradMode enable_grad(true);
+      AutocastScope autocast(ctx);
+      // No running statistics: forward already updated them once. torchvision's checkpointed
+      // layer updates them a second time in its recompute (its norm1 is in training mode
+      // then too), so its statistics move twice per step; ours move once, exactly as without
+      // memory_efficient. The normalization itself uses the batch's statistics either way, so
+      // the recompute's output equals forward's.
+      out = bottleneck(at::TensorList(leaves.data(), n), leaves[n], leaves[n + 1], std::nullopt,
+                       std::nullopt, true, 0.0, eps, leaves[n + 2]);
+    }
+    torch::autograd::variable_list g =
+        torch::autograd::grad({out}, wrt, {grad_out[0]}, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t k = 0; k < wrt_index.size(); k++) grads[wrt_index[k]] = g[k];
+    return grads;
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+char* tchrun_dense_bottleneck(tchrun_tensor* inputs, size_t n, tchrun_tensor bn_weight,
+                              tchrun_tensor bn_bias, tchrun_tensor running_mean,
+                              tchrun_tensor running_var, tchrun_tensor conv_weight, int train,
+                              double momentum, double eps, tchrun_tensor* out) {
+  PROTECT({
+    if (n == 0) throw std::runtime_error("dense bottleneck: no input feature maps");
+    auto xs = tensor_vec(inputs, n);
+    const at::Tensor& w = tensor_ref(bn_weight);
+    const at::Tensor& b = tensor_ref(bn_bias);
+    const at::Tensor& cw = tensor_ref(conv_weight);
+    if (!w.defined() || !b.defined() || !cw.defined()) {
+      throw std::runtime_error("dense bottleneck: norm1 needs its weight and bias, conv1 its weight");
+    }
+    RunningStats stats{tensor_ref(running_mean), tensor_ref(running_var)};
+    at::Tensor y;
+    if (train != 0 && at::GradMode::is_enabled()) {
+      y = DenseBottleneck::apply(at::TensorList(xs), w, b, cw, stats, momentum, eps);
+    } else {
+      // Evaluation, or no gradients wanted: nothing is kept for a backward, so compute directly.
+      y = bottleneck(xs, w, b, stats.mean, stats.var, train != 0, momentum, eps, cw);
+    }
+    *out = new at::Tensor(std::move(y));
   })
 }
 

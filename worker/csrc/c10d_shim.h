@@ -1,6 +1,7 @@
 // tchrun c10d shim: flat extern "C" functions over libtorch's c10d (TCPStore, ProcessGroupGloo,
-// ProcessGroupNCCL). Every function returns NULL on success or a malloc'd error message that the
-// caller frees with tchrun_c10d_free_error. Handles are opaque and freed by their *_free function.
+// ProcessGroupNCCL) and the autograd pieces tch lacks (gradient reducer, dense bottleneck).
+// Every function returns NULL on success or a malloc'd error message that the caller frees with
+// tchrun_c10d_free_error. Handles are opaque and freed by their *_free function.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -84,6 +85,18 @@ char* tchrun_cuda_bf16_supported(int device, int* out);
 // past 3.4e38, itself a divergence). Asynchronous on CUDA: nothing waits for the device.
 char* tchrun_l1_total(tchrun_tensor* tensors, size_t n, tchrun_tensor out);
 char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int* found_inf);
+
+// DenseNet's bottleneck conv1(relu(norm1(cat(inputs, 1)))) as torchvision's memory_efficient
+// layer computes it: in training mode with grad mode on, a custom autograd function that keeps
+// only `inputs` and the parameters and recomputes the concatenation, norm1 and relu in backward
+// (gradients for every input, norm1's weight and bias, conv1's weight). norm1's running
+// statistics are updated once, in forward (momentum, unbiased variance), never by the recompute.
+// In eval mode or under no-grad it computes directly. conv1: 1x1, stride 1, no bias.
+// *out receives a new tensor handle (tch's at::Tensor*), owned by the caller.
+char* tchrun_dense_bottleneck(tchrun_tensor* inputs, size_t n, tchrun_tensor bn_weight,
+                              tchrun_tensor bn_bias, tchrun_tensor running_mean,
+                              tchrun_tensor running_var, tchrun_tensor conv_weight, int train,
+                              double momentum, double eps, tchrun_tensor* out);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 //! `tchrun-worker bench-step` (hidden): training steps alone on synthetic tensors — forward,
 //! loss, backward, SGD — with the trainer's model, layout (channels-last), autocast and
-//! optimizer; reports ms/step and images/s. The counterpart of
+//! optimizer; reports ms/step, images/s and the peak RSS. The counterpart of
 //! `benches/reference/bench_step.py` (torchvision model, the same loop); used by
 //! `scripts/bench.sh` (CPU, and the GPU mode: ResNet-50, 224 × 224, bf16).
 use crate::{models, optim::Sgd};
@@ -38,6 +38,17 @@ pub struct Args {
     /// Intra-op threads (default: libtorch's).
     #[arg(long)]
     threads: Option<i32>,
+    /// DenseNet: the memory-efficient layers (`model init --memory-efficient`).
+    #[arg(long)]
+    memory_efficient: bool,
+}
+
+/// This process's peak resident set size (getrusage's ru_maxrss, KiB on Linux), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF)
+        .ok()
+        .map(|u| u.max_rss() as f64 / 1024.0)
 }
 
 fn parse_arch(s: &str) -> Result<Arch, String> {
@@ -64,7 +75,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(device);
-    let net = models::build(a.arch, &vs.root(), a.classes);
+    let net = models::build(a.arch, &vs.root(), a.classes, a.memory_efficient);
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
     let channels_last = !a.no_channels_last;
     if channels_last {
@@ -115,8 +126,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "amp": if amp { a.amp.as_str() } else { "off" },
         "channels_last": channels_last,
         "threads": tch::get_num_threads(),
+        "memory_efficient": a.memory_efficient,
         "ms_per_step": secs * 1e3,
         "images_per_sec": a.batch_size as f64 / secs,
+        "peak_rss_mib": peak_rss_mib(),
     });
     println!("{line}");
     Ok(())

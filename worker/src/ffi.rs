@@ -1,4 +1,5 @@
-//! Raw declarations of csrc/c10d_shim.h. Only `pg.rs` calls these.
+//! Raw declarations of csrc/c10d_shim.h. Only `pg.rs` (c10d, reducer) and `densenet.rs` (the
+//! memory-efficient bottleneck) call these.
 use std::os::raw::{c_char, c_int, c_void};
 
 #[repr(C)]
@@ -99,4 +100,31 @@ extern "C" {
         inv_scale: f64,
         found_inf: *mut c_int,
     ) -> *mut c_char;
+    pub fn tchrun_dense_bottleneck(
+        inputs: *mut *mut c_void,
+        n: usize,
+        bn_weight: *mut c_void,
+        bn_bias: *mut c_void,
+        running_mean: *mut c_void,
+        running_var: *mut c_void,
+        conv_weight: *mut c_void,
+        train: c_int,
+        momentum: f64,
+        eps: f64,
+        out: *mut *mut c_void,
+    ) -> *mut c_char;
+}
+
+/// The message of a shim call's returned error (freed here), or `None` on success.
+pub(crate) fn take_error(err: *mut c_char) -> Option<String> {
+    if err.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null return is a NUL-terminated malloc'd string owned by the caller.
+    let message = unsafe { std::ffi::CStr::from_ptr(err) }
+        .to_string_lossy()
+        .trim()
+        .to_string();
+    unsafe { tchrun_c10d_free_error(err) };
+    Some(message)
 }

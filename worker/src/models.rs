@@ -5,13 +5,23 @@ use std::path::Path;
 use tch::{nn, Kind, Tensor};
 use tchrun::model::{Arch, Family};
 
-/// Builds `arch` with `classes` outputs under `root`, as torchvision does.
-pub fn build(arch: Arch, root: &nn::Path, classes: i64) -> Box<dyn nn::ModuleT> {
+/// Builds `arch` with `classes` outputs under `root`, as torchvision does. `memory_efficient`:
+/// torchvision's DenseNet argument of that name (`model init --memory-efficient`; the launcher
+/// refuses it for the ResNets, which ignore it here).
+pub fn build(
+    arch: Arch,
+    root: &nn::Path,
+    classes: i64,
+    memory_efficient: bool,
+) -> Box<dyn nn::ModuleT> {
     match arch.family() {
         family @ Family::Resnet { .. } => Box::new(crate::resnet::resnet(root, family, classes)),
-        family @ Family::Densenet { .. } => {
-            Box::new(crate::densenet::densenet(root, family, classes))
-        }
+        family @ Family::Densenet { .. } => Box::new(crate::densenet::densenet(
+            root,
+            family,
+            classes,
+            memory_efficient,
+        )),
     }
 }
 

@@ -90,7 +90,12 @@ pub fn score(
         });
     }
     let mut vs = nn::VarStore::new(device);
-    let net = models::build(cfg.arch, &vs.root(), cfg.class_names.len() as i64);
+    let net = models::build(
+        cfg.arch,
+        &vs.root(),
+        cfg.class_names.len() as i64,
+        cfg.memory_efficient,
+    );
     models::load(&mut vs, &model_dir.join(tchrun::files::MODEL_WEIGHTS))?;
     let folder = ImageFolder {
         root: images.to_path_buf(),

@@ -494,7 +494,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         crate::pg::set_autocast_dtype(job.options.amp == Amp::Bf16)?;
     }
     let vs = nn::VarStore::new(device);
-    let net = models::build(cfg.arch, &vs.root(), classes);
+    let net = models::build(cfg.arch, &vs.root(), classes, cfg.memory_efficient);
     if cfg.zero_init_residual {
         let n = models::zero_init_residual(&vs);
         tracing::info!("--zero-init-residual: {n} residual blocks start as the identity");
