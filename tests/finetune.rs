@@ -327,7 +327,11 @@ fn pretrained_digits_transfer_and_freeze_backbone_keeps_the_backbone() {
         five_digits("valid", 5, usize::MAX, &p.join("b/valid")),
     );
     let budget = |model: &Path, out: &Path, extra: &[&str], ranks: &str| {
-        let lr = if extra.contains(&"--freeze-backbone") { "0.05" } else { "0.02" };
+        let lr = if extra.contains(&"--freeze-backbone") {
+            "0.05"
+        } else {
+            "0.02"
+        };
         run(
             tchrun_train(model, &ft_train, &ft_valid, out)
                 .args(["--epochs", "1", "--batch-size", "10", "--lr", lr])

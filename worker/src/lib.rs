@@ -12,6 +12,7 @@ pub mod dist;
 pub mod driver_log;
 mod ffi;
 pub mod gradcheck;
+pub mod logits;
 pub mod models;
 pub mod optim;
 pub mod outputs;

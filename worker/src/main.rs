@@ -41,6 +41,9 @@ enum Cmd {
     /// Benchmark training steps on synthetic tensors, ms/step.
     #[command(hide = true)]
     BenchStep(tchrun_worker::bench_step::Args),
+    /// A model directory's logits for fixed inputs, for the parity tests.
+    #[command(hide = true)]
+    Logits(tchrun_worker::logits::Args),
 }
 
 #[derive(Args, Debug)]
@@ -142,6 +145,7 @@ fn main() -> ExitCode {
         Cmd::BenchStep(a) => {
             tchrun_worker::bench_step::run(a).map_err(|e| (None, Fatal::invalid(e)))
         }
+        Cmd::Logits(a) => tchrun_worker::logits::run(a).map_err(|e| (None, Fatal::invalid(e))),
     };
     match result {
         Ok(()) => {

@@ -1,0 +1,132 @@
+//! Parity with torchvision for every architecture: the same weights (a seeded torchvision model
+//! written by Python as `.pth` and as safetensors, batch-norm statistics perturbed) give the
+//! same logits in tchrun and in torchvision, in inference mode (relative tolerance 1e-4 of the
+//! largest logit, `tests/python/parity.py`; reached: 0, the logits are bit-identical), at input
+//! sizes 32 and 64 for every architecture, and also at 224, 256 and 299 for the cheapest of each
+//! kind (resnet18, resnext50_32x4d, densenet121): what depends on the input size (stem, pools,
+//! the adaptive final pool) is one code path per kind, and the whole matrix costs about ten
+//! CPU-minutes here. `TCHRUN_PARITY_ALL_SIZES=1` runs every architecture at every size. The model
+//! directories `model init` makes from the `.pth` and from the safetensors file hold the same
+//! tensors; and the `state_dict` tchrun writes loads into torchvision with `strict=True`, equal
+//! tensor for tensor.
+mod common;
+use common::*;
+use std::time::Duration;
+use tchrun::model::Arch;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// Architectures compared at the large sizes too (one of each kind).
+const LARGE_SIZES_FOR: [Arch; 3] = [Arch::Resnet18, Arch::Resnext50_32x4d, Arch::Densenet121];
+
+fn parity_of(arch: Arch) {
+    let t = tempdir();
+    let d = t.path();
+    let all_sizes = LARGE_SIZES_FOR.contains(&arch)
+        || std::env::var("TCHRUN_PARITY_ALL_SIZES").is_ok_and(|v| v == "1");
+    let sizes: &[&str] = if all_sizes {
+        &["32", "64", "224", "256", "299"]
+    } else {
+        &["32", "64"]
+    };
+    let py = |step: &str| {
+        let r = run(
+            python()
+                .arg(repo().join("tests/python/parity.py"))
+                .arg(step)
+                .arg(arch.name())
+                .arg(d)
+                .args(sizes),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        r
+    };
+    py("write");
+    for (weights, tag) in [("w.pth", "pth"), ("w.safetensors", "st")] {
+        let r = run(
+            tchrun()
+                .args(["model", "init", "--arch", arch.name(), "--input-size", "32"])
+                .arg("--weights")
+                .arg(d.join(weights))
+                .arg("--output")
+                .arg(d.join(format!("model-{tag}"))),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+    }
+    // The .pth's model directory holds the same tensors (checked below): one forward serves.
+    let r = run(
+        worker()
+            .arg("logits")
+            .arg("--model")
+            .arg(d.join("model-st"))
+            .arg("--input")
+            .arg(d.join("x.safetensors"))
+            .arg("--output")
+            .arg(d.join("logits.safetensors"))
+            .arg("--state-dict")
+            .arg(d.join("sd.safetensors")),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let r = py("check");
+    eprintln!("{}", r.stdout.trim());
+}
+
+fn parity(archs: &[Arch]) {
+    for &arch in archs {
+        parity_of(arch);
+    }
+}
+
+const RESNETS: [Arch; 5] = [
+    Arch::Resnet18,
+    Arch::Resnet34,
+    Arch::Resnet50,
+    Arch::Resnet101,
+    Arch::Resnet152,
+];
+const RESNEXTS_AND_WIDE: [Arch; 5] = [
+    Arch::Resnext50_32x4d,
+    Arch::Resnext101_32x8d,
+    Arch::Resnext101_64x4d,
+    Arch::WideResnet50_2,
+    Arch::WideResnet101_2,
+];
+const DENSENETS: [Arch; 4] = [
+    Arch::Densenet121,
+    Arch::Densenet161,
+    Arch::Densenet169,
+    Arch::Densenet201,
+];
+
+#[test]
+fn resnets_give_torchvisions_logits() {
+    parity(&RESNETS);
+}
+
+#[test]
+fn resnexts_and_wide_resnets_give_torchvisions_logits() {
+    parity(&RESNEXTS_AND_WIDE);
+}
+
+#[test]
+fn densenets_give_torchvisions_logits() {
+    parity(&DENSENETS);
+}
+
+/// The three tests above cover every architecture tchrun offers.
+#[test]
+fn every_architecture_is_compared() {
+    let mut covered: Vec<&str> = RESNETS
+        .iter()
+        .chain(&RESNEXTS_AND_WIDE)
+        .chain(&DENSENETS)
+        .map(|a| a.name())
+        .collect();
+    let mut all: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+    covered.sort();
+    all.sort();
+    assert_eq!(covered, all);
+}

@@ -1,0 +1,78 @@
+"""Parity of tchrun's architectures with torchvision (tests/parity.rs).
+
+  parity.py write ARCH DIR [SIZE ...]
+                             seeded torchvision ARCH (10 classes, batch-norm parameters and
+                             statistics perturbed so that a swapped tensor shows) as DIR/w.pth
+                             (torch.save of the state_dict) and DIR/w.safetensors; fixed input
+                             batches DIR/x.safetensors at the sizes given (default 32, 64, 224,
+                             256 and 299 px); and
+                             torchvision's inference-mode logits DIR/ref.safetensors.
+  parity.py check ARCH DIR   compares tchrun's logits (DIR/logits.safetensors) with the
+                             reference; the model directories made from the .pth (DIR/model-pth)
+                             and from the safetensors file (DIR/model-st) hold equal tensors; and
+                             tchrun's state_dict (DIR/sd.safetensors) loads into torchvision with
+                             strict=True and equals the weights given.
+"""
+import sys
+
+import torch
+import torchvision
+from safetensors.torch import load_file, save_file
+
+SIZES = (32, 64, 224, 256, 299)
+RTOL = 1e-4  # max |tchrun - torchvision| / max |torchvision| per batch
+
+
+def model(arch: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    m = getattr(torchvision.models, arch)(num_classes=10)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                c = mod.num_features
+                mod.weight.copy_(0.8 + 0.4 * torch.rand(c, generator=g))
+                mod.bias.copy_(0.1 * torch.randn(c, generator=g))
+                mod.running_mean.copy_(0.1 * torch.randn(c, generator=g))
+                mod.running_var.copy_(0.8 + 0.4 * torch.rand(c, generator=g))
+    return m.eval()
+
+
+def write(arch: str, d: str, *sizes: str) -> None:
+    m = model(arch)
+    sd = m.state_dict()
+    torch.save(sd, f"{d}/w.pth")
+    save_file({k: v.contiguous() for k, v in sd.items()}, f"{d}/w.safetensors")
+    g = torch.Generator().manual_seed(2)
+    xs = {f"x{s}": torch.randn(1, 3, s, s, generator=g) for s in map(int, sizes or SIZES)}
+    save_file(xs, f"{d}/x.safetensors")
+    with torch.no_grad():
+        save_file({k: m(x).contiguous() for k, x in xs.items()}, f"{d}/ref.safetensors")
+
+
+def check(arch: str, d: str, *_: str) -> None:
+    ref, mine = load_file(f"{d}/ref.safetensors"), load_file(f"{d}/logits.safetensors")
+    worst = 0.0
+    for k, r in ref.items():
+        rel = ((mine[k] - r).abs().max() / r.abs().max().clamp_min(1e-12)).item()
+        assert rel <= RTOL, f"{arch} {k}: relative difference {rel:.2e} > {RTOL}"
+        worst = max(worst, rel)
+    given = load_file(f"{d}/w.safetensors")
+    from_pth = load_file(f"{d}/model-pth/model.safetensors")
+    from_st = load_file(f"{d}/model-st/model.safetensors")
+    assert from_pth.keys() == from_st.keys() == given.keys()
+    for k, v in given.items():
+        assert torch.equal(from_pth[k], v) and torch.equal(from_st[k], v), f"{arch}: {k} differs"
+    sd = load_file(f"{d}/sd.safetensors")
+    with torch.device("meta"):
+        m = getattr(torchvision.models, arch)(num_classes=10)
+    m.load_state_dict(sd, strict=True, assign=True)
+    for k, v in given.items():
+        if not k.endswith("num_batches_tracked"):
+            assert torch.equal(sd[k], v), f"{arch}: state_dict tensor {k} differs"
+    px = ", ".join(k[1:] for k in ref)
+    print(f"{arch}: logits within {worst:.1e} of torchvision at {px} px; strict load ok")
+
+
+if __name__ == "__main__":
+    {"write": write, "check": check}[sys.argv[1]](*sys.argv[2:])
