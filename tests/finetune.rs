@@ -399,3 +399,21 @@ fn pretrained_digits_transfer_and_freeze_backbone_keeps_the_backbone() {
     let c = run(python().arg("-c").arg(py), LIMIT);
     assert_eq!(c.code, Some(0), "{}", c.explain());
 }
+
+/// An unknown architecture name: exit 2, the valid names listed, nothing written.
+#[test]
+fn unknown_architecture_lists_the_valid_ones() {
+    let t = tempdir();
+    let out = t.path().join("m");
+    let r = run(
+        tchrun()
+            .args(["model", "init", "--arch", "vgg16", "--output"])
+            .arg(&out),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    for name in ["vgg16", "resnext101_32x8d", "wide_resnet50_2", "densenet201"] {
+        assert!(r.stderr.contains(name), "{}", r.explain());
+    }
+    assert!(!out.exists());
+}
