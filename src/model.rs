@@ -335,6 +335,24 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
         ));
     }
     check_arch_input_size(cfg.arch, cfg.input_size).map_err(|e| invalid(&file, e))?;
+    if cfg.memory_efficient && !cfg.arch.is_densenet() {
+        return Err(invalid(
+            &file,
+            format!(
+                "memory_efficient is a DenseNet option and {} is not a DenseNet; remove it",
+                cfg.arch.name()
+            ),
+        ));
+    }
+    if cfg.zero_init_residual && cfg.arch.is_densenet() {
+        return Err(invalid(
+            &file,
+            format!(
+                "zero_init_residual is a ResNet option and {} has no residual blocks; remove it",
+                cfg.arch.name()
+            ),
+        ));
+    }
     if cfg
         .normalization
         .std
@@ -446,6 +464,22 @@ mod tests {
             .expect_err("missing")
             .to_string()
             .contains("not a directory"));
+        write(
+            t.path(),
+            r#"{"format_version":1,"arch":"resnet18","input_size":32,"memory_efficient":true}"#,
+        );
+        assert!(load(t.path(), false)
+            .expect_err("resnet memory_efficient")
+            .to_string()
+            .contains("memory_efficient is a DenseNet option"));
+        write(
+            t.path(),
+            r#"{"format_version":1,"arch":"densenet121","input_size":32,"zero_init_residual":true}"#,
+        );
+        assert!(load(t.path(), false)
+            .expect_err("densenet zero_init_residual")
+            .to_string()
+            .contains("zero_init_residual is a ResNet option"));
         assert!(load(Path::new("weights.pth"), false)
             .expect_err("pickle")
             .to_string()
