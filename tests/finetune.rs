@@ -412,7 +412,12 @@ fn unknown_architecture_lists_the_valid_ones() {
         LIMIT,
     );
     assert_eq!(r.code, Some(2), "{}", r.explain());
-    for name in ["vgg16", "resnext101_32x8d", "wide_resnet50_2", "densenet201"] {
+    for name in [
+        "vgg16",
+        "resnext101_32x8d",
+        "wide_resnet50_2",
+        "densenet201",
+    ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }
     assert!(!out.exists());
