@@ -40,6 +40,91 @@ pub fn mpi_log(log_dir: &Path) -> PathBuf {
     log_dir.join(MPI_LOG)
 }
 
+/// A failed step of an atomic write: the file it concerns (the temporary file while writing
+/// and syncing, the target for the rename) and the I/O error. Displays as `<file>: <error>`.
+#[derive(Debug)]
+pub struct AtomicWriteError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+impl std::fmt::Display for AtomicWriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.source)
+    }
+}
+
+impl std::error::Error for AtomicWriteError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// The temporary file beside `path` that an atomic write fills: `.<name>.<pid>.tmp`.
+fn atomic_tmp(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+/// Writes `path` atomically: `fill` writes a temporary file beside it (the path it is given),
+/// which is then fsynced and renamed over `path`; a reader sees the old file or the new one,
+/// never a part. On any failure the temporary file is removed. `fill`'s own errors come back
+/// as they are; those of the sync and the rename through `io_err`. The one implementation of
+/// "temp, fsync, rename" (ARCHITECTURE.md's invariant of training).
+pub fn write_atomic_with<E>(
+    path: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), E>,
+    io_err: impl Fn(AtomicWriteError) -> E,
+) -> Result<(), E> {
+    let tmp = atomic_tmp(path);
+    let result = fill(&tmp).and_then(|()| {
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| {
+                io_err(AtomicWriteError {
+                    path: tmp.clone(),
+                    source,
+                })
+            })?;
+        std::fs::rename(&tmp, path).map_err(|source| {
+            io_err(AtomicWriteError {
+                path: path.to_path_buf(),
+                source,
+            })
+        })
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp); // never leave a partial file behind
+    }
+    result
+}
+
+/// [`write_atomic_with`] for bytes: the file is created with mode 0640.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    write_atomic_with(
+        path,
+        |tmp| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .mode(0o640)
+                .open(tmp)
+                .and_then(|mut f| f.write_all(bytes))
+                .map_err(|source| AtomicWriteError {
+                    path: tmp.to_path_buf(),
+                    source,
+                })
+        },
+        |e| e,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +136,28 @@ mod tests {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         assert_eq!(driver_log_rank(name), Some(12));
         assert_eq!(driver_log_rank("70_mpi_log"), None);
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temporary_file() {
+        let d = std::env::temp_dir().join(format!("tchrun-atomic-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let p = d.join("a.json");
+        write_atomic(&p, b"one").expect("first write");
+        write_atomic(&p, b"two").expect("second write");
+        assert_eq!(std::fs::read(&p).expect("read"), b"two");
+        let failed: Result<(), String> =
+            write_atomic_with(&p, |_| Err("no".to_string()), |e| e.to_string());
+        assert_eq!(failed, Err("no".to_string()));
+        assert_eq!(std::fs::read(&p).expect("read"), b"two");
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
 

@@ -216,12 +216,10 @@ impl VerifiedInputs {
         Ok(m)
     }
 
-    /// Writes atomically (temporary file, then rename).
+    /// Writes atomically (`files::write_atomic`).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, path)
+        crate::files::write_atomic(path, &text).map_err(|e| e.source)
     }
 
     fn matches(

@@ -102,15 +102,9 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     cfg.memory_efficient = a.memory_efficient;
     let weights_target = a.output.join(tchrun::files::MODEL_WEIGHTS);
     if let (Some(w), Some(loaded)) = (&a.weights, loaded) {
-        let tmp_w = a
-            .output
-            .join(format!(".{}.tmp", tchrun::files::MODEL_WEIGHTS));
-        std::fs::write(&tmp_w, &loaded.safetensors)
-            .and_then(|_| std::fs::rename(&tmp_w, &weights_target))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp_w);
-                JobError::invalid(format!("--output {}: {e}", a.output.display()))
-            })?;
+        tchrun::files::write_atomic(&weights_target, &loaded.safetensors).map_err(|e| {
+            JobError::invalid(format!("--output {}: {}", a.output.display(), e.source))
+        })?;
         cfg.initial_weights = Some(serde_json::json!({
             "file": w.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
             "sha256": loaded.sha256,
@@ -124,10 +118,8 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
             JobError::invalid(format!("--output {}: {e}", weights_target.display()))
         })?;
     }
-    let tmp = a.output.join(format!(".{}.tmp", tchrun::files::MODEL_JSON));
-    std::fs::write(&tmp, model::to_json(&cfg))
-        .and_then(|_| std::fs::rename(&tmp, &target))
-        .map_err(|e| JobError::invalid(format!("--output {}: {e}", a.output.display())))?;
+    tchrun::files::write_atomic(&target, model::to_json(&cfg).as_bytes())
+        .map_err(|e| JobError::invalid(format!("--output {}: {}", a.output.display(), e.source)))?;
     match &a.weights {
         Some(w) => outln!(
             "{} model ({}x{} input) with the weights of {} in {}",

@@ -4,8 +4,6 @@
 //! the JSON is renamed last, so it only ever names complete tensor files. Safetensors only.
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use tch::Tensor;
 use tchrun::metrics::EpochMetrics;
@@ -41,38 +39,10 @@ pub fn dir(output: &Path) -> PathBuf {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension("tmp");
-    let r = write_atomic_via(path, &tmp, bytes);
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp); // never leave a partial file behind
-    }
-    r
-}
-
-fn write_atomic_via(path: &Path, tmp: &Path, bytes: &[u8]) -> Result<(), String> {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o640)
-        .open(tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    tchrun::files::write_atomic(path, bytes).map_err(|e| e.to_string())
 }
 
 fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), String> {
-    let tmp = path.with_extension("tmp");
-    let r = write_tensors_via(path, &tmp, tensors);
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
-}
-
-fn write_tensors_via(path: &Path, tmp: &Path, tensors: &[(String, Tensor)]) -> Result<(), String> {
     let cpu: Vec<(String, Tensor)> = tensors
         .iter()
         .map(|(n, t)| {
@@ -82,11 +52,11 @@ fn write_tensors_via(path: &Path, tmp: &Path, tensors: &[(String, Tensor)]) -> R
             )
         })
         .collect();
-    Tensor::write_safetensors(&cpu, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    tchrun::files::write_atomic_with(
+        path,
+        |tmp| Tensor::write_safetensors(&cpu, tmp).map_err(|e| format!("{}: {e}", tmp.display())),
+        |e| e.to_string(),
+    )
 }
 
 /// Saves the last state; `best` (when given) replaces the best weights first.

@@ -42,19 +42,8 @@ pub fn rewrite_metrics(output: &Path, history: &[EpochMetrics]) -> Result<(), St
         text.push_str(&serde_json::to_string(m).map_err(|e| e.to_string())?);
         text.push('\n');
     }
-    let path = output.join(METRICS_JSONL);
-    let tmp = output.join(format!(".{METRICS_JSONL}.tmp"));
-    let mut f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o640)
-        .open(&tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    f.write_all(text.as_bytes())
-        .and_then(|_| f.sync_all())
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+    tchrun::files::write_atomic(&output.join(METRICS_JSONL), text.as_bytes())
+        .map_err(|e| e.to_string())
 }
 
 /// Writes the trained model directory atomically (see module docs).

@@ -125,65 +125,67 @@ pub fn score(
             skip_bad: false,
         },
     );
-    let tmp = output.with_extension(format!("tmp-{}", std::process::id()));
     let out_err = |e: &dyn std::fmt::Display| ScoreError::Output {
         path: output.into(),
         why: e.to_string(),
     };
-    let mut w = csv::Writer::from_path(&tmp).map_err(|e| out_err(&e))?;
-    w.write_record([
-        "file",
-        "predicted_class",
-        "probability",
-        "top5_classes",
-        "top5_probabilities",
-    ])
-    .map_err(|e| out_err(&e))?;
     let k = 5.min(cfg.class_names.len() as i64);
     let mut rows = 0;
-    for batch in loader {
-        let batch = batch?;
-        let s = batch.size as i64;
-        let x = Tensor::from_slice(&batch.images)
-            .view([batch.len as i64, 3, s, s])
-            .to_device(device);
-        let probs = tch::no_grad(|| {
-            net.forward_t(&x, false)
-                .to_kind(Kind::Float)
-                .softmax(-1, Kind::Float)
-        });
-        let (p, i) = probs.topk(k, -1, true, true);
-        let p = Vec::<Vec<f32>>::try_from(p.to_device(Device::Cpu))?;
-        let i = Vec::<Vec<i64>>::try_from(i.to_device(Device::Cpu))?;
-        for (n, path) in batch.paths.iter().enumerate() {
-            let rel = path
-                .strip_prefix(images)
-                .unwrap_or(path)
-                .display()
-                .to_string();
-            let name = |c: i64| {
-                cell(
-                    cfg.class_names
-                        .get(c as usize)
-                        .map(String::as_str)
-                        .unwrap_or("?"),
-                )
-            };
-            let classes: Vec<String> = i[n].iter().map(|&c| name(c)).collect();
-            let probs: Vec<String> = p[n].iter().map(|v| format!("{v:.6}")).collect();
-            w.write_record([
-                cell(&rel),
-                name(i[n][0]),
-                format!("{:.6}", p[n][0]),
-                classes.join(";"),
-                probs.join(";"),
-            ])
-            .map_err(|e| out_err(&e))?;
-            rows += 1;
+    // The CSV goes to a temporary file, renamed over --output once complete.
+    let fill = |tmp: &Path| -> Result<(), ScoreError> {
+        let mut w = csv::Writer::from_path(tmp).map_err(|e| out_err(&e))?;
+        w.write_record([
+            "file",
+            "predicted_class",
+            "probability",
+            "top5_classes",
+            "top5_probabilities",
+        ])
+        .map_err(|e| out_err(&e))?;
+        for batch in loader {
+            let batch = batch?;
+            let s = batch.size as i64;
+            let x = Tensor::from_slice(&batch.images)
+                .view([batch.len as i64, 3, s, s])
+                .to_device(device);
+            let probs = tch::no_grad(|| {
+                net.forward_t(&x, false)
+                    .to_kind(Kind::Float)
+                    .softmax(-1, Kind::Float)
+            });
+            let (p, i) = probs.topk(k, -1, true, true);
+            let p = Vec::<Vec<f32>>::try_from(p.to_device(Device::Cpu))?;
+            let i = Vec::<Vec<i64>>::try_from(i.to_device(Device::Cpu))?;
+            for (n, path) in batch.paths.iter().enumerate() {
+                let rel = path
+                    .strip_prefix(images)
+                    .unwrap_or(path)
+                    .display()
+                    .to_string();
+                let name = |c: i64| {
+                    cell(
+                        cfg.class_names
+                            .get(c as usize)
+                            .map(String::as_str)
+                            .unwrap_or("?"),
+                    )
+                };
+                let classes: Vec<String> = i[n].iter().map(|&c| name(c)).collect();
+                let probs: Vec<String> = p[n].iter().map(|v| format!("{v:.6}")).collect();
+                w.write_record([
+                    cell(&rel),
+                    name(i[n][0]),
+                    format!("{:.6}", p[n][0]),
+                    classes.join(";"),
+                    probs.join(";"),
+                ])
+                .map_err(|e| out_err(&e))?;
+                rows += 1;
+            }
         }
-    }
-    w.flush().map_err(|e| out_err(&e))?;
-    drop(w);
-    std::fs::rename(&tmp, output).map_err(|e| out_err(&e))?;
+        w.flush().map_err(|e| out_err(&e))?;
+        Ok(())
+    };
+    tchrun::files::write_atomic_with(output, fill, |e| out_err(&e.source))?;
     Ok(rows)
 }
