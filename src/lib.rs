@@ -4,6 +4,7 @@
 //! Architecture Invariant: this crate links neither libtorch nor MPI.
 
 pub mod data;
+pub mod driver_log;
 pub mod env;
 pub mod exit;
 pub mod files;
