@@ -2,7 +2,8 @@
 //! an rsh agent (scripts/netns-nodes.sh, scripts/netns-rsh.sh), and a real single-node Slurm
 //! (scripts/slurm-cluster.sh): srun inside salloc, `tchrun sbatch --submit` training to the end,
 //! USR1 → graceful stop and requeue, `scancel` stopping every rank. Needs root (namespaces,
-//! munged as the munge user); without it each test says SKIP and returns. Every daemon,
+//! munged as the munge user); without it each test says SKIP and returns (and fails under
+//! `TCHRUN_REQUIRE_PRIVILEGED=1`, as in CI). Every daemon,
 //! namespace and /etc/hosts line a test makes is removed by a guard, also when it fails.
 mod common;
 use common::*;
@@ -161,7 +162,7 @@ impl Nodes {
     fn up(n: usize) -> Option<Nodes> {
         let lock = serialize(&NETNS);
         if !is_root() {
-            eprintln!("SKIP: network-namespace nodes need root (CAP_NET_ADMIN); not root here");
+            skip_or_fail("network-namespace nodes need root (CAP_NET_ADMIN); not root here");
             return None;
         }
         let nodes = Nodes { _lock: lock };
@@ -170,10 +171,10 @@ impl Nodes {
             Duration::from_secs(30),
         );
         if r.code == Some(3) {
-            eprintln!(
-                "SKIP: cannot create network namespaces here: {}",
+            skip_or_fail(&format!(
+                "cannot create network namespaces here: {}",
                 r.stderr.trim()
-            );
+            ));
             return None;
         }
         assert_eq!(r.code, Some(0), "{}", r.explain());
@@ -329,7 +330,9 @@ impl Slurm {
     fn start() -> Option<Slurm> {
         let lock = serialize(&SLURM);
         if !is_root() {
-            eprintln!("SKIP: the test Slurm runs as root (SlurmUser=root, munged as munge); not root here");
+            skip_or_fail(
+                "the test Slurm runs as root (SlurmUser=root, munged as munge); not root here",
+            );
             return None;
         }
         let dir = tempdir();

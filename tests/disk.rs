@@ -21,7 +21,7 @@ impl Mount {
             .map(|s| s.success())
             .unwrap_or(false);
         if !ok {
-            eprintln!("SKIP: cannot mount a tmpfs here (needs root)");
+            skip_or_fail("cannot mount a tmpfs here (needs root)");
             return None;
         }
         Some(Mount(dir.to_path_buf()))

@@ -241,13 +241,17 @@ fn launch_failure_more_ranks_than_slots_is_exit_3() {
 
 #[test]
 fn invalid_flags_are_exit_2_naming_the_flag() {
+    // One rank more than this host has cores (refused without --oversubscribe).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let too_many = (cores + 1).to_string();
+    let too_many_named = format!("--procs-per-node {too_many}");
     let cases: &[(&[&str], &str)] = &[
         (&["selftest", "--procs-per-node", "0"], "--procs-per-node"),
         (&["selftest", "--backend", "mpi"], "--backend"),
         (&["selftest", "--nodes", "2"], "--nodes 2"),
         (
-            &["selftest", "--procs-per-node", "64"],
-            "--procs-per-node 64",
+            &["selftest", "--procs-per-node", &too_many],
+            &too_many_named,
         ),
         (
             &["selftest", "--launcher", "local", "--nodes", "2"],

@@ -39,10 +39,10 @@ fn fingerprints(logs: &[String]) -> Vec<String> {
                 .lines()
                 .find(|x| x.contains("parameters identical across ranks"))
                 .unwrap_or_else(|| panic!("no replica check in:\n{l}"));
-            line.split("fingerprint")
-                .nth(1)
-                .unwrap_or_default()
-                .to_string()
+            let fp = line.split("fingerprint").nth(1).unwrap_or_default().trim();
+            // An empty fingerprint would compare equal on every rank: that proves nothing.
+            assert!(!fp.is_empty(), "no fingerprint in: {line}");
+            fp.to_string()
         })
         .collect()
 }

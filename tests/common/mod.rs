@@ -367,3 +367,14 @@ pub fn metrics_rows(out: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).expect("metrics.jsonl rows are JSON"))
         .collect()
 }
+
+/// A test that cannot get a privilege it needs (root, network namespaces, a tmpfs, another
+/// user): under `TCHRUN_REQUIRE_PRIVILEGED=1` (set by `.ci/run`, which runs as root) that is a
+/// failure, so CI cannot pass by skipping; elsewhere it prints `SKIP: why` and the test returns.
+pub fn skip_or_fail(why: &str) {
+    assert!(
+        std::env::var("TCHRUN_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+        "TCHRUN_REQUIRE_PRIVILEGED=1, but this test lacks a privilege it needs: {why}"
+    );
+    eprintln!("SKIP: {why}");
+}
