@@ -17,6 +17,52 @@ pub const TCHRUN_LOG_DIR: &str = "TCHRUN_LOG_DIR";
 /// (worker). Only the checks of `--procs-per-node` against the GPUs use it: a worker that
 /// passes them still needs real CUDA, and says so, before it touches a device.
 pub const TCHRUN_TEST_CUDA_DEVICES: &str = "TCHRUN_TEST_CUDA_DEVICES";
+
+// Every other variable tchrun reads (the `TCHRUN_<FLAG>` variables of the shared flags are
+// documented with their flags in `flags.rs`).
+
+/// Rank 0's address as the other ranks reach it (store and process group): overrides the
+/// first non-loopback IPv4 address of rank 0's host (multi-node) or 127.0.0.1 (one node).
+pub const TCHRUN_MASTER_ADDR: &str = "TCHRUN_MASTER_ADDR";
+/// Intra-op (libtorch) threads of each rank; default: [`threads_per_rank`].
+pub const TCHRUN_THREADS: &str = "TCHRUN_THREADS";
+/// The driver log's `tracing` filter (`EnvFilter` syntax, e.g. `debug`); default `info`.
+pub const TCHRUN_LOG: &str = "TCHRUN_LOG";
+/// `dist::init()` (Rust programs that are ranks): seconds to join the job; default 300.
+pub const TCHRUN_TIMEOUT: &str = "TCHRUN_TIMEOUT";
+/// `dist::init()`: `gloo` or `nccl`; default NCCL with CUDA, Gloo without.
+pub const TCHRUN_BACKEND: &str = "TCHRUN_BACKEND";
+/// Build time (`worker/build.rs`, which reads it by name): `1` builds the shim without NCCL
+/// even where the libtorch wheel ships CUDA.
+pub const TCHRUN_NO_NCCL: &str = "TCHRUN_NO_NCCL";
+/// Where the launcher looks for `mpirun` and `srun`.
+pub const PATH: &str = "PATH";
+/// Set inside a Slurm allocation: the launcher's default launch is then srun, and the rank's
+/// Slurm contract uses it (with the step id) to pick a port.
+pub const SLURM_JOB_ID: &str = "SLURM_JOB_ID";
+/// An srun task's step, rank, size, node-local rank and node index.
+pub const SLURM_STEP_ID: &str = "SLURM_STEP_ID";
+pub const SLURM_PROCID: &str = "SLURM_PROCID";
+pub const SLURM_NTASKS: &str = "SLURM_NTASKS";
+pub const SLURM_LOCALID: &str = "SLURM_LOCALID";
+pub const SLURM_NODEID: &str = "SLURM_NODEID";
+/// Tasks per node of the step (`SLURM_STEP_TASKS_PER_NODE`, else the job's), e.g. `2(x3),1`.
+pub const SLURM_STEP_TASKS_PER_NODE: &str = "SLURM_STEP_TASKS_PER_NODE";
+pub const SLURM_TASKS_PER_NODE: &str = "SLURM_TASKS_PER_NODE";
+/// The step's (else the job's) node list; its first host serves the store.
+pub const SLURM_STEP_NODELIST: &str = "SLURM_STEP_NODELIST";
+pub const SLURM_JOB_NODELIST: &str = "SLURM_JOB_NODELIST";
+
+/// Threads one rank may use: this host's cores shared among the `local_size` ranks on it (at
+/// least one), so ranks do not oversubscribe the host. The one rule for a rank's intra-op
+/// threads and its loader's decode threads.
+pub fn threads_per_rank(local_size: usize) -> usize {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    (cores / local_size.max(1)).max(1)
+}
+
 /// Prefixes of variables the launcher forwards to remote ranks.
 pub const FORWARD_PREFIXES: &[&str] = &["TCHRUN_", "NCCL_", "CUDA_", "GLOO_", "TORCH_", "OMP_"];
 /// Exact names the launcher forwards to remote ranks.
@@ -47,7 +93,7 @@ pub fn started_by(get: &dyn Fn(&str) -> Option<String>) -> StartedBy {
         StartedBy::Mpi
     } else if get(RANK).is_some() && get(WORLD_SIZE).is_some() {
         StartedBy::Torchrun
-    } else if get("SLURM_STEP_ID").is_some() && get("SLURM_PROCID").is_some() {
+    } else if get(SLURM_STEP_ID).is_some() && get(SLURM_PROCID).is_some() {
         StartedBy::Slurm
     } else {
         StartedBy::Single
@@ -184,14 +230,13 @@ const SLURM_HINT: &str = "run inside an srun job step";
 /// `SLURM_NODEID`, first host of `SLURM_STEP_NODELIST`/`SLURM_JOB_NODELIST`. `MASTER_ADDR` and
 /// `MASTER_PORT` override; the port otherwise derives from the job and step ids.
 pub fn from_slurm(get: &dyn Fn(&str) -> Option<String>) -> Result<RankEnv, EnvError> {
-    let rank: usize = parse(get, "SLURM_PROCID", SLURM_HINT)?;
-    let world_size: usize = parse(get, "SLURM_NTASKS", SLURM_HINT)?;
-    let local_rank: usize = parse_or(get, "SLURM_LOCALID", 0usize)?;
-    let node_rank: usize = parse_or(get, "SLURM_NODEID", 0usize)?;
-    let local_size = match get("SLURM_STEP_TASKS_PER_NODE").or_else(|| get("SLURM_TASKS_PER_NODE"))
-    {
+    let rank: usize = parse(get, SLURM_PROCID, SLURM_HINT)?;
+    let world_size: usize = parse(get, SLURM_NTASKS, SLURM_HINT)?;
+    let local_rank: usize = parse_or(get, SLURM_LOCALID, 0usize)?;
+    let node_rank: usize = parse_or(get, SLURM_NODEID, 0usize)?;
+    let local_size = match get(SLURM_STEP_TASKS_PER_NODE).or_else(|| get(SLURM_TASKS_PER_NODE)) {
         Some(v) => tasks_per_node(&v, node_rank).ok_or(EnvError::Invalid {
-            name: "SLURM_TASKS_PER_NODE",
+            name: SLURM_TASKS_PER_NODE,
             value: v.clone(),
             why: "expected Slurm's form such as 2(x3),1".into(),
         })?,
@@ -200,14 +245,14 @@ pub fn from_slurm(get: &dyn Fn(&str) -> Option<String>) -> Result<RankEnv, EnvEr
     let master_addr = match get(MASTER_ADDR) {
         Some(a) => a,
         None => {
-            let list = get("SLURM_STEP_NODELIST")
-                .or_else(|| get("SLURM_JOB_NODELIST"))
+            let list = get(SLURM_STEP_NODELIST)
+                .or_else(|| get(SLURM_JOB_NODELIST))
                 .ok_or(EnvError::Missing {
-                    name: "SLURM_JOB_NODELIST",
+                    name: SLURM_JOB_NODELIST,
                     hint: SLURM_HINT,
                 })?;
             first_host(&list).ok_or(EnvError::Invalid {
-                name: "SLURM_JOB_NODELIST",
+                name: SLURM_JOB_NODELIST,
                 value: list.clone(),
                 why: "no host in the node list".into(),
             })?
@@ -216,8 +261,8 @@ pub fn from_slurm(get: &dyn Fn(&str) -> Option<String>) -> Result<RankEnv, EnvEr
     let master_port = match get(MASTER_PORT) {
         Some(_) => parse(get, MASTER_PORT, "")?,
         None => {
-            let job: u64 = parse_or(get, "SLURM_JOB_ID", 0u64)?;
-            let step: u64 = parse_or(get, "SLURM_STEP_ID", 0u64)?;
+            let job: u64 = parse_or(get, SLURM_JOB_ID, 0u64)?;
+            let step: u64 = parse_or(get, SLURM_STEP_ID, 0u64)?;
             // A port in 20000..40000 that all tasks of the step compute alike.
             (20000 + (job.wrapping_mul(31).wrapping_add(step)) % 20000) as u16
         }

@@ -41,7 +41,7 @@ pub fn absolute(p: PathBuf) -> PathBuf {
 }
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
+    std::env::var_os(tchrun::env::PATH)
         .map(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
         .unwrap_or(false)
 }
@@ -72,7 +72,7 @@ pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
             worker.display()
         )));
     }
-    let in_slurm = std::env::var_os("SLURM_JOB_ID").is_some();
+    let in_slurm = std::env::var_os(tchrun::env::SLURM_JOB_ID).is_some();
     let kind = match args.launcher {
         LauncherKind::Auto if in_slurm && args.hostfile.is_none() && args.hosts.is_empty() => LauncherKind::Srun,
         LauncherKind::Auto if on_path("mpirun") => LauncherKind::Mpirun,

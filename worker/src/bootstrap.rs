@@ -82,7 +82,7 @@ fn local_addr_towards(master: &str, port: u16) -> Result<String, BootstrapError>
 /// Rank 0's address for a multi-node job: `TCHRUN_MASTER_ADDR`, else the first non-loopback
 /// IPv4 address of this host.
 fn advertised_addr() -> String {
-    if let Ok(a) = std::env::var("TCHRUN_MASTER_ADDR") {
+    if let Ok(a) = std::env::var(tchrun::env::TCHRUN_MASTER_ADDR) {
         return a;
     }
     nix::ifaddrs::getifaddrs()
@@ -209,7 +209,8 @@ impl Identity {
         let mut failure = None;
         if self.rank == 0 {
             let addr = if self.local_size == self.world_size {
-                std::env::var("TCHRUN_MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into())
+                std::env::var(tchrun::env::TCHRUN_MASTER_ADDR)
+                    .unwrap_or_else(|_| "127.0.0.1".into())
             } else {
                 advertised_addr()
             };

@@ -44,12 +44,12 @@ impl Dist {
 /// refused).
 pub fn init() -> Result<Dist, DistError> {
     let timeout = Duration::from_secs(
-        std::env::var("TCHRUN_TIMEOUT")
+        std::env::var(tchrun::env::TCHRUN_TIMEOUT)
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(300),
     );
-    let backend = match std::env::var("TCHRUN_BACKEND").as_deref() {
+    let backend = match std::env::var(tchrun::env::TCHRUN_BACKEND).as_deref() {
         Ok("nccl") => BackendKind::Nccl,
         Ok("gloo") => BackendKind::Gloo,
         _ if tch::Cuda::is_available() && crate::pg::has_nccl() => BackendKind::Nccl,

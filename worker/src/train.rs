@@ -150,12 +150,7 @@ fn loader_threads(job: &TrainJob, local_size: usize) -> usize {
     job.options
         .loader_threads
         .map(|t| t as usize)
-        .unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1);
-            (cores / local_size.max(1)).max(1)
-        })
+        .unwrap_or_else(|| tchrun::env::threads_per_rank(local_size))
 }
 
 fn validate(
