@@ -271,11 +271,24 @@ fn parse_bucket_mb(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// `--bucket-cap-mb`'s default: PyTorch DDP's `bucket_cap_mb` (25 MiB).
+pub const BUCKET_CAP_MB: f64 = 25.0;
+/// The first bucket's cap in bytes (DDP's `_DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB): small, so the
+/// first all-reduce starts early in backward.
+pub const FIRST_BUCKET_BYTES: usize = 1024 * 1024;
+
+/// Gradient bucket caps in bytes for a cap of `cap_mb` MiB: (first bucket, every later one).
+/// The one definition of the bucket sizes (the worker's `Replicator` defaults to
+/// `bucket_caps(BUCKET_CAP_MB)`).
+pub fn bucket_caps(cap_mb: f64) -> (usize, usize) {
+    let rest = ((cap_mb * 1024.0 * 1024.0) as usize).max(4);
+    (rest.min(FIRST_BUCKET_BYTES), rest)
+}
+
 impl TrainOptions {
     /// Bucket caps in bytes: (first bucket, every later one).
     pub fn bucket_caps(&self) -> (usize, usize) {
-        let rest = ((self.bucket_cap_mb * 1024.0 * 1024.0) as usize).max(4);
-        (rest.min(1024 * 1024), rest)
+        bucket_caps(self.bucket_cap_mb)
     }
 }
 
@@ -317,7 +330,7 @@ pub struct TrainOptions {
     pub no_channels_last: bool,
     /// Gradient bucket cap in MiB (DDP's bucket_cap_mb): each bucket's all-reduce starts as
     /// soon as backward has filled it. The first bucket is capped at 1 MiB (or this, if less).
-    #[arg(long, env = "TCHRUN_BUCKET_CAP_MB", default_value_t = 25.0, value_parser = parse_bucket_mb)]
+    #[arg(long, env = "TCHRUN_BUCKET_CAP_MB", default_value_t = BUCKET_CAP_MB, value_parser = parse_bucket_mb)]
     pub bucket_cap_mb: f64,
     /// Continue from the last checkpoint in --output.
     #[arg(long, env = "TCHRUN_RESUME")]

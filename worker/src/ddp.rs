@@ -12,12 +12,6 @@ use crate::pg::{C10dError, ProcessGroup, ReduceOp, ReducedStep, Reducer};
 use std::cell::{Cell, OnceCell, RefCell};
 use tch::{Kind, Tensor};
 
-/// Bucket size cap in bytes (PyTorch DDP's default bucket_cap_mb = 25).
-pub const BUCKET_BYTES: usize = 25 * 1024 * 1024;
-/// The first bucket's cap (DDP's `_DEFAULT_FIRST_BUCKET_BYTES`): small, so the first
-/// all-reduce starts early in backward.
-pub const FIRST_BUCKET_BYTES: usize = 1024 * 1024;
-
 /// Statistics of one reduced step.
 #[derive(Debug, Clone, Copy)]
 pub struct StepStats {
@@ -114,13 +108,16 @@ impl Replicator {
         }
         param_names.extend(buffer_names);
         param_names.extend(fixed_names);
+        // DDP's caps (1 MiB, then 25 MiB) unless `with_bucket_caps` says otherwise.
+        let (first_bucket_bytes, bucket_bytes) =
+            tchrun::flags::bucket_caps(tchrun::flags::BUCKET_CAP_MB);
         Replicator {
             params,
             buffers,
             fixed,
             names: param_names,
-            first_bucket_bytes: FIRST_BUCKET_BYTES,
-            bucket_bytes: BUCKET_BYTES,
+            first_bucket_bytes,
+            bucket_bytes,
             reducer: OnceCell::new(),
             pending: RefCell::new(None),
             last: Cell::new(None),
