@@ -16,8 +16,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 fn clean(mut c: Command) -> Command {
     c.env_remove("LD_LIBRARY_PATH");
     for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("TCHRUN_") || k.to_string_lossy().starts_with("SLURM_")
-        {
+        if k.to_string_lossy().starts_with("TCHRUN_") || k.to_string_lossy().starts_with("SLURM_") {
             c.env_remove(k);
         }
     }
