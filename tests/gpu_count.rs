@@ -267,3 +267,115 @@ fn launcher_with_hostfile_leaves_the_gpu_check_to_each_rank() {
     let mpi_log = read(&logs.join("70_mpi_log"));
     assert!(mpi_log.contains(REFUSAL), "{mpi_log}");
 }
+
+/// Issue 17, item 8: `tchrun exec --device` takes the GPU pre-flight train has. With cuda or
+/// auto, more ranks on this host than its GPUs is refused before any rank starts (a user's GPU
+/// script at 8 ranks per node on fewer GPUs is the same mistake); cpu is never checked; without
+/// `--device` it stays a note (the test above). Where the launcher cannot see the ranks' GPUs
+/// (a hostfile), each rank's `tchrun-worker exec --device` refuses on its own node.
+#[test]
+fn exec_with_device_refuses_more_ranks_than_gpus() {
+    let t = tempdir();
+    for (launcher, device) in [("local", "cuda"), ("mpirun", "auto"), ("local", "auto")] {
+        let logs = t.path().join(format!("logs-{launcher}-{device}"));
+        let r = run(
+            tchrun()
+                .args([
+                    "exec",
+                    "--launcher",
+                    launcher,
+                    "--device",
+                    device,
+                    "--procs-per-node",
+                    "2",
+                    "--log-dir",
+                ])
+                .arg(&logs)
+                .args(["--", "true"])
+                .env(FAKE, "1"),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(2), "{launcher} {device}: {}", r.explain());
+        assert!(
+            r.stderr.contains(&format!("tchrun: error: {REFUSAL}")) && r.stderr.contains(HINT),
+            "{launcher} {device}: {}",
+            r.explain()
+        );
+        assert!(!logs.exists(), "nothing may start: {}", r.explain());
+    }
+    // The flag's variable works like every TCHRUN_<FLAG>.
+    let r = run(
+        tchrun()
+            .args(["exec", "--procs-per-node", "2", "--dry-run", "--", "true"])
+            .env("TCHRUN_DEVICE", "cuda")
+            .env(FAKE, "1"),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(r.stderr.contains(REFUSAL), "{}", r.explain());
+    // No GPU at all: --device cuda is refused by name; cpu is never checked.
+    let r = run(
+        tchrun()
+            .args(["exec", "--device", "cuda", "--dry-run", "--", "true"])
+            .env(FAKE, "0"),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("--device cuda: no GPU is visible on"),
+        "{}",
+        r.explain()
+    );
+    let r = run(
+        tchrun()
+            .args([
+                "exec",
+                "--device",
+                "cpu",
+                "--procs-per-node",
+                "2",
+                "--log-dir",
+            ])
+            .arg(t.path().join("cpu-logs"))
+            .args(["--", "true"])
+            .env(FAKE, "1"),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(!r.stderr.contains("GPU(s) visible"), "{}", r.explain());
+    // Ranks started elsewhere: the launcher says so, each rank refuses on its own node.
+    let hf = t.path().join("hosts");
+    std::fs::write(&hf, "localhost slots=2\n").expect("hostfile");
+    let logs = t.path().join("hostfile-logs");
+    let r = run(
+        tchrun()
+            .args([
+                "exec",
+                "--device",
+                "cuda",
+                "--procs-per-node",
+                "2",
+                "--hostfile",
+            ])
+            .arg(&hf)
+            .arg("--log-dir")
+            .arg(&logs)
+            .args(["--", "true"])
+            .env(FAKE, "1"),
+        LIMIT,
+    );
+    assert!(
+        r.stderr.contains(
+            "tchrun: note: the ranks start on the hosts of --hostfile, whose GPUs this host cannot see"
+        ),
+        "{}",
+        r.explain()
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    let text = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        text.contains(&format!("tchrun-worker: error: {REFUSAL}")) && text.contains(HINT),
+        "{}",
+        r.explain()
+    );
+}

@@ -11,10 +11,10 @@ use tchrun::flags::Device;
 /// What the ranks will run on the GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuUse {
-    /// tchrun-worker ranks with this `--device` (train, selftest, score).
+    /// Ranks with this `--device` (train, selftest, score, and exec given `--device`).
     Ranks(Device),
-    /// A user's program (`tchrun exec`): its device is its own business, so too many ranks
-    /// for the GPUs is a note, not a refusal.
+    /// A user's program (`tchrun exec` without `--device`): its device is its own business, so
+    /// too many ranks for the GPUs is a note, not a refusal.
     Program,
 }
 

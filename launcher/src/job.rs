@@ -453,8 +453,9 @@ fn run_planned(args: &LaunchArgs, plan: &Plan, worker_args: Vec<String>) -> Resu
     // Which rank: local ranks are one process each; mpirun names the first one.
     let kind = ErrorKind::from_worker_exit(code).unwrap_or(ErrorKind::RankFailed);
     let culprit = report::first_failing(&logs, hint_rank);
-    let (message, classification) = match culprit.and_then(|c| c.first_error.clone()) {
-        Some((_, msg)) => (msg.clone(), report::classify(&msg).to_string()),
+    let cause = culprit.and_then(report::classify);
+    let (message, classification) = match &cause {
+        Some((_, class, msg)) => (msg.clone(), class.clone()),
         None => match first.ended {
             Ended::Signal(s) => (format!("killed by signal {s}"), "killed by signal".into()),
             Ended::Code(c) if c > 128 => (
@@ -473,8 +474,8 @@ fn run_planned(args: &LaunchArgs, plan: &Plan, worker_args: Vec<String>) -> Resu
             Ended::Signal(s) => Some(s),
             _ => None,
         },
-        time: culprit
-            .and_then(|c| c.first_error.as_ref().map(|e| e.0.clone()))
+        time: cause
+            .map(|c| c.0)
             .or_else(|| Some(humantime::format_rfc3339_millis(first.at).to_string())),
         classification,
         message,

@@ -122,6 +122,11 @@ struct ScoreArgs {
 struct ExecArgs {
     #[command(flatten)]
     launch: launch::LaunchArgs,
+    /// The device the program's ranks use, one GPU per rank (cuda:LOCAL_RANK): with cuda or
+    /// auto, more ranks on a node than its GPUs is refused before any rank starts (as train
+    /// does); cpu checks nothing. Without it the program's device is its own: a note only.
+    #[arg(long, env = "TCHRUN_DEVICE", value_enum)]
+    device: Option<tchrun::flags::Device>,
     /// Directory of the per-rank driver logs.
     #[arg(long, env = "TCHRUN_LOG_DIR")]
     log_dir: Option<PathBuf>,
@@ -161,10 +166,15 @@ fn main() -> ExitCode {
             let mut args = vec![
                 "exec".to_string(),
                 format!("--log-dir={}", log_dir.display()),
-                "--".into(),
             ];
+            // Each rank checks its own node too (where the launcher cannot see the GPUs).
+            if let Some(d) = a.device {
+                args.push(format!("--device={}", d.as_str()));
+            }
+            args.push("--".into());
             args.extend(a.program.iter().cloned());
-            job::run_job(&a.launch, log_dir, args, gpus::GpuUse::Program)
+            let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
+            job::run_job(&a.launch, log_dir, args, usage)
         }
         Cmd::Train(a) => job::run_train(&a.job, &a.launch, &a.rank),
         Cmd::Sbatch(a) => sbatch::run(&a),

@@ -103,6 +103,13 @@ pub fn finish(plan: &Plan, logs: &[RankLog], outcome: &Outcome) {
                 row.status = match l.exit_code {
                     Some(0) => "exited 0".into(),
                     Some(c) => format!("exited {c}"),
+                    None if l.failure.is_some() => format!(
+                        "failed ({}), no exit recorded",
+                        l.failure
+                            .as_ref()
+                            .map(|f| f.kind.classification())
+                            .unwrap_or("error")
+                    ),
                     None if outcome.first_failure.is_some()
                         || outcome.interrupted.is_some()
                         || outcome.hung =>

@@ -3,9 +3,10 @@
 //! overview of `tchrun logs DIR`.
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use tchrun::driver_log::{self, FailureRecord, RankExit};
 use tchrun::files;
 
-/// What a driver log says about its rank.
+/// What a driver log says about its rank (read with `tchrun::driver_log`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RankLog {
     pub rank: usize,
@@ -14,92 +15,73 @@ pub struct RankLog {
     pub local_rank: Option<usize>,
     pub pid: Option<u32>,
     pub device: Option<String>,
-    /// The code the rank said it exits with (its last line), if it got that far.
+    /// The code the rank recorded that it exits with (failure record or last line), if it got
+    /// that far.
     pub exit_code: Option<i32>,
     /// `(images, compute s, communication s)` from the rank's summary line.
     pub summary: Option<(f64, f64, f64)>,
     /// Timestamp and text of the first ERROR event, if any.
     pub first_error: Option<(String, String)>,
-    /// The last meaningful lines (libtorch's C++ stack frames left out).
+    /// The rank's own account of its failure (the first failure record: the root cause).
+    #[serde(default)]
+    pub failure: Option<FailureRecord>,
+    /// `(effective LR, --lr, world size)` from the training's first line.
+    #[serde(default)]
+    pub lr: Option<(f64, f64, usize)>,
+    /// The last meaningful lines before the failure record (all lines without one), stack
+    /// frames left out.
     pub tail: Vec<String>,
 }
 
 const TAIL: usize = 15;
 
+/// libtorch's C++ stack frames, Rust backtrace frames and blank lines: not shown in a tail.
 fn is_noise(line: &str) -> bool {
     let t = line.trim_start();
-    t.starts_with("frame #") || t.starts_with("Exception raised from") || t.is_empty()
+    let rust_frame = t
+        .split_once(": ")
+        .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        && line.starts_with(' ');
+    t.starts_with("frame #")
+        || t.starts_with("Exception raised from")
+        || (t.starts_with("at ") && line.starts_with("  "))
+        || rust_frame
+        || t.is_empty()
 }
 
 /// Reads one driver log.
 pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
     let bytes = std::fs::read(path).ok()?;
     let text = String::from_utf8_lossy(&bytes);
-    let mut host = String::from("?");
-    let mut local_rank = None;
-    let mut pid = None;
-    let mut device = None;
-    let mut exit_code = None;
-    let mut summary = None;
-    let mut first_error = None;
-    let mut body = Vec::new();
-    let mut in_header = true;
-    for line in text.lines() {
-        if in_header {
-            if line == "---" {
-                in_header = false;
-                continue;
-            }
-            if let Some((k, v)) = line.split_once(": ") {
-                match k {
-                    "host" => host = v.to_string(),
-                    "local_rank" => local_rank = v.parse().ok(),
-                    "pid" => pid = v.parse().ok(),
-                    "device" => device = Some(v.to_string()),
-                    _ => {}
-                }
-            }
-            continue;
-        }
-        if let Some(rest) = line.split("rank exiting with code ").nth(1) {
-            exit_code = rest.trim().parse().ok();
-        }
-        if let Some(rest) = line.split("rank summary: ").nth(1) {
-            // "images N, compute Xs, communication Ys, images/s Z"
-            let num = |key: &str| -> Option<f64> {
-                let value = rest.split(key).nth(1)?.split(',').next()?;
-                value.trim().trim_end_matches('s').parse().ok()
-            };
-            if let (Some(i), Some(c), Some(m)) =
-                (num("images "), num("compute "), num("communication "))
-            {
-                summary = Some((i, c, m));
-            }
-        }
-        if first_error.is_none() {
-            // tracing's line: "<RFC 3339 time> ERROR <message>" (levels are padded to 5).
-            let event = line.split_once(" ERROR ").filter(|(ts, _)| {
-                ts.trim().ends_with('Z') && ts.trim().starts_with(|c: char| c.is_ascii_digit())
-            });
-            if let Some((ts, rest)) = event {
-                first_error = Some((ts.trim().to_string(), rest.trim().to_string()));
-            }
-        }
-        if !is_noise(line) {
-            body.push(line.to_string());
-        }
-    }
-    let tail = body[body.len().saturating_sub(TAIL)..].to_vec();
+    let parsed = driver_log::parse(&text);
+    let header = parsed.header.as_ref();
+    let body: Vec<&String> = parsed
+        .before_failure
+        .iter()
+        .filter(|l| !is_noise(l))
+        .collect();
+    let tail = body[body.len().saturating_sub(TAIL)..]
+        .iter()
+        .map(|l| l.to_string())
+        .collect();
     Some(RankLog {
         rank,
         path: path.to_path_buf(),
-        host,
-        local_rank,
-        pid,
-        device,
-        exit_code,
-        summary,
-        first_error,
+        host: header.map(|h| h.host.clone()).unwrap_or_else(|| "?".into()),
+        local_rank: header.map(|h| h.local_rank),
+        pid: header.map(|h| h.pid),
+        device: header.map(|h| h.device.clone()),
+        exit_code: parsed.exit_code(),
+        summary: parsed
+            .summary
+            .as_ref()
+            .map(|s| (s.images, s.compute_s, s.communication_s)),
+        first_error: parsed.first_error.clone(),
+        failure: parsed.failure().cloned(),
+        lr: parsed
+            .training_start
+            .as_ref()
+            .map(|t| (t.effective_lr, t.lr, t.world_size)),
         tail,
     })
 }
@@ -130,10 +112,11 @@ pub fn last_progress(dir: &Path) -> Option<std::time::SystemTime> {
         .max()
 }
 
-/// Whether a rank wrote that it exits with a non-zero code (read from the logs' tails only,
-/// so it is cheap enough to poll).
+/// Whether a rank recorded that it exits with a non-zero code (its exit line or a failure
+/// record with a code; read from the logs' tails only, so it is cheap enough to poll).
 pub fn any_rank_failed(dir: &Path) -> bool {
     use std::io::{Read, Seek, SeekFrom};
+    const TAIL_BYTES: u64 = 8192;
     let Ok(rd) = std::fs::read_dir(dir) else {
         return false;
     };
@@ -144,20 +127,39 @@ pub fn any_rank_failed(dir: &Path) -> bool {
                 return false;
             };
             let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-            let _ = f.seek(SeekFrom::Start(len.saturating_sub(512)));
-            let mut tail = String::new();
-            let _ = f.take(512).read_to_string(&mut tail);
-            tail.lines().any(|l| {
-                l.split("rank exiting with code ")
-                    .nth(1)
-                    .and_then(|c| c.trim().parse::<i32>().ok())
-                    .is_some_and(|c| c != 0)
+            let _ = f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)));
+            let mut bytes = Vec::new();
+            let _ = f.take(TAIL_BYTES).read_to_end(&mut bytes);
+            String::from_utf8_lossy(&bytes).lines().any(|l| {
+                let exit = driver_log::parse_event(l)
+                    .and_then(|ev| RankExit::parse(ev.message))
+                    .map(|x| x.code);
+                let recorded = FailureRecord::parse(l).and_then(|r| r.exit_code);
+                exit.or(recorded).is_some_and(|c| c != 0)
             })
         })
 }
 
-/// Kinds of failure tchrun can tell apart.
-pub fn classify(text: &str) -> &'static str {
+/// Why a rank failed: `(time, classification, message)`. From its failure record when it wrote
+/// one (the kind it knew, the message it had: a panic's own first line); otherwise from its
+/// first ERROR line, classified by `guess`.
+pub fn classify(log: &RankLog) -> Option<(String, String, String)> {
+    if let Some(r) = &log.failure {
+        return Some((
+            r.time.clone(),
+            r.kind.classification().to_string(),
+            r.message.clone(),
+        ));
+    }
+    let (time, msg) = log.first_error.clone()?;
+    let class = guess(&msg).to_string();
+    Some((time, class, msg))
+}
+
+/// A classification guessed from a log's words. Only for a log without a failure record: a rank
+/// killed by SIGKILL (or the OOM killer) or cut off by a dead node writes nothing, and a log
+/// written by an older tchrun-worker has none.
+pub fn guess(text: &str) -> &'static str {
     let t = text.to_ascii_lowercase();
     if t.contains("out of memory") || t.contains("cannot allocate memory") {
         "out of memory"
@@ -199,25 +201,31 @@ pub struct FailureSummary {
     pub exit_status: i32,
 }
 
-/// Picks the first failing rank: the earliest first ERROR among the logs, else `hint_rank`
-/// (what mpirun or the supervisor saw exit first).
+/// When a rank failed: its failure record's time, else its first ERROR line's.
+fn failed_at(l: &RankLog) -> Option<std::time::SystemTime> {
+    let t = l
+        .failure
+        .as_ref()
+        .map(|r| r.time.as_str())
+        .or(l.first_error.as_ref().map(|e| e.0.as_str()))?;
+    humantime::parse_rfc3339_weak(t).ok()
+}
+
+/// Picks the first failing rank: the earliest failure (record or first ERROR) among the logs,
+/// else `hint_rank` (what mpirun or the supervisor saw exit first).
 pub fn first_failing<'a>(logs: &'a [RankLog], hint_rank: Option<usize>) -> Option<&'a RankLog> {
+    let failed = |l: &RankLog| l.failure.is_some() || l.first_error.is_some();
     let by_error = logs
         .iter()
-        .filter(|l| l.first_error.is_some())
-        .min_by(|a, b| {
-            a.first_error
-                .as_ref()
-                .map(|e| &e.0)
-                .cmp(&b.first_error.as_ref().map(|e| &e.0))
-        });
+        .filter(|l| failed(l))
+        .min_by_key(|l| failed_at(l).unwrap_or(std::time::SystemTime::UNIX_EPOCH));
     match (hint_rank, by_error) {
         (Some(r), Some(e)) => {
             // A rank that died without an ERROR line (killed) is the root cause over peers
             // that merely lost it afterwards.
             let hinted = logs.iter().find(|l| l.rank == r);
             match hinted {
-                Some(h) if h.first_error.is_none() => Some(h),
+                Some(h) if !failed(h) => Some(h),
                 _ => Some(e),
             }
         }
@@ -351,15 +359,11 @@ pub fn run_report(dir: &Path) {
             x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal)
         })
         .copied();
-    let lr = std::fs::read_to_string(files::driver_log(dir, 0))
-        .ok()
-        .and_then(|t| {
-            t.lines().find_map(|l| {
-                l.split("effective LR ")
-                    .nth(1)
-                    .map(|r| r.split(',').next().unwrap_or(r).to_string())
-            })
-        });
+    let lr = logs
+        .iter()
+        .find(|l| l.rank == 0)
+        .and_then(|l| l.lr)
+        .map(|(eff, lr, world)| format!("{eff:e} (--lr {lr:e} × {world})"));
     let mut line = format!(
         "tchrun: run report: {} ranks, {:.1} images/s in training steps",
         with.len(),

@@ -67,12 +67,9 @@ struct Sink {
 
 /// Rank 0's progress line ("<host>:0 epoch E/N iter I/M ... eta T").
 fn is_progress(line: &str) -> bool {
-    line.split_once(' ').is_some_and(|(who, rest)| {
-        who.ends_with(":0")
-            && rest.starts_with("epoch ")
-            && rest.contains(" iter ")
-            && rest.contains(" eta ")
-    })
+    use tchrun::driver_log::{split_console_line, Progress};
+    split_console_line(line)
+        .is_some_and(|(_, rank, rest)| rank == 0 && Progress::parse(rest).is_some())
 }
 
 const TAIL_LINES: usize = 200;

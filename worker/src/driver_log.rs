@@ -6,7 +6,52 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+use tchrun::driver_log::{FailureKind, FailureRecord};
+
+/// Rank and host of this process once its driver log is open (fd 2 is the log from then on).
+static IDENTITY: OnceLock<(usize, String)> = OnceLock::new();
+
+/// Writes a failure record (`tchrun::driver_log::FailureRecord`) into the driver log with one
+/// write straight to fd 2, not through `tracing`. Does nothing before the log is open (fd 2 is
+/// then the terminal, and the error is printed there).
+pub fn record_failure(
+    kind: FailureKind,
+    message: &str,
+    location: Option<String>,
+    exit_code: Option<i32>,
+) {
+    let Some((rank, host)) = IDENTITY.get() else {
+        return;
+    };
+    let record = FailureRecord {
+        rank: *rank,
+        host: host.clone(),
+        pid: std::process::id(),
+        time: tchrun::files::timestamp_now(),
+        kind,
+        message: message.to_string(),
+        location,
+        exit_code,
+    };
+    let mut line = record.write();
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// The kind of a failure whose message is libtorch's (a tch error, a c10d error, a panic in tch):
+/// its own words for memory and for CUDA/cuDNN/NCCL, else `default`. Read here, where the text is
+/// known to be libtorch's, so the launcher never has to guess from a log.
+pub fn torch_failure_kind(message: &str, default: FailureKind) -> FailureKind {
+    let m = message.to_ascii_lowercase();
+    if m.contains("out of memory") || m.contains("can't allocate memory") {
+        FailureKind::OutOfMemory
+    } else if m.contains("cuda error") || m.contains("cudnn") || m.contains("nccl") {
+        FailureKind::Cuda
+    } else {
+        default
+    }
+}
 
 /// Header fields of a driver log.
 pub struct Header<'a> {
@@ -62,28 +107,27 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
         .truncate(true)
         .mode(0o640)
         .open(&path)?;
-    writeln!(
-        file,
-        "tchrun driver log\nhost: {}\nrank: {}\nlocal_rank: {}\nworld_size: {}\npid: {}\ndevice: {}\nbackend: {}\n\
-         started_by: {}\ntchrun: {}\ntorch: {}\ncommand: {}\nstarted: {}\n---",
-        header.host,
-        header.rank,
-        header.local_rank,
-        header.world_size,
-        std::process::id(),
-        header.device,
-        header.backend,
-        header.started_by,
-        tchrun::VERSION,
-        env!("TCHRUN_TORCH_VERSION"),
-        header.command,
-        tchrun::files::timestamp_now(),
-    )?;
+    let text = tchrun::driver_log::Header {
+        host: header.host.to_string(),
+        rank: header.rank,
+        local_rank: header.local_rank,
+        world_size: header.world_size,
+        pid: std::process::id(),
+        device: header.device.to_string(),
+        backend: header.backend.to_string(),
+        started_by: header.started_by.to_string(),
+        tchrun: tchrun::VERSION.to_string(),
+        torch: env!("TCHRUN_TORCH_VERSION").to_string(),
+        command: header.command.to_string(),
+        started: tchrun::files::timestamp_now(),
+    }
+    .write();
+    file.write_all(text.as_bytes())?;
     file.flush()?;
     let console = Console {
         out: Mutex::new(dup_file(1)?),
         err: Mutex::new(dup_file(2)?),
-        prefix: format!("{}:{} ", header.host, header.rank),
+        prefix: tchrun::driver_log::console_prefix(header.host, header.rank),
     };
     nix::unistd::dup2(file.as_raw_fd(), 1).map_err(std::io::Error::from)?;
     nix::unistd::dup2(file.as_raw_fd(), 2).map_err(std::io::Error::from)?;
@@ -98,7 +142,23 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
         .with_target(false)
         .try_init();
     let rank = header.rank;
+    let _ = IDENTITY.set((rank, header.host.to_string()));
     std::panic::set_hook(Box::new(move |info| {
+        // The record first: the lines before it are what the rank did before the panic (the
+        // launcher's tail), and it is out even if the logging below fails.
+        let payload = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(a panic without a message)");
+        let message = tchrun::driver_log::panic_message(payload);
+        record_failure(
+            torch_failure_kind(&message, FailureKind::Panic),
+            &message,
+            info.location().map(|l| l.to_string()),
+            None,
+        );
         let bt = std::backtrace::Backtrace::force_capture();
         tracing::error!("rank {rank} panicked: {info}\n{bt}");
     }));

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tchrun::driver_log::{FailureKind, RankExit};
 use tchrun::exit::ErrorKind;
 use tchrun::flags::{Backend, Device as DeviceFlag, RankFlags, DEFAULT_LOG_DIR};
 use tchrun_worker::{bench_loader, bootstrap, driver_log, gradcheck, pg, score, selftest, train};
@@ -104,6 +105,10 @@ struct SelftestArgs {
 
 #[derive(Args, Debug)]
 struct ExecArgs {
+    /// The device the program's ranks use (one GPU per rank): with cuda or auto, more ranks on
+    /// this node than its GPUs is refused before the program starts; cpu checks nothing.
+    #[arg(long, env = "TCHRUN_DEVICE", value_enum)]
+    device: Option<DeviceFlag>,
     /// Directory of the per-rank driver logs.
     #[arg(long, env = "TCHRUN_LOG_DIR", default_value = DEFAULT_LOG_DIR)]
     log_dir: PathBuf,
@@ -135,7 +140,9 @@ impl Fatal {
 
 fn main() -> ExitCode {
     let cli: Cli = tchrun::flags::parse_or_exit();
-    let result = match cli.cmd {
+    // A panic (in tch usually a libtorch exception) ends the rank like any fatal error: its
+    // record and the panic are already in the driver log (the hook); here it gets its exit code.
+    let run = std::panic::AssertUnwindSafe(move || match cli.cmd {
         Cmd::Selftest(a) => run_selftest(a),
         Cmd::Exec(a) => run_exec(a),
         Cmd::Train(a) => run_train(a),
@@ -146,24 +153,82 @@ fn main() -> ExitCode {
             tchrun_worker::bench_step::run(a).map_err(|e| (None, Fatal::invalid(e)))
         }
         Cmd::Logits(a) => tchrun_worker::logits::run(a).map_err(|e| (None, Fatal::invalid(e))),
+    });
+    let (result, panicked) = match std::panic::catch_unwind(run) {
+        Ok(r) => (r, false),
+        Err(payload) => {
+            let text = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("(a panic without a message)");
+            let msg = tchrun::driver_log::panic_message(text);
+            (
+                Err((None, Fatal::rank(anyhow::anyhow!("panicked: {msg}")))),
+                true,
+            )
+        }
     };
     match result {
         Ok(()) => {
-            tracing::info!("rank exiting with code 0");
+            tracing::info!("{}", RankExit { code: 0 }.write());
             ExitCode::SUCCESS
         }
         Err((console, f)) => {
             let msg = format!("{:#}", f.err);
+            let code = f.kind.exit_code();
             tracing::error!("{msg}");
-            tracing::info!("rank exiting with code {}", f.kind.exit_code());
+            let kind = if panicked {
+                driver_log::torch_failure_kind(&msg, FailureKind::Panic)
+            } else {
+                failure_kind(&f)
+            };
+            driver_log::record_failure(kind, &msg, None, Some(code));
+            tracing::info!("{}", RankExit { code }.write());
             let line = format!("tchrun-worker: error: {msg}");
             match console {
                 Some(c) => c.err(&line),
                 None => eprintln!("{line}"),
             }
-            ExitCode::from(f.kind.exit_code() as u8)
+            ExitCode::from(code as u8)
         }
     }
+}
+
+/// The failure record's kind of a rank's fatal error, from its type (the launcher classifies
+/// by it). libtorch's own messages say more (memory, CUDA) than their types.
+fn failure_kind(f: &Fatal) -> FailureKind {
+    use train::TrainError as T;
+    let by_exit = FailureKind::from_error_kind(f.kind);
+    for cause in f.err.chain() {
+        if let Some(e) = cause.downcast_ref::<T>() {
+            return match e {
+                T::Invalid(_) | T::Preflight(_) => FailureKind::InvalidInput,
+                T::Data(_) => FailureKind::Data,
+                T::Diverged { .. } => FailureKind::Diverged,
+                T::Comm(c) => {
+                    driver_log::torch_failure_kind(&c.to_string(), FailureKind::Communication)
+                }
+                T::Replicas(_) => FailureKind::Internal,
+                T::Checkpoint(_) | T::Output(_) => FailureKind::Io,
+                T::Stopped(_) => FailureKind::Interrupted,
+                T::Torch(t) => driver_log::torch_failure_kind(&t.to_string(), by_exit),
+            };
+        }
+        if let Some(c) = cause.downcast_ref::<pg::C10dError>() {
+            return driver_log::torch_failure_kind(&c.to_string(), FailureKind::Communication);
+        }
+        if let Some(t) = cause.downcast_ref::<tch::TchError>() {
+            return driver_log::torch_failure_kind(&t.to_string(), by_exit);
+        }
+        if cause.downcast_ref::<tchrun::data::DatasetError>().is_some() {
+            return FailureKind::Data;
+        }
+        if cause.downcast_ref::<std::io::Error>().is_some() {
+            return FailureKind::Io;
+        }
+    }
+    by_exit
 }
 
 /// Leaves the job. After success: the process group is destroyed and MPI finalized. After a
@@ -401,6 +466,33 @@ fn run_selftest(a: SelftestArgs) -> RankResult {
 fn run_exec(a: ExecArgs) -> RankResult {
     use std::os::unix::process::CommandExt;
     let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
+    if let Some(device @ (DeviceFlag::Auto | DeviceFlag::Cuda)) = a.device {
+        // The launcher's GPU pre-flight, on this rank's own node (before the driver log, like
+        // `resolve`): the program has not started yet.
+        let gpus = cuda_devices().map_err(|f| (None, f))?;
+        if device == DeviceFlag::Cuda && gpus == 0 {
+            return Err((
+                None,
+                Fatal::invalid(anyhow::anyhow!(
+                    "--device cuda: no CUDA device is visible on {}; use --device cpu or check CUDA_VISIBLE_DEVICES",
+                    id.host
+                )),
+            ));
+        }
+        if gpus > 0 && (id.local_size > gpus || id.local_rank >= gpus) {
+            return Err((
+                None,
+                Fatal::invalid(anyhow::anyhow!(
+                    "{}",
+                    tchrun::env::too_many_ranks_for_gpus(
+                        id.local_size.max(id.local_rank + 1),
+                        gpus,
+                        &id.host
+                    )
+                )),
+            ));
+        }
+    }
     let header = driver_log::Header {
         host: &id.host,
         rank: id.rank,

@@ -15,7 +15,7 @@ use tchrun::data::{self, Augment, DatasetError, ImageFolder, LoaderConfig, Train
 use tchrun::exit::ErrorKind;
 use tchrun::flags::{Amp, TrainJob};
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
-use tchrun::model::ModelConfig;
+use tchrun::model::{ModelConfig, TrainingRecord};
 use tchrun::schedule::{Decision, EarlyStopping, LrSchedule};
 
 /// Why training stopped early.
@@ -636,19 +636,21 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         Replicator::broadcast_tensors(pg, &momentum)?;
     }
 
-    (ctx.say)(&format!(
-        "training {} on {} train / {} valid images, {} classes, {world} rank(s) on {}: {} steps/epoch, \
-         effective LR {:e} (--lr {:e} × {world}), gradient buckets of {} MiB overlapped with backward",
-        cfg.arch.name(),
-        train.samples.len(),
-        valid.samples.len(),
-        classes,
-        if device.is_cuda() { "cuda" } else { "cpu" },
-        steps_per_epoch,
-        schedule.peak,
-        p.lr,
-        job.options.bucket_cap_mb
-    ));
+    (ctx.say)(
+        &tchrun::driver_log::TrainingStart {
+            arch: cfg.arch.name().to_string(),
+            train_images: train.samples.len(),
+            valid_images: valid.samples.len(),
+            classes: classes as usize,
+            world_size: world,
+            device: if device.is_cuda() { "cuda" } else { "cpu" }.to_string(),
+            steps_per_epoch,
+            effective_lr: schedule.peak,
+            lr: p.lr,
+            bucket_cap_mb: job.options.bucket_cap_mb,
+        }
+        .write(),
+    );
 
     let threads = loader_threads(job, ctx.local_size);
     let mut step = state.step;
@@ -824,17 +826,17 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 let eta = Duration::from_secs(
                     (run_start.elapsed().as_secs_f64() / done_here * left) as u64,
                 );
-                let line = format!(
-                    "epoch {}/{} iter {}/{} loss {:.4} lr {:.3e} images/s {:.1} eta {}",
-                    epoch + 1,
-                    p.epochs,
-                    it + 1,
-                    steps_per_epoch,
-                    stats.loss,
+                let line = tchrun::driver_log::Progress {
+                    epoch: epoch + 1,
+                    epochs: p.epochs,
+                    iter: it + 1,
+                    iters: steps_per_epoch,
+                    loss: stats.loss,
                     lr,
-                    ips,
-                    humantime::format_duration(eta)
-                );
+                    images_per_s: ips,
+                    eta,
+                }
+                .write();
                 (ctx.say)(&line);
                 t_print = Instant::now();
                 seen_print = 0.0;
@@ -971,8 +973,13 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         "parameters identical across ranks; fingerprint sum={sum:.9e} sumsq={sumsq:.9e}"
     );
     tracing::info!(
-        "rank summary: images {images:.0}, compute {compute_s:.2}s, communication {comm_s:.2}s, images/s {:.1}",
-        images / (compute_s + comm_s).max(1e-9)
+        "{}",
+        tchrun::driver_log::RankSummary {
+            images,
+            compute_s,
+            communication_s: comm_s,
+        }
+        .write()
     );
     if bad_images.distinct() > 0 {
         tracing::warn!(
@@ -990,15 +997,26 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         let best_metrics = history.get(best_epoch as usize - 1).cloned();
         let trained = ModelConfig {
             class_names: train.classes.clone(),
-            training: Some(serde_json::json!({
-                "epochs": p.epochs, "epochs_run": history.len(), "best_epoch": best_epoch,
-                "batch_size": p.batch_size, "warmup_epochs": p.warmup_epochs, "lr": p.lr,
-                "effective_lr": schedule.peak, "world_size": world, "seed": p.seed, "patience": p.patience,
-                "momentum": job.options.momentum, "weight_decay": job.options.weight_decay,
-                "lr_power": job.options.lr_power, "steps": step,
-                "freeze_backbone": frozen, "backbone_lr_scale": job.options.backbone_lr_scale,
-                "train_images": train.samples.len(), "valid_images": valid.samples.len(),
-            })),
+            training: Some(TrainingRecord {
+                epochs: p.epochs,
+                epochs_run: history.len(),
+                best_epoch,
+                batch_size: p.batch_size,
+                warmup_epochs: p.warmup_epochs,
+                lr: p.lr,
+                effective_lr: schedule.peak,
+                world_size: world,
+                seed: p.seed,
+                patience: p.patience,
+                momentum: job.options.momentum,
+                weight_decay: job.options.weight_decay,
+                lr_power: job.options.lr_power,
+                steps: step,
+                train_images: train.samples.len(),
+                valid_images: valid.samples.len(),
+                freeze_backbone: frozen,
+                backbone_lr_scale: job.options.backbone_lr_scale,
+            }),
             metrics: best_metrics
                 .as_ref()
                 .map(|m| serde_json::to_value(m).unwrap_or_default()),
