@@ -255,7 +255,8 @@ fn pth_refusals_name_the_file_and_the_fix() {
          bad['conv1.weight'] = bad['conv1.weight'].long()\n\
          torch.save(bad, D + '/int64.pth')\n\
          torch.save({'epoch': 3, 'state_dict': sd}, D + '/checkpoint.pth')\n\
-         torch.save([sd], D + '/list.pth')\n",
+         torch.save([sd], D + '/list.pth')\n\
+         torch.save({'module.' + k: v for k, v in sd.items()}, D + '/ddp.pth')\n",
     );
     let full = std::fs::read(t.path().join("full.pth")).expect("pth");
     std::fs::write(t.path().join("cut.pth"), &full[..full.len() / 2]).expect("write");
@@ -309,6 +310,11 @@ fn pth_refusals_name_the_file_and_the_fix() {
             "list.pth",
             "resnet18",
             &["holds a list", "not a state_dict"],
+        ),
+        (
+            "ddp.pth",
+            "resnet18",
+            &["starts with 'module.'", "model.module.state_dict()"],
         ),
     ] {
         let r = run(&mut init(arch, &t.path().join(file), &out), LIMIT);

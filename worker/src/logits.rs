@@ -3,7 +3,7 @@
 //! same weights and batches to torchvision and compare (`tests/parity.rs`).
 use crate::models;
 use std::path::PathBuf;
-use tch::{nn, nn::ModuleT, Device, Tensor};
+use tch::{nn, Device, Tensor};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
