@@ -293,8 +293,7 @@ fn check_listing(
                     a.name(),
                     a.name()
                 ),
-                None if !st.is_empty() && st.keys().all(|n| n.starts_with("module.")) =>
-                {
+                None if !st.is_empty() && st.keys().all(|n| n.starts_with("module.")) => {
                     "; every name starts with 'module.' (saved from DataParallel or \
                      DistributedDataParallel): save model.module.state_dict() instead, or strip \
                      the prefix: {k.removeprefix('module.'): v for k, v in sd.items()}"
