@@ -186,6 +186,45 @@ impl Default for Normalization {
     }
 }
 
+/// `model.json`'s `training`: how a trained model was trained, written by rank 0 at the end.
+/// Fields added after the first version are `#[serde(default)]`, so older files stay readable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainingRecord {
+    /// `--epochs` (the most that could run).
+    pub epochs: u32,
+    /// Epochs run (fewer than `epochs` after early stopping).
+    pub epochs_run: usize,
+    /// The epoch of the lowest validation loss: the weights in `model.safetensors`.
+    pub best_epoch: u32,
+    /// `--batch-size` per rank.
+    pub batch_size: u32,
+    pub warmup_epochs: u32,
+    /// `--lr` (per rank).
+    pub lr: f64,
+    /// The peak LR after scaling by the world size.
+    pub effective_lr: f64,
+    pub world_size: usize,
+    pub seed: i64,
+    pub patience: u32,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub lr_power: f64,
+    /// Optimizer steps taken (all runs, resumes included).
+    pub steps: u64,
+    pub train_images: usize,
+    pub valid_images: usize,
+    /// `--freeze-backbone` (false in files written before it existed).
+    #[serde(default)]
+    pub freeze_backbone: bool,
+    /// `--backbone-lr-scale` (1 in files written before it existed).
+    #[serde(default = "one")]
+    pub backbone_lr_scale: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
 /// Contents of `model.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -199,7 +238,7 @@ pub struct ModelConfig {
     pub class_names: Vec<String>,
     /// Training parameters used (trained models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub training: Option<serde_json::Value>,
+    pub training: Option<TrainingRecord>,
     /// Final metrics (trained models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<serde_json::Value>,
@@ -403,6 +442,18 @@ pub fn to_json(cfg: &ModelConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn training_record_of_an_older_file_reads_with_defaults() {
+        let old = r#"{"epochs": 3, "epochs_run": 2, "best_epoch": 2, "batch_size": 8,
+            "warmup_epochs": 0, "lr": 0.1, "effective_lr": 0.2, "world_size": 2, "seed": 1,
+            "patience": 5, "momentum": 0.9, "weight_decay": 0.0001, "lr_power": 2.0,
+            "steps": 10, "train_images": 40, "valid_images": 10}"#;
+        let r: TrainingRecord = serde_json::from_str(old).expect("an older record reads");
+        assert!(!r.freeze_backbone);
+        assert_eq!(r.backbone_lr_scale, 1.0);
+        assert_eq!(r.world_size, 2);
+    }
 
     fn write(dir: &Path, text: &str) {
         std::fs::write(dir.join(MODEL_JSON), text).expect("write model.json");

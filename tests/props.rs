@@ -14,7 +14,7 @@ use std::path::Path;
 use tchrun::data::{self, Augment, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::env::{first_host, from_slurm, from_torchrun, tasks_per_node};
 use tchrun::hostfile::{parse_hostfile, Host};
-use tchrun::model::{self, Arch, ModelConfig, Normalization};
+use tchrun::model::{self, Arch, ModelConfig, Normalization, TrainingRecord};
 use tchrun::schedule::LrSchedule;
 
 /// `PROPTEST_CASES` (divided by `div`, at least 16) or `default`.
@@ -63,12 +63,18 @@ fn assert_round_trip(cfg: &ModelConfig) {
         && again.input_size == cfg.input_size
         && again.normalization == cfg.normalization
         && again.class_names == cfg.class_names
-        && opt_value_close(&again.training, &cfg.training)
+        && opt_value_close(&record_value(&again.training), &record_value(&cfg.training))
         && opt_value_close(&again.metrics, &cfg.metrics);
     assert!(
         same,
         "round trip changed the configuration:\n{text}\n{again:?}\n!=\n{cfg:?}"
     );
+}
+
+/// `training` as the JSON it is written as (compared as JSON, like `metrics`).
+fn record_value(r: &Option<TrainingRecord>) -> Option<serde_json::Value> {
+    r.as_ref()
+        .map(|r| serde_json::to_value(r).expect("a training record is JSON"))
 }
 
 fn opt_value_close(a: &Option<serde_json::Value>, b: &Option<serde_json::Value>) -> bool {
@@ -110,7 +116,13 @@ fn value_close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 fn model_json_float_round_trip_is_exact() {
     let x = -9.642717173693765e226f64;
     let mut cfg = ModelConfig::untrained(Arch::Resnet18, 32, Normalization::default());
-    cfg.training = Some(serde_json::json!({ "lr": x }));
+    cfg.training = Some(TrainingRecord {
+        lr: x,
+        ..record(
+            (1, 1, 1, 1, 1, 1, 1, 1, 1),
+            (0.1, 0.1, 0.9, 0.0, 2.0, 1.0, 1, false),
+        )
+    });
     let (_d, again) = load_text(model::to_json(&cfg).as_bytes());
     assert_eq!(again.expect("loads"), cfg);
 }
@@ -151,6 +163,58 @@ fn positive_f32() -> impl Strategy<Value = f32> {
     POSITIVE | NORMAL | SUBNORMAL
 }
 
+type Counts = (u32, usize, u32, u32, u32, usize, u32, u64, usize);
+type Rest = (f64, f64, f64, f64, f64, f64, i64, bool);
+
+fn record(c: Counts, r: Rest) -> TrainingRecord {
+    let (epochs, epochs_run, best_epoch, batch_size, warmup_epochs, world_size, patience, steps, n) =
+        c;
+    let (lr, effective_lr, momentum, weight_decay, lr_power, backbone_lr_scale, seed, frozen) = r;
+    TrainingRecord {
+        epochs,
+        epochs_run,
+        best_epoch,
+        batch_size,
+        warmup_epochs,
+        lr,
+        effective_lr,
+        world_size,
+        seed,
+        patience,
+        momentum,
+        weight_decay,
+        lr_power,
+        steps,
+        train_images: n,
+        valid_images: n / 2,
+        freeze_backbone: frozen,
+        backbone_lr_scale,
+    }
+}
+
+fn training_record() -> impl Strategy<Value = TrainingRecord> {
+    let f = || {
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .boxed()
+    };
+    (
+        (
+            any::<u32>(),
+            any::<u32>().prop_map(|n| n as usize),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>().prop_map(|n| n as usize),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u32>().prop_map(|n| n as usize),
+        ),
+        (f(), f(), f(), f(), f(), f(), any::<i64>(), any::<bool>()),
+    )
+        .prop_map(|(c, r)| record(c, r))
+}
+
 fn model_config() -> impl Strategy<Value = ModelConfig> {
     (
         0..Arch::ALL.len(),
@@ -158,7 +222,7 @@ fn model_config() -> impl Strategy<Value = ModelConfig> {
         prop::array::uniform3(finite_f32()),
         prop::array::uniform3(positive_f32()),
         prop::collection::vec(".{0,12}", 0..12),
-        prop::option::of(json_object()),
+        prop::option::of(training_record()),
         prop::option::of(json_object()),
     )
         .prop_map(|(a, size, mean, std, classes, training, metrics)| {
