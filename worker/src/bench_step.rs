@@ -1,8 +1,10 @@
 //! `tchrun-worker bench-step` (hidden): training steps alone on synthetic tensors — forward,
-//! loss, backward, SGD — with the trainer's model, layout (channels-last), autocast and
-//! optimizer; reports ms/step, images/s and the peak RSS. The counterpart of
+//! loss, backward, SGD — with the trainer's model, layout (channels-last), autocast, optimizer
+//! and step function (`train::step::train_step`, without a group); reports ms/step, images/s
+//! and the peak RSS. The counterpart of
 //! `benches/reference/bench_step.py` (torchvision model, the same loop); used by
 //! `scripts/bench.sh` (CPU, and the GPU mode: ResNet-50, 224 × 224, bf16).
+use crate::train::step::{train_step, LossScaler, StepModel, Update};
 use crate::{models, optim::Sgd};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -94,6 +96,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         x
     };
     let y = Tensor::randint(a.classes, [a.batch_size], (Kind::Int64, device));
+    let model = StepModel {
+        net: net.as_ref(),
+        train: true,
+        amp,
+        device,
+    };
+    // Loss scaling is fp16 training's (off here, as it was: scale 1, every step taken).
+    let mut scaler = LossScaler::new(false);
     let sync = || {
         if device.is_cuda() {
             tch::Cuda::synchronize(0);
@@ -106,13 +116,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             start = Instant::now();
         }
         opt.zero_grad()?;
-        let loss = tch::autocast(amp, || {
-            net.forward_t(&x, true)
-                .to_kind(Kind::Float)
-                .cross_entropy_for_logits(&y)
-        });
-        loss.backward();
-        opt.step(0.01);
+        // The training step itself, on one process (no group: nothing to reduce).
+        train_step::<crate::pg::C10dError>(
+            &model,
+            Some((&x, &y)),
+            false,
+            None,
+            Some(Update {
+                opt: &mut opt,
+                scaler: &mut scaler,
+                lr: 0.01,
+            }),
+            |_| Ok(()),
+        )?;
     }
     sync();
     let secs = start.elapsed().as_secs_f64() / a.steps.max(1) as f64;

@@ -5,6 +5,7 @@
 //! gradient, and a step in which the last rank has no samples (a skipped batch).
 use crate::ddp::Replicator;
 use crate::pg::ProcessGroup;
+use crate::train::step::{train_step, StepModel};
 use tch::{nn, nn::Module, Kind, Tensor};
 
 fn net(p: &nn::Path) -> impl Module {
@@ -88,18 +89,26 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
         }
         let (lo, hi) = (bounds[rank as usize], bounds[rank as usize + 1]);
         let n_local = (hi - lo) as usize;
-        let loss = if n_local > 0 {
-            model
-                .forward(&x.narrow(0, lo, hi - lo))
-                .cross_entropy_for_logits(&y.narrow(0, lo, hi - lo))
-        } else {
-            Tensor::zeros([], (Kind::Float, dev))
-        };
-        rep.begin_step(pg, &loss, n_local, false)?;
-        if n_local > 0 {
-            loss.backward();
-        }
-        let stats = rep.end_step(pg)?;
+        // The training step itself (forward, begin_step, backward, end_step), without an update.
+        let (xs, ys) = (x.narrow(0, lo, hi - lo), y.narrow(0, lo, hi - lo));
+        let done = train_step::<crate::pg::C10dError>(
+            &StepModel {
+                net: &model,
+                train: true,
+                amp: false,
+                device: dev,
+            },
+            (n_local > 0).then_some((&xs, &ys)),
+            false,
+            Some((pg, &rep)),
+            None,
+            |_| Ok(()),
+        )?;
+        let stats = done.stats.unwrap_or(crate::ddp::StepStats {
+            loss: f64::NAN,
+            samples: 0.0,
+            stop: false,
+        });
         if it == 1 {
             if let Some(r) = rep.last_reduction() {
                 report.buckets = r.buckets;

@@ -2,21 +2,29 @@
 //! Model"): inputs checked, model replicated from rank 0, sharded epochs through the threaded
 //! loader, bucketed gradient all-reduce, warmup + polynomial LR, validation reduced exactly,
 //! early stopping on validation loss, NaN stops every rank together, rank 0 writes the model.
+mod resume;
+pub(crate) mod step;
+mod validate;
+
 use crate::checkpoint;
 use crate::ddp::Replicator;
 use crate::models;
 use crate::optim::Sgd;
 use crate::outputs;
-use crate::pg::{C10dError, ProcessGroup, ReduceOp};
+use crate::pg::{C10dError, ProcessGroup};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tch::{nn, nn::ModuleT, Device, Kind, Tensor};
-use tchrun::data::{self, Augment, DatasetError, ImageFolder, LoaderConfig, TrainAugment};
+use tch::{nn, Device, Kind, Tensor};
+use tchrun::data::{self, Augment, DatasetError, LoaderConfig, TrainAugment};
 use tchrun::exit::ErrorKind;
 use tchrun::flags::{Amp, TrainJob};
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
 use tchrun::model::{ModelConfig, TrainingRecord};
 use tchrun::schedule::{Decision, EarlyStopping, LrSchedule};
+
+use resume::{fresh, load_resume, Resume};
+use step::{train_step, Guard, LossScaler, StepModel, Update};
+use validate::{log_skipped, validate, BadImages};
 
 /// Why training stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -118,14 +126,6 @@ pub struct RankCtx<'a> {
     pub say: &'a dyn Fn(&str),
 }
 
-struct Validation {
-    loss: f64,
-    top1: f64,
-    top5: f64,
-    /// Images dropped while decoding in this epoch (training and validation, all ranks).
-    skipped: u64,
-}
-
 fn to_input(batch: &data::Batch, device: Device, channels_last: bool) -> (Tensor, Tensor) {
     let s = batch.size as i64;
     let x = Tensor::from_slice(&batch.images).view([batch.len as i64, 3, s, s]);
@@ -151,292 +151,6 @@ fn loader_threads(job: &TrainJob, local_size: usize) -> usize {
         .loader_threads
         .map(|t| t as usize)
         .unwrap_or_else(|| tchrun::env::threads_per_rank(local_size))
-}
-
-fn validate(
-    model: &dyn ModuleT,
-    valid: &ImageFolder,
-    cfg: &ModelConfig,
-    job: &TrainJob,
-    ctx: &RankCtx,
-    bad_images: &mut BadImages,
-    train_skipped: u64,
-) -> Result<Validation, TrainError> {
-    let (rank, world) = (ctx.pg.rank(), ctx.pg.size());
-    let mut idx = data::shard(valid.samples.len(), rank, world, 0, 0, false);
-    idx.truncate(data::shard_real_count(valid.samples.len(), rank, world));
-    let loader = data::load_batches(
-        valid,
-        idx,
-        LoaderConfig {
-            size: cfg.input_size as usize,
-            batch_size: job.params.batch_size as usize,
-            threads: loader_threads(job, ctx.local_size),
-            prefetch: 4,
-            augment: Augment::Eval,
-            norm: cfg.normalization,
-            seed: job.params.seed,
-            epoch: 0,
-            rank,
-            first_position: 0,
-            skip_bad: job.options.skip_bad_images,
-        },
-    );
-    let k = 5.min(valid.classes.len() as i64);
-    // [loss sum, top-1 correct, top-5 correct, samples, skipped images (validation here, plus
-    // this rank's training epoch)], reduced exactly over the ranks.
-    let mut totals = Tensor::zeros([5], (Kind::Double, ctx.device));
-    let mut skipped_here = train_skipped;
-    for batch in loader {
-        let batch = batch.map_err(TrainError::Data)?;
-        skipped_here += bad_images.note(&batch.skipped);
-        if batch.len == 0 {
-            continue;
-        }
-        let (x, y) = to_input(&batch, ctx.device, !job.options.no_channels_last);
-        tch::no_grad(|| {
-            let logits = model.forward_t(&x, false).to_kind(Kind::Float);
-            let loss =
-                logits.cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Sum, -100, 0.0);
-            let (_, top) = logits.topk(k, -1, true, true);
-            let hits = top.eq_tensor(&y.unsqueeze(1));
-            let top1 = hits.narrow(1, 0, 1).sum(Kind::Double);
-            let topk = hits.any_dim(1, false).sum(Kind::Double);
-            // A fill, not a host-to-device copy: no synchronization per batch on CUDA.
-            let n = Tensor::full([], batch.len as f64, (Kind::Double, ctx.device));
-            // Into the first four slots (a view): the fifth is this rank's skipped count.
-            let mut sums = totals.narrow(0, 0, 4);
-            sums += Tensor::stack(&[loss.to_kind(Kind::Double), top1, topk, n], 0);
-        });
-    }
-    if skipped_here > 0 {
-        let _ = totals.get(4).fill_(skipped_here as f64);
-    }
-    ctx.pg.all_reduce(&mut [&mut totals], ReduceOp::Sum)?;
-    let t = Vec::<f64>::try_from(totals.to_device(Device::Cpu))?;
-    let n = t[3].max(1.0);
-    Ok(Validation {
-        loss: t[0] / n,
-        top1: t[1] / n,
-        top5: t[2] / n,
-        skipped: t[4].round().max(0.0) as u64,
-    })
-}
-
-/// The driver-log line naming a skipped image (pre-flight or decoding), with the contract's
-/// prefix (`tchrun::files::SKIPPED_IMAGE`) the launcher's run report counts.
-fn log_skipped(path: &std::path::Path, why: &str) {
-    tracing::warn!(
-        "{}{} (--skip-bad-images): {why}",
-        tchrun::files::SKIPPED_IMAGE,
-        path.display()
-    );
-}
-
-/// Images dropped while decoding (`--skip-bad-images`): each file is named once in this rank's
-/// driver log, with the contract's prefix (`tchrun::files::SKIPPED_IMAGE`) the launcher counts.
-#[derive(Default)]
-struct BadImages {
-    named: std::collections::HashSet<std::path::PathBuf>,
-}
-
-impl BadImages {
-    /// Logs the files not named yet; returns how many images were dropped.
-    fn note(&mut self, skipped: &[(std::path::PathBuf, String)]) -> u64 {
-        for (path, why) in skipped {
-            if self.named.insert(path.clone()) {
-                log_skipped(path, why);
-            }
-        }
-        skipped.len() as u64
-    }
-
-    fn distinct(&self) -> usize {
-        self.named.len()
-    }
-}
-
-/// The first tensor (by name) holding a NaN or an infinity, and that value.
-fn first_non_finite(tensors: &[(String, Tensor)]) -> Option<(String, f64)> {
-    tensors.iter().find_map(|(name, t)| {
-        if !t.defined() {
-            return None;
-        }
-        let bad = t.isfinite().logical_not();
-        if bad.any().int64_value(&[]) == 0 {
-            return None;
-        }
-        let value = t.masked_select(&bad).get(0).double_value(&[]);
-        Some((name.clone(), value))
-    })
-}
-
-/// The non-finite guard run after every optimizer step: one fused value (the sum of every
-/// tensor's L1 norm, `pg::l1_total`: finite exactly when every value is) over the weights and the
-/// batch-norm statistics. A non-finite gradient reaches the weights through the update (also at
-/// LR 0: NaN × 0 is NaN). Cost on CPU: ~2 ms per ResNet-18 step (one pass over the weights). On
-/// CUDA it is read after the next step's reduction, where the rank waits for the device anyway,
-/// so the check costs no synchronization of its own.
-struct Guard {
-    /// Weights and buffers by name.
-    watched: Vec<(String, Tensor)>,
-    /// 0-d float64 sum of every watched tensor's sum, for the step named, and its LR.
-    pending: Option<(Tensor, u64, u32, f64)>,
-}
-
-impl Guard {
-    fn arm(&mut self, step: u64, epoch: u32, lr: f64) {
-        if self.watched.is_empty() {
-            return;
-        }
-        let tensors: Vec<Tensor> = self.watched.iter().map(|(_, t)| t.detach()).collect();
-        match crate::pg::l1_total(&tensors) {
-            Ok(total) => self.pending = Some((total, step, epoch, lr)),
-            // Cannot happen for a model's float weights; never a reason to stop training.
-            Err(e) => tracing::warn!("non-finite check skipped at step {step}: {e}"),
-        }
-    }
-
-    /// Checks the armed step; `grads`: the gradients of that step, if still held, to name.
-    fn check(
-        &mut self,
-        grads: Option<&[(String, Tensor)]>,
-        p_lr: f64,
-        world: usize,
-    ) -> Result<(), TrainError> {
-        let Some((total, step, epoch, lr)) = self.pending.take() else {
-            return Ok(());
-        };
-        if total.double_value(&[]).is_finite() {
-            return Ok(());
-        }
-        let named_grads: Vec<(String, Tensor)> = grads
-            .unwrap_or_default()
-            .iter()
-            .map(|(n, p)| (format!("the gradient of {n}"), p.grad()))
-            .collect();
-        let what = first_non_finite(&named_grads).or_else(|| {
-            let labelled: Vec<(String, Tensor)> = self
-                .watched
-                .iter()
-                .map(|(n, t)| {
-                    let kind = if crate::models::is_buffer(n) {
-                        "the batch-norm statistic"
-                    } else {
-                        "the weight"
-                    };
-                    (format!("{kind} {n}"), t.shallow_clone())
-                })
-                .collect();
-            first_non_finite(&labelled)
-        });
-        let (what, value) = what.unwrap_or_else(|| ("a weight".into(), f64::NAN));
-        Err(TrainError::Diverged {
-            what,
-            value,
-            epoch,
-            step,
-            effective_lr: lr,
-            lr: p_lr,
-            world,
-        })
-    }
-}
-
-/// Training state restored from a checkpoint (or fresh).
-struct Resume {
-    epoch: u32,
-    batches_done: u64,
-    step: u64,
-    stopping: EarlyStopping,
-    history: Vec<EpochMetrics>,
-    partial: (f64, f64, f64),
-    loss_scale: Option<f64>,
-}
-
-fn fresh(patience: u32) -> Resume {
-    Resume {
-        epoch: 0,
-        batches_done: 0,
-        step: 0,
-        stopping: EarlyStopping::new(patience),
-        history: Vec::new(),
-        partial: (0.0, 0.0, 0.0),
-        loss_scale: None,
-    }
-}
-
-/// Rank 0 reads the checkpoint and shares its description through the store; the tensors
-/// reach the other ranks by broadcast (no shared file system needed).
-fn load_resume(
-    job: &TrainJob,
-    ctx: &RankCtx,
-    named: &[(String, Tensor)],
-    opt: &mut Sgd,
-    best: &mut Option<BTreeMap<String, Tensor>>,
-) -> Result<Option<checkpoint::Meta>, TrainError> {
-    const KEY: &str = "tchrun/resume";
-    // The names of the momentum buffers rank 0 holds (a checkpoint may hold none: --momentum 0,
-    // or fp16 stopped before its first applied step): the other ranks make exactly these, so
-    // that everyone enters the same broadcast.
-    const MOMENTUM_KEY: &str = "tchrun/resume-momentum";
-    let pg = ctx.pg;
-    if pg.rank() == 0 {
-        let loaded = if job.options.resume {
-            checkpoint::load(&job.output).map_err(TrainError::Checkpoint)?
-        } else {
-            None
-        };
-        let text = match &loaded {
-            Some(l) => {
-                serde_json::to_string(&l.meta).map_err(|e| TrainError::Checkpoint(e.to_string()))?
-            }
-            None => String::new(),
-        };
-        let momentum_names: Vec<&String> = loaded
-            .as_ref()
-            .map(|l| l.momentum.keys().collect())
-            .unwrap_or_default();
-        let names = serde_json::to_string(&momentum_names)
-            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        ctx.store.set(MOMENTUM_KEY, names.as_bytes())?;
-        ctx.store.set(KEY, text.as_bytes())?;
-        let Some(l) = loaded else { return Ok(None) };
-        tch::no_grad(|| -> Result<(), TrainError> {
-            for (name, t) in named {
-                let src = l
-                    .model
-                    .get(name)
-                    .ok_or_else(|| TrainError::Checkpoint(format!("checkpoint lacks '{name}'")))?;
-                t.detach().copy_(&src.to_kind(t.kind()));
-            }
-            Ok(())
-        })?;
-        opt.load_state(l.momentum);
-        *best = l.best;
-        Ok(Some(l.meta))
-    } else {
-        let text = ctx.store.get(KEY)?;
-        if text.is_empty() {
-            return Ok(None);
-        }
-        let meta: checkpoint::Meta =
-            serde_json::from_slice(&text).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        let names: Vec<String> = serde_json::from_slice(&ctx.store.get(MOMENTUM_KEY)?)
-            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        // Placeholders the broadcast from rank 0 fills: exactly the buffers rank 0 has.
-        let mut zeros = BTreeMap::new();
-        for name in names {
-            let Some((_, p)) = opt.params().iter().find(|(n, _)| *n == name) else {
-                return Err(TrainError::Checkpoint(format!(
-                    "the checkpoint's momentum buffer '{name}' is not a parameter of this model"
-                )));
-            };
-            zeros.insert(name, p.detach().zeros_like());
-        }
-        opt.load_state(zeros);
-        Ok(Some(meta))
-    }
 }
 
 /// Trains and (rank 0) writes the model directory.
@@ -758,46 +472,54 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 n_local = 0;
             }
             let stop_vote = crate::signals::requested() != 0;
-            let loss = if n_local > 0 {
-                let (x, y) = to_input(&batch, device, !job.options.no_channels_last);
-                tch::autocast(amp, || {
-                    net.forward_t(&x, !frozen)
-                        .to_kind(Kind::Float)
-                        .cross_entropy_for_logits(&y)
-                })
-            } else {
-                Tensor::zeros([], (Kind::Float, device))
-            };
-            // begin_step arms the gradient hooks: buckets are all-reduced while backward runs.
-            replicas.begin_step(pg, &loss, n_local, stop_vote)?;
-            if n_local > 0 {
-                (&loss * scaler.scale).backward();
-            }
-            let t1 = Instant::now();
-            let stats = replicas.end_step(pg)?;
-            // The previous step's deferred guard (CUDA): the device has caught up by now.
-            guard.check(None, p.lr, world)?;
-            let t2 = Instant::now();
-            if !stats.loss.is_finite() {
-                return Err(TrainError::Diverged {
-                    what: "the loss".into(),
-                    value: stats.loss,
-                    epoch: epoch + 1,
-                    step,
-                    effective_lr: lr,
-                    lr: p.lr,
-                    world,
-                });
-            }
-            lr = schedule.lr(step);
+            let input =
+                (n_local > 0).then(|| to_input(&batch, device, !job.options.no_channels_last));
+            // The LR of this step's update; a non-finite loss names the previous one.
+            let next_lr = schedule.lr(step);
+            let done = train_step(
+                &StepModel {
+                    net: net.as_ref(),
+                    train: !frozen,
+                    amp,
+                    device,
+                },
+                input.as_ref().map(|(x, y)| (x, y)),
+                stop_vote,
+                Some((pg, &replicas)),
+                Some(Update {
+                    opt: &mut opt,
+                    scaler: &mut scaler,
+                    lr: next_lr,
+                }),
+                |stats| {
+                    // The previous step's deferred guard (CUDA): the device has caught up by now.
+                    guard.check(None, p.lr, world)?;
+                    if !stats.loss.is_finite() {
+                        return Err(TrainError::Diverged {
+                            what: "the loss".into(),
+                            value: stats.loss,
+                            epoch: epoch + 1,
+                            step,
+                            effective_lr: lr,
+                            lr: p.lr,
+                            world,
+                        });
+                    }
+                    Ok(())
+                },
+            )?;
+            let (t1, t2) = (done.backward_done, done.reduced);
+            let stats = done
+                .stats
+                .ok_or_else(|| TrainError::Invalid("a step without its reduction".into()))?;
+            lr = next_lr;
             if stats.samples == 0.0 {
                 // Every image of every rank's batch was bad: nothing to learn from. Weights,
                 // momentum and batch-norm statistics stay as they were (a no-op step).
                 tracing::warn!(
                     "step {step}: no images on any rank (all skipped as bad); weights unchanged"
                 );
-            } else if scaler.unscale_and_check(opt.params())? {
-                opt.step(lr);
+            } else if done.updated {
                 if step == 0 {
                     tracing::info!("first optimizer step done");
                 }
@@ -1049,51 +771,4 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     }
     pg.barrier()?;
     Ok(())
-}
-
-/// Dynamic loss scaling for fp16 autocast (off: scale 1, every step taken).
-struct LossScaler {
-    enabled: bool,
-    scale: f64,
-    good_steps: u32,
-}
-
-impl LossScaler {
-    fn new(enabled: bool) -> LossScaler {
-        LossScaler {
-            enabled,
-            scale: if enabled { 65536.0 } else { 1.0 },
-            good_steps: 0,
-        }
-    }
-
-    /// Unscales the (reduced, identical on every rank) gradients; false: skip this step.
-    fn unscale_and_check(&mut self, params: &[(String, Tensor)]) -> Result<bool, TrainError> {
-        if !self.enabled {
-            return Ok(true);
-        }
-        let grads: Vec<Tensor> = params
-            .iter()
-            .map(|(_, p)| p.grad())
-            .filter(|g| g.defined())
-            .collect();
-        // torch's GradScaler: one fused unscale-and-check, one read on the host (not a
-        // synchronization per parameter).
-        let finite = !crate::pg::amp_unscale(&grads, 1.0 / self.scale)?;
-        if finite {
-            self.good_steps += 1;
-            if self.good_steps >= 2000 {
-                self.scale *= 2.0;
-                self.good_steps = 0;
-            }
-        } else {
-            self.scale /= 2.0;
-            self.good_steps = 0;
-            tracing::warn!(
-                scale = self.scale,
-                "fp16 gradients overflowed; step skipped, loss scale lowered"
-            );
-        }
-        Ok(finite)
-    }
 }

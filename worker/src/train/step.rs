@@ -1,0 +1,236 @@
+//! One training step, the same for training, `gradcheck` and `bench-step`: forward →
+//! `begin_step` → backward → `end_step` → optimizer (fp16 loss scaling), and the divergence
+//! guard run after it.
+use super::TrainError;
+use crate::ddp::{Replicator, StepStats};
+use crate::optim::Sgd;
+use crate::pg::{C10dError, ProcessGroup};
+use std::time::Instant;
+use tch::{nn::ModuleT, Device, Kind, Tensor};
+
+/// The model a step runs and how.
+pub(crate) struct StepModel<'a> {
+    pub(crate) net: &'a dyn ModuleT,
+    /// `forward_t`'s train flag (batch norm in training mode).
+    pub(crate) train: bool,
+    /// Autocast (CUDA; its dtype set beforehand).
+    pub(crate) amp: bool,
+    pub(crate) device: Device,
+}
+
+/// The optimizer part of a step.
+pub(crate) struct Update<'a> {
+    pub(crate) opt: &'a mut Sgd,
+    pub(crate) scaler: &'a mut LossScaler,
+    pub(crate) lr: f64,
+}
+
+/// What a step did.
+pub(crate) struct StepResult {
+    /// The reduced loss, samples and stop vote; `None` without a group (the loss is not read:
+    /// no host synchronization).
+    pub(crate) stats: Option<StepStats>,
+    /// When backward ended (this rank's compute), and when the reduction had ended.
+    pub(crate) backward_done: Instant,
+    pub(crate) reduced: Instant,
+    /// The optimizer stepped (false: no sample on any rank, or fp16 overflow, or no update).
+    pub(crate) updated: bool,
+}
+
+/// One step on `batch` (inputs, labels; `None`: this rank sits the step out with no sample):
+/// forward and loss (cross entropy of the float logits, under autocast), with a group the
+/// replicator's `begin_step`, backward (the loss scaled by the fp16 scaler's scale when there
+/// is an update) while buckets are all-reduced, `end_step`, then `reduced` (the caller's checks
+/// on the reduced values), then the optimizer step: skipped when no rank had a sample or the
+/// fp16 gradients overflowed. Gradients are not zeroed here (the caller does, before).
+pub(crate) fn train_step<E: From<C10dError>>(
+    model: &StepModel,
+    batch: Option<(&Tensor, &Tensor)>,
+    stop_vote: bool,
+    dp: Option<(&ProcessGroup, &Replicator)>,
+    update: Option<Update>,
+    reduced: impl FnOnce(&StepStats) -> Result<(), E>,
+) -> Result<StepResult, E> {
+    let n_local = batch.map(|(x, _)| x.size()[0] as usize).unwrap_or(0);
+    let loss = match batch {
+        Some((x, y)) => tch::autocast(model.amp, || {
+            model
+                .net
+                .forward_t(x, model.train)
+                .to_kind(Kind::Float)
+                .cross_entropy_for_logits(y)
+        }),
+        None => Tensor::zeros([], (Kind::Float, model.device)),
+    };
+    // begin_step arms the gradient hooks: buckets are all-reduced while backward runs.
+    if let Some((pg, replicas)) = dp {
+        replicas.begin_step(pg, &loss, n_local, stop_vote)?;
+    }
+    if n_local > 0 {
+        match &update {
+            Some(u) => (&loss * u.scaler.scale).backward(),
+            None => loss.backward(),
+        }
+    }
+    let backward_done = Instant::now();
+    let stats = match dp {
+        Some((pg, replicas)) => {
+            let stats = replicas.end_step(pg)?;
+            reduced(&stats)?;
+            Some(stats)
+        }
+        None => None,
+    };
+    let reduced_at = Instant::now();
+    let any_sample = stats.map(|s| s.samples != 0.0).unwrap_or(n_local > 0);
+    let mut updated = false;
+    if let Some(u) = update {
+        if any_sample && u.scaler.unscale_and_check(u.opt.params())? {
+            u.opt.step(u.lr);
+            updated = true;
+        }
+    }
+    Ok(StepResult {
+        stats,
+        backward_done,
+        reduced: reduced_at,
+        updated,
+    })
+}
+
+/// The first tensor (by name) holding a NaN or an infinity, and that value.
+fn first_non_finite(tensors: &[(String, Tensor)]) -> Option<(String, f64)> {
+    tensors.iter().find_map(|(name, t)| {
+        if !t.defined() {
+            return None;
+        }
+        let bad = t.isfinite().logical_not();
+        if bad.any().int64_value(&[]) == 0 {
+            return None;
+        }
+        let value = t.masked_select(&bad).get(0).double_value(&[]);
+        Some((name.clone(), value))
+    })
+}
+
+/// The non-finite guard run after every optimizer step: one fused value (the sum of every
+/// tensor's L1 norm, `pg::l1_total`: finite exactly when every value is) over the weights and the
+/// batch-norm statistics. A non-finite gradient reaches the weights through the update (also at
+/// LR 0: NaN × 0 is NaN). Cost on CPU: ~2 ms per ResNet-18 step (one pass over the weights). On
+/// CUDA it is read after the next step's reduction, where the rank waits for the device anyway,
+/// so the check costs no synchronization of its own.
+pub(crate) struct Guard {
+    /// Weights and buffers by name.
+    pub(crate) watched: Vec<(String, Tensor)>,
+    /// 0-d float64 sum of every watched tensor's sum, for the step named, and its LR.
+    pub(crate) pending: Option<(Tensor, u64, u32, f64)>,
+}
+
+impl Guard {
+    pub(crate) fn arm(&mut self, step: u64, epoch: u32, lr: f64) {
+        if self.watched.is_empty() {
+            return;
+        }
+        let tensors: Vec<Tensor> = self.watched.iter().map(|(_, t)| t.detach()).collect();
+        match crate::pg::l1_total(&tensors) {
+            Ok(total) => self.pending = Some((total, step, epoch, lr)),
+            // Cannot happen for a model's float weights; never a reason to stop training.
+            Err(e) => tracing::warn!("non-finite check skipped at step {step}: {e}"),
+        }
+    }
+
+    /// Checks the armed step; `grads`: the gradients of that step, if still held, to name.
+    pub(crate) fn check(
+        &mut self,
+        grads: Option<&[(String, Tensor)]>,
+        p_lr: f64,
+        world: usize,
+    ) -> Result<(), TrainError> {
+        let Some((total, step, epoch, lr)) = self.pending.take() else {
+            return Ok(());
+        };
+        if total.double_value(&[]).is_finite() {
+            return Ok(());
+        }
+        let named_grads: Vec<(String, Tensor)> = grads
+            .unwrap_or_default()
+            .iter()
+            .map(|(n, p)| (format!("the gradient of {n}"), p.grad()))
+            .collect();
+        let what = first_non_finite(&named_grads).or_else(|| {
+            let labelled: Vec<(String, Tensor)> = self
+                .watched
+                .iter()
+                .map(|(n, t)| {
+                    let kind = if crate::models::is_buffer(n) {
+                        "the batch-norm statistic"
+                    } else {
+                        "the weight"
+                    };
+                    (format!("{kind} {n}"), t.shallow_clone())
+                })
+                .collect();
+            first_non_finite(&labelled)
+        });
+        let (what, value) = what.unwrap_or_else(|| ("a weight".into(), f64::NAN));
+        Err(TrainError::Diverged {
+            what,
+            value,
+            epoch,
+            step,
+            effective_lr: lr,
+            lr: p_lr,
+            world,
+        })
+    }
+}
+
+/// Dynamic loss scaling for fp16 autocast (off: scale 1, every step taken).
+pub(crate) struct LossScaler {
+    pub(crate) enabled: bool,
+    pub(crate) scale: f64,
+    good_steps: u32,
+}
+
+impl LossScaler {
+    pub(crate) fn new(enabled: bool) -> LossScaler {
+        LossScaler {
+            enabled,
+            scale: if enabled { 65536.0 } else { 1.0 },
+            good_steps: 0,
+        }
+    }
+
+    /// Unscales the (reduced, identical on every rank) gradients; false: skip this step.
+    pub(crate) fn unscale_and_check(
+        &mut self,
+        params: &[(String, Tensor)],
+    ) -> Result<bool, C10dError> {
+        if !self.enabled {
+            return Ok(true);
+        }
+        let grads: Vec<Tensor> = params
+            .iter()
+            .map(|(_, p)| p.grad())
+            .filter(|g| g.defined())
+            .collect();
+        // torch's GradScaler: one fused unscale-and-check, one read on the host (not a
+        // synchronization per parameter).
+        let finite = !crate::pg::amp_unscale(&grads, 1.0 / self.scale)?;
+        if finite {
+            self.good_steps += 1;
+            if self.good_steps >= 2000 {
+                self.scale *= 2.0;
+                self.good_steps = 0;
+            }
+        } else {
+            self.scale /= 2.0;
+            self.good_steps = 0;
+            tracing::warn!(
+                scale = self.scale,
+                "fp16 gradients overflowed; step skipped, loss scale lowered"
+            );
+        }
+        Ok(finite)
+    }
+}
