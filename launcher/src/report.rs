@@ -387,3 +387,145 @@ pub fn run_report(dir: &Path) {
     }
     outln!("{line}");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tchrun::driver_log::{
+        Event, FailureKind, Header, Level, Progress, RankExit, RankSummary, TrainingStart,
+    };
+
+    fn event(level: Level, message: &str) -> String {
+        Event {
+            time: "2026-11-24T00:00:01.000001Z",
+            level,
+            message,
+        }
+        .write()
+    }
+
+    fn write_log(dir: &Path, rank: usize, body: &[String]) -> PathBuf {
+        let header = Header {
+            host: format!("node-{rank}"),
+            rank,
+            local_rank: rank,
+            world_size: 2,
+            pid: 100 + rank as u32,
+            device: "cpu".into(),
+            backend: "gloo".into(),
+            started_by: "Local".into(),
+            tchrun: "0".into(),
+            torch: "0".into(),
+            command: "tchrun-worker train".into(),
+            started: "2026-11-24T00:00:00.000Z".into(),
+        };
+        let mut text = header.write();
+        for l in body {
+            text.push_str(l);
+            text.push('\n');
+        }
+        let path = files::driver_log(dir, rank);
+        std::fs::write(&path, text).expect("write log");
+        path
+    }
+
+    #[test]
+    fn a_log_is_read_by_the_contract_and_classified_by_its_record() {
+        let dir = std::env::temp_dir().join(format!(
+            "tchrun-report-test-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let start = TrainingStart {
+            arch: "resnet18".into(),
+            train_images: 10,
+            valid_images: 2,
+            classes: 2,
+            world_size: 2,
+            device: "cpu".into(),
+            steps_per_epoch: 1,
+            effective_lr: 0.05,
+            lr: 0.025,
+            bucket_cap_mb: 25.0,
+        };
+        let progress = Progress {
+            epoch: 1,
+            epochs: 1,
+            iter: 1,
+            iters: 1,
+            loss: 1.0,
+            lr: 0.05,
+            images_per_s: 10.0,
+            eta: std::time::Duration::from_secs(0),
+        };
+        let record = FailureRecord {
+            rank: 0,
+            host: "node-0".into(),
+            pid: 100,
+            time: "2026-11-24T00:00:02.000Z".into(),
+            kind: FailureKind::Panic,
+            message: "Output size is too small".into(),
+            location: Some("tensor_generated.rs:1:1".into()),
+            exit_code: None,
+        };
+        let mut last = record.clone();
+        last.exit_code = Some(4);
+        write_log(
+            &dir,
+            0,
+            &[
+                event(Level::Info, &start.write()),
+                event(Level::Info, &progress.write()),
+                record.write(),
+                event(Level::Error, "rank 0 panicked: panicked at x.rs:1:1:"),
+                "   0: std::backtrace::Backtrace::force_capture".into(),
+                "             at /rustc/library/std/src/backtrace.rs:1:1".into(),
+                last.write(),
+                event(Level::Info, &RankExit { code: 4 }.write()),
+            ],
+        );
+        let summary = RankSummary {
+            images: 10.0,
+            compute_s: 1.0,
+            communication_s: 0.5,
+        };
+        write_log(
+            &dir,
+            1,
+            &[
+                event(Level::Error, "c10d broadcast: Connection closed by peer"),
+                event(Level::Info, &summary.write()),
+                event(Level::Info, &RankExit { code: 4 }.write()),
+            ],
+        );
+        let logs = read_driver_logs(&dir);
+        assert_eq!(logs.len(), 2);
+        let l0 = &logs[0];
+        assert_eq!(
+            (l0.host.as_str(), l0.pid, l0.exit_code),
+            ("node-0", Some(100), Some(4))
+        );
+        assert_eq!(l0.lr, Some((0.05, 0.025, 2)));
+        assert_eq!(l0.tail.len(), 2, "{:?}", l0.tail);
+        assert!(l0.tail[1].contains("epoch 1/1 iter 1/1"), "{:?}", l0.tail);
+        let (time, class, msg) = classify(l0).expect("a cause");
+        assert_eq!(
+            (time.as_str(), class.as_str(), msg.as_str()),
+            (
+                "2026-11-24T00:00:02.000Z",
+                "crash (panic)",
+                "Output size is too small"
+            )
+        );
+        // No record: the old guess from the first ERROR line.
+        let l1 = &logs[1];
+        assert_eq!(l1.summary, Some((10.0, 1.0, 0.5)));
+        let (_, class, _) = classify(l1).expect("a cause");
+        assert!(class.starts_with("communication error"), "{class}");
+        // Without a hint the earliest failure (record or ERROR line) is the first.
+        assert_eq!(first_failing(&logs, None).map(|l| l.rank), Some(1));
+        assert!(any_rank_failed(&dir));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
