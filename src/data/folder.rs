@@ -1,0 +1,173 @@
+//! The image folder scan: torchvision's `ImageFolder` layout (`ROOT/<class>/<image>`), the
+//! seed's dataset errors, and the class sets of train and valid compared.
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// ImageFolder
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    pub path: PathBuf,
+    pub label: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct ImageFolder {
+    pub root: PathBuf,
+    pub classes: Vec<String>,
+    pub samples: Vec<Sample>,
+}
+
+pub(super) fn is_hidden(name: &std::ffi::OsStr) -> bool {
+    name.as_encoded_bytes().first() == Some(&b'.')
+}
+
+pub(super) fn has_image_ext(name: &std::ffi::OsStr) -> bool {
+    Path::new(name)
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| IMAGE_EXTENSIONS.iter().any(|x| e.eq_ignore_ascii_case(x)))
+        .unwrap_or(false)
+}
+
+/// Non-hidden entries of `dir`, split into (sub-directories, image files), each sorted by
+/// the byte order of their names. Symlinks are followed.
+pub(super) fn list_dir(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), DatasetError> {
+    let mut dirs = Vec::new();
+    let mut images = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| io_err(dir, e))? {
+        let entry = entry.map_err(|e| io_err(dir, e))?;
+        let name = entry.file_name();
+        if is_hidden(&name) {
+            continue;
+        }
+        let path = entry.path();
+        // fs::metadata follows symlinks. An image name that cannot be opened (a dangling link,
+        // a vanished file) stays in the list, so that verification names it (or skips and
+        // counts it) instead of losing it silently.
+        let Ok(meta) = fs::metadata(&path) else {
+            if has_image_ext(&name) {
+                images.push(path);
+            }
+            continue;
+        };
+        if meta.is_dir() {
+            dirs.push(path);
+        } else if meta.is_file() && has_image_ext(&name) {
+            images.push(path);
+        }
+    }
+    let key = |p: &PathBuf| p.file_name().map(|n| n.as_encoded_bytes().to_vec());
+    dirs.sort_by_key(key);
+    images.sort_by_key(key);
+    Ok((dirs, images))
+}
+
+pub(super) fn name_of(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+impl ImageFolder {
+    /// torchvision ImageFolder layout: one sub-folder per class holding images. See module docs.
+    ///
+    /// Unlike torchvision, class folders are not searched recursively: images must be directly
+    /// inside `ROOT/<class>/`. A class folder holding only sub-folders is reported as
+    /// `NotLabeled` (nested layout), with a hint to pass the right folder.
+    pub fn scan(root: &Path) -> Result<ImageFolder, DatasetError> {
+        let meta = fs::metadata(root).map_err(|e| io_err(root, e))?;
+        if !meta.is_dir() {
+            return Err(DatasetError::NotLabeled {
+                path: root.to_path_buf(),
+                detail: format!("is not a directory; pass the dataset folder, {LAYOUT_HINT}"),
+            });
+        }
+        let (class_dirs, loose_images) = list_dir(root)?;
+        if class_dirs.is_empty() {
+            if !loose_images.is_empty() {
+                return Err(DatasetError::NotLabeled {
+                    path: root.to_path_buf(),
+                    detail: format!(
+                        "holds {} image file(s) (e.g. {}) but no class sub-folders; {LAYOUT_HINT} \
+                         (move each image into the folder named after its class)",
+                        loose_images.len(),
+                        name_of(&loose_images[0])
+                    ),
+                });
+            }
+            return Err(DatasetError::Empty {
+                path: root.to_path_buf(),
+                detail: format!("no class sub-folders and no images found; {LAYOUT_HINT}"),
+            });
+        }
+
+        let mut classes = Vec::with_capacity(class_dirs.len());
+        let mut samples = Vec::new();
+        for (label, dir) in class_dirs.iter().enumerate() {
+            let (sub_dirs, images) = list_dir(dir)?;
+            if images.is_empty() {
+                if !sub_dirs.is_empty() {
+                    return Err(DatasetError::NotLabeled {
+                        path: root.to_path_buf(),
+                        detail: format!(
+                            "class folder '{}' holds no images, only sub-folders (e.g. '{}'): the \
+                             layout looks nested; {LAYOUT_HINT} with images directly inside each \
+                             class folder. If '{}' is itself the dataset, pass {} instead",
+                            name_of(dir),
+                            name_of(&sub_dirs[0]),
+                            name_of(dir),
+                            dir.display()
+                        ),
+                    });
+                }
+                return Err(DatasetError::Empty {
+                    path: dir.clone(),
+                    detail: format!(
+                        "class folder '{}' holds no images ({}); add images to it or remove it",
+                        name_of(dir),
+                        IMAGE_EXTENSIONS.join("/")
+                    ),
+                });
+            }
+            classes.push(name_of(dir));
+            samples.extend(images.into_iter().map(|path| Sample { path, label }));
+        }
+        if samples.is_empty() {
+            return Err(DatasetError::Empty {
+                path: root.to_path_buf(),
+                detail: format!("no images found; {LAYOUT_HINT}"),
+            });
+        }
+        Ok(ImageFolder {
+            root: root.to_path_buf(),
+            classes,
+            samples,
+        })
+    }
+
+    /// Compare the class sets of train and valid.
+    pub fn check_same_classes(
+        train: &ImageFolder,
+        valid: &ImageFolder,
+    ) -> Result<(), DatasetError> {
+        if train.classes == valid.classes {
+            return Ok(());
+        }
+        let t: BTreeSet<&str> = train.classes.iter().map(|s| s.as_str()).collect();
+        let v: BTreeSet<&str> = valid.classes.iter().map(|s| s.as_str()).collect();
+        let only_t: Vec<&str> = t.difference(&v).copied().collect();
+        let only_v: Vec<&str> = v.difference(&t).copied().collect();
+        Err(DatasetError::InvalidDataset {
+            detail: format!(
+                "train ({}) and valid ({}) have different classes: only in train: [{}]; only in \
+                 valid: [{}]. Make both folders hold the same class sub-folders",
+                train.root.display(),
+                valid.root.display(),
+                only_t.join(", "),
+                only_v.join(", ")
+            ),
+        })
+    }
+}

@@ -1,0 +1,405 @@
+//! The threaded decode/augment loader: bounded prefetch, batches in order, augmentation
+//! seeded per (seed, epoch, rank, position), images that fail to decode dropped alone under
+//! `--skip-bad-images`.
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// Loader
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// `len x 3 x size x size`, CHW per image, normalized.
+    pub images: Vec<f32>,
+    pub labels: Vec<i64>,
+    pub paths: Vec<PathBuf>,
+    pub len: usize,
+    pub size: usize,
+    /// Images of this batch that failed to decode and were dropped (`skip_bad`), with the
+    /// reason; `len` counts only the images that remain (it may be 0).
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LoaderConfig {
+    pub size: usize,
+    pub batch_size: usize,
+    /// Background decode threads; 0 decodes synchronously in `next()`.
+    pub threads: usize,
+    /// Finished batches that may wait in the queue (in addition to one in progress per thread).
+    pub prefetch: usize,
+    pub augment: Augment,
+    pub norm: Normalization,
+    pub seed: i64,
+    pub epoch: u64,
+    pub rank: usize,
+    /// Position of `indices[0]` in the epoch's shard (non-zero when resuming mid-epoch), so
+    /// augmentation is the same as in an uninterrupted epoch.
+    pub first_position: usize,
+    /// `--skip-bad-images`: an image that fails to decode is dropped alone (listed in
+    /// `Batch::skipped`) and its batch goes on with the others; otherwise the batch fails.
+    pub skip_bad: bool,
+}
+
+pub(super) fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Per-image RNG derived from (seed, epoch, rank, position); independent of threads.
+pub(super) fn image_rng(seed: i64, epoch: u64, rank: usize, position: usize) -> ChaCha8Rng {
+    let mut h = splitmix64(seed as u64);
+    h = splitmix64(h ^ epoch);
+    h = splitmix64(h ^ rank as u64);
+    h = splitmix64(h ^ position as u64);
+    ChaCha8Rng::seed_from_u64(h)
+}
+
+pub(super) struct Shared {
+    samples: Vec<Sample>,
+    indices: Vec<usize>,
+    cfg: LoaderConfig,
+    lut: [[f32; 256]; 3],
+    cancel: AtomicBool,
+    spare: Receiver<Vec<f32>>,
+}
+
+/// Per-thread reusable buffers.
+pub(super) struct WorkerState {
+    file: Vec<u8>,
+    rgb: Vec<u8>,
+    dst: fr::images::Image<'static>,
+    resizer: fr::Resizer,
+}
+
+impl WorkerState {
+    pub(super) fn new(size: usize) -> Self {
+        WorkerState {
+            file: Vec::new(),
+            rgb: Vec::new(),
+            dst: fr::images::Image::new(size as u32, size as u32, fr::PixelType::U8x3),
+            resizer: fr::Resizer::new(),
+        }
+    }
+}
+
+pub(super) fn bad(path: &Path, detail: impl Into<String>) -> DatasetError {
+    DatasetError::BadImage {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+/// Decode `path` to 8-bit RGB in `st.rgb`; returns (width, height).
+pub(super) fn decode_rgb(path: &Path, st: &mut WorkerState) -> Result<(u32, u32), DatasetError> {
+    st.file.clear();
+    fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut st.file))
+        .map_err(|e| io_err(path, e))?;
+    let reader = ImageReader::new(Cursor::new(&st.file[..]))
+        .with_guessed_format()
+        .map_err(|e| io_err(path, e))?;
+    if reader.format().is_none() {
+        return Err(bad(
+            path,
+            "not a JPEG or PNG file (unrecognised header); fix or delete the file",
+        ));
+    }
+    let dec = reader
+        .into_decoder()
+        .map_err(|e| bad(path, format!("cannot decode: {e}; fix or delete the file")))?;
+    let (w, h) = dec.dimensions();
+    let rgb_bytes = w as u64 * h as u64 * 3;
+    if rgb_bytes > MAX_DECODED_BYTES || dec.total_bytes() > MAX_DECODED_BYTES {
+        return Err(bad(
+            path,
+            format!(
+                "image {w}x{h} is too large to decode (limit {MAX_DECODED_BYTES} bytes); downscale or delete it"
+            ),
+        ));
+    }
+    if w == 0 || h == 0 {
+        return Err(bad(path, format!("empty image {w}x{h}")));
+    }
+    let decode_err =
+        |e: image::ImageError| bad(path, format!("cannot decode: {e}; fix or delete the file"));
+    if dec.color_type() == ColorType::Rgb8 {
+        // Fast path (most JPEGs): decode straight into the reusable buffer.
+        st.rgb.resize(rgb_bytes as usize, 0);
+        dec.read_image(&mut st.rgb).map_err(decode_err)?;
+    } else {
+        let img = DynamicImage::from_decoder(dec)
+            .map_err(decode_err)?
+            .into_rgb8();
+        st.rgb = img.into_raw();
+    }
+    Ok((w, h))
+}
+
+/// Decode, augment, normalize one image into `out` (3 x size x size).
+pub(super) fn process_image(
+    path: &Path,
+    rng: &mut ChaCha8Rng,
+    shared: &Shared,
+    st: &mut WorkerState,
+    out: &mut [f32],
+) -> Result<(), DatasetError> {
+    let size = shared.cfg.size;
+    let (w, h) = decode_rgb(path, st)?;
+    let ((mut left, mut top, mut cw, mut ch), flip) =
+        crop_params(shared.cfg.augment, w, h, size, rng);
+    // guard against float drift outside the image
+    left = left.clamp(0.0, w as f64);
+    top = top.clamp(0.0, h as f64);
+    cw = cw.min(w as f64 - left).max(1e-3);
+    ch = ch.min(h as f64 - top).max(1e-3);
+    let src = fr::images::ImageRef::new(w, h, &st.rgb, fr::PixelType::U8x3)
+        .map_err(|e| bad(path, format!("internal buffer error: {e}")))?;
+    let opts = fr::ResizeOptions::new()
+        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
+        .crop(left, top, cw, ch);
+    st.resizer
+        .resize(&src, &mut st.dst, &opts)
+        .map_err(|e| bad(path, format!("resize failed: {e}")))?;
+
+    let px = st.dst.buffer();
+    let plane = size * size;
+    let (r_out, rest) = out.split_at_mut(plane);
+    let (g_out, b_out) = rest.split_at_mut(plane);
+    let [l0, l1, l2] = &shared.lut;
+    for y in 0..size {
+        let row = &px[y * size * 3..(y + 1) * size * 3];
+        let o = y * size;
+        if flip {
+            for (x, p) in row.chunks_exact(3).rev().enumerate() {
+                r_out[o + x] = l0[p[0] as usize];
+                g_out[o + x] = l1[p[1] as usize];
+                b_out[o + x] = l2[p[2] as usize];
+            }
+        } else {
+            for (x, p) in row.chunks_exact(3).enumerate() {
+                r_out[o + x] = l0[p[0] as usize];
+                g_out[o + x] = l1[p[1] as usize];
+                b_out[o + x] = l2[p[2] as usize];
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn build_batch(
+    shared: &Shared,
+    batch_idx: usize,
+    st: &mut WorkerState,
+) -> Result<Batch, DatasetError> {
+    let cfg = &shared.cfg;
+    let start = batch_idx * cfg.batch_size;
+    let end = (start + cfg.batch_size).min(shared.indices.len());
+    let len = end - start;
+    let per = 3 * cfg.size * cfg.size;
+    let mut images = shared.spare.try_recv().unwrap_or_default();
+    images.clear();
+    images.resize(len * per, 0.0);
+    let mut labels = Vec::with_capacity(len);
+    let mut paths = Vec::with_capacity(len);
+    let mut skipped = Vec::new();
+    for pos in start..end {
+        if shared.cancel.load(Ordering::Relaxed) {
+            return Err(DatasetError::InvalidDataset {
+                detail: "loader cancelled".into(),
+            });
+        }
+        let idx = shared.indices[pos];
+        let Some(smp) = shared.samples.get(idx) else {
+            return Err(DatasetError::InvalidDataset {
+                detail: format!(
+                    "sample index {idx} out of range (dataset has {} samples)",
+                    shared.samples.len()
+                ),
+            });
+        };
+        // The RNG follows the image's position in the shard, so a dropped image never shifts
+        // the augmentation of the others.
+        let mut rng = image_rng(cfg.seed, cfg.epoch, cfg.rank, cfg.first_position + pos);
+        let k = labels.len();
+        match process_image(
+            &smp.path,
+            &mut rng,
+            shared,
+            st,
+            &mut images[k * per..(k + 1) * per],
+        ) {
+            Ok(()) => {
+                labels.push(smp.label as i64);
+                paths.push(smp.path.clone());
+            }
+            Err(e @ (DatasetError::BadImage { .. } | DatasetError::Io { .. })) if cfg.skip_bad => {
+                skipped.push((smp.path.clone(), e.to_string()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let kept = labels.len();
+    images.truncate(kept * per);
+    Ok(Batch {
+        images,
+        labels,
+        paths,
+        len: kept,
+        size: cfg.size,
+        skipped,
+    })
+}
+
+pub(super) struct Job {
+    batch_idx: usize,
+    reply: Sender<Result<Batch, DatasetError>>,
+}
+
+/// Iterator returned by [`load_batches`]. Dropping it cancels and joins the worker threads
+/// (each finishes at most the image it is decoding).
+pub struct BatchIter {
+    shared: Arc<Shared>,
+    jobs: Option<Sender<Job>>,
+    pending: VecDeque<Receiver<Result<Batch, DatasetError>>>,
+    next_to_submit: usize,
+    next_to_yield: usize,
+    n_batches: usize,
+    workers: Vec<JoinHandle<()>>,
+    spare_tx: Sender<Vec<f32>>,
+    sync_state: Option<WorkerState>,
+}
+
+impl BatchIter {
+    /// Number of batches this iterator yields in total.
+    pub fn num_batches(&self) -> usize {
+        self.n_batches
+    }
+
+    /// Give a consumed batch's image buffer back for reuse (optional; avoids re-allocating
+    /// and page-faulting large buffers every batch).
+    pub fn recycle(&self, batch: Batch) {
+        let _ = self.spare_tx.try_send(batch.images);
+    }
+
+    fn submit(&mut self) {
+        if self.next_to_submit >= self.n_batches {
+            return;
+        }
+        let Some(jobs) = &self.jobs else { return };
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if jobs
+            .send(Job {
+                batch_idx: self.next_to_submit,
+                reply: tx,
+            })
+            .is_ok()
+        {
+            self.pending.push_back(rx);
+            self.next_to_submit += 1;
+        }
+    }
+}
+
+impl Iterator for BatchIter {
+    type Item = Result<Batch, DatasetError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next_to_yield >= self.n_batches {
+            return None;
+        }
+        let b = self.next_to_yield;
+        self.next_to_yield += 1;
+        if let Some(st) = self.sync_state.as_mut() {
+            return Some(build_batch(&self.shared, b, st));
+        }
+        let rx = self.pending.pop_front()?;
+        self.submit();
+        Some(rx.recv().unwrap_or_else(|_| {
+            Err(DatasetError::InvalidDataset {
+                detail: format!("loader worker thread died while building batch {b}"),
+            })
+        }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.n_batches - self.next_to_yield;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for BatchIter {}
+
+impl Drop for BatchIter {
+    fn drop(&mut self) {
+        self.shared.cancel.store(true, Ordering::Relaxed);
+        self.jobs = None; // disconnect: idle workers wake up and exit
+        self.pending.clear();
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Decode + augment on `cfg.threads` background threads; batches come in the order of
+/// `indices` (chunks of `batch_size`, last may be short). At most `threads + prefetch`
+/// batches are in flight. See module docs.
+///
+/// Panics if `cfg.size == 0` or `cfg.batch_size == 0`.
+pub fn load_batches(folder: &ImageFolder, indices: Vec<usize>, cfg: LoaderConfig) -> BatchIter {
+    assert!(cfg.size > 0, "load_batches: size must be > 0");
+    assert!(cfg.batch_size > 0, "load_batches: batch_size must be > 0");
+    let n_batches = indices.len().div_ceil(cfg.batch_size);
+    let threads = cfg.threads.min(n_batches);
+    let max_in_flight = threads + cfg.prefetch;
+    let (spare_tx, spare_rx) = crossbeam_channel::bounded(max_in_flight + 2);
+    let shared = Arc::new(Shared {
+        samples: folder.samples.clone(),
+        indices,
+        lut: norm_lut(&cfg.norm),
+        cfg,
+        cancel: AtomicBool::new(false),
+        spare: spare_rx,
+    });
+    let mut it = BatchIter {
+        shared: shared.clone(),
+        jobs: None,
+        pending: VecDeque::new(),
+        next_to_submit: 0,
+        next_to_yield: 0,
+        n_batches,
+        workers: Vec::new(),
+        spare_tx,
+        sync_state: None,
+    };
+    if threads == 0 {
+        it.sync_state = Some(WorkerState::new(shared.cfg.size));
+        return it;
+    }
+    let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
+    for t in 0..threads {
+        let shared = shared.clone();
+        let jobs_rx = jobs_rx.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("data-loader-{t}"))
+            .spawn(move || {
+                let mut st = WorkerState::new(shared.cfg.size);
+                while let Ok(job) = jobs_rx.recv() {
+                    if shared.cancel.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let res = build_batch(&shared, job.batch_idx, &mut st);
+                    let _ = job.reply.send(res); // capacity 1: never blocks
+                }
+            })
+            .expect("failed to spawn data loader thread");
+        it.workers.push(h);
+    }
+    it.jobs = Some(jobs_tx);
+    for _ in 0..max_in_flight {
+        it.submit();
+    }
+    it
+}
