@@ -124,3 +124,115 @@ fn sbatch_script() {
         redact(&r.stdout, Some(t.path())).replace(&data.display().to_string(), "[DATA]")
     );
 }
+
+/// What differs between runs in logs and reports: times, the host, ports, and the numbers of a
+/// measurement (speeds, seconds, which rank was slowest). Applied to the failure summary and
+/// the run report.
+fn run_filters() -> Vec<(String, String)> {
+    let host = hostname();
+    vec![
+        (r"\d{4}-\d\d-\d\dT[\d:.]+Z".into(), "[TIME]".into()),
+        (format!(r"\b{}\b", regex_escape(&host)), "[HOST]".into()),
+        (r"127\.0\.0\.1:\d+".into(), "127.0.0.1:[PORT]".into()),
+        (r"[\d.]+ images/s".into(), "[N] images/s".into()),
+        (r"(compute|communication) [\d.]+s".into(), "$1 [N]s".into()),
+        (r"slowest rank \d+".into(), "slowest rank [N]".into()),
+    ]
+}
+
+fn hostname() -> String {
+    let r = run(Command::new("hostname").arg("-s"), LIMIT);
+    r.stdout.trim().to_string()
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_string()
+            } else {
+                format!("\\{c}")
+            }
+        })
+        .collect()
+}
+
+fn snapshot_with_run_filters(name: &str, text: &str) {
+    let filters = run_filters();
+    let mut settings = insta::Settings::clone_current();
+    for (re, with) in &filters {
+        settings.add_filter(re, with.as_str());
+    }
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+/// The failure summary, live (stderr) and from `tchrun logs`: the first failing rank, its cause
+/// and its log's last lines.
+#[test]
+fn failure_summary() {
+    let t = tempdir();
+    let logs = t.path().join("logs");
+    let r = run(
+        clean(tchrun())
+            .args(["exec", "--procs-per-node", "2", "--log-dir"])
+            .arg(&logs)
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "echo hello from $RANK; if [ \"$RANK\" = 1 ]; then echo boom >&2; exit 3; fi; sleep 1",
+            ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    let start = r
+        .stderr
+        .find("tchrun: rank 1 failed first")
+        .unwrap_or_else(|| panic!("no summary:\n{}", r.explain()));
+    let live: String = r.stderr[start..]
+        .lines()
+        .take_while(|l| l.starts_with("tchrun:") || l.starts_with("  "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    snapshot_with_run_filters("failure summary", &redact(&live, Some(t.path())));
+    let again = run(clean(tchrun()).arg("logs").arg(&logs), LIMIT);
+    assert_eq!(again.code, Some(0), "{}", again.explain());
+    snapshot_with_run_filters(
+        "failure summary from tchrun logs",
+        &redact(&again.stdout, Some(t.path())),
+    );
+}
+
+/// The end-of-run report of a training job (2 ranks, one epoch on the small digits).
+#[test]
+fn run_report() {
+    let t = tempdir();
+    let (model, data) = job(t.path());
+    let out = t.path().join("out");
+    let r = run(
+        clean(tchrun_train(
+            &model,
+            &data.join("train"),
+            &data.join("valid"),
+            &out,
+        ))
+        .args([
+            "--procs-per-node",
+            "2",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "40",
+        ]),
+        Duration::from_secs(300),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let report: String = r
+        .stdout
+        .lines()
+        .chain(r.stderr.lines())
+        .filter(|l| l.starts_with("tchrun: run report") || l.starts_with("tchrun: trained model"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    snapshot_with_run_filters("run report", &redact(&report, Some(t.path())));
+}
