@@ -360,7 +360,6 @@ fn run_planned(args: &LaunchArgs, plan: &Plan, worker_args: Vec<String>) -> Resu
             move || report::last_progress(&d)
         })),
         rank_failed: Some(Box::new(move || report::any_rank_failed(&log_dir_probe))),
-        prefixes: Vec::new(),
     };
     crate::ranks::write_table(plan);
     let outcome = supervise::run(&specs, mpi_log, &settings)

@@ -75,9 +75,9 @@ fn is_progress(line: &str) -> bool {
 const TAIL_LINES: usize = 200;
 
 impl Sink {
-    fn line(&self, line: &str, to_stderr: bool, prefix: &str) {
+    fn line(&self, line: &str, to_stderr: bool) {
         if let Ok(mut f) = self.log.lock() {
-            let _ = writeln!(f, "{prefix}{line}");
+            let _ = writeln!(f, "{line}");
         }
         match (&self.status, to_stderr) {
             (Some(shown), _) => {
@@ -85,7 +85,7 @@ impl Sink {
                 let mut shown = shown.lock().unwrap_or_else(|e| e.into_inner());
                 let mut out = std::io::stdout().lock();
                 if !to_stderr && is_progress(line) {
-                    let _ = write!(out, "\r\x1b[2K{prefix}{line}");
+                    let _ = write!(out, "\r\x1b[2K{line}");
                     *shown = true;
                 } else {
                     if *shown {
@@ -94,15 +94,15 @@ impl Sink {
                     }
                     let _ = out.flush();
                     if to_stderr {
-                        errln!("{prefix}{line}");
+                        errln!("{line}");
                     } else {
-                        let _ = writeln!(out, "{prefix}{line}");
+                        let _ = writeln!(out, "{line}");
                     }
                 }
                 let _ = out.flush();
             }
-            (None, true) => errln!("{prefix}{line}"),
-            (None, false) => outln!("{prefix}{line}"),
+            (None, true) => errln!("{line}"),
+            (None, false) => outln!("{line}"),
         }
         if let Ok(mut t) = self.tail.lock() {
             if t.len() == TAIL_LINES {
@@ -130,8 +130,6 @@ pub struct Settings {
     /// Whether some rank reported that it failed. mpirun/srun normally end the job then; if
     /// they have not within `RANK_FAILED_GRACE` (a node they cannot reach), tchrun stops them.
     pub rank_failed: Option<Box<dyn Fn() -> bool>>,
-    /// Prefix of each process's output lines on the terminal (e.g. "host:rank ").
-    pub prefixes: Vec<String>,
 }
 
 /// How long mpirun/srun get to end the job after a rank reported its failure.
@@ -210,7 +208,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut pids: Vec<u32> = Vec::new();
     let mut readers = Vec::new();
-    for (i, spec) in specs.iter().enumerate() {
+    for spec in specs {
         let mut child = match spawn(spec) {
             Ok(c) => c,
             Err(e) => {
@@ -224,20 +222,19 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
                 ));
             }
         };
-        let prefix = settings.prefixes.get(i).cloned().unwrap_or_default();
         if let Some(out) = child.stdout.take() {
-            let (s, p) = (Arc::clone(&sink), prefix.clone());
+            let s = Arc::clone(&sink);
             readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    s.line(&line, false, &p);
+                    s.line(&line, false);
                 }
             }));
         }
         if let Some(err) = child.stderr.take() {
-            let (s, p) = (Arc::clone(&sink), prefix);
+            let s = Arc::clone(&sink);
             readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(err).lines().map_while(Result::ok) {
-                    s.line(&line, true, &p);
+                    s.line(&line, true);
                 }
             }));
         }
