@@ -434,3 +434,37 @@ pub fn parse_or_exit<C: clap::Parser>() -> C {
         }
     }
 }
+
+/// The inputs and outputs of scoring ("Score Image Model"): `tchrun score` and
+/// `tchrun-worker score` take the same flags, defined here once.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct ScoreJob {
+    /// Trained model directory (model.json + model.safetensors).
+    #[arg(long, env = "TCHRUN_MODEL")]
+    pub model: PathBuf,
+    /// Directory of images to score (searched recursively).
+    #[arg(long)]
+    pub images: PathBuf,
+    /// CSV file to write.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Images per forward pass.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
+    /// Compute device.
+    #[arg(long, env = "TCHRUN_DEVICE", value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
+}
+
+impl ScoreJob {
+    /// The job as arguments for `tchrun-worker score`.
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            format!("--model={}", self.model.display()),
+            format!("--images={}", self.images.display()),
+            format!("--output={}", self.output.display()),
+            format!("--batch-size={}", self.batch_size),
+            format!("--device={}", self.device.as_str()),
+        ]
+    }
+}

@@ -552,17 +552,10 @@ pub fn run_train(
 }
 
 /// `tchrun score`: runs `tchrun-worker score` as a local child (the launcher has no libtorch).
-pub fn run_score(
-    worker: Option<&Path>,
-    model: &Path,
-    images: &Path,
-    output: &Path,
-    batch_size: u32,
-    device: tchrun::flags::Device,
-) -> Result<i32, JobError> {
+pub fn run_score(worker: Option<&Path>, job: &tchrun::flags::ScoreJob) -> Result<i32, JobError> {
     // One process on this host.
-    gpus::check_here(1, GpuUse::Ranks(device))?;
-    tchrun::model::load(model, true).map_err(|e| JobError::invalid(format!("--model {e}")))?;
+    gpus::check_here(1, GpuUse::Ranks(job.device))?;
+    tchrun::model::load(&job.model, true).map_err(|e| JobError::invalid(format!("--model {e}")))?;
     let worker = match worker {
         Some(w) => w.to_path_buf(),
         None => default_worker().ok_or_else(|| {
@@ -571,14 +564,7 @@ pub fn run_score(
     };
     let status = std::process::Command::new(&worker)
         .arg("score")
-        .arg("--model")
-        .arg(model)
-        .arg("--images")
-        .arg(images)
-        .arg("--output")
-        .arg(output)
-        .arg(format!("--batch-size={batch_size}"))
-        .arg(format!("--device={}", device.as_str()))
+        .args(job.to_args())
         .status()
         .map_err(|e| JobError::launch(format!("cannot start {}: {e}", worker.display())))?;
     Ok(status.code().unwrap_or(ErrorKind::RankFailed.exit_code()))

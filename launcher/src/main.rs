@@ -98,21 +98,8 @@ enum ModelCmd {
 
 #[derive(Args, Debug)]
 struct ScoreArgs {
-    /// Trained model directory (model.json + model.safetensors).
-    #[arg(long, env = "TCHRUN_MODEL")]
-    model: PathBuf,
-    /// Directory of images to score (searched recursively).
-    #[arg(long)]
-    images: PathBuf,
-    /// CSV file to write.
-    #[arg(long)]
-    output: PathBuf,
-    /// Images per forward pass.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-    batch_size: u32,
-    /// Compute device.
-    #[arg(long, env = "TCHRUN_DEVICE", value_enum, default_value_t = tchrun::flags::Device::Auto)]
-    device: tchrun::flags::Device,
+    #[command(flatten)]
+    job: tchrun::flags::ScoreJob,
     /// The tchrun-worker binary (default: the one beside tchrun).
     #[arg(long, env = "TCHRUN_WORKER")]
     worker: Option<PathBuf>,
@@ -179,14 +166,7 @@ fn main() -> ExitCode {
         Cmd::Train(a) => job::run_train(&a.job, &a.launch, &a.rank),
         Cmd::Sbatch(a) => sbatch::run(&a),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
-        Cmd::Score(a) => job::run_score(
-            a.worker.as_deref(),
-            &a.model,
-            &a.images,
-            &a.output,
-            a.batch_size,
-            a.device,
-        ),
+        Cmd::Score(a) => job::run_score(a.worker.as_deref(), &a.job),
         Cmd::Logs { dir } => match report::logs_command(&dir) {
             Ok(text) => {
                 {

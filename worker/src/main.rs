@@ -61,21 +61,8 @@ struct TrainArgs {
 
 #[derive(Args, Debug)]
 struct ScoreArgs {
-    /// Trained model directory (model.json + model.safetensors).
-    #[arg(long, env = "TCHRUN_MODEL")]
-    model: PathBuf,
-    /// Directory of images to score (searched recursively).
-    #[arg(long)]
-    images: PathBuf,
-    /// CSV file to write.
-    #[arg(long)]
-    output: PathBuf,
-    /// Images per forward pass.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-    batch_size: u32,
-    /// Compute device.
-    #[arg(long, env = "TCHRUN_DEVICE", value_enum, default_value_t = DeviceFlag::Auto)]
-    device: DeviceFlag,
+    #[command(flatten)]
+    job: tchrun::flags::ScoreJob,
 }
 
 #[derive(Args, Debug)]
@@ -586,7 +573,7 @@ fn run_train(a: TrainArgs) -> RankResult {
     })
 }
 
-fn run_score(a: ScoreArgs) -> RankResult {
+fn run_score(ScoreArgs { job: a }: ScoreArgs) -> RankResult {
     let flags = RankFlags {
         device: a.device,
         backend: Backend::Auto,
