@@ -58,11 +58,8 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
 
 fn write(plan: &Plan, rows: &[RankRow]) {
     if let Ok(text) = serde_json::to_string_pretty(rows) {
-        let path = plan.log_dir.join(files::RANKS_JSON);
-        let tmp = plan.log_dir.join(format!(".{}.tmp", files::RANKS_JSON));
-        if std::fs::write(&tmp, text).is_ok() {
-            let _ = std::fs::rename(&tmp, path);
-        }
+        // Best effort: the table is also printed.
+        let _ = files::write_atomic(&plan.log_dir.join(files::RANKS_JSON), text.as_bytes());
     }
 }
 

@@ -279,10 +279,7 @@ pub fn render(s: &FailureSummary, log_dir: &Path) -> String {
 /// Writes `failure.json` (best effort: the summary is also printed).
 pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
     if let Ok(text) = serde_json::to_string_pretty(s) {
-        let tmp = log_dir.join(format!(".{}.tmp", files::FAILURE_JSON));
-        if std::fs::write(&tmp, text).is_ok() {
-            let _ = std::fs::rename(&tmp, log_dir.join(files::FAILURE_JSON));
-        }
+        let _ = files::write_atomic(&log_dir.join(files::FAILURE_JSON), text.as_bytes());
     }
 }
 

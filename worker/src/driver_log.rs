@@ -133,7 +133,7 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
     nix::unistd::dup2(file.as_raw_fd(), 2).map_err(std::io::Error::from)?;
     drop(file);
 
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TCHRUN_LOG")
+    let filter = tracing_subscriber::EnvFilter::try_from_env(tchrun::env::TCHRUN_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

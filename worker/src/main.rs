@@ -297,13 +297,10 @@ fn resolve(
 
 /// Intra-op threads: the host's cores shared among the ranks on it (no oversubscription).
 fn set_threads(local_size: usize) {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let n = std::env::var("TCHRUN_THREADS")
+    let n = std::env::var(tchrun::env::TCHRUN_THREADS)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or((cores / local_size.max(1)).max(1));
+        .unwrap_or_else(|| tchrun::env::threads_per_rank(local_size));
     tch::set_num_threads(n as i32);
 }
 
