@@ -584,3 +584,80 @@ fn check_writable(output: &Path) -> Result<(), JobError> {
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// mpirun's own words (OpenMPI 4.1, as printed here) name the first failing rank.
+    #[test]
+    fn mpirun_output_names_the_first_failing_rank() {
+        let exited = lines(
+            "--------------------------------------------------------------------------\n\
+             mpirun detected that one or more processes exited with non-zero status, thus causing\n\
+             the job to be terminated. The first process to do so was:\n\
+             \n\
+             \x20 Process name: [[27021,1],1]\n\
+             \x20 Exit code:    3\n\
+             --------------------------------------------------------------------------",
+        );
+        assert_eq!(mpirun_first_failure(&exited), (Some(1), Some(3)));
+        let killed = lines(
+            "mpirun noticed that process rank 2 with PID 0 on node vm exited on signal 9 (Killed).",
+        );
+        assert_eq!(mpirun_first_failure(&killed), (Some(2), Some(128 + 9)));
+        assert_eq!(
+            mpirun_first_failure(&lines("hello\nExit code: not a number")),
+            (None, None)
+        );
+        assert_eq!(mpirun_first_failure(&[]), (None, None));
+    }
+
+    #[test]
+    fn launch_failures_say_what_to_change() {
+        let plan = Plan {
+            kind: LauncherKind::Mpirun,
+            node_names: Vec::new(),
+            nodes: 2,
+            procs_per_node: 3,
+            hosts: Vec::new(),
+            hostfile: None,
+            oversubscribe: false,
+            worker: PathBuf::from("/opt/tchrun-worker"),
+            log_dir: PathBuf::from("/tmp/logs"),
+            mpirun_args: Vec::new(),
+            as_root: false,
+        };
+        let slots = launch_failure_message(
+            &plan,
+            &lines("There are not enough slots available in the system to satisfy the 6"),
+        );
+        assert!(
+            slots.contains("6 rank(s)")
+                && slots.contains("--procs-per-node (3)")
+                && slots.contains("--oversubscribe"),
+            "{slots}"
+        );
+        let daemons = launch_failure_message(
+            &plan,
+            &lines("ORTE was unable to reliably start one or more daemons."),
+        );
+        assert!(daemons.contains("passwordless ssh"), "{daemons}");
+        let missing = launch_failure_message(
+            &plan,
+            &lines("mpirun was unable to find the specified executable file"),
+        );
+        assert!(
+            missing.contains("/opt/tchrun-worker") && missing.contains("--worker"),
+            "{missing}"
+        );
+        assert_eq!(
+            launch_failure_message(&plan, &lines("something else")),
+            "the ranks could not be started"
+        );
+    }
+}
