@@ -379,19 +379,7 @@ fn run_planned(args: &LaunchArgs, plan: &Plan, worker_args: Vec<String>) -> Resu
                 l.tail.last().map(String::as_str).unwrap_or("")
             ));
         }
-        let summary = FailureSummary {
-            rank: None,
-            host: None,
-            local_rank: None,
-            exit_code: None,
-            signal: None,
-            time: Some(tchrun::files::timestamp_now()),
-            classification: "hang".into(),
-            message: msg.clone(),
-            log: None,
-            tail: Vec::new(),
-            exit_status: ErrorKind::RankFailed.exit_code(),
-        };
+        let summary = FailureSummary::hang(msg.clone());
         report::write_summary(&plan.log_dir, &summary);
         return Err(JobError {
             kind: ErrorKind::RankFailed,
@@ -430,19 +418,8 @@ fn run_planned(args: &LaunchArgs, plan: &Plan, worker_args: Vec<String>) -> Resu
     }
     if logs.is_empty() {
         let message = launch_failure_message(plan, &outcome.tail);
-        let summary = FailureSummary {
-            rank: None,
-            host: None,
-            local_rank: None,
-            exit_code: Some(first.ended.as_code()),
-            signal: None,
-            time: None,
-            classification: "launch error".into(),
-            message: message.clone(),
-            log: None,
-            tail: outcome.tail.iter().rev().take(15).rev().cloned().collect(),
-            exit_status: ErrorKind::LaunchFailed.exit_code(),
-        };
+        let summary =
+            FailureSummary::launch_failure(message.clone(), first.ended.as_code(), &outcome.tail);
         report::write_summary(&plan.log_dir, &summary);
         return Err(JobError::launch(format!(
             "{message}\n  launcher output: {}",
@@ -452,36 +429,11 @@ fn run_planned(args: &LaunchArgs, plan: &Plan, worker_args: Vec<String>) -> Resu
     // Which rank: local ranks are one process each; mpirun names the first one.
     let kind = ErrorKind::from_worker_exit(code).unwrap_or(ErrorKind::RankFailed);
     let culprit = report::first_failing(&logs, hint_rank);
-    let cause = culprit.and_then(report::classify);
-    let (message, classification) = match &cause {
-        Some((_, class, msg)) => (msg.clone(), class.clone()),
-        None => match first.ended {
-            Ended::Signal(s) => (format!("killed by signal {s}"), "killed by signal".into()),
-            Ended::Code(c) if c > 128 => (
-                format!("killed by signal {}", c - 128),
-                "killed by signal".into(),
-            ),
-            Ended::Code(c) => (format!("exited with code {c}"), "error".into()),
-        },
+    let signal = match first.ended {
+        Ended::Signal(s) => Some(s),
+        Ended::Code(_) => None,
     };
-    let summary = FailureSummary {
-        rank: culprit.map(|c| c.rank),
-        host: culprit.map(|c| c.host.clone()),
-        local_rank: culprit.and_then(|c| c.local_rank),
-        exit_code: Some(code),
-        signal: match first.ended {
-            Ended::Signal(s) => Some(s),
-            _ => None,
-        },
-        time: cause
-            .map(|c| c.0)
-            .or_else(|| Some(humantime::format_rfc3339_millis(first.at).to_string())),
-        classification,
-        message,
-        log: culprit.map(|c| c.path.clone()),
-        tail: culprit.map(|c| c.tail.clone()).unwrap_or_default(),
-        exit_status: kind.exit_code(),
-    };
+    let summary = FailureSummary::rank_failure(culprit, code, signal, first.at, kind.exit_code());
     report::write_summary(&plan.log_dir, &summary);
     {
         use std::io::Write as _;

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tchrun::driver_log::{self, FailureRecord, RankExit};
+use tchrun::exit::ErrorKind;
 use tchrun::files;
 
 /// What a driver log says about its rank (read with `tchrun::driver_log`).
@@ -199,6 +200,85 @@ pub struct FailureSummary {
     pub log: Option<PathBuf>,
     pub tail: Vec<String>,
     pub exit_status: i32,
+}
+
+impl FailureSummary {
+    /// No rank made progress for `--hang-timeout`: the job was stopped (exit 4).
+    pub fn hang(message: String) -> FailureSummary {
+        FailureSummary {
+            rank: None,
+            host: None,
+            local_rank: None,
+            exit_code: None,
+            signal: None,
+            time: Some(tchrun::files::timestamp_now()),
+            classification: "hang".into(),
+            message,
+            log: None,
+            tail: Vec::new(),
+            exit_status: ErrorKind::RankFailed.exit_code(),
+        }
+    }
+
+    /// The ranks never started (no driver log): mpirun/srun's exit code and the last lines of
+    /// its output (exit 3).
+    pub fn launch_failure(
+        message: String,
+        launcher_code: i32,
+        output: &[String],
+    ) -> FailureSummary {
+        FailureSummary {
+            rank: None,
+            host: None,
+            local_rank: None,
+            exit_code: Some(launcher_code),
+            signal: None,
+            time: None,
+            classification: "launch error".into(),
+            message,
+            log: None,
+            tail: output.iter().rev().take(15).rev().cloned().collect(),
+            exit_status: ErrorKind::LaunchFailed.exit_code(),
+        }
+    }
+
+    /// A rank failed first: `culprit`'s log when there is one (its cause, time and tail), else
+    /// what its process's end says. `code` is the rank's exit code, `exit_status` tchrun's.
+    pub fn rank_failure(
+        culprit: Option<&RankLog>,
+        code: i32,
+        signal: Option<i32>,
+        at: std::time::SystemTime,
+        exit_status: i32,
+    ) -> FailureSummary {
+        let cause = culprit.and_then(classify);
+        let (message, classification) = match &cause {
+            Some((_, class, msg)) => (msg.clone(), class.clone()),
+            None => match signal {
+                Some(s) => (format!("killed by signal {s}"), "killed by signal".into()),
+                None if code > 128 => (
+                    format!("killed by signal {}", code - 128),
+                    "killed by signal".into(),
+                ),
+                None => (format!("exited with code {code}"), "error".into()),
+            },
+        };
+        FailureSummary {
+            rank: culprit.map(|c| c.rank),
+            host: culprit.map(|c| c.host.clone()),
+            local_rank: culprit.and_then(|c| c.local_rank),
+            exit_code: Some(code),
+            signal,
+            time: cause
+                .map(|c| c.0)
+                .or_else(|| Some(humantime::format_rfc3339_millis(at).to_string())),
+            classification,
+            message,
+            log: culprit.map(|c| c.path.clone()),
+            tail: culprit.map(|c| c.tail.clone()).unwrap_or_default(),
+            exit_status,
+        }
+    }
 }
 
 /// When a rank failed: its failure record's time, else its first ERROR line's.
