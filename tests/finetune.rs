@@ -30,22 +30,7 @@ fn torchvision_weights(dir: &Path, specs: &[(&str, usize, &str)]) {
 }
 
 fn init(arch: &str, weights: &Path, out: &Path) -> Run {
-    run(
-        tchrun()
-            .args([
-                "model",
-                "init",
-                "--arch",
-                arch,
-                "--input-size",
-                "32",
-                "--weights",
-            ])
-            .arg(weights)
-            .arg("--output")
-            .arg(out),
-        LIMIT,
-    )
+    run(&mut init_with_weights(arch, weights, out), LIMIT)
 }
 
 /// One epoch on the small digits at an LR so small (1e-15) that no weight moves measurably:

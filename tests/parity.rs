@@ -45,12 +45,11 @@ fn parity_of(arch: Arch) {
     py("write");
     for (weights, tag) in [("w.pth", "pth"), ("w.safetensors", "st")] {
         let r = run(
-            tchrun()
-                .args(["model", "init", "--arch", arch.name(), "--input-size", "32"])
-                .arg("--weights")
-                .arg(d.join(weights))
-                .arg("--output")
-                .arg(d.join(format!("model-{tag}"))),
+            &mut init_with_weights(
+                arch.name(),
+                &d.join(weights),
+                &d.join(format!("model-{tag}")),
+            ),
             LIMIT,
         );
         assert_eq!(r.code, Some(0), "{}", r.explain());

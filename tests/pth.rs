@@ -26,23 +26,6 @@ fn py(dir: &Path, code: &str) -> Run {
     r
 }
 
-fn init(arch: &str, weights: &Path, out: &Path) -> Command {
-    let mut c = tchrun();
-    c.args([
-        "model",
-        "init",
-        "--arch",
-        arch,
-        "--input-size",
-        "32",
-        "--weights",
-    ])
-    .arg(weights)
-    .arg("--output")
-    .arg(out);
-    c
-}
-
 /// A refusal: exit 2, the file named, every `needle` said, nothing written in `out`.
 fn assert_refused(r: &Run, file: &str, needles: &[&str], out: &Path) {
     assert_eq!(r.code, Some(2), "{}", r.explain());
@@ -97,7 +80,7 @@ fn pth_state_dicts_convert_exactly() {
     ] {
         let pth = t.path().join(file);
         let out = t.path().join(arch);
-        let r = run(&mut init(arch, &pth, &out), LIMIT);
+        let r = run(&mut init_with_weights(arch, &pth, &out), LIMIT);
         assert_eq!(r.code, Some(0), "{}", r.explain());
         assert_same_tensors(&pth, &out.join("model.safetensors"));
         let cfg: serde_json::Value =
@@ -208,7 +191,10 @@ fn pth_with_code_is_refused_and_nothing_runs() {
         ("eval.pth", "__builtin__.eval", &marker2),
     ] {
         let out = t.path().join("out");
-        let r = run(&mut init("resnet18", &t.path().join(file), &out), LIMIT);
+        let r = run(
+            &mut init_with_weights("resnet18", &t.path().join(file), &out),
+            LIMIT,
+        );
         assert_refused(
             &r,
             file,
@@ -317,12 +303,15 @@ fn pth_refusals_name_the_file_and_the_fix() {
             &["starts with 'module.'", "model.module.state_dict()"],
         ),
     ] {
-        let r = run(&mut init(arch, &t.path().join(file), &out), LIMIT);
+        let r = run(
+            &mut init_with_weights(arch, &t.path().join(file), &out),
+            LIMIT,
+        );
         assert_refused(&r, file, needles, &out);
     }
     // The untouched file is accepted (the refusals above are the file's, not the setup's).
     let r = run(
-        &mut init("resnet18", &t.path().join("full.pth"), &out),
+        &mut init_with_weights("resnet18", &t.path().join("full.pth"), &out),
         LIMIT,
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
@@ -364,7 +353,7 @@ fn model_init_pth_needs_no_network() {
     assert_eq!(ifaces, ["lo"], "{}", r.explain());
 
     let out = t.path().join("m");
-    let cmd = init("resnet18", &t.path().join("r18.pth"), &out);
+    let cmd = init_with_weights("resnet18", &t.path().join("r18.pth"), &out);
     let mut c = Command::new("unshare");
     c.arg("-n").arg(cmd.get_program()).args(cmd.get_args());
     let r = run(&mut c, LIMIT);

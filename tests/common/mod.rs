@@ -266,6 +266,24 @@ pub fn model_dir(parent: &Path, arch: &str, size: u32) -> PathBuf {
     m
 }
 
+/// `tchrun model init --arch ARCH --input-size 32 --weights WEIGHTS --output OUT`.
+pub fn init_with_weights(arch: &str, weights: &Path, out: &Path) -> Command {
+    let mut c = tchrun();
+    c.args([
+        "model",
+        "init",
+        "--arch",
+        arch,
+        "--input-size",
+        "32",
+        "--weights",
+    ])
+    .arg(weights)
+    .arg("--output")
+    .arg(out);
+    c
+}
+
 /// A copy of the digits split `src` with the first `per_class` images of each class, the
 /// labels shifted by `shift` classes (0: unchanged).
 pub fn subset(src: &Path, dst: &Path, per_class: usize, shift: usize) -> PathBuf {
