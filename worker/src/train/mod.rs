@@ -223,7 +223,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         )
         .map_err(|e| TrainError::Invalid(format!("--model {e}")))?;
         (ctx.say)(&note);
-        if cfg.is_trained() {
+        // Only rank 0 writes model.json: the others need not read the file again to hash it.
+        if cfg.is_trained() && rank == 0 {
             initial_weights = Some(serde_json::json!({
                 "file": weights_file.display().to_string(),
                 "sha256": tchrun::weights::sha256_file(&weights_file).unwrap_or_default(),
