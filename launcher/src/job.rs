@@ -323,7 +323,11 @@ pub fn run_job(
 }
 
 /// Runs a job whose plan passed its pre-flight; returns the exit code.
-fn run_planned(args: &LaunchArgs, plan: &Plan, worker_args: Vec<String>) -> Result<i32, JobError> {
+pub fn run_planned(
+    args: &LaunchArgs,
+    plan: &Plan,
+    worker_args: Vec<String>,
+) -> Result<i32, JobError> {
     let specs = commands(plan, &worker_args)?;
     if args.dry_run {
         print_dry_run(plan, &specs);
@@ -503,27 +507,8 @@ pub fn run_train(
     Ok(code)
 }
 
-/// `tchrun score`: runs `tchrun-worker score` as a local child (the launcher has no libtorch).
-pub fn run_score(worker: Option<&Path>, job: &tchrun::flags::ScoreJob) -> Result<i32, JobError> {
-    // One process on this host.
-    gpus::check_here(1, GpuUse::Ranks(job.device))?;
-    tchrun::model::load(&job.model, true).map_err(|e| JobError::invalid(format!("--model {e}")))?;
-    let worker = match worker {
-        Some(w) => w.to_path_buf(),
-        None => default_worker().ok_or_else(|| {
-            JobError::invalid("tchrun-worker not found beside tchrun; pass --worker PATH")
-        })?,
-    };
-    let status = std::process::Command::new(&worker)
-        .arg("score")
-        .args(job.to_args())
-        .status()
-        .map_err(|e| JobError::launch(format!("cannot start {}: {e}", worker.display())))?;
-    Ok(status.code().unwrap_or(ErrorKind::RankFailed.exit_code()))
-}
-
 /// `--output` must be writable (a read-only mount is refused before any rank starts).
-fn check_writable(output: &Path) -> Result<(), JobError> {
+pub fn check_writable(output: &Path) -> Result<(), JobError> {
     let fail = |e: std::io::Error| {
         JobError::invalid(format!(
             "--output {}: not writable ({e}); choose a writable directory",

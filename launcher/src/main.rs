@@ -20,6 +20,7 @@ macro_rules! errln {
 }
 
 mod gpus;
+mod inference;
 mod job;
 mod launch;
 mod model_init;
@@ -57,8 +58,10 @@ enum Cmd {
     /// Model directories.
     #[command(subcommand)]
     Model(ModelCmd),
-    /// Score images with a trained model into a CSV ("Score Image Model").
+    /// Score images with a trained model into a CSV, on one or many ranks ("Score Image Model").
     Score(ScoreArgs),
+    /// Evaluate a trained model on labeled images: scores, metrics, confusion matrix ("Evaluate Model").
+    Evaluate(EvaluateArgs),
     /// Print the failure summary of a job's log directory, or a per-rank overview.
     Logs {
         /// The job's log directory.
@@ -100,9 +103,20 @@ enum ModelCmd {
 struct ScoreArgs {
     #[command(flatten)]
     job: tchrun::flags::ScoreJob,
-    /// The tchrun-worker binary (default: the one beside tchrun).
-    #[arg(long, env = "TCHRUN_WORKER")]
-    worker: Option<PathBuf>,
+    #[command(flatten)]
+    launch: launch::LaunchArgs,
+    #[command(flatten)]
+    rank: RankFlags,
+}
+
+#[derive(Args, Debug)]
+struct EvaluateArgs {
+    #[command(flatten)]
+    job: tchrun::flags::EvaluateJob,
+    #[command(flatten)]
+    launch: launch::LaunchArgs,
+    #[command(flatten)]
+    rank: RankFlags,
 }
 
 #[derive(Args, Debug)]
@@ -166,7 +180,8 @@ fn main() -> ExitCode {
         Cmd::Train(a) => job::run_train(&a.job, &a.launch, &a.rank),
         Cmd::Sbatch(a) => sbatch::run(&a),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
-        Cmd::Score(a) => job::run_score(a.worker.as_deref(), &a.job),
+        Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
+        Cmd::Evaluate(a) => inference::run_evaluate(&a.job, &a.launch, &a.rank),
         Cmd::Logs { dir } => match report::logs_command(&dir) {
             Ok(text) => {
                 {
