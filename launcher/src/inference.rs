@@ -2,15 +2,16 @@
 //! directory, the images and the output are checked here (no libtorch needed), then the ranks
 //! run `tchrun-worker score|evaluate` like any job (launch flags, GPU pre-flight, driver logs,
 //! fail-fast). The ranks split the images by whole batches and rank 0 writes the output.
-use crate::gpus::{self, GpuUse};
-use crate::job::{absolute, check_writable, plan, run_planned, JobError};
-use crate::launch::LaunchArgs;
-use crate::launch::Plan;
+use crate::error::JobError;
+use crate::gpus::GpuUse;
+use crate::job::run_planned;
+use crate::launch::{LaunchArgs, Plan};
+use crate::preflight::{absolute, check_writable, validate};
 use std::path::{Path, PathBuf};
 use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
 
 fn check_model(model: &Path) -> Result<tchrun::model::ModelConfig, JobError> {
-    tchrun::model::load(model, true).map_err(|e| JobError::invalid(format!("--model {e}")))
+    Ok(tchrun::model::load(model, true)?)
 }
 
 fn check_images_dir(images: &Path) -> Result<(), JobError> {
@@ -40,8 +41,7 @@ fn launch_preflight(
     default_logs: PathBuf,
 ) -> Result<(RankFlags, Plan), JobError> {
     let (rank, log_dir) = with_log_dir(rank, default_logs);
-    let plan = plan(launch, log_dir)?;
-    gpus::check(&plan, GpuUse::Ranks(rank.device))?;
+    let plan = validate(launch, log_dir, GpuUse::Ranks(rank.device))?;
     Ok((rank, plan))
 }
 
@@ -85,10 +85,9 @@ pub fn run_evaluate(
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
     let cfg = check_model(&job.model)?;
     check_images_dir(&job.images)?;
-    let folder = tchrun::data::ImageFolder::scan(&job.images)
-        .map_err(|e| JobError::invalid(format!("--images {e}")))?;
+    let folder = tchrun::data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;
     tchrun::evaluation::map_classes(&job.images, &folder.classes, &cfg.class_names)
-        .map_err(|e| JobError::invalid(format!("--images {e}")))?;
+        .map_err(JobError::Images)?;
     if job.output.is_file() {
         return Err(JobError::invalid(format!(
             "--output {}: is a file; evaluate writes a directory (scores.csv, metrics.json, \

@@ -19,15 +19,19 @@ macro_rules! errln {
     }};
 }
 
+mod error;
 mod gpus;
 mod inference;
 mod job;
 mod launch;
 mod model_init;
+mod outcome;
+mod preflight;
 mod ranks;
 mod report;
 mod sbatch;
 mod supervise;
+mod train;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -142,7 +146,7 @@ fn main() -> ExitCode {
         Cmd::Selftest(a) => {
             let mut args = vec!["selftest".to_string()];
             let mut rank = a.rank.clone();
-            let log_dir = job::absolute(
+            let log_dir = preflight::absolute(
                 rank.log_dir
                     .clone()
                     .unwrap_or_else(|| PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR)),
@@ -159,7 +163,7 @@ fn main() -> ExitCode {
             job::run_job(&a.launch, log_dir, args, gpus::GpuUse::Ranks(a.rank.device))
         }
         Cmd::Exec(a) => {
-            let log_dir = job::absolute(
+            let log_dir = preflight::absolute(
                 a.log_dir
                     .clone()
                     .unwrap_or_else(|| PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR)),
@@ -177,7 +181,7 @@ fn main() -> ExitCode {
             let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
             job::run_job(&a.launch, log_dir, args, usage)
         }
-        Cmd::Train(a) => job::run_train(&a.job, &a.launch, &a.rank),
+        Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank),
         Cmd::Sbatch(a) => sbatch::run(&a),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
         Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
@@ -190,14 +194,17 @@ fn main() -> ExitCode {
                 }
                 Ok(0)
             }
-            Err(e) => Err(job::JobError::invalid(e)),
+            Err(e) => Err(error::JobError::invalid(e)),
         },
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
-            errln!("tchrun: error: {}", e.message);
-            ExitCode::from(e.kind.exit_code() as u8)
+            {
+                use std::io::Write as _;
+                let _ = write!(std::io::stderr(), "{}", e.render());
+            }
+            ExitCode::from(e.kind().exit_code() as u8)
         }
     }
 }

@@ -107,12 +107,7 @@ pub fn finish(plan: &Plan, logs: &[RankLog], outcome: &Outcome) {
                             .map(|f| f.kind.classification())
                             .unwrap_or("error")
                     ),
-                    None if outcome.first_failure.is_some()
-                        || outcome.interrupted.is_some()
-                        || outcome.hung =>
-                    {
-                        "stopped or killed (no exit recorded)".into()
-                    }
+                    None if !outcome.succeeded() => "stopped or killed (no exit recorded)".into(),
                     None => "ended (no exit recorded)".into(),
                 };
             }
