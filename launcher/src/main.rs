@@ -29,6 +29,7 @@ mod outcome;
 mod preflight;
 mod ranks;
 mod report;
+mod restart;
 mod sbatch;
 mod supervise;
 mod train;
@@ -95,6 +96,8 @@ struct TrainArgs {
     launch: launch::LaunchArgs,
     #[command(flatten)]
     rank: RankFlags,
+    #[command(flatten)]
+    restarts: restart::RestartArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -181,7 +184,7 @@ fn main() -> ExitCode {
             let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
             job::run_job(&a.launch, log_dir, args, usage)
         }
-        Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank),
+        Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank, &a.restarts),
         Cmd::Sbatch(a) => sbatch::run(&a),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
         Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
