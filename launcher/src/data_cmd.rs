@@ -18,14 +18,19 @@ pub struct SplitArgs {
     pub src: PathBuf,
     /// Share of each class's images that goes to train/ (round(n × F), kept within 1..n-1;
     /// a class with 1 image goes to train/ only).
-    #[arg(long)]
+    #[arg(long, env = "TCHRUN_FRACTION")]
     pub fraction: f64,
     /// Seeds the per-class shuffle: the same seed and files give the same split.
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        env = "TCHRUN_SEED",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
     pub seed: i64,
     /// New (or empty) folder to write: OUTPUT/train and OUTPUT/valid, hard links to the
     /// originals where possible, else copies.
-    #[arg(long)]
+    #[arg(long, env = "TCHRUN_OUTPUT")]
     pub output: PathBuf,
 }
 
