@@ -542,3 +542,31 @@ fn data_split_copies_across_file_systems() {
         );
     }
 }
+
+/// `data split` also takes an archive: extracted into the cache beside `--output`, then split
+/// like the folder itself (the same seed gives the same split as from the folder).
+#[test]
+fn data_split_from_an_archive() {
+    let t = tempdir();
+    let src = t.path().join("src");
+    split_source(&src);
+    let zip = t.path().join("images.zip");
+    archive("zip", &src, &zip, Some("images"));
+    let (from_zip, from_dir) = (t.path().join("from-zip"), t.path().join("from-dir"));
+    let r = split(&zip, &from_zip, "0.8", "7");
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        // 46 images plus the hidden file and the text file, which the scan then ignores.
+        r.stdout.contains("images.zip: extracted 48 files"),
+        "{}",
+        r.explain()
+    );
+    assert!(t.path().join(".tchrun-data").is_dir());
+    assert_eq!(split(&src, &from_dir, "0.8", "7").code, Some(0));
+    for side in ["train", "valid"] {
+        assert_eq!(
+            files_of(&from_zip.join(side)),
+            files_of(&from_dir.join(side))
+        );
+    }
+}
