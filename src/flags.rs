@@ -388,10 +388,10 @@ pub struct TrainJob {
     /// Untrained model directory (made by `tchrun model init`).
     #[arg(long, env = "TCHRUN_MODEL")]
     pub model: PathBuf,
-    /// Training image directory (one sub-folder per class).
+    /// Training image directory (one sub-folder per class), or a .zip/.tar/.tar.gz archive of one.
     #[arg(long, env = "TCHRUN_TRAIN")]
     pub train: PathBuf,
-    /// Validation image directory (the same classes).
+    /// Validation image directory (the same classes), or a .zip/.tar/.tar.gz archive of one.
     #[arg(long, env = "TCHRUN_VALID")]
     pub valid: PathBuf,
     /// Trained model directory to write (model.json, model.safetensors, metrics).
@@ -443,7 +443,7 @@ pub struct ScoreJob {
     /// Trained model directory (model.json + model.safetensors).
     #[arg(long, env = "TCHRUN_MODEL")]
     pub model: PathBuf,
-    /// Directory of images to score (searched recursively).
+    /// Directory of images to score (searched recursively), or a .zip/.tar/.tar.gz archive of one.
     #[arg(long)]
     pub images: PathBuf,
     /// CSV file to write.
@@ -461,7 +461,8 @@ pub struct EvaluateJob {
     /// Trained model directory (model.json + model.safetensors).
     #[arg(long, env = "TCHRUN_MODEL")]
     pub model: PathBuf,
-    /// Labeled images: one sub-folder per class (ImageFolder layout), each a class of the model.
+    /// Labeled images: one sub-folder per class (ImageFolder layout), each a class of the model;
+    /// or a .zip/.tar/.tar.gz archive of such a folder.
     #[arg(long)]
     pub images: PathBuf,
     /// Evaluation directory to write: scores.csv, metrics.json, confusion_matrix.csv and .png.

@@ -75,6 +75,9 @@ pub enum Verification<'a> {
 
 /// The result of `check_train_job_with`.
 pub struct Checked {
+    /// The archives among `--train`/`--valid`, extracted (or found extracted); the inputs'
+    /// roots are their folders.
+    pub extracted: Vec<crate::data::archive::Extracted>,
     pub inputs: Inputs,
     /// What was verified, for the ranks (`None` without verification or for a non-UTF-8 path).
     pub manifest: Option<VerifiedInputs>,
@@ -112,8 +115,25 @@ pub fn check_train_job_with(
         )));
     }
     let ds = |flag: &'static str| move |error| PreflightError::Dataset { flag, error };
-    let mut train = ImageFolder::scan(&job.train).map_err(ds("--train"))?;
-    let mut valid = ImageFolder::scan(&job.valid).map_err(ds("--valid"))?;
+    // Archives become their extracted folders (once, cached next to --output).
+    let cache = crate::data::archive::cache_root(&job.output);
+    let mut extracted = Vec::new();
+    let mut folder = |flag: &'static str, src: &Path| -> Result<PathBuf, PreflightError> {
+        match crate::data::archive::resolve(src, &cache).map_err(ds(flag))? {
+            Some(x) => {
+                let root = x.root.clone();
+                extracted.push(x);
+                Ok(root)
+            }
+            None => Ok(src.to_path_buf()),
+        }
+    };
+    let (train_dir, valid_dir) = (
+        folder("--train", &job.train)?,
+        folder("--valid", &job.valid)?,
+    );
+    let mut train = ImageFolder::scan(&train_dir).map_err(ds("--train"))?;
+    let mut valid = ImageFolder::scan(&valid_dir).map_err(ds("--valid"))?;
     ImageFolder::check_same_classes(&train, &valid).map_err(ds("--train/--valid"))?;
     let (skip, max) = (job.options.skip_bad_images, job.options.max_image_pixels);
     // The file lists the manifest records and compares (not needed without verification).
@@ -165,6 +185,7 @@ pub fn check_train_job_with(
         skipped.extend(bad_valid);
     }
     Ok(Checked {
+        extracted,
         inputs: Inputs {
             cfg,
             train,

@@ -498,7 +498,7 @@ fn text_file_named_png() {
     let c = Case::new();
     let bad = c.train.join("3/x.png");
     std::fs::write(&bad, "this is not an image\n".repeat(20)).expect("write");
-    c.expect_refused(&bad, &["not a JPEG or PNG", "Invalid PNG signature"]);
+    c.expect_refused(&bad, &["not a JPEG, PNG", "Invalid PNG signature"]);
     c.expect_skipped(&bad);
 }
 

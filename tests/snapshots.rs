@@ -60,6 +60,8 @@ fn help_of_every_command() {
         &["model", "init"],
         &["score"],
         &["evaluate"],
+        &["data"],
+        &["data", "split"],
         &["logs"],
     ] {
         let name = if args.is_empty() {

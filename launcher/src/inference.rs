@@ -14,6 +14,19 @@ fn check_model(model: &Path) -> Result<tchrun::model::ModelConfig, JobError> {
     Ok(tchrun::model::load(model, true)?)
 }
 
+/// `--images` as a folder: an archive becomes its extracted folder (cached in `cache_parent`'s
+/// `.tchrun-data`, or `$TCHRUN_DATA_CACHE`).
+fn images_folder(images: &Path, cache_parent: &Path) -> Result<PathBuf, JobError> {
+    let cache = tchrun::data::archive::cache_root(cache_parent);
+    match tchrun::data::archive::resolve(images, &cache).map_err(JobError::Images)? {
+        Some(x) => {
+            outln!("tchrun: {}", x.describe());
+            Ok(x.root)
+        }
+        None => Ok(images.to_path_buf()),
+    }
+}
+
 fn check_images_dir(images: &Path) -> Result<(), JobError> {
     if images.is_dir() {
         Ok(())
@@ -53,6 +66,9 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
     job.output = absolute(job.output);
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
     check_model(&job.model)?;
+    if let Some(parent) = job.output.parent() {
+        job.images = images_folder(&job.images, parent)?;
+    }
     check_images_dir(&job.images)?;
     if job.output.is_dir() {
         return Err(JobError::invalid(format!(
@@ -84,6 +100,7 @@ pub fn run_evaluate(
     job.output = absolute(job.output);
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
     let cfg = check_model(&job.model)?;
+    job.images = images_folder(&job.images, &job.output)?;
     check_images_dir(&job.images)?;
     let folder = tchrun::data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;
     tchrun::evaluation::map_classes(&job.images, &folder.classes, &cfg.class_names)

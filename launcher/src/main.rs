@@ -19,6 +19,7 @@ macro_rules! errln {
     }};
 }
 
+mod data_cmd;
 mod error;
 mod gpus;
 mod inference;
@@ -67,6 +68,9 @@ enum Cmd {
     Score(ScoreArgs),
     /// Evaluate a trained model on labeled images: scores, metrics, confusion matrix ("Evaluate Model").
     Evaluate(EvaluateArgs),
+    /// Datasets: split an image folder into train/valid.
+    #[command(subcommand)]
+    Data(data_cmd::DataCmd),
     /// Print the failure summary of a job's log directory, or a per-rank overview.
     Logs {
         /// The job's log directory.
@@ -189,6 +193,7 @@ fn main() -> ExitCode {
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
         Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
         Cmd::Evaluate(a) => inference::run_evaluate(&a.job, &a.launch, &a.rank),
+        Cmd::Data(c) => data_cmd::run(&c),
         Cmd::Logs { dir } => match report::logs_command(&dir) {
             Ok(text) => {
                 {

@@ -25,6 +25,14 @@ pub fn run_train(
     // own scan finds the same files, and verify for themselves otherwise.
     let checked =
         tchrun::preflight::check_train_job_with(&job, tchrun::preflight::Verification::Full)?;
+    // Archives: the ranks get the extracted folders.
+    for x in &checked.extracted {
+        outln!("tchrun: {}", x.describe());
+    }
+    (job.train, job.valid) = (
+        checked.inputs.train.root.clone(),
+        checked.inputs.valid.root.clone(),
+    );
     let mut rank = rank.clone();
     let log_dir = absolute(
         rank.log_dir

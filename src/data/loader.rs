@@ -104,7 +104,7 @@ pub(super) fn decode_rgb(path: &Path, st: &mut WorkerState) -> Result<(u32, u32)
     if reader.format().is_none() {
         return Err(bad(
             path,
-            "not a JPEG or PNG file (unrecognised header); fix or delete the file",
+            format!("not a {IMAGE_FORMATS} file (unrecognised header); fix or delete the file"),
         ));
     }
     let dec = reader
@@ -136,6 +136,15 @@ pub(super) fn decode_rgb(path: &Path, st: &mut WorkerState) -> Result<(u32, u32)
         st.rgb = img.into_raw();
     }
     Ok((w, h))
+}
+
+/// One image file decoded as the loader decodes it, before any crop: `(width, height, RGB8
+/// bytes, row-major)`. Grayscale becomes three equal channels and alpha is dropped, as
+/// Pillow's `.convert("RGB")`; 16-bit samples are scaled to 8 bits (`v / 257`, rounded).
+pub fn decode_rgb8(path: &Path) -> Result<(u32, u32, Vec<u8>), DatasetError> {
+    let mut st = WorkerState::new(1);
+    let (w, h) = decode_rgb(path, &mut st)?;
+    Ok((w, h, std::mem::take(&mut st.rgb)))
 }
 
 /// Decode, augment, normalize one image into `out` (3 x size x size).

@@ -23,8 +23,15 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Image extensions accepted by [`ImageFolder::scan`] (compared case-insensitively).
-pub const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+/// Image extensions accepted by [`ImageFolder::scan`] (compared case-insensitively): the
+/// formats of Azure ML's "Convert to Image Directory" (JPEG, PNG, BMP, TIFF, WebP, PPM/PGM;
+/// `.pnm`/`.pbm` are the same decoder's other names).
+pub const IMAGE_EXTENSIONS: [&str; 12] = [
+    "jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "ppm", "pgm", "pnm", "pbm", "dib",
+];
+
+/// The formats, for messages.
+pub const IMAGE_FORMATS: &str = "JPEG, PNG, BMP, TIFF, WebP, PPM/PGM";
 
 /// Largest decoded image (in bytes of 8-bit RGB) the loader accepts: 512 MiB, the
 /// `image` crate's default allocation limit.
@@ -47,6 +54,9 @@ pub enum DatasetError {
     /// Empty dataset or an empty class folder.
     #[error("EmptyDatasetError: {}: {detail}", path.display())]
     Empty { path: PathBuf, detail: String },
+    /// An archive (`.zip`, `.tar`, `.tar.gz`) that cannot be used safely.
+    #[error("BadArchiveError: {}: {detail}", path.display())]
+    BadArchive { path: PathBuf, detail: String },
     /// Corrupt, unreadable, unsupported or too large image.
     #[error("BadImageError: {}: {detail}", path.display())]
     BadImage { path: PathBuf, detail: String },
@@ -85,10 +95,12 @@ fn norm_lut(n: &Normalization) -> [[f32; 256]; 3] {
     lut
 }
 
+pub mod archive;
 mod augment;
 mod folder;
 mod loader;
 mod shard;
+pub mod split;
 mod verify;
 
 pub use augment::*;

@@ -24,7 +24,7 @@ fn check_header(path: &Path, max_pixels: u64) -> Result<(), String> {
         .with_guessed_format()
         .map_err(|e| format!("cannot read: {e}"))?;
     if reader.format().is_none() {
-        return Err("not a JPEG or PNG file (unrecognised header)".into());
+        return Err(format!("not a {IMAGE_FORMATS} file (unrecognised header)"));
     }
     let is_jpeg = reader.format() == Some(image::ImageFormat::Jpeg);
     // We only parse the header here; the pixel limit below is the one that matters.

@@ -1,0 +1,719 @@
+//! Image-folder archives (`.zip`, `.tar`, `.tar.gz`/`.tgz`), as Azure ML's "Convert to Image
+//! Directory" accepts them: extracted once into a cache directory, checked, and reused.
+//!
+//! * Where: `<cache root>/<archive stem>-<key>/`, the cache root being `$TCHRUN_DATA_CACHE`
+//!   or a default the command picks (`<output>/.tchrun-data` for `train` and `evaluate`, the
+//!   CSV's folder's `.tchrun-data` for `score`). `<key>` is 12 hex digits of the sha256 of the
+//!   archive's absolute path, size and modification time: an archive rewritten in place is
+//!   extracted again; an unchanged one is reused without reading it.
+//! * Complete or absent: members are written into a hidden `.<name>.partial-<host>-<pid>`
+//!   folder next to the final one; the image folder is found and scanned there; the marker
+//!   `.tchrun-extracted.json` is written last, and one `rename` publishes the folder. A folder
+//!   without its marker is never trusted (it is removed and extracted again); on any refusal
+//!   the partial folder is removed, and this host's partial folders of dead processes are
+//!   removed on the next extraction. Ranks extracting the same archive at once (`tchrun-worker`
+//!   started by hand) each write their own partial folder; the first rename wins and the others
+//!   use its folder.
+//! * Layout: the class folders at the archive's top, or under one single top-level folder
+//!   (what zipping a folder gives). macOS's `__MACOSX/` resource-fork folder is skipped.
+//! * Refused (`BadArchiveError`, the archive and the member named): member paths that are
+//!   absolute or escape the folder (`..`), symbolic and hard links, devices and FIFOs,
+//!   encrypted zip members, duplicate members, a zip member declaring more bytes than deflate
+//!   can produce from its compressed size (1032:1) or holding more or fewer bytes than it
+//!   declares, more than [`MAX_ARCHIVE_MEMBERS`] members, and a total unpacked size above the
+//!   limit ([`DEFAULT_MAX_UNPACKED_BYTES`], or `$TCHRUN_DATA_MAX_UNPACKED_BYTES`) or above the
+//!   free space of the cache's file system. Zip sizes are checked from the central directory
+//!   before anything is written; tar sizes as the headers stream by.
+use super::*;
+use std::io::{BufReader, Write};
+
+/// Environment variable naming the cache root for extracted archives.
+pub const DATA_CACHE_ENV: &str = "TCHRUN_DATA_CACHE";
+/// Environment variable overriding [`DEFAULT_MAX_UNPACKED_BYTES`] (a byte count).
+pub const MAX_UNPACKED_ENV: &str = "TCHRUN_DATA_MAX_UNPACKED_BYTES";
+/// Default cache sub-folder (of `--output`, or of the CSV's folder for `score`).
+pub const CACHE_SUBDIR: &str = ".tchrun-data";
+/// Largest total unpacked size of one archive by default: 256 GiB.
+pub const DEFAULT_MAX_UNPACKED_BYTES: u64 = 256 << 30;
+/// Most members one archive may hold.
+pub const MAX_ARCHIVE_MEMBERS: u64 = 10_000_000;
+/// The completion marker inside an extracted folder (hidden: scans skip it).
+pub const EXTRACTED_MARKER: &str = ".tchrun-extracted.json";
+/// Deflate's largest possible expansion (258 bytes from 2 bits).
+const DEFLATE_MAX_RATIO: u64 = 1032;
+
+/// Archive suffixes recognised (case-insensitive), longest first.
+pub const ARCHIVE_SUFFIXES: [&str; 4] = [".tar.gz", ".tgz", ".tar", ".zip"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchiveKind {
+    Zip,
+    Tar,
+    TarGz,
+}
+
+impl ArchiveKind {
+    /// The kind of `path` by its name, `None` for anything else (a folder, an image).
+    pub fn of(path: &Path) -> Option<(ArchiveKind, String)> {
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        let lower = name.to_ascii_lowercase();
+        for suffix in ARCHIVE_SUFFIXES {
+            if lower.ends_with(suffix) && lower.len() > suffix.len() {
+                let kind = match suffix {
+                    ".zip" => ArchiveKind::Zip,
+                    ".tar" => ArchiveKind::Tar,
+                    _ => ArchiveKind::TarGz,
+                };
+                return Some((kind, name[..name.len() - suffix.len()].to_string()));
+            }
+        }
+        None
+    }
+}
+
+/// An archive ready to use as an image folder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Extracted {
+    pub archive: PathBuf,
+    /// The extracted folder (`<cache root>/<stem>-<key>`).
+    pub dir: PathBuf,
+    /// The image folder inside it (`dir`, or its single top-level folder).
+    pub root: PathBuf,
+    /// Found complete from an earlier extraction.
+    pub reused: bool,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+impl Extracted {
+    /// One line for the log.
+    pub fn describe(&self) -> String {
+        if self.reused {
+            format!(
+                "{}: using the folder extracted earlier, {} ({} files)",
+                self.archive.display(),
+                self.root.display(),
+                self.files
+            )
+        } else {
+            format!(
+                "{}: extracted {} files ({} bytes) into {}",
+                self.archive.display(),
+                self.files,
+                self.bytes,
+                self.root.display()
+            )
+        }
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Marker {
+    format: u32,
+    archive: PathBuf,
+    size: u64,
+    mtime_ns: i128,
+    /// The image folder, relative to the extracted folder ("" for itself).
+    root: String,
+    files: u64,
+    bytes: u64,
+}
+
+/// The cache root: `$TCHRUN_DATA_CACHE`, else `<default_parent>/.tchrun-data`.
+pub fn cache_root(default_parent: &Path) -> PathBuf {
+    match std::env::var_os(DATA_CACHE_ENV) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => default_parent.join(CACHE_SUBDIR),
+    }
+}
+
+/// The unpacked-size limit: `$TCHRUN_DATA_MAX_UNPACKED_BYTES` or the default.
+pub fn max_unpacked_bytes() -> Result<u64, DatasetError> {
+    match std::env::var(MAX_UNPACKED_ENV) {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|e| DatasetError::InvalidDataset {
+                detail: format!("{MAX_UNPACKED_ENV}={v:?}: not a byte count ({e})"),
+            }),
+        Err(_) => Ok(DEFAULT_MAX_UNPACKED_BYTES),
+    }
+}
+
+fn bad_archive(path: &Path, detail: impl Into<String>) -> DatasetError {
+    DatasetError::BadArchive {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+/// `src` itself when it is not an archive; otherwise the image folder extracted from it
+/// (extracting it into `cache` unless a complete extraction is there). See the module docs.
+pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetError> {
+    let Some((kind, stem)) = ArchiveKind::of(src) else {
+        return Ok(None);
+    };
+    let meta = fs::metadata(src).map_err(|e| io_err(src, e))?;
+    if meta.is_dir() {
+        // A folder named like an archive is a folder.
+        return Ok(None);
+    }
+    let archive = if src.is_absolute() {
+        src.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| io_err(src, e))?
+            .join(src)
+    };
+    let mtime_ns = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i128);
+    let key = {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(archive.as_os_str().as_encoded_bytes());
+        h.update(meta.len().to_le_bytes());
+        h.update(mtime_ns.to_le_bytes());
+        let d = h.finalize();
+        d.iter()
+            .take(6)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let safe_stem: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    let name = format!("{}-{key}", safe_stem.trim_start_matches('.'));
+    let dir = cache.join(&name);
+    if let Some(found) = read_complete(&archive, &dir) {
+        return Ok(Some(found));
+    }
+    fs::create_dir_all(cache).map_err(|e| io_err(cache, e))?;
+    if dir.exists() {
+        // No valid marker: an interrupted or altered extraction; never trusted.
+        fs::remove_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    }
+    remove_dead_partials(cache, &name);
+    let partial = cache.join(format!(
+        ".{name}.partial-{}-{}",
+        host_tag(),
+        std::process::id()
+    ));
+    if partial.exists() {
+        fs::remove_dir_all(&partial).map_err(|e| io_err(&partial, e))?;
+    }
+    fs::create_dir(&partial).map_err(|e| io_err(&partial, e))?;
+    let result = extract_checked(kind, &archive, &partial, cache).and_then(|(files, bytes)| {
+        let root_rel = find_root(&archive, &partial)?;
+        let marker = Marker {
+            format: 1,
+            archive: archive.clone(),
+            size: meta.len(),
+            mtime_ns,
+            root: root_rel.clone(),
+            files,
+            bytes,
+        };
+        let text = serde_json::to_vec_pretty(&marker).map_err(|e| {
+            io_err(
+                &partial.join(EXTRACTED_MARKER),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+        crate::files::write_atomic(&partial.join(EXTRACTED_MARKER), &text)
+            .map_err(|e| io_err(&e.path, e.source))?;
+        Ok((root_rel, files, bytes))
+    });
+    let (root_rel, files, bytes) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&partial);
+            return Err(e);
+        }
+    };
+    if let Err(e) = fs::rename(&partial, &dir) {
+        let _ = fs::remove_dir_all(&partial);
+        // Another job published the same archive first: use its folder.
+        return read_complete(&archive, &dir)
+            .map(Some)
+            .ok_or_else(|| io_err(&dir, e));
+    }
+    Ok(Some(Extracted {
+        archive,
+        root: dir.join(&root_rel),
+        dir,
+        reused: false,
+        files,
+        bytes,
+    }))
+}
+
+/// A complete extraction of `archive` in `dir` (its marker matches), if any.
+fn read_complete(archive: &Path, dir: &Path) -> Option<Extracted> {
+    let text = fs::read(dir.join(EXTRACTED_MARKER)).ok()?;
+    let m: Marker = serde_json::from_slice(&text).ok()?;
+    let root = dir.join(&m.root);
+    (m.format == 1 && m.archive == archive && root.is_dir()).then(|| Extracted {
+        archive: archive.to_path_buf(),
+        dir: dir.to_path_buf(),
+        root,
+        reused: true,
+        files: m.files,
+        bytes: m.bytes,
+    })
+}
+
+/// This host's name as a file-name part (partial folders of other hosts, on a shared file
+/// system, are never judged by this host's process table).
+fn host_tag() -> String {
+    nix::unistd::gethostname()
+        .map(|h| {
+            h.to_string_lossy()
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(64)
+                .collect()
+        })
+        .unwrap_or_else(|_| "host".into())
+}
+
+/// Removes this host's `.<name>.partial-<host>-<pid>` folders whose process is gone (bounded
+/// by the listing).
+fn remove_dead_partials(cache: &Path, name: &str) {
+    let prefix = format!(".{name}.partial-{}-", host_tag());
+    let Ok(rd) = fs::read_dir(cache) else { return };
+    for entry in rd.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file.strip_prefix(&prefix) else {
+            continue;
+        };
+        let alive = pid.parse::<u32>().is_ok_and(|p| {
+            p != std::process::id() && Path::new("/proc").join(p.to_string()).exists()
+        });
+        if !alive {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// The member's path inside the extraction folder, or why it is refused. Both `/` and `\`
+/// count as separators for the checks (archives made on Windows).
+pub fn member_path(name: &str) -> Result<Option<PathBuf>, String> {
+    if name.starts_with('/') || name.starts_with('\\') {
+        return Err("has an absolute path".into());
+    }
+    let b = name.as_bytes();
+    if b.len() >= 2 && b[1] == b':' && b[0].is_ascii_alphabetic() {
+        return Err("has an absolute (drive letter) path".into());
+    }
+    let mut out = PathBuf::new();
+    for part in name.split(['/', '\\']) {
+        match part {
+            "" | "." => {}
+            ".." => return Err("has a path that escapes the folder (`..`)".into()),
+            p if p.contains('\0') => return Err("has a NUL byte in its path".into()),
+            p => out.push(p),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    // macOS Finder's resource forks, never images of the dataset.
+    if out
+        .components()
+        .next()
+        .is_some_and(|c| c.as_os_str() == "__MACOSX")
+    {
+        return Ok(None);
+    }
+    Ok(Some(out))
+}
+
+/// Free bytes for an unprivileged user on the file system of `path`.
+fn free_bytes(path: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(path).ok()?;
+    Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
+}
+
+/// Size limits of one extraction.
+struct Budget {
+    limit: u64,
+    free: Option<u64>,
+    used: u64,
+    members: u64,
+}
+
+impl Budget {
+    fn add(&mut self, archive: &Path, member: &str, size: u64) -> Result<(), DatasetError> {
+        self.members += 1;
+        if self.members > MAX_ARCHIVE_MEMBERS {
+            return Err(bad_archive(
+                archive,
+                format!(
+                    "holds more than {MAX_ARCHIVE_MEMBERS} members; split the dataset into \
+                     several archives or extract it yourself"
+                ),
+            ));
+        }
+        self.used = self.used.saturating_add(size);
+        if self.used > self.limit {
+            return Err(bad_archive(
+                archive,
+                format!(
+                    "unpacks to more than {} bytes (reached at member '{member}'), above the \
+                     limit of {} bytes (a zip bomb?); extract it yourself and pass the folder, \
+                     or raise {MAX_UNPACKED_ENV}",
+                    self.limit, self.limit
+                ),
+            ));
+        }
+        if let Some(free) = self.free {
+            if self.used > free {
+                return Err(bad_archive(
+                    archive,
+                    format!(
+                        "unpacks to more than {} bytes (reached at member '{member}') but the \
+                         cache's file system has {free} bytes free; free space, or set \
+                         {DATA_CACHE_ENV} to a folder on a larger file system",
+                        self.used
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Extracts every member into `into` with the checks of the module docs; (files, bytes).
+fn extract_checked(
+    kind: ArchiveKind,
+    archive: &Path,
+    into: &Path,
+    cache: &Path,
+) -> Result<(u64, u64), DatasetError> {
+    let mut budget = Budget {
+        limit: max_unpacked_bytes()?,
+        free: free_bytes(cache),
+        used: 0,
+        members: 0,
+    };
+    let file = fs::File::open(archive).map_err(|e| io_err(archive, e))?;
+    match kind {
+        ArchiveKind::Zip => extract_zip(archive, file, into, &mut budget),
+        ArchiveKind::Tar => extract_tar(archive, BufReader::new(file), into, &mut budget),
+        ArchiveKind::TarGz => extract_tar(
+            archive,
+            flate2::read::MultiGzDecoder::new(BufReader::new(file)),
+            into,
+            &mut budget,
+        ),
+    }
+}
+
+/// Creates `rel` (a checked member path) under `into` as a new file and fills it from `data`,
+/// refusing more than `max` bytes; the bytes written.
+fn write_member(
+    archive: &Path,
+    member: &str,
+    into: &Path,
+    rel: &Path,
+    data: &mut dyn Read,
+    max: u64,
+) -> Result<u64, DatasetError> {
+    let path = into.join(rel);
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(|e| io_err(parent, e))?;
+    }
+    let mut out = match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(bad_archive(
+                archive,
+                format!(
+                    "member '{member}' appears twice (or also as a folder); rebuild the archive \
+                     with each file once"
+                ),
+            ))
+        }
+        Err(e) => return Err(io_err(&path, e)),
+    };
+    let mut limited = data.take(max.saturating_add(1));
+    let n = std::io::copy(&mut limited, &mut out).map_err(|e| {
+        bad_archive(
+            archive,
+            format!("member '{member}' cannot be read ({e}); the archive is corrupt or truncated"),
+        )
+    })?;
+    out.flush().map_err(|e| io_err(&path, e))?;
+    Ok(n)
+}
+
+fn extract_zip(
+    archive: &Path,
+    file: fs::File,
+    into: &Path,
+    budget: &mut Budget,
+) -> Result<(u64, u64), DatasetError> {
+    let corrupt = |e: zip::result::ZipError| {
+        bad_archive(
+            archive,
+            format!("is not a readable zip archive ({e}); re-create it"),
+        )
+    };
+    let mut z = zip::ZipArchive::new(BufReader::new(file)).map_err(corrupt)?;
+    // Pass 1, from the central directory: names, kinds and declared sizes, before any write.
+    let mut plan = Vec::with_capacity(z.len());
+    for i in 0..z.len() {
+        // by_index (not _raw) refuses encrypted members ("Password required") before any write.
+        let f = z.by_index(i).map_err(corrupt)?;
+        let name = f.name().to_string();
+        let refuse = |why: &str| {
+            bad_archive(
+                archive,
+                format!("member '{name}' {why}; rebuild the archive from a plain folder of images"),
+            )
+        };
+        let rel = member_path(&name).map_err(|why| refuse(&why))?;
+        if let Some(mode) = f.unix_mode() {
+            let kind = mode & 0o170000;
+            if kind == 0o120000 {
+                return Err(refuse("is a symbolic link (links are refused)"));
+            }
+            if kind != 0 && kind != 0o100000 && kind != 0o040000 {
+                return Err(refuse("is not a regular file or folder"));
+            }
+        }
+        let Some(rel) = rel else { continue };
+        if f.is_dir() {
+            plan.push((i, name, rel, None));
+            continue;
+        }
+        let (size, packed) = (f.size(), f.compressed_size());
+        let most = match f.compression() {
+            zip::CompressionMethod::Stored => packed,
+            zip::CompressionMethod::Deflated => packed
+                .saturating_mul(DEFLATE_MAX_RATIO)
+                .saturating_add(1024),
+            other => {
+                return Err(refuse(&format!(
+                    "uses compression {other:?} (tchrun reads stored and deflated members)"
+                )))
+            }
+        };
+        if size > most {
+            return Err(refuse(&format!(
+                "declares {size} bytes unpacked, more than its {packed} compressed bytes can \
+                 hold (a zip bomb or a corrupt archive)"
+            )));
+        }
+        budget.add(archive, &name, size)?;
+        plan.push((i, name, rel, Some(size)));
+    }
+    // Pass 2: write, never more than declared.
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for (i, name, rel, size) in plan {
+        let Some(size) = size else {
+            let d = into.join(&rel);
+            fs::create_dir_all(&d).map_err(|e| io_err(&d, e))?;
+            continue;
+        };
+        let mut f = z.by_index(i).map_err(corrupt)?;
+        let n = write_member(archive, &name, into, &rel, &mut f, size)?;
+        if n != size {
+            return Err(bad_archive(
+                archive,
+                format!(
+                    "member '{name}' holds {} bytes but declares {size} (a zip bomb or a corrupt \
+                     archive); re-create the archive",
+                    if n > size {
+                        format!("more than {size}")
+                    } else {
+                        n.to_string()
+                    }
+                ),
+            ));
+        }
+        files += 1;
+        bytes += n;
+    }
+    Ok((files, bytes))
+}
+
+fn extract_tar(
+    archive: &Path,
+    reader: impl Read,
+    into: &Path,
+    budget: &mut Budget,
+) -> Result<(u64, u64), DatasetError> {
+    let corrupt = |e: std::io::Error| {
+        bad_archive(
+            archive,
+            format!("is not a readable tar archive ({e}); re-create it"),
+        )
+    };
+    let mut ar = tar::Archive::new(reader);
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for entry in ar.entries().map_err(corrupt)? {
+        let mut entry = entry.map_err(corrupt)?;
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let refuse = |why: &str| {
+            bad_archive(
+                archive,
+                format!("member '{name}' {why}; rebuild the archive from a plain folder of images"),
+            )
+        };
+        use tar::EntryType as T;
+        let kind = entry.header().entry_type();
+        match kind {
+            T::Regular | T::Continuous | T::Directory => {}
+            T::Symlink => return Err(refuse("is a symbolic link (links are refused)")),
+            T::Link => return Err(refuse("is a hard link (links are refused)")),
+            // pax global headers carry no file.
+            T::XGlobalHeader => continue,
+            _ => return Err(refuse("is not a regular file or folder")),
+        }
+        let Some(rel) = member_path(&name).map_err(|why| refuse(&why))? else {
+            continue;
+        };
+        if kind == T::Directory {
+            let d = into.join(&rel);
+            fs::create_dir_all(&d).map_err(|e| io_err(&d, e))?;
+            continue;
+        }
+        let size = entry.size();
+        budget.add(archive, &name, size)?;
+        let n = write_member(archive, &name, into, &rel, &mut entry, size)?;
+        if n != size {
+            return Err(refuse(&format!(
+                "holds {n} bytes but declares {size}: the archive is truncated"
+            )));
+        }
+        files += 1;
+        bytes += n;
+    }
+    Ok((files, bytes))
+}
+
+/// The image folder inside an extraction: the folder itself, or its single top-level folder
+/// when that holds only folders (the class folders); checked with [`ImageFolder::scan`], whose
+/// refusals then name the archive.
+fn find_root(archive: &Path, dir: &Path) -> Result<String, DatasetError> {
+    let (top_dirs, top_images) = list_dir(dir)?;
+    let mut rel = String::new();
+    if top_dirs.len() == 1 && top_images.is_empty() {
+        let (sub_dirs, sub_images) = list_dir(&top_dirs[0])?;
+        if !sub_dirs.is_empty() && sub_images.is_empty() {
+            rel = name_of(&top_dirs[0]);
+        }
+    }
+    let inside = |detail: String| {
+        format!(
+            "{detail} (inside the archive; it must hold <class>/<image>, or one folder holding \
+             the class folders)"
+        )
+    };
+    match ImageFolder::scan(&dir.join(&rel)) {
+        Ok(_) => Ok(rel),
+        Err(DatasetError::NotLabeled { detail, .. }) => Err(DatasetError::NotLabeled {
+            path: archive.to_path_buf(),
+            detail: inside(detail),
+        }),
+        Err(DatasetError::Empty { path, detail }) => Err(DatasetError::Empty {
+            path: archive.to_path_buf(),
+            detail: inside(format!(
+                "{}: {detail}",
+                path.strip_prefix(dir).unwrap_or(&path).display()
+            )),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_paths() {
+        assert_eq!(
+            member_path("a/b.png").unwrap(),
+            Some(PathBuf::from("a/b.png"))
+        );
+        assert_eq!(
+            member_path("./a//b.png").unwrap(),
+            Some(PathBuf::from("a/b.png"))
+        );
+        assert_eq!(
+            member_path("a\\b.png").unwrap(),
+            Some(PathBuf::from("a/b.png"))
+        );
+        assert_eq!(member_path("./").unwrap(), None);
+        assert_eq!(member_path("__MACOSX/a/._b.png").unwrap(), None);
+        for bad in [
+            "../x.png",
+            "a/../../x.png",
+            "..\\x.png",
+            "/etc/x.png",
+            "\\x",
+            "C:\\x.png",
+        ] {
+            assert!(member_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn kinds() {
+        let k = |p: &str| ArchiveKind::of(Path::new(p));
+        assert_eq!(k("/d/set.zip"), Some((ArchiveKind::Zip, "set".into())));
+        assert_eq!(k("set.TAR.GZ"), Some((ArchiveKind::TarGz, "set".into())));
+        assert_eq!(k("set.tgz"), Some((ArchiveKind::TarGz, "set".into())));
+        assert_eq!(k("a.b.tar"), Some((ArchiveKind::Tar, "a.b".into())));
+        assert_eq!(k("train"), None);
+        assert_eq!(k(".zip"), None);
+        assert_eq!(k("x.png"), None);
+    }
+
+    #[test]
+    fn budget_limits() {
+        let a = Path::new("/d/a.zip");
+        let mut b = Budget {
+            limit: 100,
+            free: Some(50),
+            used: 0,
+            members: 0,
+        };
+        b.add(a, "x", 40).unwrap();
+        let m = b.add(a, "y", 20).unwrap_err().to_string();
+        assert!(
+            m.contains("free") && m.contains(DATA_CACHE_ENV) && m.contains("'y'"),
+            "{m}"
+        );
+        b.free = None;
+        b.add(a, "z", 40).unwrap();
+        let m = b.add(a, "w", 1).unwrap_err().to_string();
+        assert!(
+            m.starts_with("BadArchiveError: /d/a.zip") && m.contains(MAX_UNPACKED_ENV),
+            "{m}"
+        );
+    }
+}
