@@ -465,6 +465,30 @@ pub fn run_report(dir: &Path) {
     outln!("{line}");
 }
 
+/// After a successful training job: the verdict on what limited the training steps
+/// (input-, compute- or communication-bound, with the flag to change), from `metrics.jsonl`'s
+/// time split, and where the TensorBoard events are. Rows that do not parse are skipped.
+pub fn training_report(output: &Path) -> Vec<String> {
+    let rows: Vec<tchrun::metrics::EpochMetrics> =
+        std::fs::read_to_string(output.join(files::METRICS_JSONL))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+    let mut lines = Vec::new();
+    if let Some(v) = tchrun::metrics::verdict(&rows) {
+        lines.push(format!("tchrun: {}", v.line()));
+    }
+    let tb = output.join(tchrun::tensorboard::DIR);
+    if tb.is_dir() {
+        lines.push(format!(
+            "tchrun: TensorBoard: tensorboard --logdir {}",
+            tb.display()
+        ));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
