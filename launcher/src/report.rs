@@ -629,4 +629,35 @@ mod tests {
         assert!(any_rank_failed(&dir));
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn the_training_report_gives_the_verdict_from_metrics_jsonl() {
+        let dir = std::env::temp_dir().join(format!("tchrun-verdict-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join(tchrun::tensorboard::DIR)).expect("mkdir");
+        assert_eq!(
+            training_report(&dir).len(),
+            1,
+            "no metrics.jsonl: no verdict"
+        );
+        let row = |wait: f64, compute: f64| {
+            format!(
+                r#"{{"schema":1,"epoch":1,"train_loss":1,"train_images_per_sec":1,"val_loss":1,"top1":0,"top5":0,"lr":0.1,"epoch_time_s":1,"time":"t","step_time_s":10,"data_wait_s":{wait},"compute_s":{compute},"comm_s":1,"data_wait_max_s":{wait},"compute_max_s":{compute},"comm_max_s":1}}"#
+            )
+        };
+        let jsonl = dir.join(files::METRICS_JSONL);
+        std::fs::write(
+            &jsonl,
+            format!("{}\nnot json\n{}\n", row(6.0, 3.0), row(5.0, 4.0)),
+        )
+        .expect("write");
+        let lines = training_report(&dir);
+        assert!(
+            lines[0].starts_with("tchrun: input-bound: data wait 55% (slowest rank 55%)"),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("tensorboard --logdir"), "{lines:?}");
+        std::fs::write(&jsonl, row(1.0, 8.0)).expect("write");
+        assert!(training_report(&dir)[0].starts_with("tchrun: compute-bound: "));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -43,7 +43,25 @@ pub fn metrics_png(
     path: &Path,
 ) -> Result<(), String> {
     register_font()?;
-    let root = BitMapBackend::new(path, (1400, 800)).into_drawing_area();
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    draw(&root, history, steps, steps_per_epoch)?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// Image size in pixels.
+const SIZE: (u32, u32) = (1400, 800);
+/// Colour of the per-step loss curve.
+const STEP_COLOR: RGBColor = RGBColor(120, 170, 230);
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    history: &[EpochMetrics],
+    steps: &[(u64, f64)],
+    steps_per_epoch: u64,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let panels = root.split_evenly((2, 2));
     let per_epoch = steps_per_epoch.max(1) as f64;
@@ -80,7 +98,7 @@ pub fn metrics_png(
             vec![("lr", BLACK, Box::new(|m| m.lr))],
         ),
     ];
-    let step_color = RGBColor(120, 170, 230);
+    let step_color = STEP_COLOR;
     for (i, (area, (title, series))) in panels.iter().zip(specs).enumerate() {
         let with_steps = i == 0 && !step_pts.is_empty();
         let (w, _) = area.dim_in_pixel();
@@ -120,7 +138,7 @@ pub fn metrics_png(
             chart
                 .draw_series(LineSeries::new(
                     step_pts.clone(),
-                    step_color.stroke_width(1),
+                    step_color.stroke_width(2),
                 ))
                 .map_err(|e| e.to_string())?;
             legend.push(("train loss (per step)".into(), step_color));
@@ -158,5 +176,69 @@ pub fn metrics_png(
                 .map_err(|e| e.to_string())?;
         }
     }
-    root.present().map_err(|e| e.to_string())
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(epoch: u32, loss: f64) -> EpochMetrics {
+        let mut m: EpochMetrics = serde_json::from_str(
+            r#"{"schema":1,"epoch":1,"train_loss":1,"train_images_per_sec":10,"val_loss":1,
+                "top1":0.5,"top5":0.9,"lr":0.1,"epoch_time_s":1,"time":"t"}"#,
+        )
+        .expect("row");
+        m.epoch = epoch;
+        m.train_loss = loss;
+        m.val_loss = loss;
+        m
+    }
+
+    /// Pixels of `color` in an RGB buffer, as (x, y).
+    fn pixels(buf: &[u8], color: RGBColor) -> Vec<(u32, u32)> {
+        buf.chunks(3)
+            .enumerate()
+            .filter(|(_, p)| p == &[color.0, color.1, color.2])
+            .map(|(i, _)| ((i as u32) % SIZE.0, (i as u32) / SIZE.0))
+            .collect()
+    }
+
+    #[test]
+    fn per_step_loss_is_drawn_and_legends_stay_beside_the_plots() {
+        if register_font().is_err() {
+            eprintln!("SKIP: no font (install fonts-dejavu-core)");
+            return;
+        }
+        let history = [row(1, 2.0), row(2, 1.0)];
+        // The per-step losses peak above the epoch means: the plot's range includes them.
+        let steps: Vec<(u64, f64)> = (1..=20).map(|s| (s, 3.0 - 0.1 * s as f64)).collect();
+        let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area();
+            draw(&root, &history, &steps, 10).expect("draw");
+            root.present().expect("present");
+        }
+        let drawn = pixels(&buf, STEP_COLOR);
+        let legend_x = SIZE.0 / 2 - LEGEND_W;
+        // In the loss panel (top left): the curve left of the legend column, the swatch in it.
+        let (curve, swatch): (Vec<_>, Vec<_>) = drawn.iter().partition(|(x, _)| *x < legend_x);
+        assert!(curve.len() > 50, "per-step curve: {} pixels", curve.len());
+        assert!(!swatch.is_empty(), "no legend swatch for the per-step loss");
+        assert!(
+            swatch.iter().all(|(x, y)| *x < legend_x + 30 && *y < 80),
+            "the per-step colour outside the plot and its swatch: {swatch:?}"
+        );
+        assert!(drawn
+            .iter()
+            .all(|(x, y)| *x < SIZE.0 / 2 && *y < SIZE.1 / 2));
+        // Without per-step losses, no such curve.
+        let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area();
+            draw(&root, &history, &[], 10).expect("draw");
+            root.present().expect("present");
+        }
+        assert!(pixels(&buf, STEP_COLOR).is_empty());
+    }
 }
