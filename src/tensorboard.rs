@@ -97,9 +97,10 @@ impl Event {
             Some(What::Summary(s)) => s
                 .value
                 .iter()
-                .filter_map(|v| match v.value {
-                    Some(ValueKind::SimpleValue(x)) => Some((v.tag.as_str(), x)),
-                    None => None,
+                .filter_map(|v| {
+                    v.value
+                        .as_ref()
+                        .map(|ValueKind::SimpleValue(x)| (v.tag.as_str(), *x))
                 })
                 .collect(),
             _ => Vec::new(),
@@ -296,10 +297,13 @@ impl EventWriter {
         // A hidden temporary without the marker: a crash here leaves nothing TensorBoard reads.
         let tmp = dir.join(".tchrun-events.tmp");
         let path = Self::new_path(dir, host);
-        std::fs::write(&tmp, &bytes)
+        let written = std::fs::write(&tmp, &bytes)
             .and_then(|()| File::open(&tmp)?.sync_all())
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(io(&path))?;
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp); // never leave a partial file behind
+            return Err(io(&path)(e));
+        }
         for f in old.iter().filter(|f| **f != path) {
             std::fs::remove_file(f).map_err(io(f))?;
         }
@@ -357,6 +361,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::manual_rotate)] // TFRecord's formula as TensorFlow writes it
     fn masked_crc_matches_tensorflow() {
         // CRC-32C check value of "123456789" is 0xE3069283 (RFC 3720); masked as TFRecord does.
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
