@@ -5,7 +5,9 @@
 //! protocol buffer. The first event carries `file_version = "brain.Event:2"`; the others a
 //! `Summary` of scalars (`simple_value`) or a `SessionLog`. The messages are declared here by
 //! hand with TensorBoard's field numbers (`tensorboard/compat/proto/event.proto`,
-//! `summary.proto`) and encoded with `prost`; no `protoc` is needed.
+//! `summary.proto`: `session_log` is field 7, 6 being the deprecated `log_message`) and encoded
+//! with `prost`; no `protoc` is needed. `tests/observe.rs` reads them with TensorBoard's own
+//! `EventAccumulator`.
 //!
 //! Every record is written with one `write` call and flushed (the file is unbuffered), so a
 //! crash leaves at most a torn last record, which readers (ours and TensorBoard's) stop at.
@@ -35,7 +37,7 @@ pub struct Event {
     pub wall_time: f64,
     #[prost(int64, tag = "2")]
     pub step: i64,
-    #[prost(oneof = "What", tags = "3, 5, 6")]
+    #[prost(oneof = "What", tags = "3, 5, 7")]
     pub what: Option<What>,
 }
 
@@ -46,7 +48,8 @@ pub enum What {
     FileVersion(String),
     #[prost(message, tag = "5")]
     Summary(Summary),
-    #[prost(message, tag = "6")]
+    /// Field 7 (6 is the deprecated `log_message`).
+    #[prost(message, tag = "7")]
     SessionLog(SessionLog),
 }
 
@@ -419,6 +422,16 @@ mod tests {
             what: Some(What::FileVersion(FILE_VERSION.into())),
         };
         assert_eq!(&v.encode_to_vec()[..2], &[0x1a, 13]);
+        let start = Event {
+            wall_time: 0.0,
+            step: 3,
+            what: Some(What::SessionLog(SessionLog {
+                status: SESSION_START,
+                ..Default::default()
+            })),
+        };
+        // session_log: field 7, bytes (0x3a); status START: field 1, varint 1.
+        assert_eq!(start.encode_to_vec(), vec![0x10, 3, 0x3a, 2, 0x08, 1]);
     }
 
     #[test]

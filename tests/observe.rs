@@ -348,3 +348,35 @@ for split, n in (("train", 12), ("valid", 1)):
     // 24 images, 2 ranks × 4: 3 steps per epoch.
     check_epochs_equal_metrics(&events(&out), &out, 3);
 }
+
+/// Our `SessionLog.START` as TensorBoard's reader understands it: events logged after a
+/// checkpoint by a run that then crashed (steps 11..=14 here) are discarded once a restart at
+/// step 11 is marked, even in the same file; the restarted run's values stand. (`--resume`
+/// also rewrites the file without them: see the test above.)
+#[test]
+fn tensorboard_discards_steps_logged_after_a_marked_restart() {
+    use tchrun::tensorboard::{Event, EventWriter, SessionLog, What, SESSION_START};
+    let t = tempdir();
+    let out = t.path();
+    let mut w = EventWriter::create(&out.join("tensorboard"), "host").expect("create");
+    for s in 1..=14u64 {
+        w.scalars(s, &[("train/loss", 1.0)]).expect("write");
+    }
+    w.write(&Event {
+        wall_time: 0.0,
+        step: 11,
+        what: Some(What::SessionLog(SessionLog {
+            status: SESSION_START,
+            ..Default::default()
+        })),
+    })
+    .expect("write");
+    for s in 11..=20u64 {
+        w.scalars(s, &[("train/loss", 2.0)]).expect("write");
+    }
+    let ev = events(out);
+    let want: Vec<(u64, f64)> = (1..=20)
+        .map(|s| (s, if s <= 10 { 1.0 } else { 2.0 }))
+        .collect();
+    assert_eq!(ev.scalars["train/loss"], want);
+}

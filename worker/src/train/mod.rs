@@ -809,6 +809,9 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             ..cfg.clone()
         };
         let state_dict = models::state_dict(&weights, step as i64);
+        if let Some(v) = tchrun::metrics::verdict(&history) {
+            tracing::info!("time split of the training steps: {}", v.line());
+        }
         outputs::write_model_dir(
             &job.output,
             &trained,
