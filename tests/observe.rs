@@ -380,3 +380,38 @@ fn tensorboard_discards_steps_logged_after_a_marked_restart() {
         .collect();
     assert_eq!(ev.scalars["train/loss"], want);
 }
+
+/// Events are cosmetic: when they cannot be written (here `<output>/tensorboard` is a file),
+/// the run says so once, on the console and in the driver log, and trains to the end.
+#[test]
+fn a_tensorboard_failure_warns_once_and_training_goes_on() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    std::fs::write(out.join("tensorboard"), "not a directory").expect("write");
+    let d = small_digits();
+    let train = subset(&d.join("train"), &t.path().join("train"), 8, 0);
+    let valid = subset(&d.join("valid"), &t.path().join("valid"), 2, 0);
+    let r = run(
+        tchrun_train(&model, &train, &valid, &out).args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "20",
+            "--print-freq",
+            "2",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let warning = "warning: TensorBoard events not written from here on";
+    assert_eq!(r.stdout.matches(warning).count(), 1, "{}", r.explain());
+    assert!(read(&out.join("logs/70_driver_log_0")).contains(warning));
+    assert!(out.join("model.json").is_file() && out.join("metrics.png").is_file());
+    assert!(
+        !r.stdout.contains("tensorboard --logdir"),
+        "{}",
+        r.explain()
+    );
+}
