@@ -4,10 +4,17 @@
 # names that rank, no process of the job is left, and the epoch-1 checkpoint resumes to a
 # complete model. Prints one line per run and a summary (the figures in RELIABILITY.md).
 #   scripts/soak.sh [RUNS=50]
+# Restart mode: N times, train 3 epochs on 2 ranks with --max-restarts 1 while the worker's test
+# hook (TCHRUN_TEST_KILL_AT_STEP) kills a random rank at a random step of epoch 2 or 3 in the
+# first attempt; check exit 0 after one restart, a model bit-identical to an uninterrupted
+# run's, and no process left.
+#   scripts/soak.sh --restart [RUNS=20]
 set -uo pipefail
+MODE=kill
+if [ "${1:-}" = "--restart" ]; then MODE=restart; shift; fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 T="$ROOT/target/release/tchrun"
-RUNS="${1:-50}"
+RUNS="${1:-$([ "$MODE" = restart ] && echo 20 || echo 50)}"
 WORK="$(mktemp -d /tmp/tchrun-soak.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 "$ROOT/.venv/bin/python" "$ROOT/scripts/make_digits.py" "$WORK/full" >/dev/null
@@ -20,6 +27,33 @@ for s in train valid; do
   done
 done
 "$T" model init --arch resnet18 --input-size 32 --output "$WORK/model" >/dev/null
+if [ "$MODE" = restart ]; then
+  common=(--model "$WORK/model" --train "$WORK/data/train" --valid "$WORK/data/valid"
+          --procs-per-node 2 --epochs 3 --batch-size 20 --lr 0.05 --print-freq 5)
+  env -u TCHRUN_TEST_KILL_AT_STEP "$T" train "${common[@]}" --launcher local --output "$WORK/reference" >/dev/null 2>&1 \
+    || { echo "soak: the reference run failed"; exit 1; }
+  ok=0; equal=0; clean=0; restarted=0
+  for i in $(seq 1 "$RUNS"); do
+    launcher=$([ $((i % 2)) = 0 ] && echo local || echo mpirun)
+    victim=$((RANDOM % 2)); step=$((RANDOM % 20 + 10))   # 10 steps an epoch: epoch 2 or 3
+    out="$WORK/run$i"
+    TCHRUN_TEST_KILL_AT_STEP="$victim:$step" "$T" train "${common[@]}" --launcher "$launcher" \
+      --oversubscribe --max-restarts 1 --output "$out" >"$WORK/out$i" 2>"$WORK/err$i"
+    code=$?
+    sleep 0.5
+    left=$(pgrep -f "$out" | wc -l)
+    [ "$code" = 0 ] && ok=$((ok + 1))
+    grep -q "recovered after 1 restart" "$WORK/out$i" && restarted=$((restarted + 1))
+    same=no
+    cmp -s "$out/model.safetensors" "$WORK/reference/model.safetensors" && { equal=$((equal + 1)); same=yes; }
+    [ "$left" = 0 ] && clean=$((clean + 1))
+    printf 'run %2d %-6s rank %d killed before step %2d: exit %s, model equal %s, leftovers %s\n' \
+      "$i" "$launcher" "$victim" "$step" "$code" "$same" "$left"
+    rm -rf "$out"
+  done
+  echo "soak restart: $RUNS runs; exit 0: $ok; restarted once: $restarted; model equal to the uninterrupted run: $equal; no leftovers: $clean"
+  exit 0
+fi
 ok=0; named=0; fast=0; clean=0; resumed=0; worst=0
 for i in $(seq 1 "$RUNS"); do
   launcher=$([ $((i % 2)) = 0 ] && echo local || echo mpirun)

@@ -18,6 +18,15 @@ pub const TCHRUN_LOG_DIR: &str = "TCHRUN_LOG_DIR";
 /// passes them still needs real CUDA, and says so, before it touches a device.
 pub const TCHRUN_TEST_CUDA_DEVICES: &str = "TCHRUN_TEST_CUDA_DEVICES";
 
+/// Set by `tchrun train` for the ranks of each attempt of a job (`--max-restarts`): 1 for the
+/// first, 2 after one restart, ... Recorded in `ranks.json`; read by the test hook below.
+pub const TCHRUN_ATTEMPT: &str = "TCHRUN_ATTEMPT";
+/// Test hook (fault injection), read by the worker: `RANK:STEP` makes that rank SIGKILL itself
+/// just before optimizer step STEP (0-based, counted over the whole run), in the first attempt
+/// only (`TCHRUN_ATTEMPT` unset or 1). For the restart tests and `scripts/soak.sh`; never set
+/// it in a real job.
+pub const TCHRUN_TEST_KILL_AT_STEP: &str = "TCHRUN_TEST_KILL_AT_STEP";
+
 // Every other variable tchrun reads (the `TCHRUN_<FLAG>` variables of the shared flags are
 // documented with their flags in `flags.rs`).
 
@@ -191,6 +200,28 @@ pub fn test_cuda_devices(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<
     }
 }
 
+/// `TCHRUN_TEST_KILL_AT_STEP`: the (rank, step) to kill in this attempt, if any.
+pub fn test_kill_at_step(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(usize, u64)>, EnvError> {
+    let Some(v) = get(TCHRUN_TEST_KILL_AT_STEP).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let attempt: u32 = parse_or(get, TCHRUN_ATTEMPT, 1)?;
+    let invalid = |why: &str| EnvError::Invalid {
+        name: TCHRUN_TEST_KILL_AT_STEP,
+        value: v.clone(),
+        why: why.into(),
+    };
+    let (r, k) = v
+        .trim()
+        .split_once(':')
+        .ok_or_else(|| invalid("expected RANK:STEP"))?;
+    let rank = r.parse().map_err(|_| invalid("RANK is not a number"))?;
+    let step = k.parse().map_err(|_| invalid("STEP is not a number"))?;
+    Ok((attempt <= 1).then_some((rank, step)))
+}
+
 /// The refusal when more ranks share a host than it has GPUs (one rank per GPU; NCCL fails
 /// later with "Duplicate GPU detected" otherwise). Both binaries print the same words.
 pub fn too_many_ranks_for_gpus(procs_per_node: usize, gpus: usize, host: &str) -> String {
@@ -336,6 +367,22 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn the_kill_hook_fires_in_the_first_attempt_only() {
+        let k = TCHRUN_TEST_KILL_AT_STEP;
+        assert_eq!(test_kill_at_step(&vars(&[])).unwrap(), None);
+        assert_eq!(
+            test_kill_at_step(&vars(&[(k, "1:7")])).unwrap(),
+            Some((1, 7))
+        );
+        let first = vars(&[(k, "1:7"), (TCHRUN_ATTEMPT, "1")]);
+        assert_eq!(test_kill_at_step(&first).unwrap(), Some((1, 7)));
+        let second = vars(&[(k, "1:7"), (TCHRUN_ATTEMPT, "2")]);
+        assert_eq!(test_kill_at_step(&second).unwrap(), None);
+        assert!(test_kill_at_step(&vars(&[(k, "7")])).is_err());
+        assert!(test_kill_at_step(&vars(&[(k, "a:1")])).is_err());
     }
 
     #[test]

@@ -9,6 +9,11 @@ pub const DRIVER_LOG_PREFIX: &str = "70_driver_log_";
 pub const RANKS_JSON: &str = "ranks.json";
 /// Failure summary written by the launcher.
 pub const FAILURE_JSON: &str = "failure.json";
+/// The attempts of a job that restarted (`--max-restarts`), written by the launcher.
+pub const RESTARTS_JSON: &str = "restarts.json";
+/// Checkpoints inside `--output`, and the file that names the last complete one.
+pub const CHECKPOINT_DIR: &str = "checkpoints";
+pub const CHECKPOINT_LAST: &str = "last.json";
 /// The launcher's image-header verification, reused by the ranks (`preflight::VerifiedInputs`).
 pub const VERIFIED_INPUTS: &str = "verified_inputs.json";
 /// Model description inside a model directory.
@@ -24,6 +29,11 @@ pub const DEFAULT_LOG_SUBDIR: &str = "logs";
 /// Driver-log prefix of a line naming an image dropped under `--skip-bad-images` (once per
 /// file per rank); the launcher counts the distinct files for its run report.
 pub const SKIPPED_IMAGE: &str = "skipped bad image: ";
+
+/// `<log_dir>/attempt-<n>`: the logs of an earlier attempt of a restarted job.
+pub fn attempt_dir(log_dir: &Path, attempt: u32) -> PathBuf {
+    log_dir.join(format!("attempt-{attempt}"))
+}
 
 /// `<log_dir>/70_driver_log_<rank>`.
 pub fn driver_log(log_dir: &Path, rank: usize) -> PathBuf {

@@ -1,7 +1,7 @@
 //! Every flag shared by `tchrun` and `tchrun-worker`: name, default, range, help and
 //! `TCHRUN_<FLAG>` variable live here, so both binaries and `--help` never drift.
 use clap::{Args, ValueEnum};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Parses `--lr`: a finite float >= f64::EPSILON (the seed's `>=double.Epsilon`).
 pub fn parse_lr(s: &str) -> Result<f64, String> {
@@ -436,7 +436,8 @@ pub fn parse_or_exit<C: clap::Parser>() -> C {
 }
 
 /// The inputs and outputs of scoring ("Score Image Model"): `tchrun score` and
-/// `tchrun-worker score` take the same flags, defined here once.
+/// `tchrun-worker score` take the same flags, defined here once. The device and the other rank
+/// settings are [`RankFlags`].
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct ScoreJob {
     /// Trained model directory (model.json + model.safetensors).
@@ -448,23 +449,62 @@ pub struct ScoreJob {
     /// CSV file to write.
     #[arg(long)]
     pub output: PathBuf,
-    /// Images per forward pass.
+    /// Images per forward pass (per rank).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: u32,
-    /// Compute device.
-    #[arg(long, env = "TCHRUN_DEVICE", value_enum, default_value_t = Device::Auto)]
-    pub device: Device,
+}
+
+/// The inputs and outputs of evaluation ("Evaluate Model"): `tchrun evaluate` and
+/// `tchrun-worker evaluate`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct EvaluateJob {
+    /// Trained model directory (model.json + model.safetensors).
+    #[arg(long, env = "TCHRUN_MODEL")]
+    pub model: PathBuf,
+    /// Labeled images: one sub-folder per class (ImageFolder layout), each a class of the model.
+    #[arg(long)]
+    pub images: PathBuf,
+    /// Evaluation directory to write: scores.csv, metrics.json, confusion_matrix.csv and .png.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Images per forward pass (per rank).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
+}
+
+fn inference_args(model: &Path, images: &Path, output: &Path, batch_size: u32) -> Vec<String> {
+    vec![
+        format!("--model={}", model.display()),
+        format!("--images={}", images.display()),
+        format!("--output={}", output.display()),
+        format!("--batch-size={batch_size}"),
+    ]
 }
 
 impl ScoreJob {
     /// The job as arguments for `tchrun-worker score`.
     pub fn to_args(&self) -> Vec<String> {
-        vec![
-            format!("--model={}", self.model.display()),
-            format!("--images={}", self.images.display()),
-            format!("--output={}", self.output.display()),
-            format!("--batch-size={}", self.batch_size),
-            format!("--device={}", self.device.as_str()),
-        ]
+        inference_args(&self.model, &self.images, &self.output, self.batch_size)
+    }
+
+    /// Driver logs without `--log-dir`: `tchrun-logs` beside the CSV (a job's logs stay with
+    /// its output, not in the current directory).
+    pub fn default_log_dir(&self) -> PathBuf {
+        self.output
+            .parent()
+            .map(|p| p.join(DEFAULT_LOG_DIR))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_LOG_DIR))
+    }
+}
+
+impl EvaluateJob {
+    /// The job as arguments for `tchrun-worker evaluate`.
+    pub fn to_args(&self) -> Vec<String> {
+        inference_args(&self.model, &self.images, &self.output, self.batch_size)
+    }
+
+    /// Driver logs without `--log-dir`: `<output>/logs`.
+    pub fn default_log_dir(&self) -> PathBuf {
+        self.output.join(crate::files::DEFAULT_LOG_SUBDIR)
     }
 }

@@ -6,6 +6,7 @@
 pub mod data;
 pub mod driver_log;
 pub mod env;
+pub mod evaluation;
 pub mod exit;
 pub mod files;
 pub mod flags;

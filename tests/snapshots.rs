@@ -59,6 +59,7 @@ fn help_of_every_command() {
         &["model"],
         &["model", "init"],
         &["score"],
+        &["evaluate"],
         &["logs"],
     ] {
         let name = if args.is_empty() {

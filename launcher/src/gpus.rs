@@ -4,7 +4,7 @@
 //! srun from a login node) this host's GPUs say nothing about theirs: the launcher says so and
 //! each rank checks its own node before it creates the process group (tchrun-worker's
 //! `resolve`). No CUDA here: the launcher never links libtorch.
-use crate::job::JobError;
+use crate::error::JobError;
 use crate::launch::{LauncherKind, Plan};
 use tchrun::flags::Device;
 

@@ -123,6 +123,9 @@ pub fn forwarded_vars(vars: impl Iterator<Item = String>) -> Vec<String> {
     v
 }
 
+/// OpenMPI's wait between SIGTERM and SIGKILL when it tears a job down.
+pub const SIGKILL_TIMEOUT_MCA: &str = "odls_base_sigkill_timeout";
+
 /// `mpirun -np N --map-by ppr:P:node ... WORKER ARGS`.
 pub fn mpirun_command(plan: &Plan, worker_args: &[String], forward: &[String]) -> CommandSpec {
     let mut args = vec!["-np".to_string(), plan.world_size().to_string()];
@@ -148,6 +151,12 @@ pub fn mpirun_command(plan: &Plan, worker_args: &[String], forward: &[String]) -
     }
     if plan.as_root {
         args.push("--allow-run-as-root".into());
+    }
+    // When one rank dies the job is lost: mpirun's default waits 1 s between its SIGTERM and
+    // SIGKILL to the others; 0 ends them at once (the clean stop, SIGUSR1, is not a kill and
+    // keeps its path; checkpoints are atomic). `--mpirun-args` may set it otherwise.
+    if !plan.mpirun_args.iter().any(|a| a == SIGKILL_TIMEOUT_MCA) {
+        args.extend(["--mca".into(), SIGKILL_TIMEOUT_MCA.into(), "0".into()]);
     }
     for k in forward {
         args.extend(["-x".into(), k.clone()]);
@@ -247,7 +256,17 @@ mod tests {
         let c = mpirun_command(&plan(), &["selftest".into()], &["TCHRUN_X".into()]);
         assert_eq!(
             c.display(),
-            "mpirun -np 8 --map-by ppr:4:node --bind-to none --host a:4,b:4 --allow-run-as-root -x TCHRUN_X /opt/tchrun/tchrun-worker selftest"
+            "mpirun -np 8 --map-by ppr:4:node --bind-to none --host a:4,b:4 --allow-run-as-root --mca odls_base_sigkill_timeout 0 -x TCHRUN_X /opt/tchrun/tchrun-worker selftest"
+        );
+        // The user's own teardown wait wins.
+        let mut p = plan();
+        p.mpirun_args = vec!["--mca".into(), SIGKILL_TIMEOUT_MCA.into(), "2".into()];
+        let c = mpirun_command(&p, &["selftest".into()], &[]);
+        assert_eq!(
+            c.display().matches(SIGKILL_TIMEOUT_MCA).count(),
+            1,
+            "{}",
+            c.display()
         );
     }
 

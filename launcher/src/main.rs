@@ -19,14 +19,20 @@ macro_rules! errln {
     }};
 }
 
+mod error;
 mod gpus;
+mod inference;
 mod job;
 mod launch;
 mod model_init;
+mod outcome;
+mod preflight;
 mod ranks;
 mod report;
+mod restart;
 mod sbatch;
 mod supervise;
+mod train;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -57,8 +63,10 @@ enum Cmd {
     /// Model directories.
     #[command(subcommand)]
     Model(ModelCmd),
-    /// Score images with a trained model into a CSV ("Score Image Model").
+    /// Score images with a trained model into a CSV, on one or many ranks ("Score Image Model").
     Score(ScoreArgs),
+    /// Evaluate a trained model on labeled images: scores, metrics, confusion matrix ("Evaluate Model").
+    Evaluate(EvaluateArgs),
     /// Print the failure summary of a job's log directory, or a per-rank overview.
     Logs {
         /// The job's log directory.
@@ -88,6 +96,8 @@ struct TrainArgs {
     launch: launch::LaunchArgs,
     #[command(flatten)]
     rank: RankFlags,
+    #[command(flatten)]
+    restarts: restart::RestartArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -100,9 +110,20 @@ enum ModelCmd {
 struct ScoreArgs {
     #[command(flatten)]
     job: tchrun::flags::ScoreJob,
-    /// The tchrun-worker binary (default: the one beside tchrun).
-    #[arg(long, env = "TCHRUN_WORKER")]
-    worker: Option<PathBuf>,
+    #[command(flatten)]
+    launch: launch::LaunchArgs,
+    #[command(flatten)]
+    rank: RankFlags,
+}
+
+#[derive(Args, Debug)]
+struct EvaluateArgs {
+    #[command(flatten)]
+    job: tchrun::flags::EvaluateJob,
+    #[command(flatten)]
+    launch: launch::LaunchArgs,
+    #[command(flatten)]
+    rank: RankFlags,
 }
 
 #[derive(Args, Debug)]
@@ -128,7 +149,7 @@ fn main() -> ExitCode {
         Cmd::Selftest(a) => {
             let mut args = vec!["selftest".to_string()];
             let mut rank = a.rank.clone();
-            let log_dir = job::absolute(
+            let log_dir = preflight::absolute(
                 rank.log_dir
                     .clone()
                     .unwrap_or_else(|| PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR)),
@@ -145,7 +166,7 @@ fn main() -> ExitCode {
             job::run_job(&a.launch, log_dir, args, gpus::GpuUse::Ranks(a.rank.device))
         }
         Cmd::Exec(a) => {
-            let log_dir = job::absolute(
+            let log_dir = preflight::absolute(
                 a.log_dir
                     .clone()
                     .unwrap_or_else(|| PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR)),
@@ -163,10 +184,11 @@ fn main() -> ExitCode {
             let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
             job::run_job(&a.launch, log_dir, args, usage)
         }
-        Cmd::Train(a) => job::run_train(&a.job, &a.launch, &a.rank),
+        Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank, &a.restarts),
         Cmd::Sbatch(a) => sbatch::run(&a),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
-        Cmd::Score(a) => job::run_score(a.worker.as_deref(), &a.job),
+        Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
+        Cmd::Evaluate(a) => inference::run_evaluate(&a.job, &a.launch, &a.rank),
         Cmd::Logs { dir } => match report::logs_command(&dir) {
             Ok(text) => {
                 {
@@ -175,14 +197,17 @@ fn main() -> ExitCode {
                 }
                 Ok(0)
             }
-            Err(e) => Err(job::JobError::invalid(e)),
+            Err(e) => Err(error::JobError::invalid(e)),
         },
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
-            errln!("tchrun: error: {}", e.message);
-            ExitCode::from(e.kind.exit_code() as u8)
+            {
+                use std::io::Write as _;
+                let _ = write!(std::io::stderr(), "{}", e.render());
+            }
+            ExitCode::from(e.kind().exit_code() as u8)
         }
     }
 }

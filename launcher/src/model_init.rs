@@ -3,7 +3,7 @@
 //! `--weights` (a torchvision `state_dict` in safetensors or as a `torch.save` `.pth`, checked
 //! without libtorch and written into the directory as `model.safetensors`, a `.pth` converted,
 //! so the directory is self-contained).
-use crate::job::JobError;
+use crate::error::JobError;
 use clap::Args;
 use std::path::PathBuf;
 use tchrun::model::{self, Arch, ModelConfig, Normalization};

@@ -9,6 +9,8 @@ use tchrun::files;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RankRow {
+    /// The attempt of the job this row belongs to (1 unless it restarted: `--max-restarts`).
+    pub attempt: u32,
     pub rank: u32,
     pub host: String,
     pub local_rank: u32,
@@ -26,6 +28,10 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
         None => crate::gpus::visible_gpus().ok(),
         Some(_) => None,
     };
+    let attempt = std::env::var(tchrun::env::TCHRUN_ATTEMPT)
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
     (0..plan.world_size())
         .map(|rank| {
             let node = (rank / plan.procs_per_node) as usize;
@@ -39,6 +45,7 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
                     .unwrap_or_else(|| local.clone()),
             };
             RankRow {
+                attempt,
                 rank,
                 host,
                 local_rank,
@@ -107,12 +114,7 @@ pub fn finish(plan: &Plan, logs: &[RankLog], outcome: &Outcome) {
                             .map(|f| f.kind.classification())
                             .unwrap_or("error")
                     ),
-                    None if outcome.first_failure.is_some()
-                        || outcome.interrupted.is_some()
-                        || outcome.hung =>
-                    {
-                        "stopped or killed (no exit recorded)".into()
-                    }
+                    None if !outcome.succeeded() => "stopped or killed (no exit recorded)".into(),
                     None => "ended (no exit recorded)".into(),
                 };
             }

@@ -200,6 +200,10 @@ pub struct FailureSummary {
     pub log: Option<PathBuf>,
     pub tail: Vec<String>,
     pub exit_status: i32,
+    /// Earlier attempts of a job that restarted (`--max-restarts`), oldest first; the fields
+    /// above describe the last attempt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_attempts: Vec<crate::restart::Attempt>,
 }
 
 impl FailureSummary {
@@ -217,6 +221,7 @@ impl FailureSummary {
             log: None,
             tail: Vec::new(),
             exit_status: ErrorKind::RankFailed.exit_code(),
+            earlier_attempts: Vec::new(),
         }
     }
 
@@ -239,6 +244,7 @@ impl FailureSummary {
             log: None,
             tail: output.iter().rev().take(15).rev().cloned().collect(),
             exit_status: ErrorKind::LaunchFailed.exit_code(),
+            earlier_attempts: Vec::new(),
         }
     }
 
@@ -277,6 +283,7 @@ impl FailureSummary {
             log: culprit.map(|c| c.path.clone()),
             tail: culprit.map(|c| c.tail.clone()).unwrap_or_default(),
             exit_status,
+            earlier_attempts: Vec::new(),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! `tchrun sbatch`: a training job as a Slurm batch script (nodes, tasks per node, GPUs, log
 //! paths, graceful preemption, requeue) whose body runs `srun --mpi=pmix tchrun-worker train`,
 //! and with `--submit` its submission. The script text is a pure function, unit-tested.
-use crate::job::{self, JobError};
-use crate::launch::{self, LaunchArgs, LauncherKind, Plan};
+use crate::error::JobError;
+use crate::launch::{self, LaunchArgs, LauncherKind};
+use crate::preflight::{absolute, batch_plan};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use tchrun::files;
@@ -143,25 +144,11 @@ pub fn script(b: &BatchJob) -> String {
 /// shape, GPUs against `--gpus-per-node`.
 pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
     let mut tj = a.job.clone();
-    tj.model = job::absolute(tj.model);
-    tj.train = job::absolute(tj.train);
-    tj.valid = job::absolute(tj.valid);
-    tj.output = job::absolute(tj.output);
-    tchrun::preflight::check_train_job(&tj, false).map_err(|e| JobError::invalid(e.to_string()))?;
-    if a.launch.hostfile.is_some() || !a.launch.hosts.is_empty() {
-        return Err(JobError::invalid(
-            "--hostfile/--hosts: in a batch job Slurm picks the nodes; drop them (choose nodes with --partition or #SBATCH lines)",
-        ));
-    }
-    let kind = match a.launch.launcher {
-        LauncherKind::Auto | LauncherKind::Srun => LauncherKind::Srun,
-        LauncherKind::Mpirun => LauncherKind::Mpirun,
-        LauncherKind::Local => {
-            return Err(JobError::invalid(
-                "--launcher local: a batch job starts its ranks with srun (default) or mpirun",
-            ))
-        }
-    };
+    tj.model = absolute(tj.model);
+    tj.train = absolute(tj.train);
+    tj.valid = absolute(tj.valid);
+    tj.output = absolute(tj.output);
+    tchrun::preflight::check_train_job(&tj, false)?;
     match a.rank.device {
         Device::Cuda if a.gpus_per_node == 0 => {
             return Err(JobError::invalid(
@@ -185,26 +172,8 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
     if let Some(t) = &a.time {
         check_directive("--time", t)?;
     }
-    let worker = match &a.launch.worker {
-        Some(w) => job::absolute(w.clone()),
-        None => std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|d| d.join("tchrun-worker")))
-            .filter(|w| w.is_file())
-            .ok_or_else(|| {
-                JobError::invalid(
-                    "tchrun-worker not found beside tchrun; pass --worker PATH (the same path on every node)",
-                )
-            })?,
-    };
-    if !worker.is_file() {
-        return Err(JobError::invalid(format!(
-            "--worker {}: no such file; build it with `cargo build --release` or pass the right path",
-            worker.display()
-        )));
-    }
     let mut rank = a.rank.clone();
-    let log_dir = job::absolute(
+    let log_dir = absolute(
         rank.log_dir
             .clone()
             .unwrap_or_else(|| tj.output.join(files::DEFAULT_LOG_SUBDIR)),
@@ -213,26 +182,8 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
     let mut worker_args = vec!["train".to_string()];
     worker_args.extend(tj.to_args());
     worker_args.extend(rank.to_args());
-    let mpirun_args = match &a.launch.mpirun_args {
-        Some(s) => {
-            shell_words::split(s).map_err(|e| JobError::invalid(format!("--mpirun-args: {e}")))?
-        }
-        None => Vec::new(),
-    };
-    let plan = Plan {
-        node_names: Vec::new(),
-        kind,
-        nodes: a.launch.nodes,
-        procs_per_node: a.launch.procs_per_node,
-        hosts: Vec::new(),
-        hostfile: None,
-        oversubscribe: a.launch.oversubscribe,
-        worker,
-        log_dir: log_dir.clone(),
-        mpirun_args,
-        as_root: nix::unistd::geteuid().is_root(),
-    };
-    let launch = match kind {
+    let plan = batch_plan(&a.launch, log_dir.clone())?;
+    let launch = match plan.kind {
         // Inside the allocation mpirun finds the nodes itself; the job's environment reaches
         // the ranks through Slurm.
         LauncherKind::Mpirun => launch::mpirun_command(&plan, &worker_args, &[]),
@@ -291,7 +242,7 @@ pub fn run(a: &SbatchArgs) -> Result<i32, JobError> {
         }
         return Ok(0);
     }
-    let path = job::absolute(
+    let path = absolute(
         a.script
             .clone()
             .unwrap_or_else(|| b.log_dir.join("tchrun-job.sbatch")),

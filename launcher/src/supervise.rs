@@ -43,26 +43,87 @@ pub struct Exit {
     pub stopped_by_us: bool,
 }
 
+/// How a supervised run ended. One variant per ending, so that a run cannot be both
+/// interrupted and hung, or report a failure it does not hold.
+#[derive(Debug, Clone)]
+pub enum Ending {
+    /// Every process exited 0.
+    Succeeded,
+    /// A process failed on its own (not stopped by us); the first one.
+    Failed(Exit),
+    /// tchrun received SIGINT or SIGTERM (the first one's number) and stopped the job.
+    Interrupted(i32),
+    /// The hang watchdog stopped the job.
+    Hung,
+}
+
 /// The end of a supervised run.
 #[derive(Debug)]
 pub struct Outcome {
-    /// The first process that failed on its own (not stopped by us).
-    pub first_failure: Option<Exit>,
-    /// A signal tchrun received (SIGINT/SIGTERM), if any.
-    pub interrupted: Option<i32>,
+    pub ending: Ending,
     /// The last lines the processes printed (for classifying a launch failure).
     pub tail: Vec<String>,
-    /// The hang watchdog ended the job.
-    pub hung: bool,
 }
 
-/// Output sink shared by the tee threads.
-struct Sink {
-    log: Mutex<File>,
-    tail: Mutex<std::collections::VecDeque<String>>,
-    /// The terminal shows rank 0's progress as one line rewritten in place (stdout is a TTY);
-    /// true while that line is on screen.
-    status: Option<Mutex<bool>>,
+impl Outcome {
+    pub fn succeeded(&self) -> bool {
+        matches!(self.ending, Ending::Succeeded)
+    }
+}
+
+/// Where the processes' output lines appear for the user.
+trait Console: Send + Sync {
+    fn line(&self, line: &str, to_stderr: bool);
+    /// The run is over: leave the terminal clean.
+    fn finish(&self) {}
+}
+
+/// Plain lines: stdout to stdout, stderr to stderr (a pipe, a file, a batch log).
+struct Plain;
+
+impl Console for Plain {
+    fn line(&self, line: &str, to_stderr: bool) {
+        if to_stderr {
+            errln!("{line}");
+        } else {
+            outln!("{line}");
+        }
+    }
+}
+
+/// A terminal: rank 0's progress is one line rewritten in place; other lines go above it.
+struct Redraw {
+    /// True while a progress line is on screen.
+    shown: Mutex<bool>,
+}
+
+impl Console for Redraw {
+    fn line(&self, line: &str, to_stderr: bool) {
+        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = std::io::stdout().lock();
+        if !to_stderr && is_progress(line) {
+            let _ = write!(out, "\r\x1b[2K{line}");
+            *shown = true;
+        } else {
+            if *shown {
+                let _ = write!(out, "\r\x1b[2K");
+                *shown = false;
+            }
+            let _ = out.flush();
+            if to_stderr {
+                errln!("{line}");
+            } else {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        let _ = out.flush();
+    }
+
+    fn finish(&self) {
+        if *self.shown.lock().unwrap_or_else(|e| e.into_inner()) {
+            outln!(); // keep the last progress line, end it
+        }
+    }
 }
 
 /// Rank 0's progress line ("<host>:0 epoch E/N iter I/M ... eta T").
@@ -74,36 +135,20 @@ fn is_progress(line: &str) -> bool {
 
 const TAIL_LINES: usize = 200;
 
-impl Sink {
+/// The tee shared by the reader threads: every line to `70_mpi_log`, the last ones kept for
+/// the outcome, and the line to the console.
+struct Tee {
+    log: Mutex<File>,
+    tail: Mutex<std::collections::VecDeque<String>>,
+    console: Box<dyn Console>,
+}
+
+impl Tee {
     fn line(&self, line: &str, to_stderr: bool) {
         if let Ok(mut f) = self.log.lock() {
             let _ = writeln!(f, "{line}");
         }
-        match (&self.status, to_stderr) {
-            (Some(shown), _) => {
-                // TTY: progress replaces itself; other lines go above it.
-                let mut shown = shown.lock().unwrap_or_else(|e| e.into_inner());
-                let mut out = std::io::stdout().lock();
-                if !to_stderr && is_progress(line) {
-                    let _ = write!(out, "\r\x1b[2K{line}");
-                    *shown = true;
-                } else {
-                    if *shown {
-                        let _ = write!(out, "\r\x1b[2K");
-                        *shown = false;
-                    }
-                    let _ = out.flush();
-                    if to_stderr {
-                        errln!("{line}");
-                    } else {
-                        let _ = writeln!(out, "{line}");
-                    }
-                }
-                let _ = out.flush();
-            }
-            (None, true) => errln!("{line}"),
-            (None, false) => outln!("{line}"),
-        }
+        self.console.line(line, to_stderr);
         if let Ok(mut t) = self.tail.lock() {
             if t.len() == TAIL_LINES {
                 t.pop_front();
@@ -136,6 +181,7 @@ pub struct Settings {
 pub const RANK_FAILED_GRACE: Duration = Duration::from_secs(5);
 
 /// Escalation of a stop: SIGTERM to the process groups at `term_at`, SIGKILL at `kill_at`.
+#[derive(Debug)]
 struct Stop {
     term_at: Instant,
     kill_at: Instant,
@@ -159,6 +205,148 @@ impl Stop {
             term_at: t,
             kill_at: t + Duration::from_secs(1),
             termed: false,
+        }
+    }
+}
+
+/// Why the supervisor is stopping the job.
+#[derive(Debug)]
+enum Reason {
+    /// SIGINT/SIGTERM to tchrun (the first one's number).
+    Interrupted(i32),
+    /// A process failed on its own (fail-fast), or a rank reported its failure and the
+    /// launcher child did not end the job within `RANK_FAILED_GRACE`.
+    Failed(Exit),
+    /// No progress for the hang timeout.
+    Hung,
+}
+
+/// The supervisor's state: running (perhaps with a failure mpirun/srun are ending the job
+/// for), or stopping every process for one reason with a bounded escalation.
+#[derive(Debug)]
+enum Phase {
+    Running {
+        /// The first process that failed on its own.
+        failed: Option<Exit>,
+        /// When a rank's driver log first said it failed.
+        reported: Option<Instant>,
+    },
+    Stopping {
+        reason: Reason,
+        stop: Stop,
+    },
+}
+
+impl Phase {
+    fn is_running(&self) -> bool {
+        matches!(self, Phase::Running { .. })
+    }
+
+    fn is_stopping(&self) -> bool {
+        !self.is_running()
+    }
+
+    /// A process ended: the first failure that was not our doing is kept.
+    fn exited(&mut self, e: Exit) {
+        if let Phase::Running { failed, .. } = self {
+            if !e.ended.ok() && !e.stopped_by_us && failed.is_none() {
+                *failed = Some(e);
+            }
+        }
+    }
+
+    /// A signal to tchrun. The first asks the ranks to stop cleanly (true: send them the
+    /// graceful signal) and escalates after `grace`; another stops everything now.
+    fn signal(&mut self, sig: i32, grace: Duration) -> bool {
+        match self {
+            Phase::Running { .. } => {
+                *self = Phase::Stopping {
+                    reason: Reason::Interrupted(sig),
+                    stop: Stop::after(grace),
+                };
+                true
+            }
+            Phase::Stopping { reason, stop } => {
+                if !matches!(reason, Reason::Interrupted(_)) {
+                    *reason = Reason::Interrupted(sig);
+                }
+                *stop = Stop::now();
+                false
+            }
+        }
+    }
+
+    /// Local ranks: one failed, so the job is lost; stop the others now.
+    fn fail_fast(&mut self) {
+        if let Phase::Running {
+            failed: Some(e), ..
+        } = self
+        {
+            let e = e.clone();
+            *self = Phase::Stopping {
+                reason: Reason::Failed(e),
+                stop: Stop::now(),
+            };
+        }
+    }
+
+    fn rank_reported(&mut self) {
+        if let Phase::Running { reported, .. } = self {
+            reported.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// A rank reported its failure `RANK_FAILED_GRACE` ago and the launcher child still runs:
+    /// stop it. The failure is the ranks', not that of the child we now stop.
+    fn reported_timeout(&mut self) {
+        if let Phase::Running {
+            failed,
+            reported: Some(t),
+        } = self
+        {
+            if t.elapsed() >= RANK_FAILED_GRACE {
+                let e = failed.clone().unwrap_or(Exit {
+                    index: 0,
+                    ended: Ended::Code(tchrun::exit::code::RANK_FAILED),
+                    at: SystemTime::now(),
+                    stopped_by_us: false,
+                });
+                *self = Phase::Stopping {
+                    reason: Reason::Failed(e),
+                    stop: Stop::now(),
+                };
+            }
+        }
+    }
+
+    fn hang(&mut self) {
+        if self.is_running() {
+            *self = Phase::Stopping {
+                reason: Reason::Hung,
+                stop: Stop::now(),
+            };
+        }
+    }
+
+    /// What the run came to once every process is gone.
+    fn ending(self) -> Ending {
+        match self {
+            Phase::Running { failed: None, .. } => Ending::Succeeded,
+            Phase::Running {
+                failed: Some(e), ..
+            }
+            | Phase::Stopping {
+                reason: Reason::Failed(e),
+                ..
+            } => Ending::Failed(e),
+            Phase::Stopping {
+                reason: Reason::Interrupted(sig),
+                ..
+            } => Ending::Interrupted(sig),
+            Phase::Stopping {
+                reason: Reason::Hung,
+                ..
+            } => Ending::Hung,
         }
     }
 }
@@ -200,10 +388,17 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)?;
     }
     use std::io::IsTerminal;
-    let sink = Arc::new(Sink {
-        status: std::io::stdout().is_terminal().then(|| Mutex::new(false)),
+    let console: Box<dyn Console> = if std::io::stdout().is_terminal() {
+        Box::new(Redraw {
+            shown: Mutex::new(false),
+        })
+    } else {
+        Box::new(Plain)
+    };
+    let sink = Arc::new(Tee {
         log: Mutex::new(mpi_log),
         tail: Mutex::new(Default::default()),
+        console,
     });
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut pids: Vec<u32> = Vec::new();
@@ -242,28 +437,23 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         children.push(Some(child));
     }
 
-    let mut first_failure: Option<Exit> = None;
-    let mut stopping: Option<Stop> = None;
-    let mut hung = false;
+    let mut phase = Phase::Running {
+        failed: None,
+        reported: None,
+    };
     let mut last_probe = Instant::now();
-    let mut failure_seen: Option<Instant> = None;
     let started = SystemTime::now();
-    let mut interrupted: Option<i32> = None;
-    let mut seen_signals = 0usize;
     loop {
         // Reap.
         for (i, slot) in children.iter_mut().enumerate() {
             if let Some(child) = slot {
                 if let Ok(Some(status)) = child.try_wait() {
-                    let e = Exit {
+                    phase.exited(Exit {
                         index: i,
                         ended: ended(status),
                         at: SystemTime::now(),
-                        stopped_by_us: stopping.is_some(),
-                    };
-                    if !e.ended.ok() && !e.stopped_by_us && first_failure.is_none() {
-                        first_failure = Some(e);
-                    }
+                        stopped_by_us: phase.is_stopping(),
+                    });
                     *slot = None;
                 }
             }
@@ -274,67 +464,49 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         }
         // Signals to tchrun: ask the ranks to stop cleanly, then escalate; a second one kills.
         let sig = signal.swap(0, Ordering::SeqCst);
-        if sig != 0 {
-            seen_signals += 1;
-            interrupted.get_or_insert(sig as i32);
-            if seen_signals == 1 {
-                for c in &running {
-                    if settings.graceful == Signal::SIGTERM {
-                        signal_group(c, Signal::SIGTERM);
-                    } else {
-                        let _ =
-                            nix::sys::signal::kill(Pid::from_raw(c.id() as i32), settings.graceful);
-                    }
+        if sig != 0 && phase.signal(sig as i32, settings.grace) {
+            for c in &running {
+                if settings.graceful == Signal::SIGTERM {
+                    signal_group(c, Signal::SIGTERM);
+                } else {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(c.id() as i32), settings.graceful);
                 }
-                stopping = Some(Stop::after(settings.grace));
-            } else {
-                stopping = Some(Stop::now());
             }
         }
         // Fail fast: one failed, stop the others now (no clean stop: the job is lost).
-        if settings.fail_fast && first_failure.is_some() && stopping.is_none() {
-            stopping = Some(Stop::now());
+        if settings.fail_fast {
+            phase.fail_fast();
         }
         // A rank reported failure but the launcher child keeps running: stop it.
-        if let (Some(probe), None) = (&settings.rank_failed, &stopping) {
-            if last_probe.elapsed() >= Duration::from_secs(1) {
+        if let Some(probe) = &settings.rank_failed {
+            if phase.is_running() && last_probe.elapsed() >= Duration::from_secs(1) {
                 last_probe = Instant::now();
-                if failure_seen.is_none() && probe() {
-                    failure_seen = Some(Instant::now());
+                if probe() {
+                    phase.rank_reported();
                 }
             }
-            if failure_seen.is_some_and(|t| t.elapsed() >= RANK_FAILED_GRACE) {
-                // The failure is the ranks', not the launcher child's that we now stop.
-                if first_failure.is_none() {
-                    first_failure = Some(Exit {
-                        index: 0,
-                        ended: Ended::Code(tchrun::exit::code::RANK_FAILED),
-                        at: SystemTime::now(),
-                        stopped_by_us: false,
-                    });
-                }
-                stopping = Some(Stop::now());
-            }
+            phase.reported_timeout();
         }
         // Hang watchdog.
-        if let (Some(limit), Some(probe), None) =
-            (settings.hang_timeout, &settings.progress, &stopping)
-        {
+        if let (Some(limit), Some(probe), true) = (
+            settings.hang_timeout,
+            &settings.progress,
+            phase.is_running(),
+        ) {
             let last = probe().unwrap_or(started).max(started);
             if SystemTime::now().duration_since(last).unwrap_or_default() > limit {
-                hung = true;
-                stopping = Some(Stop::now());
+                phase.hang();
             }
         }
-        if let Some(st) = &mut stopping {
+        if let Phase::Stopping { stop, .. } = &mut phase {
             let now = Instant::now();
-            if now >= st.term_at && !st.termed {
-                st.termed = true;
+            if now >= stop.term_at && !stop.termed {
+                stop.termed = true;
                 for c in &running {
                     signal_group(c, Signal::SIGTERM);
                 }
             }
-            if now >= st.kill_at {
+            if now >= stop.kill_at {
                 for c in &running {
                     signal_group(c, Signal::SIGKILL);
                 }
@@ -353,11 +525,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
             let _ = r.join();
         }
     }
-    if let Some(shown) = &sink.status {
-        if shown.lock().map(|s| *s).unwrap_or(false) {
-            outln!(); // keep the last progress line, end it
-        }
-    }
+    sink.console.finish();
     let tail = sink
         .tail
         .lock()
@@ -371,9 +539,112 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
     }
     Ok(Outcome {
-        first_failure,
-        interrupted,
+        ending: phase.ending(),
         tail,
-        hung,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exit(index: usize, code: i32) -> Exit {
+        Exit {
+            index,
+            ended: Ended::Code(code),
+            at: SystemTime::now(),
+            stopped_by_us: false,
+        }
+    }
+
+    fn running() -> Phase {
+        Phase::Running {
+            failed: None,
+            reported: None,
+        }
+    }
+
+    #[test]
+    fn clean_exits_succeed_and_the_first_failure_is_kept() {
+        let mut p = running();
+        p.exited(exit(0, 0));
+        assert!(p.is_running());
+        p.exited(exit(2, 4));
+        p.exited(exit(1, 3));
+        match p.ending() {
+            Ending::Failed(e) => assert_eq!((e.index, e.ended), (2, Ended::Code(4))),
+            e => panic!("{e:?}"),
+        }
+        let mut p = running();
+        p.exited(exit(0, 0));
+        assert!(matches!(p.ending(), Ending::Succeeded));
+    }
+
+    #[test]
+    fn fail_fast_stops_and_later_exits_are_ours() {
+        let mut p = running();
+        p.fail_fast();
+        assert!(p.is_running(), "nothing failed yet");
+        p.exited(exit(1, 4));
+        p.fail_fast();
+        assert!(p.is_stopping());
+        let mut stopped = exit(0, 143);
+        stopped.stopped_by_us = p.is_stopping();
+        p.exited(stopped);
+        match p.ending() {
+            Ending::Failed(e) => assert_eq!(e.index, 1),
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn a_signal_stops_gracefully_and_a_second_one_at_once() {
+        let grace = Duration::from_secs(30);
+        let mut p = running();
+        assert!(
+            p.signal(2, grace),
+            "the first signal asks the ranks to stop"
+        );
+        match &p {
+            Phase::Stopping { stop, .. } => assert!(stop.term_at > Instant::now()),
+            p => panic!("{p:?}"),
+        }
+        assert!(!p.signal(15, grace), "the second one does not ask again");
+        match &p {
+            Phase::Stopping { stop, reason } => {
+                assert!(stop.term_at <= Instant::now());
+                assert!(
+                    matches!(reason, Reason::Interrupted(2)),
+                    "the first signal counts"
+                );
+            }
+            p => panic!("{p:?}"),
+        }
+        p.hang();
+        assert!(matches!(p.ending(), Ending::Interrupted(2)));
+    }
+
+    #[test]
+    fn hang_and_reported_failures_stop_a_running_job_only() {
+        let mut p = running();
+        p.hang();
+        assert!(matches!(p.ending(), Ending::Hung));
+        let mut p = running();
+        p.rank_reported();
+        p.reported_timeout();
+        assert!(
+            p.is_running(),
+            "mpirun gets RANK_FAILED_GRACE to end the job itself"
+        );
+        if let Phase::Running { reported, .. } = &mut p {
+            *reported = Some(Instant::now() - RANK_FAILED_GRACE);
+        }
+        p.reported_timeout();
+        match p.ending() {
+            Ending::Failed(e) => {
+                assert_eq!(e.ended, Ended::Code(tchrun::exit::code::RANK_FAILED))
+            }
+            e => panic!("{e:?}"),
+        }
+    }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use tch::Tensor;
 use tchrun::metrics::EpochMetrics;
 
-pub const DIR: &str = "checkpoints";
+pub const DIR: &str = tchrun::files::CHECKPOINT_DIR;
 pub const FORMAT_VERSION: u32 = 1;
 
 /// What `last.json` records.
@@ -91,7 +91,7 @@ pub fn save(
     let mut json = serde_json::to_value(meta).map_err(|e| e.to_string())?;
     json["tensors"] = serde_json::Value::String(file.clone());
     write_atomic(
-        &d.join("last.json"),
+        &d.join(tchrun::files::CHECKPOINT_LAST),
         serde_json::to_string_pretty(&json)
             .map_err(|e| e.to_string())?
             .as_bytes(),
@@ -122,7 +122,7 @@ pub struct Loaded {
 /// Reads `last.json` and its tensors; `Ok(None)` when there is no checkpoint.
 pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
     let d = dir(output);
-    let json_path = d.join("last.json");
+    let json_path = d.join(tchrun::files::CHECKPOINT_LAST);
     let text = match std::fs::read_to_string(&json_path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

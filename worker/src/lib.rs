@@ -6,6 +6,7 @@ pub mod bench_loader;
 pub mod bench_step;
 pub mod bootstrap;
 pub mod checkpoint;
+pub mod confusion;
 pub mod ddp;
 pub mod densenet;
 pub mod dist;

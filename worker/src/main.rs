@@ -31,8 +31,10 @@ enum Cmd {
     Exec(ExecArgs),
     /// Train an image classifier data-parallel (one rank; start N with mpirun/srun/tchrun).
     Train(TrainArgs),
-    /// Score images with a trained model directory into a CSV (single process).
+    /// Score images with a trained model directory into a CSV (sharded over the ranks).
     Score(ScoreArgs),
+    /// Evaluate a trained model on labeled images: scores, metrics, confusion matrix.
+    Evaluate(EvaluateArgs),
     /// Check that the cross-rank averaged gradient equals the combined-batch gradient.
     #[command(hide = true)]
     Gradcheck(GradcheckArgs),
@@ -63,6 +65,16 @@ struct TrainArgs {
 struct ScoreArgs {
     #[command(flatten)]
     job: tchrun::flags::ScoreJob,
+    #[command(flatten)]
+    rank: RankFlags,
+}
+
+#[derive(Args, Debug)]
+struct EvaluateArgs {
+    #[command(flatten)]
+    job: tchrun::flags::EvaluateJob,
+    #[command(flatten)]
+    rank: RankFlags,
 }
 
 #[derive(Args, Debug)]
@@ -134,6 +146,7 @@ fn main() -> ExitCode {
         Cmd::Exec(a) => run_exec(a),
         Cmd::Train(a) => run_train(a),
         Cmd::Score(a) => run_score(a),
+        Cmd::Evaluate(a) => run_evaluate(a),
         Cmd::Gradcheck(a) => run_gradcheck(a),
         Cmd::BenchLoader(a) => bench_loader::run(a).map_err(|e| (None, Fatal::invalid(e))),
         Cmd::BenchStep(a) => {
@@ -570,47 +583,102 @@ fn run_train(a: TrainArgs) -> RankResult {
     })
 }
 
-fn run_score(ScoreArgs { job: a }: ScoreArgs) -> RankResult {
-    let flags = RankFlags {
-        device: a.device,
-        backend: Backend::Auto,
-        log_dir: None,
-        timeout: 60,
-    };
-    let host = hostname::get()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "this host".into());
-    let (device, _) = resolve(&flags, 0, 1, &host).map_err(|f| (None, f))?;
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    match score::score(
-        &a.model,
-        &a.images,
-        &a.output,
-        a.batch_size as usize,
+/// Runs `body` (scoring or evaluation) as one rank of the job: the store carries each
+/// rank's rows to rank 0.
+fn run_inference(
+    flags: &RankFlags,
+    default_logs: PathBuf,
+    batch_size: u32,
+    body: impl FnOnce(&score::Compute, &score::Ranks, &dyn Fn(&str)) -> Result<(), score::ScoreError>,
+) -> RankResult {
+    let rank = start_rank(flags, default_logs, &command_line())?;
+    let Rank {
+        joined,
+        pg,
         device,
-        threads,
-    ) {
-        Ok(n) => {
-            println!("scored {n} image(s) into {}", a.output.display());
+        console,
+    } = rank;
+    let store = &joined.store;
+    let set = |k: &str, v: &[u8]| store.set(k, v).map_err(|e| e.to_string());
+    let get = |k: &str| store.get(k).map_err(|e| e.to_string());
+    let ranks = score::Ranks {
+        rank: pg.rank(),
+        world: pg.size(),
+        set: &set,
+        get: &get,
+    };
+    let compute = score::Compute {
+        batch_size: batch_size as usize,
+        device,
+        threads: tchrun::env::threads_per_rank(joined.info.local_size),
+    };
+    let is_rank0 = pg.rank() == 0;
+    let say = |line: &str| {
+        tracing::info!("{line}");
+        if is_rank0 {
+            console.out(line);
+        }
+    };
+    let r = body(&compute, &ranks, &say);
+    leave(pg, joined, r.is_ok());
+    r.map_err(|e| {
+        let kind = if e.is_input_error() {
+            ErrorKind::InvalidInput
+        } else {
+            ErrorKind::RankFailed
+        };
+        (
+            Some(console),
+            Fatal {
+                kind,
+                err: e.into(),
+            },
+        )
+    })
+}
+
+fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
+    run_inference(
+        &rank,
+        a.default_log_dir(),
+        a.batch_size,
+        |compute, ranks, say| {
+            let n = score::score(&a.model, &a.images, &a.output, compute, ranks)?;
+            if ranks.rank == 0 {
+                say(&format!(
+                    "scored {n} image(s) on {} rank(s) into {}",
+                    ranks.world,
+                    a.output.display()
+                ));
+            }
             Ok(())
-        }
-        Err(e) => {
-            let kind = if e.is_input_error() {
-                ErrorKind::InvalidInput
-            } else {
-                ErrorKind::RankFailed
-            };
-            Err((
-                None,
-                Fatal {
-                    kind,
-                    err: e.into(),
-                },
-            ))
-        }
-    }
+        },
+    )
+}
+
+fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
+    run_inference(
+        &rank,
+        a.default_log_dir(),
+        a.batch_size,
+        |compute, ranks, say| {
+            if let Some(e) = score::evaluate(&a.model, &a.images, &a.output, compute, ranks)? {
+                let m = &e.metrics;
+                say(&format!(
+                "evaluated {} image(s) on {} rank(s): top-1 {:.2}%, top-5 {:.2}%, log loss {:.4}, \
+                 macro F1 {:.4}; scores.csv, metrics.json and confusion_matrix.csv/.png in {}",
+                e.images,
+                ranks.world,
+                100.0 * m.top1,
+                100.0 * m.top5,
+                m.log_loss,
+                m.macro_avg.f1,
+                a.output.display()
+            ));
+            }
+            Ok(())
+        },
+    )
 }
 
 fn run_gradcheck(a: GradcheckArgs) -> RankResult {

@@ -10,7 +10,7 @@ const FONT_PATHS: &[&str] = &[
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
 
-fn register_font() -> Result<(), String> {
+pub(crate) fn register_font() -> Result<(), String> {
     static ONCE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
         let bytes = FONT_PATHS

@@ -194,6 +194,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let (pg, device) = (ctx.pg, ctx.device);
     let (rank, world) = (pg.rank(), pg.size());
     let p = &job.params;
+    // Test hook (`TCHRUN_TEST_KILL_AT_STEP`): this rank dies before that step, first attempt only.
+    let kill_at = tchrun::env::test_kill_at_step(&|k| std::env::var(k).ok())
+        .map_err(|e| TrainError::Invalid(e.to_string()))?
+        .and_then(|(r, k)| (r == rank).then_some(k));
     if !skipped.is_empty() {
         tracing::warn!(
             count = skipped.len(),
@@ -502,6 +506,13 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             // the batch goes on with the others (the reduction is exact for uneven batches).
             let batch = batch.map_err(TrainError::Data)?;
             epoch_skipped += bad_images.note(&batch.skipped);
+            if kill_at == Some(step) {
+                tracing::warn!(
+                    "{}: SIGKILL at step {step}",
+                    tchrun::env::TCHRUN_TEST_KILL_AT_STEP
+                );
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
             let t0 = Instant::now();
             opt.zero_grad()?;
             let mut n_local = batch.len;

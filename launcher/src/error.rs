@@ -1,0 +1,104 @@
+//! The launcher's error: why a job did not run or did not succeed, with the kind that decides
+//! the exit code and, where one exists, the underlying error as its `source()`. `main` prints
+//! every one of them from one place.
+use tchrun::exit::ErrorKind;
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// A flag, file or input the user can fix (exit 2).
+    #[error("{0}")]
+    Invalid(String),
+    /// The ranks could not be started (exit 3).
+    #[error("{0}")]
+    Launch(String),
+    /// An operation on a file or socket failed; `context` names it.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        kind: ErrorKind,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The training job's input checks (shared with the ranks).
+    #[error(transparent)]
+    Preflight(#[from] tchrun::preflight::PreflightError),
+    /// `--model`: not a usable model directory.
+    #[error("--model {0}")]
+    Model(#[from] tchrun::model::InvalidModelDirectory),
+    /// `--images`: not a usable image folder.
+    #[error("--images {0}")]
+    Images(#[source] tchrun::data::DatasetError),
+    /// No rank made progress for `--hang-timeout`; the job was stopped (exit 4).
+    #[error("{0}")]
+    Hung(String),
+    /// A rank failed: `report` is the failure summary as printed (first failing rank, host,
+    /// cause, the tail of its log); `kind` decides the exit code.
+    #[error("{report}")]
+    RankFailed { kind: ErrorKind, report: String },
+}
+
+impl JobError {
+    pub fn invalid(message: impl Into<String>) -> JobError {
+        JobError::Invalid(message.into())
+    }
+
+    pub fn launch(message: impl Into<String>) -> JobError {
+        JobError::Launch(message.into())
+    }
+
+    /// An I/O failure on something the user named (exit 2).
+    pub fn input_io(context: impl Into<String>, source: std::io::Error) -> JobError {
+        JobError::Io {
+            context: context.into(),
+            kind: ErrorKind::InvalidInput,
+            source,
+        }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            JobError::Invalid(_)
+            | JobError::Preflight(_)
+            | JobError::Model(_)
+            | JobError::Images(_) => ErrorKind::InvalidInput,
+            JobError::Launch(_) => ErrorKind::LaunchFailed,
+            JobError::Io { kind, .. } | JobError::RankFailed { kind, .. } => *kind,
+            JobError::Hung(_) => ErrorKind::RankFailed,
+        }
+    }
+
+    /// The text `main` prints on stderr: a failure summary as it is, anything else as
+    /// `tchrun: error: ...`.
+    pub fn render(&self) -> String {
+        match self {
+            JobError::RankFailed { report, .. } => report.clone(),
+            e => format!("tchrun: error: {e}\n"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn kinds_decide_exit_codes_and_sources_chain() {
+        let e = JobError::input_io(
+            "--hostfile /x",
+            std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory"),
+        );
+        assert_eq!(e.to_string(), "--hostfile /x: No such file or directory");
+        assert_eq!(e.kind().exit_code(), 2);
+        assert!(e.source().is_some(), "the io::Error is the source");
+        assert_eq!(JobError::launch("x").kind().exit_code(), 3);
+        assert_eq!(JobError::Hung("x".into()).kind().exit_code(), 4);
+        let r = JobError::RankFailed {
+            kind: ErrorKind::Diverged,
+            report: "tchrun: rank 1 failed first\n".into(),
+        };
+        assert_eq!(r.render(), "tchrun: rank 1 failed first\n");
+        assert_eq!(r.kind(), ErrorKind::Diverged);
+        assert_eq!(JobError::invalid("bad").render(), "tchrun: error: bad\n");
+    }
+}

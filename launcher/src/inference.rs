@@ -1,0 +1,105 @@
+//! `tchrun score` ("Score Image Model") and `tchrun evaluate` ("Evaluate Model"): the model
+//! directory, the images and the output are checked here (no libtorch needed), then the ranks
+//! run `tchrun-worker score|evaluate` like any job (launch flags, GPU pre-flight, driver logs,
+//! fail-fast). The ranks split the images by whole batches and rank 0 writes the output.
+use crate::error::JobError;
+use crate::gpus::GpuUse;
+use crate::job::run_planned;
+use crate::launch::{LaunchArgs, Plan};
+use crate::preflight::{absolute, check_writable, validate};
+use std::path::{Path, PathBuf};
+use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
+
+fn check_model(model: &Path) -> Result<tchrun::model::ModelConfig, JobError> {
+    Ok(tchrun::model::load(model, true)?)
+}
+
+fn check_images_dir(images: &Path) -> Result<(), JobError> {
+    if images.is_dir() {
+        Ok(())
+    } else {
+        Err(JobError::invalid(format!(
+            "--images {}: not a directory; pass the folder that holds the images",
+            images.display()
+        )))
+    }
+}
+
+/// The rank flags with the log directory made absolute (`default` when unset).
+fn with_log_dir(rank: &RankFlags, default: PathBuf) -> (RankFlags, PathBuf) {
+    let mut rank = rank.clone();
+    let log_dir = absolute(rank.log_dir.clone().unwrap_or(default));
+    rank.log_dir = Some(log_dir.clone());
+    (rank, log_dir)
+}
+
+/// The launch pre-flight (hosts, launcher, GPUs), before the inputs: a GPU job on a host
+/// without GPUs is refused whatever its inputs.
+fn launch_preflight(
+    launch: &LaunchArgs,
+    rank: &RankFlags,
+    default_logs: PathBuf,
+) -> Result<(RankFlags, Plan), JobError> {
+    let (rank, log_dir) = with_log_dir(rank, default_logs);
+    let plan = validate(launch, log_dir, GpuUse::Ranks(rank.device))?;
+    Ok((rank, plan))
+}
+
+/// `tchrun score`.
+pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Result<i32, JobError> {
+    let mut job = job.clone();
+    job.model = absolute(job.model);
+    job.images = absolute(job.images);
+    job.output = absolute(job.output);
+    let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
+    check_model(&job.model)?;
+    check_images_dir(&job.images)?;
+    if job.output.is_dir() {
+        return Err(JobError::invalid(format!(
+            "--output {}: is a directory; name the CSV file to write (e.g. {}/scores.csv)",
+            job.output.display(),
+            job.output.display()
+        )));
+    }
+    if !launch.dry_run {
+        if let Some(parent) = job.output.parent() {
+            check_writable(parent)?;
+        }
+    }
+    let mut args = vec!["score".to_string()];
+    args.extend(job.to_args());
+    args.extend(rank.to_args());
+    run_planned(launch, &plan, args)
+}
+
+/// `tchrun evaluate`: the labeled folder's class folders must all be classes of the model.
+pub fn run_evaluate(
+    job: &EvaluateJob,
+    launch: &LaunchArgs,
+    rank: &RankFlags,
+) -> Result<i32, JobError> {
+    let mut job = job.clone();
+    job.model = absolute(job.model);
+    job.images = absolute(job.images);
+    job.output = absolute(job.output);
+    let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
+    let cfg = check_model(&job.model)?;
+    check_images_dir(&job.images)?;
+    let folder = tchrun::data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;
+    tchrun::evaluation::map_classes(&job.images, &folder.classes, &cfg.class_names)
+        .map_err(JobError::Images)?;
+    if job.output.is_file() {
+        return Err(JobError::invalid(format!(
+            "--output {}: is a file; evaluate writes a directory (scores.csv, metrics.json, \
+             confusion_matrix.csv/.png)",
+            job.output.display()
+        )));
+    }
+    if !launch.dry_run {
+        check_writable(&job.output)?;
+    }
+    let mut args = vec!["evaluate".to_string()];
+    args.extend(job.to_args());
+    args.extend(rank.to_args());
+    run_planned(launch, &plan, args)
+}

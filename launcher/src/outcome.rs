@@ -1,0 +1,228 @@
+//! The outcome of a supervised job: success (the run report), interrupted, hung, a launch
+//! that failed (no rank started: mpirun's own words say why), or a rank that failed (the first
+//! one, from the driver logs and mpirun's output). Failures become `JobError`s, printed by
+//! `main`; the failure summary is also written to `failure.json`.
+use crate::error::JobError;
+use crate::launch::{LaunchArgs, LauncherKind, Plan};
+use crate::report::{self, FailureSummary};
+use crate::supervise::{Ended, Ending, Outcome};
+use std::path::Path;
+use tchrun::exit::ErrorKind;
+
+/// What a job that ran comes to: its exit code, or the failure.
+pub fn conclude(
+    args: &LaunchArgs,
+    plan: &Plan,
+    outcome: &Outcome,
+    mpi_log_path: &Path,
+) -> Result<i32, JobError> {
+    let first = match &outcome.ending {
+        Ending::Succeeded => {
+            report::run_report(&plan.log_dir);
+            return Ok(0);
+        }
+        Ending::Failed(first) => first.clone(),
+        Ending::Interrupted(sig) => {
+            let kind = if *sig == signal_hook::consts::SIGINT {
+                ErrorKind::InterruptedInt
+            } else {
+                ErrorKind::InterruptedTerm
+            };
+            errln!(
+                "tchrun: interrupted; all ranks stopped (logs in {})",
+                plan.log_dir.display()
+            );
+            return Ok(kind.exit_code());
+        }
+        Ending::Hung => return Err(hung(args, plan)),
+    };
+    let logs = report::read_driver_logs(&plan.log_dir);
+    let (hint_rank, hint_code) = match plan.kind {
+        LauncherKind::Local => (Some(first.index), Some(first.ended.as_code())),
+        _ => mpirun_first_failure(&outcome.tail),
+    };
+    let code = hint_code.unwrap_or(first.ended.as_code());
+    // A rank that refused its input exits 2 before it opens a driver log: its message is
+    // already on the terminal; that is invalid input, not a failed launch.
+    if logs.is_empty() && code == ErrorKind::InvalidInput.exit_code() {
+        return Err(JobError::invalid(format!(
+            "the ranks refused the input (see their message above and {})",
+            mpi_log_path.display()
+        )));
+    }
+    if logs.is_empty() {
+        let message = launch_failure_message(plan, &outcome.tail);
+        let summary =
+            FailureSummary::launch_failure(message.clone(), first.ended.as_code(), &outcome.tail);
+        report::write_summary(&plan.log_dir, &summary);
+        return Err(JobError::launch(format!(
+            "{message}\n  launcher output: {}",
+            mpi_log_path.display()
+        )));
+    }
+    // Which rank: local ranks are one process each; mpirun names the first one.
+    let kind = ErrorKind::from_worker_exit(code).unwrap_or(ErrorKind::RankFailed);
+    let culprit = report::first_failing(&logs, hint_rank);
+    let signal = match first.ended {
+        Ended::Signal(s) => Some(s),
+        Ended::Code(_) => None,
+    };
+    let summary = FailureSummary::rank_failure(culprit, code, signal, first.at, kind.exit_code());
+    report::write_summary(&plan.log_dir, &summary);
+    Err(JobError::RankFailed {
+        kind,
+        report: report::render(&summary, &plan.log_dir),
+    })
+}
+
+/// The hang watchdog stopped the job: the last line of each rank, written to `failure.json`.
+fn hung(args: &LaunchArgs, plan: &Plan) -> JobError {
+    let logs = report::read_driver_logs(&plan.log_dir);
+    let mut msg = format!(
+        "no rank made progress for {} s (--hang-timeout); the job was stopped. Last line of each rank:",
+        args.hang_timeout
+    );
+    for l in &logs {
+        msg.push_str(&format!(
+            "\n  rank {} ({}): {}",
+            l.rank,
+            l.host,
+            l.tail.last().map(String::as_str).unwrap_or("")
+        ));
+    }
+    let summary = FailureSummary::hang(msg.clone());
+    report::write_summary(&plan.log_dir, &summary);
+    JobError::Hung(msg)
+}
+
+/// mpirun's "Process name: [[job,1],R] ... Exit code: C" of the first failing rank.
+fn mpirun_first_failure(tail: &[String]) -> (Option<usize>, Option<i32>) {
+    let mut rank = None;
+    let mut code = None;
+    for l in tail {
+        let t = l.trim();
+        if let Some(rest) = t.strip_prefix("Process name:") {
+            rank = rest
+                .trim()
+                .trim_end_matches(']')
+                .rsplit(',')
+                .next()
+                .and_then(|r| r.trim().parse().ok());
+        } else if let Some(rest) = t.strip_prefix("Exit code:") {
+            code = rest.trim().parse().ok();
+        } else if let Some(rest) = t.strip_prefix("mpirun noticed that process rank ") {
+            // "... rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+            if rank.is_none() {
+                rank = rest.split_whitespace().next().and_then(|r| r.parse().ok());
+                code = rest
+                    .split("on signal ")
+                    .nth(1)
+                    .and_then(|x| x.split_whitespace().next())
+                    .and_then(|n| n.parse::<i32>().ok())
+                    .map(|sig| 128 + sig);
+            }
+        }
+    }
+    (rank, code)
+}
+
+fn launch_failure_message(plan: &Plan, tail: &[String]) -> String {
+    let text = tail.join("\n");
+    if text.contains("not enough slots") {
+        format!(
+            "mpirun refused {} rank(s): not enough slots. Lower --procs-per-node ({}) or --nodes ({}), \
+             raise slots= in the --hostfile, or pass --oversubscribe",
+            plan.world_size(),
+            plan.procs_per_node,
+            plan.nodes
+        )
+    } else if text.contains("unable to reliably start")
+        || text.contains("ORTE does not know how to route")
+    {
+        "mpirun could not start its daemons on the hosts (ssh failed or a host is unreachable); check --hostfile/--hosts and passwordless ssh".into()
+    } else if text.contains("was unable to find the specified executable")
+        || text.contains("No such file")
+    {
+        format!("the worker {} was not found on every node; install it at the same path or pass --worker", plan.worker.display())
+    } else {
+        "the ranks could not be started".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// mpirun's own words (OpenMPI 4.1, as printed here) name the first failing rank.
+    #[test]
+    fn mpirun_output_names_the_first_failing_rank() {
+        let exited = lines(
+            "--------------------------------------------------------------------------\n\
+             mpirun detected that one or more processes exited with non-zero status, thus causing\n\
+             the job to be terminated. The first process to do so was:\n\
+             \n\
+             \x20 Process name: [[27021,1],1]\n\
+             \x20 Exit code:    3\n\
+             --------------------------------------------------------------------------",
+        );
+        assert_eq!(mpirun_first_failure(&exited), (Some(1), Some(3)));
+        let killed = lines(
+            "mpirun noticed that process rank 2 with PID 0 on node vm exited on signal 9 (Killed).",
+        );
+        assert_eq!(mpirun_first_failure(&killed), (Some(2), Some(128 + 9)));
+        assert_eq!(
+            mpirun_first_failure(&lines("hello\nExit code: not a number")),
+            (None, None)
+        );
+        assert_eq!(mpirun_first_failure(&[]), (None, None));
+    }
+
+    #[test]
+    fn launch_failures_say_what_to_change() {
+        let plan = Plan {
+            kind: LauncherKind::Mpirun,
+            node_names: Vec::new(),
+            nodes: 2,
+            procs_per_node: 3,
+            hosts: Vec::new(),
+            hostfile: None,
+            oversubscribe: false,
+            worker: PathBuf::from("/opt/tchrun-worker"),
+            log_dir: PathBuf::from("/tmp/logs"),
+            mpirun_args: Vec::new(),
+            as_root: false,
+        };
+        let slots = launch_failure_message(
+            &plan,
+            &lines("There are not enough slots available in the system to satisfy the 6"),
+        );
+        assert!(
+            slots.contains("6 rank(s)")
+                && slots.contains("--procs-per-node (3)")
+                && slots.contains("--oversubscribe"),
+            "{slots}"
+        );
+        let daemons = launch_failure_message(
+            &plan,
+            &lines("ORTE was unable to reliably start one or more daemons."),
+        );
+        assert!(daemons.contains("passwordless ssh"), "{daemons}");
+        let missing = launch_failure_message(
+            &plan,
+            &lines("mpirun was unable to find the specified executable file"),
+        );
+        assert!(
+            missing.contains("/opt/tchrun-worker") && missing.contains("--worker"),
+            "{missing}"
+        );
+        assert_eq!(
+            launch_failure_message(&plan, &lines("something else")),
+            "the ranks could not be started"
+        );
+    }
+}

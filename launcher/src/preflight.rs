@@ -1,0 +1,218 @@
+//! Pre-flight of the launch flags: the worker binary, the launcher (mpirun, srun, local), the
+//! hosts, ranks against cores and GPUs, writable outputs. Every command that starts ranks gets
+//! its `Plan` here (`validate`; `batch_plan` for `tchrun sbatch`), so the same checks apply to
+//! all of them.
+use crate::error::JobError;
+use crate::gpus::{self, GpuUse};
+use crate::launch::{self, LaunchArgs, LauncherKind, Plan};
+use std::path::{Path, PathBuf};
+
+/// `p` made absolute against the current directory (ranks may run elsewhere).
+pub fn absolute(p: PathBuf) -> PathBuf {
+    if p.is_absolute() {
+        p
+    } else {
+        std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os(tchrun::env::PATH)
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+fn default_worker() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let w = exe.parent()?.join("tchrun-worker");
+    w.is_file().then_some(w)
+}
+
+fn cores() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}
+
+/// The worker binary: `--worker`, or the one beside `tchrun`.
+fn worker(args: &LaunchArgs) -> Result<PathBuf, JobError> {
+    let worker = match &args.worker {
+        Some(w) => absolute(w.clone()),
+        None => default_worker().ok_or_else(|| {
+            JobError::invalid("tchrun-worker not found beside tchrun; pass --worker PATH (the same path on every node)")
+        })?,
+    };
+    if !worker.is_file() {
+        return Err(JobError::invalid(format!(
+            "--worker {}: no such file; build it with `cargo build --release` or pass the right path",
+            worker.display()
+        )));
+    }
+    Ok(worker)
+}
+
+fn mpirun_args(args: &LaunchArgs) -> Result<Vec<String>, JobError> {
+    match &args.mpirun_args {
+        Some(s) => {
+            shell_words::split(s).map_err(|e| JobError::invalid(format!("--mpirun-args: {e}")))
+        }
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Pre-flight of the launch flags and the GPUs: one validated plan, for every command that
+/// starts ranks here (`train`, `selftest`, `exec`, `score`, `evaluate`).
+pub fn validate(args: &LaunchArgs, log_dir: PathBuf, usage: GpuUse) -> Result<Plan, JobError> {
+    let plan = plan(args, log_dir)?;
+    gpus::check(&plan, usage)?;
+    Ok(plan)
+}
+
+/// The plan of a batch script (`tchrun sbatch`): Slurm picks the nodes (no hosts), the ranks
+/// start with srun (default) or mpirun inside the allocation, on machines this one is not.
+pub fn batch_plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
+    if args.hostfile.is_some() || !args.hosts.is_empty() {
+        return Err(JobError::invalid(
+            "--hostfile/--hosts: in a batch job Slurm picks the nodes; drop them (choose nodes with --partition or #SBATCH lines)",
+        ));
+    }
+    let kind = match args.launcher {
+        LauncherKind::Auto | LauncherKind::Srun => LauncherKind::Srun,
+        LauncherKind::Mpirun => LauncherKind::Mpirun,
+        LauncherKind::Local => {
+            return Err(JobError::invalid(
+                "--launcher local: a batch job starts its ranks with srun (default) or mpirun",
+            ))
+        }
+    };
+    Ok(Plan {
+        node_names: Vec::new(),
+        kind,
+        nodes: args.nodes,
+        procs_per_node: args.procs_per_node,
+        hosts: Vec::new(),
+        hostfile: None,
+        oversubscribe: args.oversubscribe,
+        worker: worker(args)?,
+        log_dir,
+        mpirun_args: mpirun_args(args)?,
+        as_root: nix::unistd::geteuid().is_root(),
+    })
+}
+
+/// Pre-flight of the launch flags: everything checkable before a rank starts on this machine.
+pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
+    let worker = worker(args)?;
+    let in_slurm = std::env::var_os(tchrun::env::SLURM_JOB_ID).is_some();
+    let kind = match args.launcher {
+        LauncherKind::Auto if in_slurm && args.hostfile.is_none() && args.hosts.is_empty() => LauncherKind::Srun,
+        LauncherKind::Auto if on_path("mpirun") => LauncherKind::Mpirun,
+        LauncherKind::Auto if args.nodes == 1 && args.hostfile.is_none() && args.hosts.is_empty() => LauncherKind::Local,
+        LauncherKind::Auto => {
+            return Err(JobError::invalid(
+                "a multi-node job needs mpirun (install OpenMPI: scripts/setup.sh) or a Slurm allocation",
+            ))
+        }
+        k => k,
+    };
+    match kind {
+        LauncherKind::Mpirun if !on_path("mpirun") => {
+            return Err(JobError::invalid("--launcher mpirun: mpirun is not on PATH; install OpenMPI (scripts/setup.sh) or use --launcher local"))
+        }
+        LauncherKind::Srun if !on_path("srun") => {
+            return Err(JobError::invalid("--launcher srun: srun is not on PATH; run inside a Slurm allocation or use --launcher mpirun"))
+        }
+        LauncherKind::Srun if !in_slurm => {
+            return Err(JobError::invalid("--launcher srun: not inside a Slurm allocation (SLURM_JOB_ID unset); use `tchrun sbatch` or salloc"))
+        }
+        LauncherKind::Local if args.nodes > 1 || args.hostfile.is_some() || !args.hosts.is_empty() => {
+            return Err(JobError::invalid(format!(
+                "--launcher local runs on this host only; --nodes {} needs --launcher mpirun or srun",
+                args.nodes
+            )))
+        }
+        _ => {}
+    }
+    let mut hosts = Vec::new();
+    if let Some(f) = &args.hostfile {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e))?;
+        hosts = launch::parse_hostfile(f, &text)
+            .map_err(|e| JobError::invalid(format!("--hostfile {e}")))?;
+        if hosts.is_empty() {
+            return Err(JobError::invalid(format!(
+                "--hostfile {}: no hosts in it",
+                f.display()
+            )));
+        }
+    } else if !args.hosts.is_empty() {
+        hosts = args
+            .hosts
+            .iter()
+            .map(|h| launch::Host {
+                name: h.clone(),
+                slots: None,
+            })
+            .collect();
+    }
+    if !hosts.is_empty() && (args.nodes as usize) > hosts.len() {
+        return Err(JobError::invalid(format!(
+            "--nodes {} is more than the {} host(s) given ({}); lower --nodes or add hosts",
+            args.nodes,
+            hosts.len(),
+            hosts
+                .iter()
+                .map(|h| h.name.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        )));
+    }
+    if hosts.is_empty() && kind != LauncherKind::Srun {
+        if args.nodes > 1 {
+            return Err(JobError::invalid(format!(
+                "--nodes {} needs the hosts: pass --hostfile FILE or --hosts a,b (or run inside a Slurm allocation)",
+                args.nodes
+            )));
+        }
+        let c = cores();
+        if args.procs_per_node > c && !args.oversubscribe {
+            return Err(JobError::invalid(format!(
+                "--procs-per-node {} exceeds the {c} CPU cores of this host; lower --procs-per-node to {c} or pass --oversubscribe",
+                args.procs_per_node
+            )));
+        }
+    }
+    let mpirun_args = mpirun_args(args)?;
+    Ok(Plan {
+        kind,
+        node_names: hosts.iter().map(|h| h.name.clone()).collect(),
+        nodes: args.nodes,
+        procs_per_node: args.procs_per_node,
+        hosts: if args.hostfile.is_some() {
+            Vec::new()
+        } else {
+            hosts
+        },
+        hostfile: args.hostfile.clone().map(absolute),
+        oversubscribe: args.oversubscribe,
+        worker,
+        log_dir,
+        mpirun_args,
+        as_root: nix::unistd::geteuid().is_root(),
+    })
+}
+
+/// `--output` must be writable (a read-only mount is refused before any rank starts).
+pub fn check_writable(output: &Path) -> Result<(), JobError> {
+    let fail = |e: std::io::Error| {
+        JobError::invalid(format!(
+            "--output {}: not writable ({e}); choose a writable directory",
+            output.display()
+        ))
+    };
+    std::fs::create_dir_all(output).map_err(fail)?;
+    let probe = output.join(format!(".tchrun-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(fail)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}

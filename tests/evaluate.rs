@@ -1,0 +1,228 @@
+//! `tchrun evaluate` ("Evaluate Model") and `tchrun score` on many ranks: the figures equal
+//! scikit-learn's recomputed from `scores.csv`, 3 ranks write the same bytes as 1 on a set
+//! whose size is not divisible by 3, and a labeled folder with a class the model does not
+//! know is refused before any rank starts.
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(240);
+const OUTPUTS: [&str; 4] = [
+    "scores.csv",
+    "metrics.json",
+    "confusion_matrix.csv",
+    "confusion_matrix.png",
+];
+
+/// A resnet18 trained one epoch on the small digits set (good enough to be wrong sometimes).
+fn trained(t: &Path) -> PathBuf {
+    let d = small_digits();
+    let model = model_dir(t, "resnet18", 32);
+    let out = t.join("trained");
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out).args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "20",
+            "--lr",
+            "0.05",
+            "--launcher",
+            "local",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    out
+}
+
+/// `tchrun CMD --model M --images I --output O --batch-size 16` on `ranks` ranks: one local
+/// rank, or several through mpirun (oversubscribed on this 2-core machine).
+fn infer(cmd: &str, model: &Path, images: &Path, out: &Path, ranks: u32) -> Run {
+    let mut c = tchrun();
+    c.arg(cmd)
+        .arg("--model")
+        .arg(model)
+        .arg("--images")
+        .arg(images)
+        .arg("--output")
+        .arg(out)
+        .args(["--batch-size", "16", "--procs-per-node", &ranks.to_string()]);
+    if ranks == 1 {
+        c.args(["--launcher", "local"]);
+    } else {
+        c.args(["--launcher", "mpirun", "--oversubscribe"]);
+    }
+    let r = run(&mut c, LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    r
+}
+
+#[test]
+fn evaluate_equals_scikit_learn_and_three_ranks_write_what_one_writes() {
+    let t = tempdir();
+    let model = trained(t.path());
+    // 100 images: 7 batches of 16 (the last one 4), neither divisible by 3 ranks.
+    let images = subset(&small_digits().join("valid"), &t.path().join("eval"), 10, 0);
+    let one = t.path().join("eval-1");
+    let three = t.path().join("eval-3");
+    let r1 = infer("evaluate", &model, &images, &one, 1);
+    let r3 = infer("evaluate", &model, &images, &three, 3);
+    assert!(
+        r1.stdout
+            .contains("evaluated 100 image(s) on 1 rank(s): top-1 ")
+            && r3
+                .stdout
+                .contains("evaluated 100 image(s) on 3 rank(s): top-1 "),
+        "{}\n{}",
+        r1.explain(),
+        r3.explain()
+    );
+    for f in OUTPUTS {
+        let (a, b) = (
+            std::fs::read(one.join(f)).expect(f),
+            std::fs::read(three.join(f)).expect(f),
+        );
+        assert!(a == b, "{f} differs between 1 and 3 ranks");
+    }
+    let scores = read(&one.join("scores.csv"));
+    assert!(
+        scores.starts_with(
+            "file,true_class,predicted_class,probability,true_class_probability,top5_classes,top5_probabilities\n0/"
+        ),
+        "{scores}"
+    );
+    assert_eq!(scores.lines().count(), 101, "one row per image");
+    // Each rank of the 3-rank job logged its share: whole batches, 100 images in all.
+    let logs = driver_logs(&three.join("logs"), 3);
+    let shares: Vec<usize> = logs
+        .iter()
+        .map(|l| {
+            let line = l
+                .lines()
+                .find(|x| x.contains("evaluating"))
+                .expect("share line");
+            line.split("this_rank=")
+                .nth(1)
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .expect("this_rank=N")
+        })
+        .collect();
+    assert_eq!(
+        shares,
+        vec![36, 32, 32],
+        "batches 0,3,6 / 1,4 / 2,5 of 16 (the last one 4)"
+    );
+    // Every figure, recomputed from scores.csv by scikit-learn.
+    let classes: Vec<String> = (0..10).map(|c| c.to_string()).collect();
+    let py = run(
+        python()
+            .arg(repo().join("tests/python/evaluate_check.py"))
+            .arg(&one)
+            .args(&classes),
+        LIMIT,
+    );
+    assert_eq!(py.code, Some(0), "{}", py.explain());
+    assert!(
+        py.stdout.contains("all figures equal scikit-learn's"),
+        "{}",
+        py.explain()
+    );
+    let png = std::fs::read(one.join("confusion_matrix.png")).expect("png");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG file");
+
+    // `score` on 1 and 3 ranks: the same bytes, the same predictions as `evaluate`, and the
+    // driver logs beside the CSV.
+    let csv1 = t.path().join("s1").join("scores.csv");
+    let csv3 = t.path().join("s3").join("scores.csv");
+    std::fs::create_dir_all(csv1.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(csv3.parent().unwrap()).unwrap();
+    infer("score", &model, &images, &csv1, 1);
+    infer("score", &model, &images, &csv3, 3);
+    let (a, b) = (read(&csv1), read(&csv3));
+    assert!(
+        a == b,
+        "score differs between 1 and 3 ranks:\n{a}\n---\n{b}"
+    );
+    assert!(t.path().join("s3/tchrun-logs/70_driver_log_2").is_file());
+    let predicted = |text: &str, col: usize| -> Vec<String> {
+        text.lines()
+            .skip(1)
+            .map(|l| l.split(',').nth(col).unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(
+        predicted(&a, 1),
+        predicted(&scores, 2),
+        "score and evaluate agree"
+    );
+}
+
+#[test]
+fn evaluate_refuses_a_class_the_model_does_not_know_before_any_rank_starts() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    // An untrained model has no classes: refused as such.
+    let images = subset(&small_digits().join("valid"), &t.path().join("eval"), 2, 0);
+    let out = t.path().join("out");
+    let r = run(
+        tchrun()
+            .arg("evaluate")
+            .arg("--model")
+            .arg(&model)
+            .arg("--images")
+            .arg(&images)
+            .arg("--output")
+            .arg(&out),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(r.stderr.contains("--model"), "{}", r.explain());
+    // A model with the ten digit classes (its weights file is empty: the pre-flight refuses
+    // the images before a rank would read it), and images with a folder "seven" instead of
+    // "7" and a folder "cat".
+    let trained = t.path().join("trained");
+    std::fs::create_dir_all(&trained).unwrap();
+    std::fs::write(trained.join("model.safetensors"), b"").unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&read(&model.join("model.json"))).expect("model.json");
+    cfg["class_names"] = serde_json::json!(["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]);
+    std::fs::write(trained.join("model.json"), cfg.to_string()).unwrap();
+    std::fs::rename(images.join("7"), images.join("seven")).unwrap();
+    std::fs::create_dir_all(images.join("cat")).unwrap();
+    std::fs::copy(
+        images
+            .join("seven")
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path(),
+        images.join("cat/x.png"),
+    )
+    .unwrap();
+    let r = run(
+        tchrun()
+            .arg("evaluate")
+            .arg("--model")
+            .arg(&trained)
+            .arg("--images")
+            .arg(&images)
+            .arg("--output")
+            .arg(&out)
+            .args(["--launcher", "local"]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("InvalidDatasetError")
+            && r.stderr
+                .contains("class folder(s) [cat, seven] are not classes of the model"),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.exists(), "nothing written: {}", r.explain());
+}

@@ -1,0 +1,119 @@
+//! `tchrun train --max-restarts N` (issue 15 item 1): a rank killed with SIGKILL mid-run (the
+//! worker's `TCHRUN_TEST_KILL_AT_STEP` hook, first attempt only) is recovered by a restart of
+//! every rank with `--resume`, under local ranks and mpirun, and the model is bit-identical to
+//! an uninterrupted run's; without restarts the job fails as before; a job that fails before
+//! writing any checkpoint is not restarted.
+mod common;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(300);
+/// 400 training images, 2 ranks × 20 per batch: 10 steps per epoch.
+const STEPS_PER_EPOCH: u64 = 10;
+
+fn train(model: &Path, out: &Path, launcher: &str, extra: &[&str], kill: Option<&str>) -> Run {
+    let d = small_digits();
+    let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), out);
+    c.args([
+        "--epochs",
+        "3",
+        "--batch-size",
+        "20",
+        "--lr",
+        "0.05",
+        "--procs-per-node",
+        "2",
+        "--launcher",
+        launcher,
+        "--print-freq",
+        "5",
+    ])
+    .args(extra)
+    .env_remove("TCHRUN_ATTEMPT");
+    if launcher == "mpirun" {
+        c.arg("--oversubscribe");
+    }
+    match kill {
+        Some(k) => c.env("TCHRUN_TEST_KILL_AT_STEP", k),
+        None => c.env_remove("TCHRUN_TEST_KILL_AT_STEP"),
+    };
+    run(&mut c, LIMIT)
+}
+
+fn weights(out: &Path) -> Vec<u8> {
+    std::fs::read(out.join("model.safetensors")).expect("model.safetensors")
+}
+
+#[test]
+fn a_killed_rank_is_restarted_from_the_checkpoint_and_the_model_is_bit_identical() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let reference = t.path().join("reference");
+    let r = train(&model, &reference, "local", &[], None);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    // Rank 1 dies in the middle of epoch 2: the epoch-1 checkpoint is the progress.
+    let kill = format!("1:{}", STEPS_PER_EPOCH + STEPS_PER_EPOCH / 2);
+    for launcher in ["local", "mpirun"] {
+        let out = t.path().join(format!("killed-{launcher}"));
+        let r = train(
+            &model,
+            &out,
+            launcher,
+            &["--max-restarts", "1"],
+            Some(&kill),
+        );
+        assert_eq!(r.code, Some(0), "{launcher}: {}", r.explain());
+        let text = format!("{}{}", r.stdout, r.stderr);
+        assert!(
+            text.contains("restarting all ranks in 1 s from the checkpoint at step 10")
+                && text.contains("tchrun: recovered after 1 restart(s) (attempt 1: rank 1 (")
+                && text.contains("resuming from"),
+            "{launcher}: {}",
+            r.explain()
+        );
+        assert!(
+            weights(&out) == weights(&reference),
+            "{launcher}: the recovered model differs from the uninterrupted one"
+        );
+        // The first attempt's logs are kept apart; the current ones are where they always are.
+        let logs = out.join("logs");
+        let first = read(&logs.join("attempt-1/70_driver_log_1"));
+        assert!(
+            first.contains("TCHRUN_TEST_KILL_AT_STEP: SIGKILL at step 15"),
+            "{first}"
+        );
+        assert!(logs.join("attempt-1/failure.json").is_file());
+        assert!(read(&logs.join("70_driver_log_1")).contains("rank exiting with code 0"));
+        let history: serde_json::Value =
+            serde_json::from_str(&read(&logs.join("restarts.json"))).expect("restarts.json");
+        assert_eq!(history[0]["attempt"], 1, "{history}");
+        assert_eq!(history[0]["rank"], 1, "{history}");
+        assert_eq!(history[0]["resumed_from_step"], 10, "{history}");
+        let ranks: serde_json::Value =
+            serde_json::from_str(&read(&logs.join("ranks.json"))).expect("ranks.json");
+        assert_eq!(ranks[1]["attempt"], 2, "{ranks}");
+        assert!(!logs.join("failure.json").exists(), "the job succeeded");
+    }
+}
+
+#[test]
+fn without_restarts_a_killed_rank_fails_the_job_and_a_failure_before_progress_is_not_retried() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("no-restarts");
+    let r = train(&model, &out, "local", &[], Some("1:12"));
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    assert!(!out.join("logs/attempt-1").exists());
+    // Dies at the first step: no checkpoint, so a restart would fail the same way.
+    let out = t.path().join("at-step-0");
+    let r = train(&model, &out, "local", &["--max-restarts", "3"], Some("0:0"));
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    assert!(
+        r.stderr
+            .contains("not restarting: attempt 1 wrote no checkpoint"),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.join("logs/attempt-1").exists(), "one attempt only");
+}
