@@ -16,6 +16,7 @@ pub mod model;
 pub mod preflight;
 pub mod pth;
 pub mod schedule;
+pub mod tensorboard;
 pub mod weights;
 
 /// tchrun's version, written into every driver log header.

@@ -27,4 +27,170 @@ pub struct EpochMetrics {
     /// Absent in rows written before it existed.
     #[serde(default)]
     pub skipped_images: u64,
+    /// Where the training steps' time went (seconds, this epoch; after a mid-epoch resume only
+    /// the resumed part). `step_time_s`: the training loop's wall time (mean over ranks); it
+    /// splits into waiting for the next batch from the loader (`data_wait_s`), compute
+    /// (forward, backward, optimizer; `compute_s`) and the communication backward did not hide
+    /// (`comm_s`, which also holds waiting for a slower rank). Mean over ranks; `*_max_s`: the
+    /// largest value among the ranks. All absent (0) in rows written before they existed.
+    #[serde(default)]
+    pub step_time_s: f64,
+    #[serde(default)]
+    pub data_wait_s: f64,
+    #[serde(default)]
+    pub compute_s: f64,
+    #[serde(default)]
+    pub comm_s: f64,
+    #[serde(default)]
+    pub data_wait_max_s: f64,
+    #[serde(default)]
+    pub compute_max_s: f64,
+    #[serde(default)]
+    pub comm_max_s: f64,
+}
+
+impl EpochMetrics {
+    /// Share of the step time the ranks waited for data (mean over ranks), in [0, 1].
+    pub fn data_wait_share(&self) -> f64 {
+        if self.step_time_s > 0.0 {
+            self.data_wait_s / self.step_time_s
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What limited the training steps' speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    Input,
+    Compute,
+    Communication,
+}
+
+/// A job is input-bound when its slowest rank waited for data at least this share of the step
+/// time: the loader then stalls every rank (the collectives wait for the slowest), and a
+/// quarter of the time is a gain worth a flag change.
+pub const INPUT_BOUND_SHARE: f64 = 0.25;
+
+/// The run's verdict over all epochs with a time split (see [`verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verdict {
+    pub bound: Bound,
+    /// Shares of the step time: the slowest rank's data wait (which decides), and the means
+    /// over ranks of data wait, compute and communication (these three add up to about 1).
+    pub data_wait: f64,
+    pub data_wait_mean: f64,
+    pub compute: f64,
+    pub comm: f64,
+}
+
+/// Input-bound when the slowest rank's data wait reaches [`INPUT_BOUND_SHARE`] of the step
+/// time; otherwise compute- or communication-bound, whichever of the two (means over ranks)
+/// takes more of it. `None` when no row has a time split (rows from before it existed).
+pub fn verdict(rows: &[EpochMetrics]) -> Option<Verdict> {
+    let rows: Vec<&EpochMetrics> = rows.iter().filter(|m| m.step_time_s > 0.0).collect();
+    let total: f64 = rows.iter().map(|m| m.step_time_s).sum();
+    if rows.is_empty() || total <= 0.0 {
+        return None;
+    }
+    let share = |f: fn(&EpochMetrics) -> f64| rows.iter().map(|m| f(m)).sum::<f64>() / total;
+    let (data_wait, data_wait_mean, compute, comm) = (
+        share(|m| m.data_wait_max_s),
+        share(|m| m.data_wait_s),
+        share(|m| m.compute_s),
+        share(|m| m.comm_s),
+    );
+    let bound = if data_wait >= INPUT_BOUND_SHARE {
+        Bound::Input
+    } else if comm > compute {
+        Bound::Communication
+    } else {
+        Bound::Compute
+    };
+    Some(Verdict {
+        bound,
+        data_wait,
+        data_wait_mean,
+        compute,
+        comm,
+    })
+}
+
+impl Verdict {
+    /// One line for the end-of-run report: the verdict, the split, and the flag to change.
+    pub fn line(&self) -> String {
+        let split = format!(
+            "data wait {:.0}% (slowest rank {:.0}%), compute {:.0}%, communication {:.0}% of \
+             the step time",
+            100.0 * self.data_wait_mean,
+            100.0 * self.data_wait,
+            100.0 * self.compute,
+            100.0 * self.comm
+        );
+        match self.bound {
+            Bound::Input => format!(
+                "input-bound: {split}; the loader is the limit: raise --loader-threads, or store \
+                 the images closer to --input-size (smaller files decode faster)"
+            ),
+            Bound::Communication => format!(
+                "communication-bound: {split}; the gradient all-reduce is the limit: try a larger \
+                 --bucket-cap-mb, a larger --batch-size (fewer reductions per image), or fewer \
+                 nodes"
+            ),
+            Bound::Compute => format!(
+                "compute-bound: {split}; the device is the limit (as it should be): --amp on \
+                 GPU or a smaller --input-size go faster; more --loader-threads would not"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(step: f64, wait: f64, wait_max: f64, compute: f64, comm: f64) -> EpochMetrics {
+        let mut m: EpochMetrics = serde_json::from_str(
+            r#"{"schema":1,"epoch":1,"train_loss":1,"train_images_per_sec":1,"val_loss":1,
+                "top1":0,"top5":0,"lr":0.1,"epoch_time_s":1,"time":"t"}"#,
+        )
+        .expect("an old row (without the time split) still parses");
+        assert_eq!(
+            (m.step_time_s, m.data_wait_s, m.skipped_images),
+            (0.0, 0.0, 0)
+        );
+        m.step_time_s = step;
+        m.data_wait_s = wait;
+        m.data_wait_max_s = wait_max;
+        m.compute_s = compute;
+        m.comm_s = comm;
+        m
+    }
+
+    #[test]
+    fn verdict_names_what_limited_the_steps() {
+        assert_eq!(verdict(&[row(0.0, 0.0, 0.0, 0.0, 0.0)]), None);
+        let v = verdict(&[row(10.0, 5.0, 6.0, 3.0, 2.0)]).expect("verdict");
+        assert_eq!(v.bound, Bound::Input);
+        assert!((v.data_wait - 0.6).abs() < 1e-12);
+        assert!(
+            v.line()
+                .starts_with("input-bound: data wait 50% (slowest rank 60%), compute 30%"),
+            "{}",
+            v.line()
+        );
+        assert!(v.line().contains("--loader-threads"));
+        // One slow rank is enough: the others wait for it in the all-reduce.
+        let v = verdict(&[row(10.0, 1.5, 3.0, 4.0, 4.5)]).expect("verdict");
+        assert_eq!(v.bound, Bound::Input);
+        let v = verdict(&[row(10.0, 0.5, 1.0, 7.0, 2.5)]).expect("verdict");
+        assert_eq!(v.bound, Bound::Compute);
+        assert!(v.line().starts_with("compute-bound"), "{}", v.line());
+        // Summed over epochs, weighted by their time.
+        let v = verdict(&[row(10.0, 0.5, 1.0, 3.0, 6.0), row(0.0, 0.0, 0.0, 0.0, 0.0)])
+            .expect("verdict");
+        assert_eq!(v.bound, Bound::Communication);
+        assert!(v.line().contains("--bucket-cap-mb"));
+    }
 }

@@ -472,6 +472,30 @@ pub fn run_report(dir: &Path) {
     outln!("{line}");
 }
 
+/// After a successful training job: the verdict on what limited the training steps
+/// (input-, compute- or communication-bound, with the flag to change), from `metrics.jsonl`'s
+/// time split, and where the TensorBoard events are. Rows that do not parse are skipped.
+pub fn training_report(output: &Path) -> Vec<String> {
+    let rows: Vec<tchrun::metrics::EpochMetrics> =
+        std::fs::read_to_string(output.join(files::METRICS_JSONL))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+    let mut lines = Vec::new();
+    if let Some(v) = tchrun::metrics::verdict(&rows) {
+        lines.push(format!("tchrun: {}", v.line()));
+    }
+    let tb = output.join(tchrun::tensorboard::DIR);
+    if tb.is_dir() {
+        lines.push(format!(
+            "tchrun: TensorBoard: tensorboard --logdir {}",
+            tb.display()
+        ));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,6 +634,37 @@ mod tests {
         // Without a hint the earliest failure (record or ERROR line) is the first.
         assert_eq!(first_failing(&logs, None).map(|l| l.rank), Some(1));
         assert!(any_rank_failed(&dir));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_training_report_gives_the_verdict_from_metrics_jsonl() {
+        let dir = std::env::temp_dir().join(format!("tchrun-verdict-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join(tchrun::tensorboard::DIR)).expect("mkdir");
+        assert_eq!(
+            training_report(&dir).len(),
+            1,
+            "no metrics.jsonl: no verdict"
+        );
+        let row = |wait: f64, compute: f64| {
+            format!(
+                r#"{{"schema":1,"epoch":1,"train_loss":1,"train_images_per_sec":1,"val_loss":1,"top1":0,"top5":0,"lr":0.1,"epoch_time_s":1,"time":"t","step_time_s":10,"data_wait_s":{wait},"compute_s":{compute},"comm_s":1,"data_wait_max_s":{wait},"compute_max_s":{compute},"comm_max_s":1}}"#
+            )
+        };
+        let jsonl = dir.join(files::METRICS_JSONL);
+        std::fs::write(
+            &jsonl,
+            format!("{}\nnot json\n{}\n", row(6.0, 3.0), row(5.0, 4.0)),
+        )
+        .expect("write");
+        let lines = training_report(&dir);
+        assert!(
+            lines[0].starts_with("tchrun: input-bound: data wait 55% (slowest rank 55%)"),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("tensorboard --logdir"), "{lines:?}");
+        std::fs::write(&jsonl, row(1.0, 8.0)).expect("write");
+        assert!(training_report(&dir)[0].starts_with("tchrun: compute-bound: "));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -152,6 +152,9 @@ pub fn run_train(
             job.output.join(files::METRICS_PLOT).display(),
             log_dir.display()
         );
+        crate::report::training_report(&job.output)
+            .iter()
+            .for_each(|l| outln!("{l}"));
     }
     Ok(code)
 }

@@ -52,6 +52,8 @@ pub fn write_model_dir(
     cfg: &ModelConfig,
     state: &[(String, Tensor)],
     history: &[EpochMetrics],
+    steps: &[(u64, f64)],
+    steps_per_epoch: u64,
 ) -> Result<(), String> {
     std::fs::create_dir_all(output).map_err(|e| format!("{}: {e}", output.display()))?;
     let staging = output.join(format!(".staging-{}", std::process::id()));
@@ -65,7 +67,7 @@ pub fn write_model_dir(
             .and_then(|f| f.sync_all())
             .map_err(|e| format!("{}: {e}", weights.display()))?;
         let plot = staging.join(METRICS_PLOT);
-        if let Err(e) = crate::plot::metrics_png(history, &plot) {
+        if let Err(e) = crate::plot::metrics_png(history, steps, steps_per_epoch, &plot) {
             tracing::warn!("metrics plot not written: {e}");
         }
         let json = staging.join(MODEL_JSON);

@@ -2,6 +2,7 @@
 //! Model"): inputs checked, model replicated from rank 0, sharded epochs through the threaded
 //! loader, bucketed gradient all-reduce, warmup + polynomial LR, validation reduced exactly,
 //! early stopping on validation loss, NaN stops every rank together, rank 0 writes the model.
+mod board;
 mod resume;
 pub(crate) mod step;
 mod validate;
@@ -22,6 +23,7 @@ use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
 use tchrun::model::{ModelConfig, TrainingRecord};
 use tchrun::schedule::{Decision, EarlyStopping, LrSchedule};
 
+use board::Board;
 use resume::{fresh, load_resume, Resume};
 use step::{train_step, Guard, LossScaler, StepModel, Update};
 use validate::{log_skipped, validate, BadImages};
@@ -151,6 +153,34 @@ fn loader_threads(job: &TrainJob, local_size: usize) -> usize {
         .loader_threads
         .map(|t| t as usize)
         .unwrap_or_else(|| tchrun::env::threads_per_rank(local_size))
+}
+
+/// A per-rank time split reduced over the group: mean and largest of each value.
+struct Split {
+    mean: [f64; 4],
+    max: [f64; 4],
+}
+
+/// One sum and one max all-reduce of four numbers (data wait, compute, communication, loop
+/// time) at the end of an epoch; every rank calls it at the same point.
+fn time_split(pg: &ProcessGroup, values: [f64; 4]) -> Result<Split, TrainError> {
+    let mut sum = Tensor::from_slice(&values).to_device(pg.device());
+    pg.all_reduce(&mut [&mut sum], crate::pg::ReduceOp::Sum)?;
+    let mut max = Tensor::from_slice(&values).to_device(pg.device());
+    pg.all_reduce(&mut [&mut max], crate::pg::ReduceOp::Max)?;
+    let read = |t: &Tensor| -> Result<[f64; 4], TrainError> {
+        let v = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
+        let mut out = [0.0; 4];
+        for (o, x) in out.iter_mut().zip(v) {
+            *o = x;
+        }
+        Ok(out)
+    };
+    let n = pg.size().max(1) as f64;
+    Ok(Split {
+        mean: read(&sum)?.map(|x| x / n),
+        max: read(&max)?,
+    })
 }
 
 /// Trains and (rank 0) writes the model directory.
@@ -298,6 +328,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     // Resume (rank 0 reads; everyone receives), then replicate from rank 0.
     let mut best_weights: Option<BTreeMap<String, Tensor>> = None;
     let mut state = fresh(p.patience);
+    let mut resumed = false;
     if let Some(meta) = load_resume(job, ctx, &named, &mut opt, &mut best_weights)? {
         if meta.finished {
             (ctx.say)(&format!(
@@ -307,6 +338,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             return Ok(());
         }
         let same_world = meta.world_size == world;
+        resumed = true;
         state = Resume {
             epoch: meta.epoch,
             // Mid-epoch positions only carry over to the same sharding.
@@ -349,6 +381,12 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             outputs::rewrite_metrics(&job.output, &state.history).map_err(TrainError::Output)?;
         }
     }
+    // Rank 0's TensorBoard events; a resume keeps those up to the checkpoint's step.
+    let mut board = if rank == 0 {
+        Board::open(&job.output, resumed.then_some(state.step), ctx.say)
+    } else {
+        Board::off()
+    };
     replicas.broadcast_all(pg)?;
     let momentum: Vec<Tensor> = opt.state().values().map(|t| t.shallow_clone()).collect();
     if world > 1 && !momentum.is_empty() {
@@ -424,10 +462,12 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     'epochs: for epoch in start_epoch..p.epochs {
         start_epoch = epoch;
         let t_epoch = Instant::now();
+        // This epoch's time split on this rank: waiting for the loader, compute, communication.
+        let (mut wait_e, mut compute_e, mut comm_e) = (0.0f64, 0.0f64, 0.0f64);
         let mut indices = data::shard(train.samples.len(), rank, world, p.seed, epoch as u64, true);
         let first_position = (skip_batches as usize * p.batch_size as usize).min(indices.len());
         indices.drain(..first_position);
-        let loader = data::load_batches(
+        let mut loader = data::load_batches(
             &train,
             indices,
             LoaderConfig {
@@ -451,8 +491,17 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         partial = (0.0, 0.0, 0.0);
         let mut t_print = Instant::now();
         let mut seen_print = 0.0f64;
-        for (k, batch) in loader.enumerate() {
-            let it = skip_batches + k as u64;
+        let mut k = 0u64;
+        loop {
+            // The time until the next batch is there: the loader's share of the step.
+            let t_wait = Instant::now();
+            let next = loader.next();
+            wait_e += t_wait.elapsed().as_secs_f64();
+            let Some(batch) = next else {
+                break;
+            };
+            let it = skip_batches + k;
+            k += 1;
             // With --skip-bad-images an image that fails only while decoding is dropped alone:
             // the batch goes on with the others (the reduction is exact for uneven batches).
             let batch = batch.map_err(TrainError::Data)?;
@@ -545,8 +594,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             }
             let t3 = Instant::now();
             // Communication: the all-reduce time backward did not hide.
-            comm_s += (t2 - t1).as_secs_f64();
-            compute_s += (t1 - t0).as_secs_f64() + (t3 - t2).as_secs_f64();
+            comm_e += (t2 - t1).as_secs_f64();
+            compute_e += (t1 - t0).as_secs_f64() + (t3 - t2).as_secs_f64();
             images += n_local as f64;
             step += 1;
             loss_sum += stats.loss * stats.samples;
@@ -572,6 +621,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 }
                 .write();
                 (ctx.say)(&line);
+                board.step(rank == 0, step, stats.loss, lr, ips, ctx.say);
                 t_print = Instant::now();
                 seen_print = 0.0;
             }
@@ -607,6 +657,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 }));
             }
         }
+        let loop_s = t_epoch.elapsed().as_secs_f64();
+        comm_s += comm_e;
+        compute_s += compute_e;
+        let split = time_split(pg, [wait_e, compute_e, comm_e, loop_s])?;
         skip_batches = 0;
         guard.check(None, p.lr, world)?;
         let train_time = prior_s + t_epoch.elapsed().as_secs_f64();
@@ -640,6 +694,13 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             epoch_time_s: prior_s + t_epoch.elapsed().as_secs_f64(),
             time: tchrun::files::timestamp_now(),
             skipped_images: v.skipped,
+            step_time_s: split.mean[3],
+            data_wait_s: split.mean[0],
+            compute_s: split.mean[1],
+            comm_s: split.mean[2],
+            data_wait_max_s: split.max[0],
+            compute_max_s: split.max[1],
+            comm_max_s: split.max[2],
         };
         let line = format!(
             "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
@@ -682,6 +743,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             checkpoint::save(&job.output, &meta, &named, opt.state(), best)
                 .map_err(TrainError::Checkpoint)?;
             outputs::append_metrics(&job.output, &m).map_err(TrainError::Output)?;
+            board.epoch(step, &m, ctx.say);
         }
         if decision == Decision::Stop {
             let msg = format!(
@@ -758,8 +820,18 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             ..cfg.clone()
         };
         let state_dict = models::state_dict(&weights, step as i64);
-        outputs::write_model_dir(&job.output, &trained, &state_dict, &history)
-            .map_err(TrainError::Output)?;
+        if let Some(v) = tchrun::metrics::verdict(&history) {
+            tracing::info!("time split of the training steps: {}", v.line());
+        }
+        outputs::write_model_dir(
+            &job.output,
+            &trained,
+            &state_dict,
+            &history,
+            &board.losses,
+            steps_per_epoch,
+        )
+        .map_err(TrainError::Output)?;
         let meta = checkpoint_meta(
             history.len() as u32,
             0,
