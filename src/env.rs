@@ -27,6 +27,10 @@ pub const TCHRUN_ATTEMPT: &str = "TCHRUN_ATTEMPT";
 /// it in a real job.
 pub const TCHRUN_TEST_KILL_AT_STEP: &str = "TCHRUN_TEST_KILL_AT_STEP";
 
+/// Test hook, read by rank 0's checkpoint writer: every background checkpoint write first
+/// sleeps this many seconds (a slow shared filesystem). For the tests; never set it in a job.
+pub const TCHRUN_TEST_CHECKPOINT_DELAY_S: &str = "TCHRUN_TEST_CHECKPOINT_DELAY_S";
+
 // Every other variable tchrun reads (the `TCHRUN_<FLAG>` variables of the shared flags are
 // documented with their flags in `flags.rs`).
 
@@ -220,6 +224,25 @@ pub fn test_kill_at_step(
     let rank = r.parse().map_err(|_| invalid("RANK is not a number"))?;
     let step = k.parse().map_err(|_| invalid("STEP is not a number"))?;
     Ok((attempt <= 1).then_some((rank, step)))
+}
+
+/// `TCHRUN_TEST_CHECKPOINT_DELAY_S`: the delay of every background checkpoint write, if any.
+pub fn test_checkpoint_delay(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<std::time::Duration>, EnvError> {
+    match get(TCHRUN_TEST_CHECKPOINT_DELAY_S) {
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(_) => parse::<f64>(get, TCHRUN_TEST_CHECKPOINT_DELAY_S, "")
+            .and_then(|s| {
+                std::time::Duration::try_from_secs_f64(s).map_err(|e| EnvError::Invalid {
+                    name: TCHRUN_TEST_CHECKPOINT_DELAY_S,
+                    value: s.to_string(),
+                    why: e.to_string(),
+                })
+            })
+            .map(Some),
+        None => Ok(None),
+    }
 }
 
 /// The refusal when more ranks share a host than it has GPUs (one rank per GPU; NCCL fails

@@ -344,6 +344,10 @@ pub struct TrainOptions {
     /// classifier's is the scheduled LR). 1 trains all layers alike.
     #[arg(long, env = "TCHRUN_BACKBONE_LR_SCALE", default_value_t = 1.0, value_parser = parse_nonneg, conflicts_with = "freeze_backbone")]
     pub backbone_lr_scale: f64,
+    /// Also checkpoint every STEPS optimizer steps (besides each epoch's end; 0: epoch ends
+    /// only). Rank 0 writes in the background: no rank waits on its storage.
+    #[arg(long, env = "TCHRUN_CHECKPOINT_EVERY", default_value_t = 0)]
+    pub checkpoint_every: u64,
 }
 
 impl TrainOptions {
@@ -377,6 +381,9 @@ impl TrainOptions {
         }
         if self.backbone_lr_scale != 1.0 {
             v.push(format!("--backbone-lr-scale={:e}", self.backbone_lr_scale));
+        }
+        if self.checkpoint_every > 0 {
+            v.push(format!("--checkpoint-every={}", self.checkpoint_every));
         }
         v
     }

@@ -117,3 +117,73 @@ fn without_restarts_a_killed_rank_fails_the_job_and_a_failure_before_progress_is
     );
     assert!(!out.join("logs/attempt-1").exists(), "one attempt only");
 }
+
+/// `--checkpoint-every 3` (issue 15 item 2): rank 1 dies at step 7, in the first epoch, before
+/// any epoch-end checkpoint; the restart resumes from a mid-epoch background checkpoint (step 6,
+/// or 3 if the kill overtook the newest write) and the model is still bit-identical. Without
+/// the cadence the same kill leaves nothing to resume from: no restart, exit 4.
+#[test]
+fn checkpoints_every_n_steps_let_a_restart_resume_mid_epoch() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let reference = t.path().join("reference");
+    let r = train(&model, &reference, "local", &[], None);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let out = t.path().join("every-3");
+    let r = train(
+        &model,
+        &out,
+        "local",
+        &["--max-restarts", "1", "--checkpoint-every", "3"],
+        Some("1:7"),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let history: serde_json::Value =
+        serde_json::from_str(&read(&out.join("logs/restarts.json"))).expect("restarts.json");
+    let from = history[0]["resumed_from_step"].as_u64().unwrap_or(0);
+    assert!(from == 6 || from == 3, "{history}");
+    assert!(
+        weights(&out) == weights(&reference),
+        "the recovered model differs"
+    );
+    let out = t.path().join("epoch-ends-only");
+    let r = train(&model, &out, "local", &["--max-restarts", "1"], Some("1:7"));
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+}
+
+/// Rank 0's checkpoint writes run in the background (issue 15 item 2): a write that takes 20 s
+/// (`TCHRUN_TEST_CHECKPOINT_DELAY_S`) does not make the other rank time out with `--timeout 5`;
+/// the job completes and leaves a valid, finished checkpoint.
+#[test]
+fn a_slow_checkpoint_write_stalls_no_rank() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let d = small_digits();
+    let out = t.path().join("slow");
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
+            .args([
+                "--epochs",
+                "1",
+                "--batch-size",
+                "20",
+                "--lr",
+                "0.05",
+                "--procs-per-node",
+                "2",
+                "--launcher",
+                "local",
+                "--timeout",
+                "5",
+            ])
+            .env("TCHRUN_TEST_CHECKPOINT_DELAY_S", "20"),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let log0 = read(&out.join("logs/70_driver_log_0"));
+    assert!(log0.contains("checkpoint written (background)"), "{log0}");
+    let last: serde_json::Value =
+        serde_json::from_str(&read(&out.join("checkpoints/last.json"))).expect("last.json");
+    assert_eq!(last["finished"], true, "{last}");
+    assert!(out.join("model.safetensors").is_file());
+}

@@ -111,6 +111,90 @@ pub fn save(
     Ok(())
 }
 
+/// Rank 0's checkpoint writer: `save` copies the state to host memory (so training goes on
+/// changing its own tensors) and writes it on a background thread, atomically as `save` does,
+/// so that no rank waits on rank 0's storage. A save while the previous write still runs waits
+/// for it first (one copy of the state in flight at most) and logs that.
+#[derive(Default)]
+pub struct Writer {
+    pending: Option<(u64, std::thread::JoinHandle<Result<(), String>>)>,
+    /// Test hook (`TCHRUN_TEST_CHECKPOINT_DELAY_S`): every write sleeps this long first.
+    delay: Option<std::time::Duration>,
+}
+
+/// Deep copies on the CPU (the originals keep training).
+fn host_copy<'a>(tensors: impl Iterator<Item = (&'a String, &'a Tensor)>) -> Vec<(String, Tensor)> {
+    tensors
+        .map(|(n, t)| (n.clone(), t.detach().to_device(tch::Device::Cpu).copy()))
+        .collect()
+}
+
+impl Writer {
+    pub fn new(delay: Option<std::time::Duration>) -> Writer {
+        Writer {
+            pending: None,
+            delay,
+        }
+    }
+
+    /// Starts writing this state (after the previous write, if one still runs).
+    pub fn save(
+        &mut self,
+        output: &Path,
+        meta: &Meta,
+        model: &[(String, Tensor)],
+        momentum: &BTreeMap<String, Tensor>,
+        best: Option<&BTreeMap<String, Tensor>>,
+    ) -> Result<(), String> {
+        if let Some((step, h)) = &self.pending {
+            if !h.is_finished() {
+                tracing::info!(
+                    "checkpoint of step {} is still being written; waiting for it before the one of step {}",
+                    step,
+                    meta.step
+                );
+            }
+        }
+        self.wait()?;
+        let model = host_copy(model.iter().map(|(n, t)| (n, t)));
+        let momentum: BTreeMap<String, Tensor> = host_copy(momentum.iter()).into_iter().collect();
+        let best: Option<BTreeMap<String, Tensor>> =
+            best.map(|b| host_copy(b.iter()).into_iter().collect());
+        let (output, meta, delay) = (output.to_path_buf(), meta.clone(), self.delay);
+        let step = meta.step;
+        let handle = std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || {
+                if let Some(d) = delay {
+                    std::thread::sleep(d);
+                }
+                let t0 = std::time::Instant::now();
+                let r = save(&output, &meta, &model, &momentum, best.as_ref());
+                if r.is_ok() {
+                    tracing::info!(
+                        step = meta.step,
+                        secs = t0.elapsed().as_secs_f64(),
+                        "checkpoint written (background)"
+                    );
+                }
+                r
+            })
+            .map_err(|e| format!("cannot start the checkpoint writer: {e}"))?;
+        self.pending = Some((step, handle));
+        Ok(())
+    }
+
+    /// Waits for the write in flight, if any, and returns its result.
+    pub fn wait(&mut self) -> Result<(), String> {
+        match self.pending.take() {
+            None => Ok(()),
+            Some((step, h)) => h
+                .join()
+                .map_err(|_| format!("the checkpoint writer of step {step} panicked"))?,
+        }
+    }
+}
+
 /// A loaded checkpoint.
 pub struct Loaded {
     pub meta: Meta,

@@ -198,6 +198,11 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let kill_at = tchrun::env::test_kill_at_step(&|k| std::env::var(k).ok())
         .map_err(|e| TrainError::Invalid(e.to_string()))?
         .and_then(|(r, k)| (r == rank).then_some(k));
+    // Rank 0's checkpoints are written in the background (the test hook may slow them down).
+    let mut writer = checkpoint::Writer::new(
+        tchrun::env::test_checkpoint_delay(&|k| std::env::var(k).ok())
+            .map_err(|e| TrainError::Invalid(e.to_string()))?,
+    );
     if !skipped.is_empty() {
         tracing::warn!(
             count = skipped.len(),
@@ -625,6 +630,29 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 t_print = Instant::now();
                 seen_print = 0.0;
             }
+            let every = job.options.checkpoint_every;
+            if rank == 0
+                && every > 0
+                && step % every == 0
+                && it + 1 < steps_per_epoch
+                && !stats.stop
+            {
+                // `--checkpoint-every`: mid-epoch, as a stop would write it (resumable exactly).
+                let elapsed = prior_s + t_epoch.elapsed().as_secs_f64();
+                let meta = checkpoint_meta(
+                    epoch,
+                    it + 1,
+                    step,
+                    &stopping,
+                    &history,
+                    (loss_sum, seen, elapsed),
+                    scaler.scale,
+                    false,
+                );
+                writer
+                    .save(&job.output, &meta, &named, opt.state(), None)
+                    .map_err(TrainError::Checkpoint)?;
+            }
             if stats.stop {
                 // Every rank saw the vote in this step's reduction: stop together.
                 let sig = crate::signals::requested();
@@ -640,6 +668,9 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                         scaler.scale,
                         false,
                     );
+                    // The stop checkpoint is written now (the ranks wait at the barrier):
+                    // after the one in flight, so the newest state lands last.
+                    writer.wait().map_err(TrainError::Checkpoint)?;
                     checkpoint::save(&job.output, &meta, &named, opt.state(), None)
                         .map_err(TrainError::Checkpoint)?;
                     (ctx.say)(&format!(
@@ -740,7 +771,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             } else {
                 None
             };
-            checkpoint::save(&job.output, &meta, &named, opt.state(), best)
+            writer
+                .save(&job.output, &meta, &named, opt.state(), best)
                 .map_err(TrainError::Checkpoint)?;
             outputs::append_metrics(&job.output, &m).map_err(TrainError::Output)?;
             board.epoch(step, &m, ctx.say);
@@ -789,7 +821,11 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             "no epoch completed with a finite validation loss".into(),
         ));
     };
+    // The last collective: after it rank 0 alone finishes its checkpoint write and the model
+    // directory, and no other rank waits on its storage (or times out doing so).
+    pg.barrier()?;
     if rank == 0 {
+        writer.wait().map_err(TrainError::Checkpoint)?;
         let best_metrics = history.get(best_epoch as usize - 1).cloned();
         let trained = ModelConfig {
             class_names: train.classes.clone(),
@@ -853,6 +889,5 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             ));
         }
     }
-    pg.barrier()?;
     Ok(())
 }
