@@ -630,6 +630,19 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 t_print = Instant::now();
                 seen_print = 0.0;
             }
+            // The state after this step, mid-epoch (a stop's checkpoint, or `--checkpoint-every`'s).
+            let mid_epoch = || {
+                checkpoint_meta(
+                    epoch,
+                    it + 1,
+                    step,
+                    &stopping,
+                    &history,
+                    (loss_sum, seen, prior_s + t_epoch.elapsed().as_secs_f64()),
+                    scaler.scale,
+                    false,
+                )
+            };
             let every = job.options.checkpoint_every;
             if rank == 0
                 && every > 0
@@ -637,37 +650,16 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 && it + 1 < steps_per_epoch
                 && !stats.stop
             {
-                // `--checkpoint-every`: mid-epoch, as a stop would write it (resumable exactly).
-                let elapsed = prior_s + t_epoch.elapsed().as_secs_f64();
-                let meta = checkpoint_meta(
-                    epoch,
-                    it + 1,
-                    step,
-                    &stopping,
-                    &history,
-                    (loss_sum, seen, elapsed),
-                    scaler.scale,
-                    false,
-                );
+                // `--checkpoint-every`: in the background, resumable exactly like a stop's.
                 writer
-                    .save(&job.output, &meta, &named, opt.state(), None)
+                    .save(&job.output, &mid_epoch(), &named, opt.state(), None)
                     .map_err(TrainError::Checkpoint)?;
             }
             if stats.stop {
                 // Every rank saw the vote in this step's reduction: stop together.
                 let sig = crate::signals::requested();
                 if rank == 0 {
-                    let elapsed = prior_s + t_epoch.elapsed().as_secs_f64();
-                    let meta = checkpoint_meta(
-                        epoch,
-                        it + 1,
-                        step,
-                        &stopping,
-                        &history,
-                        (loss_sum, seen, elapsed),
-                        scaler.scale,
-                        false,
-                    );
+                    let meta = mid_epoch();
                     // The stop checkpoint is written now (the ranks wait at the barrier):
                     // after the one in flight, so the newest state lands last.
                     writer.wait().map_err(TrainError::Checkpoint)?;
