@@ -45,13 +45,28 @@ fn weights(out: &Path) -> Vec<u8> {
     std::fs::read(out.join("model.safetensors")).expect("model.safetensors")
 }
 
+/// The uninterrupted run's weights, trained once per test binary (both recovery tests compare
+/// with the same run).
+fn reference_weights() -> Vec<u8> {
+    static W: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    W.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("tchrun-restart-ref-{}", std::process::id()));
+        let model = model_dir(&dir, "resnet18", 32);
+        let reference = dir.join("reference");
+        let r = train(&model, &reference, "local", &[], None);
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        let w = weights(&reference);
+        let _ = std::fs::remove_dir_all(&dir);
+        w
+    })
+    .clone()
+}
+
 #[test]
 fn a_killed_rank_is_restarted_from_the_checkpoint_and_the_model_is_bit_identical() {
     let t = tempdir();
     let model = model_dir(t.path(), "resnet18", 32);
-    let reference = t.path().join("reference");
-    let r = train(&model, &reference, "local", &[], None);
-    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let reference = reference_weights();
     // Rank 1 dies in the middle of epoch 2: the epoch-1 checkpoint is the progress.
     let kill = format!("1:{}", STEPS_PER_EPOCH + STEPS_PER_EPOCH / 2);
     for launcher in ["local", "mpirun"] {
@@ -73,7 +88,7 @@ fn a_killed_rank_is_restarted_from_the_checkpoint_and_the_model_is_bit_identical
             r.explain()
         );
         assert!(
-            weights(&out) == weights(&reference),
+            weights(&out) == reference,
             "{launcher}: the recovered model differs from the uninterrupted one"
         );
         // The first attempt's logs are kept apart; the current ones are where they always are.
@@ -126,9 +141,7 @@ fn without_restarts_a_killed_rank_fails_the_job_and_a_failure_before_progress_is
 fn checkpoints_every_n_steps_let_a_restart_resume_mid_epoch() {
     let t = tempdir();
     let model = model_dir(t.path(), "resnet18", 32);
-    let reference = t.path().join("reference");
-    let r = train(&model, &reference, "local", &[], None);
-    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let reference = reference_weights();
     let out = t.path().join("every-3");
     let r = train(
         &model,
@@ -142,10 +155,7 @@ fn checkpoints_every_n_steps_let_a_restart_resume_mid_epoch() {
         serde_json::from_str(&read(&out.join("logs/restarts.json"))).expect("restarts.json");
     let from = history[0]["resumed_from_step"].as_u64().unwrap_or(0);
     assert!(from == 6 || from == 3, "{history}");
-    assert!(
-        weights(&out) == weights(&reference),
-        "the recovered model differs"
-    );
+    assert!(weights(&out) == reference, "the recovered model differs");
     let out = t.path().join("epoch-ends-only");
     let r = train(&model, &out, "local", &["--max-restarts", "1"], Some("1:7"));
     assert_eq!(r.code, Some(4), "{}", r.explain());
