@@ -14,8 +14,9 @@ pub const RESTARTS_JSON: &str = "restarts.json";
 /// Checkpoints inside `--output`, and the file that names the last complete one.
 pub const CHECKPOINT_DIR: &str = "checkpoints";
 pub const CHECKPOINT_LAST: &str = "last.json";
-/// The launcher's image-header verification, reused by the ranks (`preflight::VerifiedInputs`).
-pub const VERIFIED_INPUTS: &str = "verified_inputs.json";
+/// The launcher's copies of the train and valid dataset indexes (`data::index`) in the log
+/// directory, which the ranks read instead of listing the folders.
+pub const DATASET_INDEX_COPIES: [&str; 2] = ["dataset-index-train.v1", "dataset-index-valid.v1"];
 /// Model description inside a model directory.
 pub const MODEL_JSON: &str = "model.json";
 /// Weights inside a trained model directory.

@@ -1,6 +1,6 @@
 //! The training job's input checks (the seed's errors), shared by the launcher's pre-flight
 //! (before any rank starts) and every rank (which also decodes every image header).
-use crate::data::{DatasetError, ImageFolder};
+use crate::data::{index, index::DatasetIndex, DatasetError, ImageFolder};
 use crate::flags::TrainJob;
 use crate::model::{self, ModelConfig};
 use std::path::{Path, PathBuf};
@@ -55,22 +55,43 @@ pub fn check_output(output: &Path, resume: bool) -> Result<(), PreflightError> {
 /// every image's header (corrupt files, decompression bombs).
 pub fn check_train_job(job: &TrainJob, verify: bool) -> Result<Inputs, PreflightError> {
     let verification = if verify {
-        Verification::Full
+        Verification::Launcher {
+            upfront_limit: usize::MAX,
+        }
     } else {
         Verification::None
     };
     check_train_job_with(job, verification).map(|c| c.inputs)
 }
 
-/// How `check_train_job_with` treats the image headers.
+/// How `check_train_job_with` finds the images and treats their headers.
+#[derive(Debug, Clone, Copy)]
 pub enum Verification<'a> {
-    /// Layout and classes only.
+    /// Layout and classes only: a scan, no index, no headers.
     None,
-    /// Every header.
-    Full,
-    /// Reuse the launcher's verification when it describes exactly the images scanned here
-    /// (same roots, same file lists, same limits); otherwise every header.
-    Reuse(&'a VerifiedInputs),
+    /// The launcher: each folder's dataset index reused or built (`data::index::open`); the
+    /// headers never verified with this `--max-image-pixels` are verified now when there are
+    /// at most `upfront_limit` of them, else when each image is first decoded.
+    Launcher { upfront_limit: usize },
+    /// A rank: the launcher's indexes (copies in the log directory) when they pass the
+    /// stamps check on this rank's copy of the data; otherwise its own scan, and the
+    /// launcher's policy with `data::index::UPFRONT_VERIFY_LIMIT`.
+    Rank {
+        train: Option<&'a Path>,
+        valid: Option<&'a Path>,
+    },
+}
+
+/// What happened to the image headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headers {
+    /// Not looked at (`Verification::None`).
+    Unchecked,
+    /// Every header verified (now or by an earlier job: the index).
+    Verified { now: usize, before: usize },
+    /// Too many unverified headers to check before the first step: each image is checked
+    /// when first decoded.
+    OnDecode { unverified: usize },
 }
 
 /// The result of `check_train_job_with`.
@@ -79,10 +100,19 @@ pub struct Checked {
     /// roots are their folders.
     pub extracted: Vec<crate::data::archive::Extracted>,
     pub inputs: Inputs,
-    /// What was verified, for the ranks (`None` without verification or for a non-UTF-8 path).
-    pub manifest: Option<VerifiedInputs>,
-    /// `Verification::Reuse` only: `Ok` when the manifest was used, else why not.
-    pub reused: Result<(), String>,
+    /// The dataset indexes of train and valid (`None`: not indexed), for the ranks.
+    pub indexes: [Option<DatasetIndex>; 2],
+    pub headers: Headers,
+    /// For the log: where each folder's file list came from, what was verified.
+    pub notes: Vec<String>,
+}
+
+/// One folder, listed or taken from its index.
+struct Listed {
+    folder: ImageFolder,
+    index: Option<DatasetIndex>,
+    /// Where the index is kept (launcher: the cache), to record a verification in it.
+    path: Option<PathBuf>,
 }
 
 pub fn check_train_job_with(
@@ -132,210 +162,125 @@ pub fn check_train_job_with(
         folder("--train", &job.train)?,
         folder("--valid", &job.valid)?,
     );
-    let mut train = ImageFolder::scan(&train_dir).map_err(ds("--train"))?;
-    let mut valid = ImageFolder::scan(&valid_dir).map_err(ds("--valid"))?;
-    ImageFolder::check_same_classes(&train, &valid).map_err(ds("--train/--valid"))?;
+    let mut notes = Vec::new();
+    let mut list =
+        |flag: &'static str, root: &Path, copy: Option<&Path>| -> Result<Listed, PreflightError> {
+            match verification {
+                Verification::None => Ok(Listed {
+                    folder: ImageFolder::scan(root).map_err(ds(flag))?,
+                    index: None,
+                    path: None,
+                }),
+                Verification::Launcher { .. } => {
+                    let opened = index::open(root).map_err(ds(flag))?;
+                    notes.push(format!("{flag}: {}", opened.note));
+                    let indexed = opened.path.is_some() || !opened.index.classes.is_empty();
+                    Ok(Listed {
+                        folder: opened.folder,
+                        index: indexed.then_some(opened.index),
+                        path: opened.path,
+                    })
+                }
+                Verification::Rank { .. } => match index::load_for_rank(root, copy) {
+                    Ok((ix, path)) => {
+                        notes.push(format!(
+                            "{flag}: dataset index {} ({} images; not listed here)",
+                            path.display(),
+                            ix.len()
+                        ));
+                        Ok(Listed {
+                            folder: ix.folder(root),
+                            index: Some(ix),
+                            path: None,
+                        })
+                    }
+                    Err(why) => {
+                        notes.push(format!(
+                            "{flag}: listed here (no usable dataset index: {why})"
+                        ));
+                        Ok(Listed {
+                            folder: ImageFolder::scan(root).map_err(ds(flag))?,
+                            index: None,
+                            path: None,
+                        })
+                    }
+                },
+            }
+        };
+    let (tcopy, vcopy) = match verification {
+        Verification::Rank { train, valid } => (train, valid),
+        _ => (None, None),
+    };
+    let mut train = list("--train", &train_dir, tcopy)?;
+    let mut valid = list("--valid", &valid_dir, vcopy)?;
+    ImageFolder::check_same_classes(&train.folder, &valid.folder).map_err(ds("--train/--valid"))?;
     let (skip, max) = (job.options.skip_bad_images, job.options.max_image_pixels);
-    // The file lists the manifest records and compares (not needed without verification).
-    let scanned = match verification {
-        Verification::None => (None, None),
-        _ => (
-            VerifiedFolder::listing(&train),
-            VerifiedFolder::listing(&valid),
-        ),
+    let limit = match verification {
+        Verification::None => 0,
+        Verification::Launcher { upfront_limit } => upfront_limit,
+        Verification::Rank { .. } => index::UPFRONT_VERIFY_LIMIT,
+    };
+    // Headers never verified with this pixel limit.
+    let unverified = |l: &Listed| match l.index.as_ref().and_then(|ix| ix.headers_for(max)) {
+        Some(_) => 0,
+        None => l.folder.samples.len(),
+    };
+    let todo = unverified(&train) + unverified(&valid);
+    let total = train.folder.samples.len() + valid.folder.samples.len();
+    let headers = match verification {
+        Verification::None => Headers::Unchecked,
+        _ if todo > limit => Headers::OnDecode { unverified: todo },
+        _ => Headers::Verified {
+            now: todo,
+            before: total - todo,
+        },
     };
     let mut skipped = Vec::new();
-    let mut reused = Err("not asked to reuse a verification".to_string());
-    let mut manifest = None;
-    let full = match (&verification, &scanned) {
-        (Verification::None, _) => false,
-        (Verification::Full, _) => true,
-        (Verification::Reuse(m), (Some(t), Some(v))) => {
-            match m.matches(skip, max, (&train.root, t), (&valid.root, v)) {
-                Ok(()) => {
-                    skipped.extend(m.train.apply(&mut train).map_err(ds("--train"))?);
-                    skipped.extend(m.valid.apply(&mut valid).map_err(ds("--valid"))?);
-                    reused = Ok(());
-                    false
+    if let Headers::Verified { .. } = headers {
+        for (flag, l) in [("--train", &mut train), ("--valid", &mut valid)] {
+            match &mut l.index {
+                Some(ix) => {
+                    if ix.headers_for(max).is_none() {
+                        ix.verify_headers(&l.folder, max);
+                        if let Some(p) = &l.path {
+                            // Only a shortcut for the next job.
+                            let _ = index::store(ix, p);
+                        }
+                    }
+                    let h = ix.headers_for(max).cloned();
+                    if let Some(h) = h {
+                        skipped.extend(h.apply(&mut l.folder, skip).map_err(ds(flag))?);
+                    }
                 }
-                Err(why) => {
-                    reused = Err(why);
-                    true
-                }
+                None => skipped.extend(l.folder.verify(skip, max).map_err(ds(flag))?),
             }
         }
-        (Verification::Reuse(_), _) => {
-            reused = Err("an image path is not UTF-8".into());
-            true
-        }
-    };
-    if full {
-        let bad_train = train.verify(skip, max).map_err(ds("--train"))?;
-        let bad_valid = valid.verify(skip, max).map_err(ds("--valid"))?;
-        if let (Some(t), Some(v)) = scanned {
-            manifest = Some(VerifiedInputs {
-                format: VerifiedInputs::FORMAT,
-                skip_bad_images: skip,
-                max_image_pixels: max,
-                train: VerifiedFolder::new(&train.root, t, &bad_train),
-                valid: VerifiedFolder::new(&valid.root, v, &bad_valid),
-            });
-        }
-        skipped.extend(bad_train);
-        skipped.extend(bad_valid);
+    }
+    match headers {
+        Headers::Unchecked => {}
+        Headers::Verified { now, before } => notes.push(format!(
+            "image headers: {now} verified now, {before} already verified (dataset index); {} bad",
+            skipped.len()
+        )),
+        Headers::OnDecode { unverified } => notes.push(format!(
+            "image headers: {unverified} not verified yet, more than the {limit} checked before \
+             the first step: each image gets the same checks when it is first decoded (a bad \
+             one fails the job, or is skipped under --skip-bad-images); `tchrun data index` \
+             verifies a folder once for every later job"
+        )),
     }
     Ok(Checked {
         extracted,
         inputs: Inputs {
             cfg,
-            train,
-            valid,
+            train: train.folder,
+            valid: valid.folder,
             skipped,
         },
-        manifest,
-        reused,
+        indexes: [train.index, valid.index],
+        headers,
+        notes,
     })
-}
-
-/// The launcher's header verification, handed to the ranks (`verified_inputs.json` in the log
-/// directory) so that they do not read every image header again before the first step. A rank
-/// uses it only if its own scan of the folders gives exactly the same files (a node with a
-/// different copy of the data verifies for itself).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct VerifiedInputs {
-    pub format: u32,
-    pub skip_bad_images: bool,
-    pub max_image_pixels: u64,
-    pub train: VerifiedFolder,
-    pub valid: VerifiedFolder,
-}
-
-/// One image folder: every image file found (relative paths, scan order) and the bad ones.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct VerifiedFolder {
-    pub root: PathBuf,
-    pub images: Vec<String>,
-    /// `(relative path, reason)`, only under `--skip-bad-images`.
-    pub bad: Vec<(String, String)>,
-}
-
-impl VerifiedInputs {
-    pub const FORMAT: u32 = 1;
-
-    pub fn read(path: &Path) -> Result<VerifiedInputs, String> {
-        let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let m: VerifiedInputs =
-            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if m.format != Self::FORMAT {
-            return Err(format!(
-                "{}: format {} (expected {})",
-                path.display(),
-                m.format,
-                Self::FORMAT
-            ));
-        }
-        Ok(m)
-    }
-
-    /// Writes atomically (`files::write_atomic`).
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        crate::files::write_atomic(path, &text).map_err(|e| e.source)
-    }
-
-    fn matches(
-        &self,
-        skip: bool,
-        max: u64,
-        train: (&Path, &[String]),
-        valid: (&Path, &[String]),
-    ) -> Result<(), String> {
-        if self.skip_bad_images != skip || self.max_image_pixels != max {
-            return Err("verified with other --skip-bad-images/--max-image-pixels".into());
-        }
-        if !skip && !(self.train.bad.is_empty() && self.valid.bad.is_empty()) {
-            return Err("lists bad images but --skip-bad-images is off".into());
-        }
-        for (name, mine, theirs) in [("train", train, &self.train), ("valid", valid, &self.valid)] {
-            if mine.0 != theirs.root {
-                return Err(format!(
-                    "{name} folder differs ({} here, {} verified)",
-                    mine.0.display(),
-                    theirs.root.display()
-                ));
-            }
-            if mine.1 != theirs.images.as_slice() {
-                return Err(format!(
-                    "{name} images differ ({} here, {} verified)",
-                    mine.1.len(),
-                    theirs.images.len()
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl VerifiedFolder {
-    /// Relative paths of every sample, or `None` if one is not UTF-8.
-    fn listing(f: &ImageFolder) -> Option<Vec<String>> {
-        f.samples
-            .iter()
-            .map(|s| {
-                s.path
-                    .strip_prefix(&f.root)
-                    .ok()
-                    .and_then(|p| p.to_str())
-                    .map(str::to_string)
-            })
-            .collect()
-    }
-
-    fn new(root: &Path, images: Vec<String>, bad: &[(PathBuf, String)]) -> VerifiedFolder {
-        VerifiedFolder {
-            root: root.to_path_buf(),
-            images,
-            bad: bad
-                .iter()
-                .filter_map(|(p, why)| {
-                    let rel = p.strip_prefix(root).ok()?.to_str()?;
-                    Some((rel.to_string(), why.clone()))
-                })
-                .collect(),
-        }
-    }
-
-    /// Drops the bad images from `folder`; returns them as `(path, reason)`.
-    fn apply(&self, folder: &mut ImageFolder) -> Result<Vec<(PathBuf, String)>, DatasetError> {
-        if self.bad.is_empty() {
-            return Ok(Vec::new());
-        }
-        let bad: std::collections::HashMap<&str, &str> = self
-            .bad
-            .iter()
-            .map(|(p, w)| (p.as_str(), w.as_str()))
-            .collect();
-        let root = folder.root.clone();
-        let n = folder.samples.len();
-        let mut skipped = Vec::new();
-        folder.samples.retain(|s| {
-            let rel = s.path.strip_prefix(&root).ok().and_then(|p| p.to_str());
-            match rel.and_then(|r| bad.get(r)) {
-                Some(why) => {
-                    skipped.push((s.path.clone(), why.to_string()));
-                    false
-                }
-                None => true,
-            }
-        });
-        if folder.samples.is_empty() {
-            return Err(DatasetError::Empty {
-                path: root,
-                detail: format!("all {n} images failed verification; check the files"),
-            });
-        }
-        Ok(skipped)
-    }
 }
 
 #[cfg(test)]
@@ -383,8 +328,14 @@ mod tests {
         f.samples.iter().map(|s| s.path.clone()).collect()
     }
 
+    fn launcher(limit: usize) -> Verification<'static> {
+        Verification::Launcher {
+            upfront_limit: limit,
+        }
+    }
+
     #[test]
-    fn ranks_reuse_the_launchers_verification_only_for_the_same_files() {
+    fn the_index_is_reused_by_ranks_and_jobs_and_rebuilt_when_the_data_changes() {
         let t = tempfile::tempdir().expect("tempdir");
         let r = t.path();
         for (i, c) in ["a", "b"].iter().enumerate() {
@@ -395,40 +346,75 @@ mod tests {
         std::fs::write(r.join("train/b/bad.png"), b"not a png").expect("write");
         let j = job(r, true);
 
-        let launcher = check_train_job_with(&j, Verification::Full).expect("launcher");
-        let m = launcher.manifest.clone().expect("manifest");
-        assert_eq!(m.train.images.len(), 5);
-        assert_eq!(m.train.bad.len(), 1);
-        assert_eq!(m.train.bad[0].0, "b/bad.png");
-        let file = r.join(crate::files::VERIFIED_INPUTS);
-        m.write(&file).expect("write manifest");
-        let read = VerifiedInputs::read(&file).expect("read manifest");
-        assert_eq!(read, m);
+        // First job: built, verified now, bad image skipped and recorded.
+        let first = check_train_job_with(&j, launcher(100)).expect("launcher");
+        assert!(
+            first.notes[0].contains("dataset index built"),
+            "{:?}",
+            first.notes
+        );
+        assert_eq!(first.headers, Headers::Verified { now: 7, before: 0 });
+        assert_eq!(first.inputs.skipped.len(), 1);
+        assert!(first.inputs.skipped[0].0.ends_with("b/bad.png"));
+        assert_eq!(first.inputs.train.samples.len(), 4);
 
-        // Same files: reused, and the result equals a full verification.
-        let rank = check_train_job_with(&j, Verification::Reuse(&read)).expect("rank");
-        assert_eq!(rank.reused, Ok(()));
-        assert_eq!(paths(&rank.inputs.train), paths(&launcher.inputs.train));
-        assert_eq!(rank.inputs.skipped, launcher.inputs.skipped);
-        assert_eq!(rank.inputs.train.samples.len(), 4);
+        // A rank given the launcher's copies: same samples, same skipped, nothing listed.
+        let [tix, vix] = &first.indexes;
+        let (tp, vp) = (r.join("train.idx"), r.join("valid.idx"));
+        tix.as_ref().expect("train index").write(&tp).expect("copy");
+        vix.as_ref().expect("valid index").write(&vp).expect("copy");
+        let rank = Verification::Rank {
+            train: Some(&tp),
+            valid: Some(&vp),
+        };
+        let c = check_train_job_with(&j, rank).expect("rank");
+        assert!(c.notes[0].contains("not listed here"), "{:?}", c.notes);
+        assert_eq!(paths(&c.inputs.train), paths(&first.inputs.train));
+        assert_eq!(c.inputs.skipped, first.inputs.skipped);
 
-        // Another limit, or a file the launcher did not see: verified again.
+        // Second job: reused, no header read again.
+        let second = check_train_job_with(&j, launcher(100)).expect("second");
+        assert!(second.notes[0].contains("reused"), "{:?}", second.notes);
+        assert_eq!(second.headers, Headers::Verified { now: 0, before: 7 });
+        assert_eq!(paths(&second.inputs.train), paths(&first.inputs.train));
+
+        // Another pixel limit: verified again.
         let mut strict = j.clone();
         strict.options.max_image_pixels = 1000;
-        let e = check_train_job_with(&strict, Verification::Reuse(&read));
-        assert!(e.is_ok_and(|c| c.reused.is_err() && c.inputs.skipped.len() == 1));
-        std::fs::write(r.join("valid/a/new.png"), b"junk").expect("write");
-        let c = check_train_job_with(&j, Verification::Reuse(&read)).expect("rank");
-        let why = c.reused.expect_err("must not reuse");
-        assert!(why.contains("valid images differ"), "{why}");
-        assert_eq!(c.inputs.skipped.len(), 2, "{:?}", c.inputs.skipped);
+        let c = check_train_job_with(&strict, launcher(100)).expect("strict");
+        assert_eq!(c.headers, Headers::Verified { now: 7, before: 0 });
 
-        // Without --skip-bad-images a bad file fails, as it would without a manifest.
+        // A file added: the rank's copy is stale (it lists the folder itself) and the next job
+        // rebuilds; the new bad file is found.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(r.join("valid/a/new.png"), b"junk").expect("write");
+        let c = check_train_job_with(&j, rank).expect("rank");
+        assert!(c.notes[1].contains("listed here"), "{:?}", c.notes);
+        assert_eq!(c.inputs.skipped.len(), 2, "{:?}", c.inputs.skipped);
+        let c = check_train_job_with(&j, launcher(100)).expect("rebuilt");
+        assert!(c.notes[1].contains("rebuilt"), "{:?}", c.notes);
+        assert!(c.notes[1].contains("class folder 'a'"), "{:?}", c.notes);
+        assert_eq!(c.inputs.skipped.len(), 2);
+
+        // Without --skip-bad-images a bad file fails, from the index as without one.
         let plain = job(r, false);
-        let e = check_train_job_with(&plain, Verification::Reuse(&read))
+        let e = check_train_job_with(&plain, launcher(100))
             .err()
             .expect("bad image refused")
             .to_string();
         assert!(e.contains("bad.png"), "{e}");
+
+        // Above the limit, nothing is verified up front.
+        let t2 = tempfile::tempdir().expect("tempdir");
+        let r2 = t2.path();
+        for c in ["a", "b"] {
+            image(&r2.join(format!("train/{c}/1.png")), 0);
+            image(&r2.join(format!("valid/{c}/1.png")), 0);
+        }
+        std::fs::write(r2.join("train/b/bad.png"), b"not a png").expect("write");
+        let c = check_train_job_with(&job(r2, false), launcher(2)).expect("on decode");
+        assert_eq!(c.headers, Headers::OnDecode { unverified: 5 });
+        assert_eq!(c.inputs.train.samples.len(), 3);
+        assert!(c.inputs.skipped.is_empty());
     }
 }

@@ -112,10 +112,12 @@ fn check_trained(out: &Path, ranks: usize, r: &Run) {
         assert!(first[key].is_number(), "metrics.jsonl lacks {key}: {first}");
     }
     let logs = driver_logs(&out.join("logs"), ranks);
-    // The ranks found the same files as the launcher's pre-flight and reused its header checks.
+    // The ranks read the launcher's dataset indexes (no listing) and its header checks.
     for l in &logs {
+        assert!(l.contains("--train: dataset index "), "{l}");
+        assert!(l.contains("not listed here"), "{l}");
         assert!(
-            l.contains("image headers: the launcher's verification reused (1797 images)"),
+            l.contains("image headers: 0 verified now, 1797 already verified (dataset index)"),
             "{l}"
         );
     }

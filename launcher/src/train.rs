@@ -20,14 +20,22 @@ pub fn run_train(
     job.train = absolute(job.train);
     job.valid = absolute(job.valid);
     job.output = absolute(job.output);
-    // Every image header too: a corrupt file is refused before any rank starts or anything is
-    // written to --output. The ranks reuse this verification (verified_inputs.json) when their
-    // own scan finds the same files, and verify for themselves otherwise.
-    let checked =
-        tchrun::preflight::check_train_job_with(&job, tchrun::preflight::Verification::Full)?;
+    // The dataset indexes (reused or built) and the image headers: on a set of up to
+    // UPFRONT_VERIFY_LIMIT unverified images a corrupt file is refused before any rank starts
+    // or anything is written to --output; on a larger one each image is checked when first
+    // decoded. The ranks read copies of the indexes instead of listing the folders.
+    let checked = tchrun::preflight::check_train_job_with(
+        &job,
+        tchrun::preflight::Verification::Launcher {
+            upfront_limit: tchrun::data::index::UPFRONT_VERIFY_LIMIT,
+        },
+    )?;
     // Archives: the ranks get the extracted folders.
     for x in &checked.extracted {
         outln!("tchrun: {}", x.describe());
+    }
+    for line in &checked.notes {
+        outln!("tchrun: {line}");
     }
     (job.train, job.valid) = (
         checked.inputs.train.root.clone(),
@@ -44,13 +52,19 @@ pub fn run_train(
         check_writable(&job.output)?;
     }
     rank.log_dir = Some(log_dir.clone());
-    let mut verified = None;
+    let mut verified = Vec::new();
     if !launch.dry_run {
-        if let Some(m) = &checked.manifest {
-            let path = log_dir.join(files::VERIFIED_INPUTS);
-            match std::fs::create_dir_all(&log_dir).and_then(|_| m.write(&path)) {
-                Ok(()) => verified = Some(format!("--verified-inputs={}", path.display())),
-                // Only a shortcut: the ranks then verify the headers themselves.
+        for ((index, name), flag) in checked
+            .indexes
+            .iter()
+            .zip(files::DATASET_INDEX_COPIES)
+            .zip(["--train-index", "--valid-index"])
+        {
+            let Some(index) = index else { continue };
+            let path = log_dir.join(name);
+            match std::fs::create_dir_all(&log_dir).and_then(|_| index.write(&path)) {
+                Ok(()) => verified.push(format!("{flag}={}", path.display())),
+                // Only a shortcut: the ranks then list the folder themselves.
                 Err(e) => errln!("tchrun: warning: cannot write {}: {e}", path.display()),
             }
         }

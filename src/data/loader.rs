@@ -39,6 +39,10 @@ pub struct LoaderConfig {
     /// `--skip-bad-images`: an image that fails to decode is dropped alone (listed in
     /// `Batch::skipped`) and its batch goes on with the others; otherwise the batch fails.
     pub skip_bad: bool,
+    /// `--max-image-pixels`: checked on every decode, with the other header checks that need
+    /// the whole file (a truncated JPEG), so that images never verified up front get the same
+    /// verdicts (`verify::check_decoded`).
+    pub max_pixels: u64,
 }
 
 pub(super) fn splitmix64(mut z: u64) -> u64 {
@@ -92,8 +96,13 @@ pub(super) fn bad(path: &Path, detail: impl Into<String>) -> DatasetError {
     }
 }
 
-/// Decode `path` to 8-bit RGB in `st.rgb`; returns (width, height).
-pub(super) fn decode_rgb(path: &Path, st: &mut WorkerState) -> Result<(u32, u32), DatasetError> {
+/// Decode `path` to 8-bit RGB in `st.rgb`; returns (width, height). The image is refused
+/// (`BadImage`) if it fails the header checks (`verify::check_decoded`, `max_pixels`).
+pub(super) fn decode_rgb(
+    path: &Path,
+    st: &mut WorkerState,
+    max_pixels: u64,
+) -> Result<(u32, u32), DatasetError> {
     st.file.clear();
     fs::File::open(path)
         .and_then(|mut f| f.read_to_end(&mut st.file))
@@ -101,7 +110,8 @@ pub(super) fn decode_rgb(path: &Path, st: &mut WorkerState) -> Result<(u32, u32)
     let reader = ImageReader::new(Cursor::new(&st.file[..]))
         .with_guessed_format()
         .map_err(|e| io_err(path, e))?;
-    if reader.format().is_none() {
+    let format = reader.format();
+    if format.is_none() {
         return Err(bad(
             path,
             format!("not a {IMAGE_FORMATS} file (unrecognised header); fix or delete the file"),
@@ -111,6 +121,12 @@ pub(super) fn decode_rgb(path: &Path, st: &mut WorkerState) -> Result<(u32, u32)
         .into_decoder()
         .map_err(|e| bad(path, format!("cannot decode: {e}; fix or delete the file")))?;
     let (w, h) = dec.dimensions();
+    super::verify::check_decoded(&st.file, format, (w, h), max_pixels).map_err(|r| {
+        bad(
+            path,
+            format!("{r}; fix or delete the file, or skip bad images"),
+        )
+    })?;
     let rgb_bytes = w as u64 * h as u64 * 3;
     if rgb_bytes > MAX_DECODED_BYTES || dec.total_bytes() > MAX_DECODED_BYTES {
         return Err(bad(
@@ -143,7 +159,7 @@ pub(super) fn decode_rgb(path: &Path, st: &mut WorkerState) -> Result<(u32, u32)
 /// Pillow's `.convert("RGB")`; 16-bit samples are scaled to 8 bits (`v / 257`, rounded).
 pub fn decode_rgb8(path: &Path) -> Result<(u32, u32, Vec<u8>), DatasetError> {
     let mut st = WorkerState::new(1);
-    let (w, h) = decode_rgb(path, &mut st)?;
+    let (w, h) = decode_rgb(path, &mut st, u64::MAX)?;
     Ok((w, h, std::mem::take(&mut st.rgb)))
 }
 
@@ -156,7 +172,7 @@ pub(super) fn process_image(
     out: &mut [f32],
 ) -> Result<(), DatasetError> {
     let size = shared.cfg.size;
-    let (w, h) = decode_rgb(path, st)?;
+    let (w, h) = decode_rgb(path, st, shared.cfg.max_pixels)?;
     let ((mut left, mut top, mut cw, mut ch), flip) =
         crop_params(shared.cfg.augment, w, h, size, rng);
     // guard against float drift outside the image

@@ -33,6 +33,9 @@ pub const IMAGE_EXTENSIONS: [&str; 12] = [
 /// The formats, for messages.
 pub const IMAGE_FORMATS: &str = "JPEG, PNG, BMP, TIFF, WebP, PPM/PGM";
 
+/// `--max-image-pixels`'s default (Pillow's `Image.MAX_IMAGE_PIXELS`).
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 89_478_485;
+
 /// Largest decoded image (in bytes of 8-bit RGB) the loader accepts: 512 MiB, the
 /// `image` crate's default allocation limit.
 pub const MAX_DECODED_BYTES: u64 = 512 * 1024 * 1024;
@@ -98,6 +101,7 @@ fn norm_lut(n: &Normalization) -> [[f32; 256]; 3] {
 pub mod archive;
 mod augment;
 mod folder;
+pub mod index;
 mod loader;
 mod shard;
 pub mod split;
@@ -159,6 +163,7 @@ mod tests {
             rank: 1,
             first_position: 0,
             skip_bad: false,
+            max_pixels: DEFAULT_MAX_IMAGE_PIXELS,
         }
     }
 
@@ -642,7 +647,7 @@ mod tests {
         let mut st = WorkerState::new(224);
         let t = Instant::now();
         for s in f.samples.iter().cycle().take(500) {
-            decode_rgb(&s.path, &mut st).unwrap();
+            decode_rgb(&s.path, &mut st, u64::MAX).unwrap();
         }
         println!(
             "bench decode-only 1 thread: {:.0} images/s",

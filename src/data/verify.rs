@@ -18,7 +18,76 @@ fn jpeg_has_end_marker(path: &Path) -> std::io::Result<bool> {
     Ok(buf.windows(2).any(|w| w == [0xFF, 0xD9]))
 }
 
-fn check_header(path: &Path, max_pixels: u64) -> Result<(), String> {
+/// The checks of `check_header` that need the whole file, on bytes the loader has read
+/// anyway: run on every decode, so an image that was never verified up front (a large set,
+/// see `index::UPFRONT_VERIFY_LIMIT`) gets the same verdicts, with the same words, when it is
+/// first decoded.
+pub(super) fn check_decoded(
+    bytes: &[u8],
+    format: Option<image::ImageFormat>,
+    (w, h): (u32, u32),
+    max_pixels: u64,
+) -> Result<(), String> {
+    if format == Some(image::ImageFormat::Jpeg) {
+        let tail = &bytes[bytes.len().saturating_sub(1024)..];
+        if !tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
+            return Err("truncated JPEG: no end-of-image marker (FF D9) in its last KiB".into());
+        }
+    }
+    check_dimensions(w, h, max_pixels)
+}
+
+fn check_dimensions(w: u32, h: u32, max_pixels: u64) -> Result<(), String> {
+    let pixels = w as u64 * h as u64;
+    if pixels > max_pixels {
+        return Err(format!(
+            "declared dimensions {w}x{h} ({pixels} pixels) exceed the limit of {max_pixels} pixels \
+             (possible decompression bomb); remove or downscale the file, or raise the pixel limit"
+        ));
+    }
+    if pixels == 0 {
+        return Err(format!("declared dimensions {w}x{h} are empty"));
+    }
+    Ok(())
+}
+
+/// Every header of `paths` checked on many threads; `None` for a good image, else why not.
+pub(super) fn check_headers(paths: &[&Path], max_pixels: u64) -> Vec<Option<String>> {
+    let n = paths.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    // Reading headers waits on storage far more than it computes (a cold page cache, a
+    // network file system): many more threads than cores keep the device busy.
+    let threads = std::thread::available_parallelism()
+        .map(|p| p.get() * 8)
+        .unwrap_or(16)
+        .clamp(16, 64)
+        .min(n);
+    let chunk = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = paths
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|p| check_header(p, max_pixels).err())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| vec![Some("header check panicked".to_string()); chunk])
+            })
+            .take(n)
+            .collect()
+    })
+}
+
+pub(super) fn check_header(path: &Path, max_pixels: u64) -> Result<(), String> {
     let mut reader = ImageReader::open(path)
         .map_err(|e| format!("cannot open: {e}"))?
         .with_guessed_format()
@@ -35,17 +104,7 @@ fn check_header(path: &Path, max_pixels: u64) -> Result<(), String> {
     if is_jpeg && !jpeg_has_end_marker(path).map_err(|e| format!("cannot read: {e}"))? {
         return Err("truncated JPEG: no end-of-image marker (FF D9) in its last KiB".into());
     }
-    let pixels = w as u64 * h as u64;
-    if pixels > max_pixels {
-        return Err(format!(
-            "declared dimensions {w}x{h} ({pixels} pixels) exceed the limit of {max_pixels} pixels \
-             (possible decompression bomb); remove or downscale the file, or raise the pixel limit"
-        ));
-    }
-    if pixels == 0 {
-        return Err(format!("declared dimensions {w}x{h} are empty"));
-    }
-    Ok(())
+    check_dimensions(w, h, max_pixels)
 }
 
 impl ImageFolder {
@@ -61,31 +120,8 @@ impl ImageFolder {
         if n == 0 {
             return Ok(Vec::new());
         }
-        // Reading headers waits on storage far more than it computes (a cold page cache, a
-        // network file system): many more threads than cores keep the device busy.
-        let threads = std::thread::available_parallelism()
-            .map(|p| p.get() * 8)
-            .unwrap_or(16)
-            .clamp(16, 64)
-            .min(n);
-        let chunk = n.div_ceil(threads);
-        let samples = &self.samples;
-        let reasons: Vec<Option<String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = samples
-                .chunks(chunk)
-                .map(|part| {
-                    s.spawn(move || {
-                        part.iter()
-                            .map(|smp| check_header(&smp.path, max_pixels).err())
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().expect("verify thread panicked"))
-                .collect()
-        });
+        let paths: Vec<&Path> = self.samples.iter().map(|s| s.path.as_path()).collect();
+        let reasons = check_headers(&paths, max_pixels);
 
         if !skip_bad {
             if let Some((i, r)) = reasons

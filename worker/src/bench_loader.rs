@@ -65,6 +65,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 rank: 0,
                 first_position: 0,
                 skip_bad: false,
+                max_pixels: tchrun::data::DEFAULT_MAX_IMAGE_PIXELS,
             },
         );
         let mut images = 0usize;

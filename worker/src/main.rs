@@ -55,10 +55,13 @@ struct TrainArgs {
     job: tchrun::flags::TrainJob,
     #[command(flatten)]
     rank: RankFlags,
-    /// The launcher's image-header verification (verified_inputs.json), reused when this
-    /// rank's scan finds exactly the same files.
+    /// The launcher's copy of the training folder's dataset index, read instead of listing
+    /// the folder when it passes the stamps check on this rank's copy of the data.
     #[arg(long, hide = true)]
-    verified_inputs: Option<PathBuf>,
+    train_index: Option<PathBuf>,
+    /// The same for the validation folder.
+    #[arg(long, hide = true)]
+    valid_index: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -537,16 +540,16 @@ fn run_exec(a: ExecArgs) -> RankResult {
 fn run_train(a: TrainArgs) -> RankResult {
     let default_logs = a.job.output.join(tchrun::files::DEFAULT_LOG_SUBDIR);
     // Input errors need no log directory: report them before anything is written to --output.
-    let (inputs, verification) = train::check_inputs(&a.job, a.verified_inputs.as_deref())
-        .map_err(|e| {
-            (
-                None,
-                Fatal {
-                    kind: e.kind(),
-                    err: e.into(),
-                },
-            )
-        })?;
+    let indexes = [a.train_index.as_deref(), a.valid_index.as_deref()];
+    let (inputs, verification) = train::check_inputs(&a.job, indexes).map_err(|e| {
+        (
+            None,
+            Fatal {
+                kind: e.kind(),
+                err: e.into(),
+            },
+        )
+    })?;
     let rank = start_rank(&a.rank, default_logs, &command_line())?;
     let Rank {
         joined,
@@ -554,7 +557,9 @@ fn run_train(a: TrainArgs) -> RankResult {
         device,
         console,
     } = rank;
-    tracing::info!("{verification}");
+    for line in &verification {
+        tracing::info!("{line}");
+    }
     let is_rank0 = pg.rank() == 0;
     // User-facing lines: in every driver log, and on rank 0's console.
     let say = |line: &str| {

@@ -178,6 +178,7 @@ fn infer(
             rank: 0,
             first_position: 0,
             skip_bad: false,
+            max_pixels: tchrun::data::DEFAULT_MAX_IMAGE_PIXELS,
         },
     );
     let k = 5.min(cfg.class_names.len() as i64);

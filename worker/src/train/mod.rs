@@ -89,34 +89,18 @@ impl TrainError {
 
 pub use tchrun::preflight::Inputs;
 
-/// Model directory, image directories (every header decoded), output: before any step.
-/// `verified`: the launcher's verification (`verified_inputs.json`), reused when it describes
-/// exactly the files this rank finds. Also returns a line for the driver log saying which.
+/// Model directory, image directories, output: before any step. `indexes`: the launcher's
+/// copies of the train and valid dataset indexes, used (instead of listing the folders) when
+/// they describe this rank's copy of the data. Also returns lines for the driver log saying
+/// where the file lists came from and what happens to the image headers.
 pub fn check_inputs(
     job: &TrainJob,
-    verified: Option<&std::path::Path>,
-) -> Result<(Inputs, String), TrainError> {
-    use tchrun::preflight::{check_train_job_with, Verification, VerifiedInputs};
-    let manifest = verified.map(VerifiedInputs::read);
-    let verification = match &manifest {
-        Some(Ok(m)) => Verification::Reuse(m),
-        _ => Verification::Full,
-    };
-    let checked = check_train_job_with(job, verification)?;
-    let n = checked.inputs.train.samples.len() + checked.inputs.valid.samples.len();
-    let note = match (&manifest, &checked.reused) {
-        (None, _) => format!("image headers verified here ({n} images)"),
-        (Some(Err(e)), _) => format!(
-            "image headers verified here ({n} images): the launcher's verification is unreadable ({e})"
-        ),
-        (Some(Ok(_)), Ok(())) => {
-            format!("image headers: the launcher's verification reused ({n} images)")
-        }
-        (Some(Ok(_)), Err(why)) => format!(
-            "image headers verified here ({n} images): the launcher's verification does not apply ({why})"
-        ),
-    };
-    Ok((checked.inputs, note))
+    indexes: [Option<&std::path::Path>; 2],
+) -> Result<(Inputs, Vec<String>), TrainError> {
+    use tchrun::preflight::{check_train_job_with, Verification};
+    let [train, valid] = indexes;
+    let checked = check_train_job_with(job, Verification::Rank { train, valid })?;
+    Ok((checked.inputs, checked.notes))
 }
 
 /// What the training loop needs from the rank.
@@ -490,6 +474,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 rank,
                 first_position,
                 skip_bad: job.options.skip_bad_images,
+                max_pixels: job.options.max_image_pixels,
             },
         );
         let (mut loss_sum, mut seen, prior_s) = partial;
