@@ -687,6 +687,7 @@ fn exercise(root: &Path, max_pixels: u64, threads: usize) -> (usize, usize, usiz
             rank: 0,
             first_position: 0,
             skip_bad: false,
+            max_pixels: data::DEFAULT_MAX_IMAGE_PIXELS,
         };
         let indices: Vec<usize> = (0..kept.samples.len()).collect();
         for b in data::load_batches(&kept, indices, cfg) {
