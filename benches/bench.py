@@ -145,11 +145,13 @@ def run(cmd, is_rank, stdout_path, stop=None, limit=1800, env=None, done_tag="RE
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                              start_new_session=True, env=env)
         hwm, pss, rank_pids, stopped, tick = {}, {}, set(), False, 0
+        top_hwm = 0  # the launcher (tchrun, torchrun): the process started here
         gpu_peak = 0
         while p.poll() is None:
             tick += 1
             kids = _children_map()
             tree = _subtree(p.pid, kids)
+            top_hwm = max(top_hwm, _status_kb(p.pid, "VmHWM"))
             cmds = {pid: _cmdline(pid) for pid in tree}
             for pid in tree:
                 if not is_rank(cmds[pid]):
@@ -190,6 +192,7 @@ def run(cmd, is_rank, stdout_path, stop=None, limit=1800, env=None, done_tag="RE
     return {"t0": t0, "wall": wall, "rc": p.returncode, "text": text,
             "hwm_mib": max(hwm.values(), default=0) / 1024,
             "pss_mib": max(pss.values(), default=0) / 1024, "ranks": len(rank_pids),
+            "launcher_hwm_mib": top_hwm / 1024,
             "gpu_mib": gpu_peak}
 
 

@@ -37,6 +37,10 @@ pub const TCHRUN_TEST_CHECKPOINT_DELAY_S: &str = "TCHRUN_TEST_CHECKPOINT_DELAY_S
 /// Rank 0's address as the other ranks reach it (store and process group): overrides the
 /// first non-loopback IPv4 address of rank 0's host (multi-node) or 127.0.0.1 (one node).
 pub const TCHRUN_MASTER_ADDR: &str = "TCHRUN_MASTER_ADDR";
+/// The most never-verified image headers a training job checks before its first step
+/// (`data::index::upfront_limit`); above it each image is checked when first decoded.
+/// Default `data::index::UPFRONT_VERIFY_LIMIT` (50,000); 0 never checks up front.
+pub const TCHRUN_VERIFY_UPFRONT_MAX: &str = "TCHRUN_VERIFY_UPFRONT_MAX";
 /// Intra-op (libtorch) threads of each rank; default: [`threads_per_rank`].
 pub const TCHRUN_THREADS: &str = "TCHRUN_THREADS";
 /// The driver log's `tracing` filter (`EnvFilter` syntax, e.g. `debug`); default `info`.

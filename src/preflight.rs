@@ -74,11 +74,13 @@ pub enum Verification<'a> {
     /// at most `upfront_limit` of them, else when each image is first decoded.
     Launcher { upfront_limit: usize },
     /// A rank: the launcher's indexes (copies in the log directory) when they pass the
-    /// stamps check on this rank's copy of the data; otherwise its own scan, and the
-    /// launcher's policy with `data::index::UPFRONT_VERIFY_LIMIT`.
+    /// stamps check on this rank's copy of the data; otherwise its own scan. Headers: on
+    /// decode when the launcher said so (`on_decode`), else the launcher's policy with
+    /// `data::index::upfront_limit()` (a rank started without the launcher: srun, sbatch).
     Rank {
         train: Option<&'a Path>,
         valid: Option<&'a Path>,
+        on_decode: bool,
     },
 }
 
@@ -208,7 +210,7 @@ pub fn check_train_job_with(
             }
         };
     let (tcopy, vcopy) = match verification {
-        Verification::Rank { train, valid } => (train, valid),
+        Verification::Rank { train, valid, .. } => (train, valid),
         _ => (None, None),
     };
     let mut train = list("--train", &train_dir, tcopy)?;
@@ -218,7 +220,10 @@ pub fn check_train_job_with(
     let limit = match verification {
         Verification::None => 0,
         Verification::Launcher { upfront_limit } => upfront_limit,
-        Verification::Rank { .. } => index::UPFRONT_VERIFY_LIMIT,
+        Verification::Rank {
+            on_decode: true, ..
+        } => 0,
+        Verification::Rank { .. } => index::upfront_limit(),
     };
     // Headers never verified with this pixel limit.
     let unverified = |l: &Listed| match l.index.as_ref().and_then(|ix| ix.headers_for(max)) {
@@ -366,6 +371,7 @@ mod tests {
         let rank = Verification::Rank {
             train: Some(&tp),
             valid: Some(&vp),
+            on_decode: false,
         };
         let c = check_train_job_with(&j, rank).expect("rank");
         assert!(c.notes[0].contains("not listed here"), "{:?}", c.notes);

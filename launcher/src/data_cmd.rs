@@ -1,5 +1,6 @@
 //! `tchrun data ...`: dataset commands. `split` ("Split Image Directory"): the logic is
-//! `tchrun::data::split`; here the flags, archive sources and the report.
+//! `tchrun::data::split`; here the flags, archive sources and the report. `index`: the dataset
+//! index (`tchrun::data::index`) made and every header verified once for every later job.
 use crate::error::JobError;
 use crate::preflight::absolute;
 use clap::{Args, Subcommand};
@@ -11,6 +12,21 @@ pub enum DataCmd {
     /// Split an image folder into train/ and valid/, stratified per class, reproducible from
     /// the seed ("Split Image Directory").
     Split(SplitArgs),
+    /// Index image folders once for every later job: the file list, and every image header
+    /// verified, kept in the cache ($TCHRUN_DATA_CACHE, else ~/.cache/tchrun). Training jobs
+    /// on them then start without listing a folder or reading a header.
+    Index(IndexArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct IndexArgs {
+    /// Image folders (one sub-folder per class), e.g. the train and valid folders.
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// The pixel limit the headers are verified against (training's --max-image-pixels: a
+    /// job with another limit verifies again).
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_pixels: u64,
 }
 
 #[derive(Args, Debug)]
@@ -38,7 +54,71 @@ pub struct SplitArgs {
 pub fn run(cmd: &DataCmd) -> Result<i32, JobError> {
     match cmd {
         DataCmd::Split(a) => run_split(a),
+        DataCmd::Index(a) => run_index(a),
     }
+}
+
+fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
+    use tchrun::data::index;
+    for dir in &a.dirs {
+        let dir = absolute(dir.clone());
+        if tchrun::data::archive::ArchiveKind::of(&dir).is_some() {
+            return Err(JobError::invalid(format!(
+                "{}: an archive; training extracts archives and indexes the extracted folder \
+                 itself (or extract it and index that folder)",
+                dir.display()
+            )));
+        }
+        let mut opened = index::open(&dir).map_err(|e| JobError::invalid(e.to_string()))?;
+        outln!("tchrun: {}: {}", dir.display(), opened.note);
+        let Some(path) = opened.path.clone() else {
+            return Err(JobError::launch(format!(
+                "{}: the index could not be kept ({}); set {} to a writable folder",
+                dir.display(),
+                opened.note,
+                tchrun::data::archive::DATA_CACHE_ENV
+            )));
+        };
+        if opened.index.headers_for(a.max_image_pixels).is_none() {
+            let t = std::time::Instant::now();
+            opened
+                .index
+                .verify_headers(&opened.folder, a.max_image_pixels);
+            index::store(&opened.index, &path).map_err(JobError::launch)?;
+            outln!(
+                "tchrun: {}: {} image headers verified in {:.1} s (--max-image-pixels {})",
+                dir.display(),
+                opened.index.len(),
+                t.elapsed().as_secs_f64(),
+                a.max_image_pixels
+            );
+        } else {
+            outln!(
+                "tchrun: {}: image headers already verified (--max-image-pixels {})",
+                dir.display(),
+                a.max_image_pixels
+            );
+        }
+        let bad = opened
+            .index
+            .headers_for(a.max_image_pixels)
+            .map(|h| h.bad.clone())
+            .unwrap_or_default();
+        for (i, why) in bad.iter().take(10) {
+            if let Some(s) = opened.folder.samples.get(*i as usize) {
+                outln!("tchrun:   bad image {}: {why}", s.path.display());
+            }
+        }
+        if !bad.is_empty() {
+            outln!(
+                "tchrun: {}: {} bad image(s){}: training refuses them unless --skip-bad-images (then they are left out)",
+                dir.display(),
+                bad.len(),
+                if bad.len() > 10 { " (the first 10 above)" } else { "" }
+            );
+        }
+    }
+    Ok(0)
 }
 
 fn run_split(a: &SplitArgs) -> Result<i32, JobError> {

@@ -27,7 +27,7 @@ pub fn run_train(
     let checked = tchrun::preflight::check_train_job_with(
         &job,
         tchrun::preflight::Verification::Launcher {
-            upfront_limit: tchrun::data::index::UPFRONT_VERIFY_LIMIT,
+            upfront_limit: tchrun::data::index::upfront_limit(),
         },
     )?;
     // Archives: the ranks get the extracted folders.
@@ -53,6 +53,9 @@ pub fn run_train(
     }
     rank.log_dir = Some(log_dir.clone());
     let mut verified = Vec::new();
+    if let tchrun::preflight::Headers::OnDecode { .. } = checked.headers {
+        verified.push("--verify-on-decode".to_string());
+    }
     if !launch.dry_run {
         for ((index, name), flag) in checked
             .indexes

@@ -31,6 +31,14 @@ use serde::{Deserialize, Serialize};
 /// second warm on 2 cores, ~17,000 cold: 50,000 images cost ~1 s warm, the most a small
 /// set's start may lose to it.
 pub const UPFRONT_VERIFY_LIMIT: usize = 50_000;
+/// `UPFRONT_VERIFY_LIMIT`, or `$TCHRUN_VERIFY_UPFRONT_MAX` when set to a number.
+pub fn upfront_limit() -> usize {
+    std::env::var(crate::env::TCHRUN_VERIFY_UPFRONT_MAX)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(UPFRONT_VERIFY_LIMIT)
+}
+
 /// A folder whose mtime is this close to (or after) the listing's start is re-listed before
 /// the index is trusted (coarse file-system clocks: NFS, FAT, some FUSE mounts).
 pub const RACY_NS: i64 = 2_000_000_000;

@@ -62,6 +62,10 @@ struct TrainArgs {
     /// The same for the validation folder.
     #[arg(long, hide = true)]
     valid_index: Option<PathBuf>,
+    /// The launcher leaves the image headers to be checked when each image is first decoded
+    /// (more than `TCHRUN_VERIFY_UPFRONT_MAX` never verified).
+    #[arg(long, hide = true)]
+    verify_on_decode: bool,
 }
 
 #[derive(Args, Debug)]
@@ -541,15 +545,16 @@ fn run_train(a: TrainArgs) -> RankResult {
     let default_logs = a.job.output.join(tchrun::files::DEFAULT_LOG_SUBDIR);
     // Input errors need no log directory: report them before anything is written to --output.
     let indexes = [a.train_index.as_deref(), a.valid_index.as_deref()];
-    let (inputs, verification) = train::check_inputs(&a.job, indexes).map_err(|e| {
-        (
-            None,
-            Fatal {
-                kind: e.kind(),
-                err: e.into(),
-            },
-        )
-    })?;
+    let (inputs, verification) =
+        train::check_inputs(&a.job, indexes, a.verify_on_decode).map_err(|e| {
+            (
+                None,
+                Fatal {
+                    kind: e.kind(),
+                    err: e.into(),
+                },
+            )
+        })?;
     let rank = start_rank(&a.rank, default_logs, &command_line())?;
     let Rank {
         joined,

@@ -93,13 +93,20 @@ pub use tchrun::preflight::Inputs;
 /// copies of the train and valid dataset indexes, used (instead of listing the folders) when
 /// they describe this rank's copy of the data. Also returns lines for the driver log saying
 /// where the file lists came from and what happens to the image headers.
+/// `on_decode`: the launcher left the headers to be checked on decode (a large set).
 pub fn check_inputs(
     job: &TrainJob,
     indexes: [Option<&std::path::Path>; 2],
+    on_decode: bool,
 ) -> Result<(Inputs, Vec<String>), TrainError> {
     use tchrun::preflight::{check_train_job_with, Verification};
     let [train, valid] = indexes;
-    let checked = check_train_job_with(job, Verification::Rank { train, valid })?;
+    let v = Verification::Rank {
+        train,
+        valid,
+        on_decode,
+    };
+    let checked = check_train_job_with(job, v)?;
     Ok((checked.inputs, checked.notes))
 }
 
