@@ -82,8 +82,9 @@ fn calls_by_program(trace: &str, data: &Path) -> HashMap<String, Calls> {
             continue;
         };
         let rest = rest.trim_start();
+        // `...) = 0`, or `<... execve resumed>)     = 0` (strace pads resumed lines).
         let result = rest
-            .rsplit_once(") = ")
+            .rsplit_once(" = ")
             .and_then(|(_, r)| r.split_whitespace().next())
             .and_then(|r| r.parse::<i64>().ok());
         // Processes and threads inherit their creator's program.
@@ -98,8 +99,9 @@ fn calls_by_program(trace: &str, data: &Path) -> HashMap<String, Calls> {
                 clone_pending.insert(pid, ());
             } else if let Some(child) = result.filter(|&r| r > 0) {
                 clone_pending.remove(&pid);
+                // A vfork child may exec (and be named) before its parent's clone returns.
                 if let Some(p) = program.get(&pid).cloned() {
-                    program.insert(child as u32, p);
+                    program.entry(child as u32).or_insert(p);
                 }
             }
             continue;
