@@ -62,6 +62,7 @@ fn help_of_every_command() {
         &["evaluate"],
         &["data"],
         &["data", "split"],
+        &["data", "index"],
         &["logs"],
     ] {
         let name = if args.is_empty() {
@@ -80,6 +81,25 @@ fn job(t: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     (model, data)
 }
 
+/// The dataset index lines' listing time and path hash.
+fn redact_index(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            let mut l = l.to_string();
+            if let (Some(a), Some(b)) = (l.find("listed in "), l.find(" s; in ")) {
+                l.replace_range(a + "listed in ".len()..b, "[T]");
+            }
+            if let Some(b) = l.find(".v1") {
+                if b >= 16 && l.is_char_boundary(b - 16) {
+                    l.replace_range(b - 16..b, "[HASH]");
+                }
+            }
+            l
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn dry_run_plan() {
     let t = tempdir();
@@ -91,11 +111,13 @@ fn dry_run_plan() {
             &data.join("valid"),
             &t.path().join("out"),
         ))
-        .args(["--procs-per-node", "2", "--epochs", "3", "--dry-run"]),
+        .args(["--procs-per-node", "2", "--epochs", "3", "--dry-run"])
+        .env("TCHRUN_DATA_CACHE", t.path().join("cache")),
         LIMIT,
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let text = redact(&r.stdout, Some(t.path())).replace(&data.display().to_string(), "[DATA]");
+    let text = redact_index(&text);
     insta::assert_snapshot!("dry run train", text);
 }
 
