@@ -104,7 +104,7 @@ fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
             .headers_for(a.max_image_pixels)
             .map(|h| h.bad.clone())
             .unwrap_or_default();
-        for (i, why) in bad.iter().take(10) {
+        for (i, why, _) in bad.iter().take(10) {
             if let Some(s) = opened.folder.samples.get(*i as usize) {
                 outln!("tchrun:   bad image {}: {why}", s.path.display());
             }

@@ -32,14 +32,50 @@ pub(super) fn has_image_ext(name: &std::ffi::OsStr) -> bool {
 }
 
 /// Non-hidden entries of `dir`, split into (sub-directories, image files), each sorted by
-/// the byte order of their names. Symlinks are followed.
+/// the byte order of their names. Symlinks are followed. Only the listing's own file types are
+/// read (no `stat` per file, like Python's `os.scandir`): a link, or an entry of unknown type,
+/// is `stat`ed.
 pub(super) fn list_dir(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), DatasetError> {
-    let (dirs, images) = list_dir_stat(dir)?;
-    Ok((dirs, images.into_iter().map(|(p, _)| p).collect()))
+    let mut dirs = Vec::new();
+    let mut images = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| io_err(dir, e))? {
+        let entry = entry.map_err(|e| io_err(dir, e))?;
+        let name = entry.file_name();
+        if is_hidden(&name) {
+            continue;
+        }
+        let path = entry.path();
+        let (is_dir, is_file) = match entry.file_type() {
+            Ok(t) if t.is_dir() => (true, false),
+            Ok(t) if t.is_file() => (false, true),
+            // fs::metadata follows symlinks. An image name that cannot be opened (a dangling
+            // link, a vanished file) stays in the list, so that verification names it (or
+            // skips and counts it) instead of losing it silently.
+            _ => match fs::metadata(&path) {
+                Ok(meta) => (meta.is_dir(), meta.is_file()),
+                Err(_) => (false, true),
+            },
+        };
+        if is_dir {
+            dirs.push(path);
+        } else if is_file && has_image_ext(&name) {
+            images.push(path);
+        }
+    }
+    let by_name = |a: &PathBuf, b: &PathBuf| {
+        let name = |p: &PathBuf| p.file_name().map(|n| n.as_encoded_bytes().to_vec());
+        match (a.file_name(), b.file_name()) {
+            (Some(x), Some(y)) => x.as_encoded_bytes().cmp(y.as_encoded_bytes()),
+            _ => name(a).cmp(&name(b)),
+        }
+    };
+    dirs.sort_unstable_by(by_name);
+    images.sort_unstable_by(by_name);
+    Ok((dirs, images))
 }
 
 /// Size and modification time (ns since the epoch) of a file, as the dataset index keeps them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FileStat {
     pub size: u64,
     pub mtime_ns: i64,
@@ -53,41 +89,11 @@ impl FileStat {
             mtime_ns: meta.mtime().saturating_mul(1_000_000_000) + meta.mtime_nsec(),
         }
     }
-}
 
-/// `list_dir` with each image's `FileStat` (`None`: it could not be stat'ed, e.g. a dangling
-/// link; verification names it).
-pub(super) fn list_dir_stat(
-    dir: &Path,
-) -> Result<(Vec<PathBuf>, Vec<(PathBuf, Option<FileStat>)>), DatasetError> {
-    let mut dirs = Vec::new();
-    let mut images = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| io_err(dir, e))? {
-        let entry = entry.map_err(|e| io_err(dir, e))?;
-        let name = entry.file_name();
-        if is_hidden(&name) {
-            continue;
-        }
-        let path = entry.path();
-        // fs::metadata follows symlinks. An image name that cannot be opened (a dangling link,
-        // a vanished file) stays in the list, so that verification names it (or skips and
-        // counts it) instead of losing it silently.
-        let Ok(meta) = fs::metadata(&path) else {
-            if has_image_ext(&name) {
-                images.push((path, None));
-            }
-            continue;
-        };
-        if meta.is_dir() {
-            dirs.push(path);
-        } else if meta.is_file() && has_image_ext(&name) {
-            images.push((path, Some(FileStat::of(&meta))));
-        }
+    /// `None`: the file cannot be `stat`ed.
+    pub fn read(path: &Path) -> Option<FileStat> {
+        fs::metadata(path).ok().map(|m| FileStat::of(&m))
     }
-    let key = |p: &PathBuf| p.file_name().map(|n| n.as_encoded_bytes().to_vec());
-    dirs.sort_by_key(key);
-    images.sort_by(|a, b| key(&a.0).cmp(&key(&b.0)));
-    Ok((dirs, images))
 }
 
 pub(super) fn name_of(p: &Path) -> String {
@@ -102,14 +108,9 @@ impl ImageFolder {
     /// Unlike torchvision, class folders are not searched recursively: images must be directly
     /// inside `ROOT/<class>/`. A class folder holding only sub-folders is reported as
     /// `NotLabeled` (nested layout), with a hint to pass the right folder.
+    /// The class folders are listed on several threads: on a network file system each
+    /// listing is a round trip, and the round trips overlap.
     pub fn scan(root: &Path) -> Result<ImageFolder, DatasetError> {
-        Ok(Self::scan_stat(root)?.0)
-    }
-
-    /// `scan`, also giving each sample's `FileStat` (in sample order). The class folders are
-    /// listed on several threads: on a network file system each listing and each `stat` is a
-    /// round trip, and the round trips overlap.
-    pub fn scan_stat(root: &Path) -> Result<(ImageFolder, Vec<Option<FileStat>>), DatasetError> {
         let meta = fs::metadata(root).map_err(|e| io_err(root, e))?;
         if !meta.is_dir() {
             return Err(DatasetError::NotLabeled {
@@ -138,15 +139,11 @@ impl ImageFolder {
         let listings = list_dirs_parallel(&class_dirs);
         let mut classes = Vec::with_capacity(class_dirs.len());
         let mut samples = Vec::new();
-        let mut stats = Vec::new();
         for (label, (dir, listing)) in class_dirs.iter().zip(listings).enumerate() {
             let (sub_dirs, images) = listing?;
             check_class_listing(root, dir, &sub_dirs, images.len())?;
             classes.push(name_of(dir));
-            for (path, stat) in images {
-                samples.push(Sample { path, label });
-                stats.push(stat);
-            }
+            samples.extend(images.into_iter().map(|path| Sample { path, label }));
         }
         if samples.is_empty() {
             return Err(DatasetError::Empty {
@@ -154,14 +151,11 @@ impl ImageFolder {
                 detail: format!("no images found; {LAYOUT_HINT}"),
             });
         }
-        Ok((
-            ImageFolder {
-                root: root.to_path_buf(),
-                classes,
-                samples,
-            },
-            stats,
-        ))
+        Ok(ImageFolder {
+            root: root.to_path_buf(),
+            classes,
+            samples,
+        })
     }
 
     /// Compare the class sets of train and valid.
@@ -189,9 +183,9 @@ impl ImageFolder {
     }
 }
 
-type Listing = Result<(Vec<PathBuf>, Vec<(PathBuf, Option<FileStat>)>), DatasetError>;
+type Listing = Result<(Vec<PathBuf>, Vec<PathBuf>), DatasetError>;
 
-/// `list_dir_stat` of each folder, in order, on up to 16 threads.
+/// `list_dir` of each folder, in order, on up to 16 threads.
 pub(super) fn list_dirs_parallel(dirs: &[PathBuf]) -> Vec<Listing> {
     let threads = dirs.len().clamp(1, 16);
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -202,7 +196,7 @@ pub(super) fn list_dirs_parallel(dirs: &[PathBuf]) -> Vec<Listing> {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(dir) = dirs.get(i) else { break };
-                let listing = list_dir_stat(dir);
+                let listing = list_dir(dir);
                 if let Ok(mut slots) = slots.lock() {
                     slots[i] = Some(listing);
                 }

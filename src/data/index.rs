@@ -44,28 +44,22 @@ pub fn upfront_limit() -> usize {
 pub const RACY_NS: i64 = 2_000_000_000;
 /// Files re-`stat`ed by `Check::Thorough` (besides the bad ones).
 const SAMPLED_STATS: usize = 256;
-const MAGIC: &[u8; 8] = b"TCHRIDX1";
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FileEntry {
-    pub name: String,
-    /// `None`: the file could not be stat'ed when listed (a dangling link).
-    pub stat: Option<(u64, i64)>,
-}
+const MAGIC: &[u8; 8] = b"TCHRIDX2";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClassEntry {
     pub name: String,
     pub mtime_ns: i64,
-    pub files: Vec<FileEntry>,
+    /// File names, in sample order.
+    pub files: Vec<String>,
 }
 
 /// The header verification's result for every file of the index.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Headers {
     pub max_pixels: u64,
-    /// `(sample index, reason)`, in sample order.
-    pub bad: Vec<(u32, String)>,
+    /// `(sample index, reason, its stat then)`, in sample order.
+    pub bad: Vec<(u32, String, Option<FileStat>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,6 +68,9 @@ pub struct DatasetIndex {
     pub listed_ns: i64,
     pub root_mtime_ns: i64,
     pub classes: Vec<ClassEntry>,
+    /// A spread of files with their stat when listed (`None`: could not be `stat`ed), which
+    /// `Check::Thorough` compares: a file rewritten in place keeps its folder's mtime.
+    pub sampled: Vec<(u32, Option<FileStat>)>,
     pub headers: Option<Headers>,
 }
 
@@ -117,7 +114,7 @@ impl DatasetIndex {
     pub fn build(root: &Path) -> Result<(DatasetIndex, ImageFolder), Result<DatasetError, Stale>> {
         let listed_ns = now_ns();
         let root_mtime_ns = mtime_of(root).map_err(|e| Ok(io_err(root, e)))?;
-        let (folder, stats) = ImageFolder::scan_stat(root).map_err(Ok)?;
+        let folder = ImageFolder::scan(root).map_err(Ok)?;
         let mut classes: Vec<ClassEntry> = Vec::with_capacity(folder.classes.len());
         for name in &folder.classes {
             let dir = root.join(name);
@@ -127,17 +124,21 @@ impl DatasetIndex {
                 files: Vec::new(),
             });
         }
-        for (s, stat) in folder.samples.iter().zip(stats) {
-            let name = utf8(&s.path).map_err(Err)?;
-            classes[s.label].files.push(FileEntry {
-                name,
-                stat: stat.map(|st| (st.size, st.mtime_ns)),
-            });
+        for s in &folder.samples {
+            classes[s.label].files.push(utf8(&s.path).map_err(Err)?);
         }
+        let n = folder.samples.len();
+        let step = (n / SAMPLED_STATS).max(1);
+        let start = (listed_ns as u64 % step as u64) as usize;
+        let sampled = (start..n)
+            .step_by(step)
+            .map(|i| (i as u32, FileStat::read(&folder.samples[i].path)))
+            .collect();
         let index = DatasetIndex {
             listed_ns,
             root_mtime_ns,
             classes,
+            sampled,
             headers: None,
         };
         Ok((index, folder))
@@ -157,7 +158,7 @@ impl DatasetIndex {
         for (label, c) in self.classes.iter().enumerate() {
             let dir = root.join(&c.name);
             samples.extend(c.files.iter().map(|f| Sample {
-                path: dir.join(&f.name),
+                path: dir.join(f),
                 label,
             }));
         }
@@ -168,12 +169,11 @@ impl DatasetIndex {
         }
     }
 
-    /// `(relative path, stat)` of sample `i`.
-    fn entry(&self, mut i: usize) -> Option<(String, &FileEntry)> {
+    /// The relative path of sample `i`.
+    fn relative(&self, mut i: usize) -> Option<String> {
         for c in &self.classes {
             if i < c.files.len() {
-                let f = &c.files[i];
-                return Some((format!("{}/{}", c.name, f.name), f));
+                return Some(format!("{}/{}", c.name, c.files[i]));
             }
             i -= c.files.len();
         }
@@ -220,7 +220,7 @@ impl DatasetIndex {
                     && images
                         .iter()
                         .zip(&c.files)
-                        .all(|(p, f)| p.file_name().and_then(|n| n.to_str()) == Some(&f.name));
+                        .all(|(p, f)| p.file_name().and_then(|n| n.to_str()) == Some(f.as_str()));
                 if !same {
                     return Err(changed(format!("class folder '{}'", c.name)));
                 }
@@ -228,22 +228,15 @@ impl DatasetIndex {
             }
         }
         if how == Check::Thorough {
-            let n = self.len();
-            let step = (n / SAMPLED_STATS).max(1);
-            let start = (relist_from as u64 % step as u64) as usize;
             let bad = self
                 .headers
                 .iter()
-                .flat_map(|h| h.bad.iter().map(|b| b.0 as usize));
-            for i in (start..n).step_by(step).chain(bad) {
-                let Some((rel, f)) = self.entry(i) else {
+                .flat_map(|h| h.bad.iter().map(|b| (b.0, b.2)));
+            for (i, then) in self.sampled.iter().copied().chain(bad) {
+                let Some(rel) = self.relative(i as usize) else {
                     continue;
                 };
-                let now = fs::metadata(root.join(&rel)).ok().map(|m| {
-                    let s = FileStat::of(&m);
-                    (s.size, s.mtime_ns)
-                });
-                if now != f.stat {
+                if FileStat::read(&root.join(&rel)) != then {
                     return Err(changed(format!("{rel} (size or modification time)")));
                 }
             }
@@ -266,7 +259,7 @@ impl DatasetIndex {
         let bad = reasons
             .into_iter()
             .enumerate()
-            .filter_map(|(i, r)| r.map(|r| (i as u32, r)))
+            .filter_map(|(i, r)| r.map(|r| (i as u32, r, FileStat::read(&folder.samples[i].path))))
             .collect();
         self.headers.insert(Headers { max_pixels, bad })
     }
@@ -303,10 +296,10 @@ impl Headers {
         let reason: std::collections::HashMap<usize, &str> = self
             .bad
             .iter()
-            .map(|(i, r)| (*i as usize, r.as_str()))
+            .map(|(i, r, _)| (*i as usize, r.as_str()))
             .collect();
         if !skip_bad {
-            let (i, r) = &self.bad[0];
+            let (i, r, _) = &self.bad[0];
             let path = folder
                 .samples
                 .get(*i as usize)
@@ -417,6 +410,7 @@ pub fn open(root: &Path) -> Result<Opened, DatasetError> {
                 listed_ns: 0,
                 root_mtime_ns: 0,
                 classes: Vec::new(),
+                sampled: Vec::new(),
                 headers: None,
             };
             return Ok(Opened {
