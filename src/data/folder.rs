@@ -8,8 +8,12 @@ use super::*;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
+    /// The image file; for a packed sample, where it was in the packed folder (the pack's
+    /// root joined with its original relative path), for messages and listings.
     pub path: PathBuf,
     pub label: usize,
+    /// A packed sample (`tchrun data pack`): its bytes are this member of a shard.
+    pub member: Option<Member>,
 }
 
 #[derive(Debug, Clone)]
@@ -76,7 +80,13 @@ impl ImageFolder {
     /// Unlike torchvision, class folders are not searched recursively: images must be directly
     /// inside `ROOT/<class>/`. A class folder holding only sub-folders is reported as
     /// `NotLabeled` (nested layout), with a hint to pass the right folder.
+    ///
+    /// A packed directory (`tchrun data pack`) gives the samples of the folder it was packed
+    /// from, read from its shards (`pack::open`).
     pub fn scan(root: &Path) -> Result<ImageFolder, DatasetError> {
+        if pack::is_pack(root) {
+            return pack::open(root);
+        }
         let meta = fs::metadata(root).map_err(|e| io_err(root, e))?;
         if !meta.is_dir() {
             return Err(DatasetError::NotLabeled {
@@ -132,7 +142,11 @@ impl ImageFolder {
                 });
             }
             classes.push(name_of(dir));
-            samples.extend(images.into_iter().map(|path| Sample { path, label }));
+            samples.extend(images.into_iter().map(|path| Sample {
+                path,
+                label,
+                member: None,
+            }));
         }
         if samples.is_empty() {
             return Err(DatasetError::Empty {

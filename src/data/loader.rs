@@ -98,6 +98,22 @@ pub(super) fn decode_rgb(path: &Path, st: &mut WorkerState) -> Result<(u32, u32)
     fs::File::open(path)
         .and_then(|mut f| f.read_to_end(&mut st.file))
         .map_err(|e| io_err(path, e))?;
+    decode_file_buf(path, st)
+}
+
+/// Decode a packed sample: its member read by offset into `st.file`; errors name the shard
+/// and the member.
+fn decode_member(
+    path: &Path,
+    m: &Member,
+    st: &mut WorkerState,
+) -> Result<(u32, u32), DatasetError> {
+    m.read_into(&mut st.file)?;
+    decode_file_buf(path, st).map_err(|e| m.locate(e))
+}
+
+/// Decode the image bytes in `st.file` (read from `path`) to 8-bit RGB in `st.rgb`.
+fn decode_file_buf(path: &Path, st: &mut WorkerState) -> Result<(u32, u32), DatasetError> {
     let reader = ImageReader::new(Cursor::new(&st.file[..]))
         .with_guessed_format()
         .map_err(|e| io_err(path, e))?;
@@ -150,13 +166,17 @@ pub fn decode_rgb8(path: &Path) -> Result<(u32, u32, Vec<u8>), DatasetError> {
 /// Decode, augment, normalize one image into `out` (3 x size x size).
 pub(super) fn process_image(
     path: &Path,
+    member: Option<&Member>,
     rng: &mut ChaCha8Rng,
     shared: &Shared,
     st: &mut WorkerState,
     out: &mut [f32],
 ) -> Result<(), DatasetError> {
     let size = shared.cfg.size;
-    let (w, h) = decode_rgb(path, st)?;
+    let (w, h) = match member {
+        Some(m) => decode_member(path, m, st)?,
+        None => decode_rgb(path, st)?,
+    };
     let ((mut left, mut top, mut cw, mut ch), flip) =
         crop_params(shared.cfg.augment, w, h, size, rng);
     // guard against float drift outside the image
@@ -235,6 +255,7 @@ pub(super) fn build_batch(
         let k = labels.len();
         match process_image(
             &smp.path,
+            smp.member.as_ref(),
             &mut rng,
             shared,
             st,

@@ -99,6 +99,7 @@ pub mod archive;
 mod augment;
 mod folder;
 mod loader;
+pub mod pack;
 mod shard;
 pub mod split;
 mod verify;
@@ -106,6 +107,7 @@ mod verify;
 pub use augment::*;
 pub use folder::*;
 pub use loader::*;
+pub use pack::Member;
 pub use shard::*;
 
 // ---------------------------------------------------------------------------------------------

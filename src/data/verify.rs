@@ -76,7 +76,10 @@ impl ImageFolder {
                 .map(|part| {
                     s.spawn(move || {
                         part.iter()
-                            .map(|smp| check_header(&smp.path, max_pixels).err())
+                            .map(|smp| match &smp.member {
+                                Some(m) => m.check_pixels(max_pixels).err(),
+                                None => check_header(&smp.path, max_pixels).err(),
+                            })
                             .collect::<Vec<_>>()
                     })
                 })

@@ -348,6 +348,7 @@ pub fn score(
             .map(|p| Sample {
                 path: p.clone(),
                 label: 0,
+                member: None,
             })
             .collect(),
     };
