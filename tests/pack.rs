@@ -90,7 +90,7 @@ fn webdataset_reads_the_pack_byte_for_byte() {
         let ext = s.path.extension().unwrap().to_string_lossy().to_lowercase();
         assert_eq!(row["key"], format!("{i:08}"), "{row}");
         assert_eq!(row["ext"], ext.as_str(), "{row}");
-        assert_eq!(row["exts"], serde_json::json!([ext.as_str(), "cls"]));
+        assert_eq!(row["exts"], serde_json::json!(["cls", ext.as_str()]));
         assert_eq!(row["sha256"], hex(&Sha256::digest(&bytes)), "{row}");
         assert_eq!(row["cls"], s.label, "{row}");
     }
@@ -122,7 +122,7 @@ fn webdataset_reads_the_pack_byte_for_byte() {
 fn a_bad_image_refuses_the_pack_or_is_left_out() {
     let t = tempdir();
     let src = folder(t.path(), "src");
-    let bad = src.join("dog/img_4.v1.jpg");
+    let bad = src.join("dog/img_3.v1.jpg");
     let mut b = std::fs::read(&bad).expect("jpg");
     b.truncate(b.len() / 2);
     std::fs::write(&bad, &b).expect("write");
@@ -130,7 +130,7 @@ fn a_bad_image_refuses_the_pack_or_is_left_out() {
     let r = pack(&src, &out, &[]);
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
-        r.stderr.contains("img_4.v1.jpg") && r.stderr.contains("truncated JPEG"),
+        r.stderr.contains("img_3.v1.jpg") && r.stderr.contains("truncated JPEG"),
         "{}",
         r.explain()
     );
@@ -149,7 +149,7 @@ fn a_bad_image_refuses_the_pack_or_is_left_out() {
     assert!(p
         .samples
         .iter()
-        .all(|s| !s.path.ends_with("dog/img_4.v1.jpg")));
+        .all(|s| !s.path.ends_with("dog/img_3.v1.jpg")));
 }
 
 fn train(model: &Path, train: &Path, valid: &Path, out: &Path) -> Run {
@@ -177,7 +177,8 @@ fn weights(out: &Path) -> Vec<u8> {
 }
 
 /// One epoch on 2 ranks from a folder and from its packed copy, same seed: the same samples
-/// in the same order on every rank, so the weights are bit-identical.
+/// in the same order on every rank, so the weights are bit-identical. `score` and `evaluate`
+/// of the pack write the folder's CSV.
 #[test]
 fn one_epoch_from_a_pack_equals_one_from_its_folder() {
     let t = tempdir();
@@ -197,6 +198,37 @@ fn one_epoch_from_a_pack_equals_one_from_its_folder() {
         weights(&from_folder) == weights(&from_pack),
         "weights differ"
     );
+
+    // score and evaluate take the pack too, and write what they write for the folder.
+    for cmd in ["score", "evaluate"] {
+        let outs: Vec<String> = [&src, &packed]
+            .iter()
+            .enumerate()
+            .map(|(i, images)| {
+                let dir = t.path().join(format!("{cmd}-{i}"));
+                std::fs::create_dir_all(&dir).expect("mkdir");
+                let (out, csv) = match cmd {
+                    "score" => (dir.join("scores.csv"), dir.join("scores.csv")),
+                    _ => (dir.join("eval"), dir.join("eval/scores.csv")),
+                };
+                let r = run(
+                    tchrun()
+                        .arg(cmd)
+                        .arg("--model")
+                        .arg(&from_pack)
+                        .arg("--images")
+                        .arg(images)
+                        .arg("--output")
+                        .arg(&out),
+                    LIMIT,
+                );
+                assert_eq!(r.code, Some(0), "{}", r.explain());
+                read(&csv)
+            })
+            .collect();
+        assert_eq!(outs[0].lines().count(), 37, "{}", outs[0]);
+        assert_eq!(outs[0], outs[1], "{cmd}");
+    }
 }
 
 /// A changed member fails training, naming the shard and the member; a truncated shard is
@@ -211,8 +243,13 @@ fn a_damaged_pack_is_named_not_trusted() {
     let model = model_dir(t.path(), "resnet18", 32);
     let index: serde_json::Value =
         serde_json::from_str(&read(&packed.join("tchrun-pack.json"))).expect("index");
-    // Sample 4 (a JPEG): zero its start-of-image marker inside the shard, size unchanged.
-    let s = &index["samples"][4];
+    // A JPEG sample (not the first): zero its start-of-image marker inside the shard, size
+    // unchanged.
+    let samples = index["samples"].as_array().expect("samples");
+    let i = (1..samples.len())
+        .find(|&i| samples[i][7].as_str().unwrap().ends_with(".jpg"))
+        .expect("a .jpg sample");
+    let s = &samples[i];
     let (shard, offset) = (s[0].as_u64().unwrap(), s[1].as_u64().unwrap());
     let orig = s[7].as_str().unwrap().to_string();
     assert!(orig.ends_with(".jpg"), "{orig}");
@@ -228,7 +265,7 @@ fn a_damaged_pack_is_named_not_trusted() {
     let out = t.path().join("out-corrupt");
     let r = train(&model, &packed, &packed, &out);
     assert_ne!(r.code, Some(0), "{}", r.explain());
-    let named = format!("shard-{shard:06}.tar: member 00000004.jpg (orig {orig})");
+    let named = format!("shard-{shard:06}.tar: member {i:08}.jpg (orig {orig})");
     assert!(
         r.stdout.contains(&named) || r.stderr.contains(&named),
         "{named} not in:\n{}",
