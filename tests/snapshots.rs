@@ -62,6 +62,7 @@ fn help_of_every_command() {
         &["evaluate"],
         &["data"],
         &["data", "split"],
+        &["data", "pack"],
         &["logs"],
     ] {
         let name = if args.is_empty() {
