@@ -72,6 +72,8 @@ pub(super) struct WorkerState {
     rgb: Vec<u8>,
     dst: fr::images::Image<'static>,
     resizer: fr::Resizer,
+    /// Packed samples: the shards kept open.
+    shards: pack::ShardFiles,
 }
 
 impl WorkerState {
@@ -81,6 +83,7 @@ impl WorkerState {
             rgb: Vec::new(),
             dst: fr::images::Image::new(size as u32, size as u32, fr::PixelType::U8x3),
             resizer: fr::Resizer::new(),
+            shards: pack::ShardFiles::default(),
         }
     }
 }
@@ -108,7 +111,7 @@ fn decode_member(
     m: &Member,
     st: &mut WorkerState,
 ) -> Result<(u32, u32), DatasetError> {
-    m.read_into(&mut st.file)?;
+    m.read_with(&mut st.file, &mut st.shards)?;
     decode_file_buf(path, st).map_err(|e| m.locate(e))
 }
 

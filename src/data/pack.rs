@@ -60,10 +60,16 @@ impl Member {
 
     /// Reads the member's data into `buf` (one positioned read) and checks its CRC.
     pub fn read_into(&self, buf: &mut Vec<u8>) -> Result<(), DatasetError> {
+        self.read_with(buf, &mut ShardFiles::default())
+    }
+
+    /// [`Member::read_into`] through `files`, the shards a loader thread keeps open.
+    pub fn read_with(&self, buf: &mut Vec<u8>, files: &mut ShardFiles) -> Result<(), DatasetError> {
         let len = usize::try_from(self.len).map_err(|_| self.bad("member too large"))?;
         buf.clear();
         buf.resize(len, 0);
-        fs::File::open(&self.shard)
+        files
+            .get(&self.shard)
             .and_then(|f| f.read_exact_at(buf, self.offset))
             .map_err(|e| self.bad(format!("cannot read: {e}")))?;
         if crc32c::crc32c(buf) != self.crc32c {
@@ -103,6 +109,36 @@ impl Member {
             DatasetError::BadImage { detail, .. } => self.bad(detail),
             DatasetError::Io { source, .. } => self.bad(format!("cannot read: {source}")),
             e => e,
+        }
+    }
+}
+
+/// The shard files one loader thread keeps open (the most recently used few), so that
+/// reading a member costs one positioned read, not an open (a round trip on NFS) as well.
+#[derive(Debug, Default)]
+pub struct ShardFiles {
+    open: Vec<(Arc<Path>, fs::File)>,
+}
+
+impl ShardFiles {
+    const KEEP: usize = 16;
+
+    fn get(&mut self, shard: &Arc<Path>) -> std::io::Result<&fs::File> {
+        match self.open.iter().position(|(p, _)| p == shard) {
+            Some(i) => {
+                let hit = self.open.remove(i);
+                self.open.push(hit);
+            }
+            None => {
+                if self.open.len() >= Self::KEEP {
+                    self.open.remove(0);
+                }
+                self.open.push((shard.clone(), fs::File::open(shard)?));
+            }
+        }
+        match self.open.last() {
+            Some((_, f)) => Ok(f),
+            None => Err(std::io::Error::other("no open shard")),
         }
     }
 }
