@@ -167,7 +167,14 @@ pub fn check_train_job_with(
     let mut notes = Vec::new();
     let mut list =
         |flag: &'static str, root: &Path, copy: Option<&Path>| -> Result<Listed, PreflightError> {
+            // A packed directory has its own index (`tchrun-pack.json`): nothing to list.
+            let packed = crate::data::pack::is_pack(root);
             match verification {
+                _ if packed => Ok(Listed {
+                    folder: ImageFolder::scan(root).map_err(ds(flag))?,
+                    index: None,
+                    path: None,
+                }),
                 Verification::None => Ok(Listed {
                     folder: ImageFolder::scan(root).map_err(ds(flag))?,
                     index: None,

@@ -63,6 +63,7 @@ fn help_of_every_command() {
         &["data"],
         &["data", "split"],
         &["data", "index"],
+        &["data", "pack"],
         &["logs"],
     ] {
         let name = if args.is_empty() {

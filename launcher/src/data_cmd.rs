@@ -1,10 +1,12 @@
-//! `tchrun data ...`: dataset commands. `split` ("Split Image Directory"): the logic is
-//! `tchrun::data::split`; here the flags, archive sources and the report. `index`: the dataset
-//! index (`tchrun::data::index`) made and every header verified once for every later job.
+//! `tchrun data ...`: dataset commands. `split` ("Split Image Directory") and `pack` (tar
+//! shards in the WebDataset layout): the logic is `tchrun::data::split` / `tchrun::data::pack`;
+//! here the flags, archive sources and the report. `index`: the dataset index
+//! (`tchrun::data::index`) made and every header verified once for every later job.
 use crate::error::JobError;
 use crate::preflight::absolute;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
+use tchrun::data::pack;
 use tchrun::data::split::{self, SPLIT_TRAIN, SPLIT_VALID};
 
 #[derive(Subcommand, Debug)]
@@ -16,6 +18,9 @@ pub enum DataCmd {
     /// verified, kept in the cache ($TCHRUN_DATA_CACHE, else ~/.cache/tchrun). Training jobs
     /// on them then start without listing a folder or reading a header.
     Index(IndexArgs),
+    /// Pack an image folder into tar shards (WebDataset layout: KEY.jpg + KEY.cls) plus an
+    /// index, for shared file systems; --train/--valid/--images accept the packed directory.
+    Pack(PackArgs),
 }
 
 #[derive(Args, Debug)]
@@ -27,6 +32,31 @@ pub struct IndexArgs {
     /// job with another limit verifies again).
     #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct PackArgs {
+    /// Image folder (one sub-folder per class) or a .zip/.tar/.tar.gz archive of one.
+    pub src: PathBuf,
+    /// New (or empty) folder to write: shard-000000.tar, ... and tchrun-pack.json.
+    #[arg(long, env = "TCHRUN_OUTPUT")]
+    pub output: PathBuf,
+    /// Approximate size of each shard: bytes, or a number with K, M or G (e.g. 256M).
+    #[arg(long, env = "TCHRUN_SHARD_SIZE", default_value = "256M", value_parser = parse_shard_size)]
+    pub shard_size: u64,
+    /// Leave out (and list) images whose header is bad instead of refusing the pack.
+    #[arg(long, env = "TCHRUN_SKIP_BAD_IMAGES")]
+    pub skip_bad_images: bool,
+    /// Refuse images whose header declares more pixels than this (decompression bombs).
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = 89_478_485, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_pixels: u64,
+}
+
+fn parse_shard_size(s: &str) -> Result<u64, String> {
+    pack::parse_size(s).map_err(|e| match e {
+        pack::PackError::ShardSize(_, why) => why,
+        e => e.to_string(),
+    })
 }
 
 #[derive(Args, Debug)]
@@ -55,7 +85,55 @@ pub fn run(cmd: &DataCmd) -> Result<i32, JobError> {
     match cmd {
         DataCmd::Split(a) => run_split(a),
         DataCmd::Index(a) => run_index(a),
+        DataCmd::Pack(a) => run_pack(a),
     }
+}
+
+fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
+    let invalid = |e: &dyn std::fmt::Display| JobError::invalid(e.to_string());
+    let started = std::time::Instant::now();
+    let output = absolute(a.output.clone());
+    // Refuse a bad output before extracting anything.
+    pack::check_output(&output).map_err(|e| invalid(&e))?;
+    let src = absolute(a.src.clone());
+    let cache_parent = output
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let cache = tchrun::data::archive::cache_root(&cache_parent);
+    let folder_path = match tchrun::data::archive::resolve(&src, &cache).map_err(|e| invalid(&e))? {
+        Some(x) => {
+            outln!("tchrun: {}", x.describe());
+            x.root
+        }
+        None => src,
+    };
+    let folder = tchrun::data::ImageFolder::scan(&folder_path).map_err(|e| invalid(&e))?;
+    let opts = pack::PackOptions {
+        shard_size: a.shard_size,
+        skip_bad: a.skip_bad_images,
+        max_pixels: a.max_image_pixels,
+    };
+    let report = pack::pack(&folder, &output, &opts).map_err(|e| invalid(&e))?;
+    for (path, why) in &report.skipped {
+        outln!("tchrun: skipped bad image {}: {why}", path.display());
+    }
+    outln!(
+        "tchrun: packed {} ({} classes) into {}: {} samples in {} shards, {:.1} MiB, {:.1} s{}",
+        folder_path.display(),
+        report.classes,
+        output.display(),
+        report.samples,
+        report.shards,
+        report.bytes as f64 / (1u64 << 20) as f64,
+        started.elapsed().as_secs_f64(),
+        if report.skipped.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} bad images left out)", report.skipped.len())
+        }
+    );
+    Ok(0)
 }
 
 fn run_index(a: &IndexArgs) -> Result<i32, JobError> {

@@ -68,7 +68,7 @@ enum Cmd {
     Score(ScoreArgs),
     /// Evaluate a trained model on labeled images: scores, metrics, confusion matrix ("Evaluate Model").
     Evaluate(EvaluateArgs),
-    /// Datasets: split an image folder into train/valid.
+    /// Datasets: split an image folder into train/valid, pack one into tar shards.
     #[command(subcommand)]
     Data(data_cmd::DataCmd),
     /// Print the failure summary of a job's log directory, or a per-rank overview.

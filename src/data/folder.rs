@@ -8,8 +8,12 @@ use super::*;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
+    /// The image file; for a packed sample, where it was in the packed folder (the pack's
+    /// root joined with its original relative path), for messages and listings.
     pub path: PathBuf,
     pub label: usize,
+    /// A packed sample (`tchrun data pack`): its bytes are this member of a shard.
+    pub member: Option<Member>,
 }
 
 #[derive(Debug, Clone)]
@@ -110,7 +114,13 @@ impl ImageFolder {
     /// `NotLabeled` (nested layout), with a hint to pass the right folder.
     /// The class folders are listed on several threads: on a network file system each
     /// listing is a round trip, and the round trips overlap.
+    ///
+    /// A packed directory (`tchrun data pack`) gives the samples of the folder it was packed
+    /// from, read from its shards (`pack::open`).
     pub fn scan(root: &Path) -> Result<ImageFolder, DatasetError> {
+        if pack::is_pack(root) {
+            return pack::open(root);
+        }
         let meta = fs::metadata(root).map_err(|e| io_err(root, e))?;
         if !meta.is_dir() {
             return Err(DatasetError::NotLabeled {
@@ -143,7 +153,11 @@ impl ImageFolder {
             let (sub_dirs, images) = listing?;
             check_class_listing(root, dir, &sub_dirs, images.len())?;
             classes.push(name_of(dir));
-            samples.extend(images.into_iter().map(|path| Sample { path, label }));
+            samples.extend(images.into_iter().map(|path| Sample {
+                path,
+                label,
+                member: None,
+            }));
         }
         if samples.is_empty() {
             return Err(DatasetError::Empty {

@@ -160,6 +160,7 @@ impl DatasetIndex {
             samples.extend(c.files.iter().map(|f| Sample {
                 path: dir.join(f),
                 label,
+                member: None,
             }));
         }
         ImageFolder {
@@ -254,8 +255,7 @@ impl DatasetIndex {
 
     /// Verifies every header (`verify::check_headers`) and records the result.
     pub fn verify_headers(&mut self, folder: &ImageFolder, max_pixels: u64) -> &Headers {
-        let paths: Vec<&Path> = folder.samples.iter().map(|s| s.path.as_path()).collect();
-        let reasons = super::verify::check_headers(&paths, max_pixels);
+        let reasons = super::verify::check_headers(&folder.samples, max_pixels);
         let bad = reasons
             .into_iter()
             .enumerate()

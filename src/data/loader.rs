@@ -76,6 +76,8 @@ pub(super) struct WorkerState {
     rgb: Vec<u8>,
     dst: fr::images::Image<'static>,
     resizer: fr::Resizer,
+    /// Packed samples: the shards kept open.
+    shards: pack::ShardFiles,
 }
 
 impl WorkerState {
@@ -85,6 +87,7 @@ impl WorkerState {
             rgb: Vec::new(),
             dst: fr::images::Image::new(size as u32, size as u32, fr::PixelType::U8x3),
             resizer: fr::Resizer::new(),
+            shards: pack::ShardFiles::default(),
         }
     }
 }
@@ -107,6 +110,28 @@ pub(super) fn decode_rgb(
     fs::File::open(path)
         .and_then(|mut f| f.read_to_end(&mut st.file))
         .map_err(|e| io_err(path, e))?;
+    decode_file_buf(path, st, max_pixels)
+}
+
+/// Decode a packed sample: its member read by offset into `st.file`; errors name the shard
+/// and the member.
+fn decode_member(
+    path: &Path,
+    m: &Member,
+    st: &mut WorkerState,
+    max_pixels: u64,
+) -> Result<(u32, u32), DatasetError> {
+    m.read_with(&mut st.file, &mut st.shards)?;
+    decode_file_buf(path, st, max_pixels).map_err(|e| m.locate(e))
+}
+
+/// Decode the image bytes in `st.file` (read from `path`) to 8-bit RGB in `st.rgb`; refused
+/// (`BadImage`) if they fail the header checks (`verify::check_decoded`, `max_pixels`).
+fn decode_file_buf(
+    path: &Path,
+    st: &mut WorkerState,
+    max_pixels: u64,
+) -> Result<(u32, u32), DatasetError> {
     let reader = ImageReader::new(Cursor::new(&st.file[..]))
         .with_guessed_format()
         .map_err(|e| io_err(path, e))?;
@@ -166,13 +191,18 @@ pub fn decode_rgb8(path: &Path) -> Result<(u32, u32, Vec<u8>), DatasetError> {
 /// Decode, augment, normalize one image into `out` (3 x size x size).
 pub(super) fn process_image(
     path: &Path,
+    member: Option<&Member>,
     rng: &mut ChaCha8Rng,
     shared: &Shared,
     st: &mut WorkerState,
     out: &mut [f32],
 ) -> Result<(), DatasetError> {
     let size = shared.cfg.size;
-    let (w, h) = decode_rgb(path, st, shared.cfg.max_pixels)?;
+    let max = shared.cfg.max_pixels;
+    let (w, h) = match member {
+        Some(m) => decode_member(path, m, st, max)?,
+        None => decode_rgb(path, st, max)?,
+    };
     let ((mut left, mut top, mut cw, mut ch), flip) =
         crop_params(shared.cfg.augment, w, h, size, rng);
     // guard against float drift outside the image
@@ -251,6 +281,7 @@ pub(super) fn build_batch(
         let k = labels.len();
         match process_image(
             &smp.path,
+            smp.member.as_ref(),
             &mut rng,
             shared,
             st,

@@ -103,6 +103,7 @@ mod augment;
 mod folder;
 pub mod index;
 mod loader;
+pub mod pack;
 mod shard;
 pub mod split;
 mod verify;
@@ -110,6 +111,7 @@ mod verify;
 pub use augment::*;
 pub use folder::*;
 pub use loader::*;
+pub use pack::Member;
 pub use shard::*;
 
 // ---------------------------------------------------------------------------------------------

@@ -51,9 +51,10 @@ fn check_dimensions(w: u32, h: u32, max_pixels: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Every header of `paths` checked on many threads; `None` for a good image, else why not.
-pub(super) fn check_headers(paths: &[&Path], max_pixels: u64) -> Vec<Option<String>> {
-    let n = paths.len();
+/// Every header of `samples` checked on many threads (a packed sample: the dimensions its
+/// pack recorded); `None` for a good image, else why not.
+pub(super) fn check_headers(samples: &[Sample], max_pixels: u64) -> Vec<Option<String>> {
+    let n = samples.len();
     if n == 0 {
         return Vec::new();
     }
@@ -66,12 +67,15 @@ pub(super) fn check_headers(paths: &[&Path], max_pixels: u64) -> Vec<Option<Stri
         .min(n);
     let chunk = n.div_ceil(threads);
     std::thread::scope(|s| {
-        let handles: Vec<_> = paths
+        let handles: Vec<_> = samples
             .chunks(chunk)
             .map(|part| {
                 s.spawn(move || {
                     part.iter()
-                        .map(|p| check_header(p, max_pixels).err())
+                        .map(|smp| match &smp.member {
+                            Some(m) => m.check_pixels(max_pixels).err(),
+                            None => check_header(&smp.path, max_pixels).err(),
+                        })
                         .collect::<Vec<_>>()
                 })
             })
@@ -120,8 +124,7 @@ impl ImageFolder {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let paths: Vec<&Path> = self.samples.iter().map(|s| s.path.as_path()).collect();
-        let reasons = check_headers(&paths, max_pixels);
+        let reasons = check_headers(&self.samples, max_pixels);
 
         if !skip_bad {
             if let Some((i, r)) = reasons

@@ -321,6 +321,17 @@ pub fn score(
     ranks: &Ranks,
 ) -> Result<usize, ScoreError> {
     let cfg = model::load(model_dir, true)?;
+    // A packed directory (`tchrun data pack`): its samples (their labels unused), read from
+    // the shards; the file column is their original path.
+    if data::pack::is_pack(images) {
+        let mut folder = data::pack::open(images)?;
+        for s in &mut folder.samples {
+            s.label = 0;
+        }
+        folder.classes = cfg.class_names.clone();
+        let files: Vec<PathBuf> = folder.samples.iter().map(|s| s.path.clone()).collect();
+        return score_folder(model_dir, &cfg, folder, files, output, compute, ranks);
+    }
     if !images.is_dir() {
         return Err(ScoreError::Images {
             path: images.into(),
@@ -349,13 +360,28 @@ pub fn score(
             .map(|p| Sample {
                 path: p.clone(),
                 label: 0,
+                member: None,
             })
             .collect(),
     };
+    score_folder(model_dir, &cfg, folder, files, output, compute, ranks)
+}
+
+/// `score` of the images of `folder` (`files`: their paths, in order).
+fn score_folder(
+    model_dir: &Path,
+    cfg: &model::ModelConfig,
+    folder: ImageFolder,
+    files: Vec<PathBuf>,
+    output: &Path,
+    compute: &Compute,
+    ranks: &Ranks,
+) -> Result<usize, ScoreError> {
+    let images = folder.root.as_path();
     let n = files.len();
     let mine = shard(n, compute.batch_size, ranks.rank, ranks.world);
     tracing::info!(images = n, this_rank = mine.len(), "scoring");
-    let rows = infer(model_dir, &cfg, &folder, mine, compute)?;
+    let rows = infer(model_dir, cfg, &folder, mine, compute)?;
     let Some(all) = gather(ranks, rows, n)? else {
         return Ok(0);
     };
@@ -370,7 +396,7 @@ pub fn score(
         ],
         files.iter().zip(&all).map(|(path, r)| {
             let mut v = vec![cell(&relative(path, images))];
-            v.extend(top_cells(&cfg, &r.top));
+            v.extend(top_cells(cfg, &r.top));
             v
         }),
     )?;

@@ -1,0 +1,764 @@
+//! Packed shards (`tchrun data pack`): an image folder as tar shards in the WebDataset layout
+//! plus an index, for shared file systems where opening a million small files is the
+//! bottleneck.
+//!
+//! Layout of a pack directory:
+//! * `shard-000000.tar`, `shard-000001.tar`, ...: plain ustar archives of about `shard_size`
+//!   bytes. Sample `i` of the source folder (scan order, bad images left out under
+//!   `--skip-bad-images`) is the two members `KEY.EXT` (the original bytes, the original
+//!   extension lower-cased) and `KEY.cls` (the label as ASCII decimal), `KEY` = `i` in 8 digits
+//!   (no dot: WebDataset splits a member name at the first dot of its basename). Python's
+//!   `webdataset` package reads them as they are (`tests/python/pack_check.py`).
+//! * [`PACK_INDEX`] (JSON, written last): the class names, per shard its size, per sample its
+//!   shard, the byte offset, length and CRC-32C of its image member's data, label, dimensions
+//!   and original relative path.
+//!
+//! Reading ([`open`], reached through [`ImageFolder::scan`]) gives the same sample list as the
+//! folder's scan, each [`Sample`] carrying its [`Member`]: the loader reads exactly those bytes
+//! with one positioned read, no tar parsing, and checks their CRC. A shard whose size differs
+//! from the index is refused when the pack is opened, a changed member when it is read; both
+//! name the shard (and the member) and say to pack again.
+use super::*;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+
+/// The index file that makes a directory a pack.
+pub const PACK_INDEX: &str = "tchrun-pack.json";
+/// Default `--shard-size`: 256 MiB.
+pub const DEFAULT_SHARD_SIZE: u64 = 256 << 20;
+const FORMAT: &str = "tchrun-pack";
+const VERSION: u32 = 1;
+const BLOCK: u64 = 512;
+
+/// Where a packed sample's image bytes lie.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The shard file.
+    pub shard: Arc<Path>,
+    /// The member's name in the shard (`KEY.EXT`).
+    pub name: Box<str>,
+    /// The original path, relative to the packed folder.
+    pub orig: Box<str>,
+    /// Byte offset and length of the member's data in the shard.
+    pub offset: u64,
+    pub len: u64,
+    pub crc32c: u32,
+    /// Width x height, read from the header at pack time.
+    pub pixels: u64,
+}
+
+impl Member {
+    /// `shard-000003.tar member 00000123.jpg (orig c07/img_9.jpg)`, for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} member {} (orig {})",
+            self.shard.display(),
+            self.name,
+            self.orig
+        )
+    }
+
+    /// Reads the member's data into `buf` (one positioned read) and checks its CRC.
+    pub fn read_into(&self, buf: &mut Vec<u8>) -> Result<(), DatasetError> {
+        self.read_with(buf, &mut ShardFiles::default())
+    }
+
+    /// [`Member::read_into`] through `files`, the shards a loader thread keeps open.
+    pub fn read_with(&self, buf: &mut Vec<u8>, files: &mut ShardFiles) -> Result<(), DatasetError> {
+        let len = usize::try_from(self.len).map_err(|_| self.bad("member too large"))?;
+        buf.clear();
+        buf.resize(len, 0);
+        files
+            .get(&self.shard)
+            .and_then(|f| f.read_exact_at(buf, self.offset))
+            .map_err(|e| self.bad(format!("cannot read: {e}")))?;
+        if crc32c::crc32c(buf) != self.crc32c {
+            return Err(self.bad(
+                "its bytes changed since it was packed (CRC-32C mismatch); run `tchrun data pack` \
+                 again",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Header check from the dimensions recorded at pack time (the full check ran then).
+    pub fn check_pixels(&self, max_pixels: u64) -> Result<(), String> {
+        if self.pixels > max_pixels {
+            return Err(format!(
+                "member {} (orig {}): {} pixels exceed the limit of {max_pixels} pixels (possible \
+                 decompression bomb); raise the pixel limit or pack without it",
+                self.name, self.orig, self.pixels
+            ));
+        }
+        Ok(())
+    }
+
+    fn bad(&self, detail: impl std::fmt::Display) -> DatasetError {
+        DatasetError::BadImage {
+            path: self.shard.to_path_buf(),
+            detail: format!("member {} (orig {}): {detail}", self.name, self.orig),
+        }
+    }
+
+    /// An error of decoding this member's bytes, re-addressed to the shard and the member.
+    pub fn locate(&self, e: DatasetError) -> DatasetError {
+        match e {
+            DatasetError::BadImage { path, detail } if *path == *self.shard => {
+                DatasetError::BadImage { path, detail }
+            }
+            DatasetError::BadImage { detail, .. } => self.bad(detail),
+            DatasetError::Io { source, .. } => self.bad(format!("cannot read: {source}")),
+            e => e,
+        }
+    }
+}
+
+/// The shard files one loader thread keeps open (the most recently used few), so that
+/// reading a member costs one positioned read, not an open (a round trip on NFS) as well.
+#[derive(Debug, Default)]
+pub struct ShardFiles {
+    open: Vec<(Arc<Path>, fs::File)>,
+}
+
+impl ShardFiles {
+    const KEEP: usize = 16;
+
+    fn get(&mut self, shard: &Arc<Path>) -> std::io::Result<&fs::File> {
+        match self.open.iter().position(|(p, _)| p == shard) {
+            Some(i) => {
+                let hit = self.open.remove(i);
+                self.open.push(hit);
+            }
+            None => {
+                if self.open.len() >= Self::KEEP {
+                    self.open.remove(0);
+                }
+                self.open.push((shard.clone(), fs::File::open(shard)?));
+            }
+        }
+        match self.open.last() {
+            Some((_, f)) => Ok(f),
+            None => Err(std::io::Error::other("no open shard")),
+        }
+    }
+}
+
+/// The bytes of one sample's image: its file, or its member of a shard.
+pub fn sample_bytes(smp: &Sample, buf: &mut Vec<u8>) -> Result<(), DatasetError> {
+    match &smp.member {
+        Some(m) => m.read_into(buf),
+        None => {
+            buf.clear();
+            fs::File::open(&smp.path)
+                .and_then(|mut f| f.read_to_end(buf))
+                .map(|_| ())
+                .map_err(|e| io_err(&smp.path, e))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The index
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PackIndex {
+    pub format: String,
+    pub version: u32,
+    /// The folder that was packed (for the message that says to pack again).
+    pub source: String,
+    pub classes: Vec<String>,
+    pub shards: Vec<ShardEntry>,
+    pub samples: Vec<SampleEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ShardEntry {
+    pub name: String,
+    pub bytes: u64,
+    pub samples: usize,
+}
+
+/// One sample, as a JSON array (compact for a million samples): `[shard, offset, len, crc32c,
+/// label, width, height, original relative path]`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SampleEntry(
+    pub usize,
+    pub u64,
+    pub u64,
+    pub u32,
+    pub usize,
+    pub u32,
+    pub u32,
+    pub String,
+);
+
+/// `shard-000003.tar`.
+pub fn shard_name(i: usize) -> String {
+    format!("shard-{i:06}.tar")
+}
+
+/// The WebDataset key of sample `i`: 8 digits, no dot.
+pub fn sample_key(i: usize) -> String {
+    format!("{i:08}")
+}
+
+/// `KEY.EXT`: the original extension, lower-cased.
+pub fn member_name(i: usize, orig: &str) -> String {
+    let ext = Path::new(orig)
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    format!("{}.{ext}", sample_key(i))
+}
+
+impl PackIndex {
+    pub fn read(root: &Path) -> Result<PackIndex, DatasetError> {
+        let path = root.join(PACK_INDEX);
+        let text = fs::read(&path).map_err(|e| io_err(&path, e))?;
+        let stale = |detail: String| DatasetError::BadArchive {
+            path: path.clone(),
+            detail,
+        };
+        let ix: PackIndex = serde_json::from_slice(&text).map_err(|e| {
+            stale(format!(
+                "not a readable pack index ({e}); run `tchrun data pack` again"
+            ))
+        })?;
+        if ix.format != FORMAT || ix.version != VERSION {
+            return Err(stale(format!(
+                "format {} version {} (this tchrun reads {FORMAT} version {VERSION}); run \
+                 `tchrun data pack` again",
+                ix.format, ix.version
+            )));
+        }
+        Ok(ix)
+    }
+
+    /// The pack as an image folder whose samples are read from the shards. Refuses a missing
+    /// shard or one whose size differs from the index (a truncated or rewritten pack).
+    pub fn to_folder(&self, root: &Path) -> Result<ImageFolder, DatasetError> {
+        let again = format!(
+            "the pack is stale or damaged; run `tchrun data pack {} --output DIR` again",
+            self.source
+        );
+        let mut shards: Vec<Arc<Path>> = Vec::with_capacity(self.shards.len());
+        for s in &self.shards {
+            let path = root.join(&s.name);
+            let size = fs::metadata(&path).map_err(|e| DatasetError::BadArchive {
+                path: path.clone(),
+                detail: format!("shard listed in {PACK_INDEX} cannot be read ({e}); {again}"),
+            })?;
+            if size.len() != s.bytes {
+                return Err(DatasetError::BadArchive {
+                    path,
+                    detail: format!(
+                        "shard is {} bytes, {PACK_INDEX} says {} (truncated or changed); {again}",
+                        size.len(),
+                        s.bytes
+                    ),
+                });
+            }
+            shards.push(Arc::from(path.as_path()));
+        }
+        let mut samples = Vec::with_capacity(self.samples.len());
+        for (i, SampleEntry(shard, offset, len, crc, label, w, h, orig)) in
+            self.samples.iter().enumerate()
+        {
+            let bad = |what: &str| DatasetError::BadArchive {
+                path: root.join(PACK_INDEX),
+                detail: format!("sample {i} ({orig}): {what}; {again}"),
+            };
+            let file = shards
+                .get(*shard)
+                .ok_or_else(|| bad("shard out of range"))?;
+            if *label >= self.classes.len() {
+                return Err(bad("label out of range"));
+            }
+            match offset.checked_add(*len) {
+                Some(end) if end <= self.shards[*shard].bytes => {}
+                _ => return Err(bad("member beyond the end of its shard")),
+            }
+            samples.push(Sample {
+                path: root.join(orig),
+                label: *label,
+                member: Some(Member {
+                    shard: file.clone(),
+                    name: member_name(i, orig).into(),
+                    orig: orig.as_str().into(),
+                    offset: *offset,
+                    len: *len,
+                    crc32c: *crc,
+                    pixels: *w as u64 * *h as u64,
+                }),
+            });
+        }
+        if samples.is_empty() {
+            return Err(DatasetError::Empty {
+                path: root.to_path_buf(),
+                detail: format!("the pack holds no samples; {again}"),
+            });
+        }
+        Ok(ImageFolder {
+            root: root.to_path_buf(),
+            classes: self.classes.clone(),
+            samples,
+        })
+    }
+}
+
+/// Whether `root` is a pack directory (holds [`PACK_INDEX`]).
+pub fn is_pack(root: &Path) -> bool {
+    root.join(PACK_INDEX).is_file()
+}
+
+/// Opens a pack directory as an image folder (see [`PackIndex::to_folder`]).
+pub fn open(root: &Path) -> Result<ImageFolder, DatasetError> {
+    PackIndex::read(root)?.to_folder(root)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{0}")]
+    Dataset(#[from] DatasetError),
+    #[error("--output {}: {detail}", path.display())]
+    Output { path: PathBuf, detail: String },
+    #[error("--shard-size {0}: {1}")]
+    ShardSize(String, String),
+}
+
+#[derive(Debug, Clone)]
+pub struct PackOptions {
+    pub shard_size: u64,
+    pub skip_bad: bool,
+    pub max_pixels: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PackReport {
+    pub samples: usize,
+    pub classes: usize,
+    pub shards: usize,
+    pub bytes: u64,
+    /// Images left out under `skip_bad`, with the reason.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// `--shard-size`: bytes, or a number with K, M or G (powers of 1024, `MB`/`MiB` alike).
+pub fn parse_size(s: &str) -> Result<u64, PackError> {
+    let err = |why: &str| PackError::ShardSize(s.to_string(), why.to_string());
+    let t = s.trim();
+    let digits = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = t[digits.len()..].to_ascii_lowercase();
+    let mult: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => {
+            return Err(err(
+                "unknown unit; use bytes or a number with K, M or G (e.g. 256M)",
+            ))
+        }
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| err("not a size; use bytes or a number with K, M or G (e.g. 256M)"))?;
+    let v = n.checked_mul(mult).ok_or_else(|| err("too large"))?;
+    if v == 0 {
+        return Err(err("must be more than 0"));
+    }
+    Ok(v)
+}
+
+/// Refuses an `--output` that exists and is not an empty directory.
+pub fn check_output(output: &Path) -> Result<(), PackError> {
+    let out = |detail: &str| PackError::Output {
+        path: output.to_path_buf(),
+        detail: detail.to_string(),
+    };
+    match fs::read_dir(output) {
+        Ok(mut rd) => {
+            if rd.next().is_some() {
+                return Err(out(
+                    "exists and is not empty; choose a new folder or remove it",
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if output.exists() && !output.is_dir() => {
+            Err(out(&format!("exists and is not a directory ({e})")))
+        }
+        Err(e) => Err(out(&format!("cannot be read: {e}"))),
+    }
+}
+
+/// Bytes written, counted.
+struct Counting<W> {
+    inner: W,
+    pos: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+struct ShardWriter {
+    path: PathBuf,
+    tar: tar::Builder<Counting<BufWriter<fs::File>>>,
+    samples: usize,
+}
+
+fn tar_header(name: &str, len: u64) -> std::io::Result<tar::Header> {
+    let mut h = tar::Header::new_ustar();
+    h.set_path(name)?;
+    h.set_size(len);
+    h.set_mode(0o644);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    Ok(h)
+}
+
+impl ShardWriter {
+    fn create(path: PathBuf) -> std::io::Result<ShardWriter> {
+        let f = fs::File::create(&path)?;
+        Ok(ShardWriter {
+            path,
+            tar: tar::Builder::new(Counting {
+                inner: BufWriter::with_capacity(1 << 20, f),
+                pos: 0,
+            }),
+            samples: 0,
+        })
+    }
+
+    fn pos(&self) -> u64 {
+        self.tar.get_ref().pos
+    }
+
+    /// Appends one member; returns the offset of its data.
+    fn append(&mut self, name: &str, data: &[u8]) -> std::io::Result<u64> {
+        // A ustar header of a short name is one block: the data follows it.
+        debug_assert!(name.len() < 100);
+        let offset = self.pos() + BLOCK;
+        self.tar
+            .append(&tar_header(name, data.len() as u64)?, data)?;
+        debug_assert_eq!(
+            self.pos(),
+            offset + (data.len() as u64).div_ceil(BLOCK) * BLOCK
+        );
+        Ok(offset)
+    }
+
+    /// Ends the archive, syncs it; returns its size.
+    fn finish(self) -> std::io::Result<ShardEntry> {
+        let counting = self.tar.into_inner()?;
+        let bytes = counting.pos;
+        let f = counting.inner.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        Ok(ShardEntry {
+            name: name_of(&self.path),
+            bytes,
+            samples: self.samples,
+        })
+    }
+}
+
+/// Packs `folder` into `output` (see module docs): headers verified first (a bad image refuses
+/// the pack, or is left out and reported under `skip_bad`), shards and index written in a
+/// hidden folder beside `output`, renamed to `output` at the end.
+pub fn pack(
+    folder: &ImageFolder,
+    output: &Path,
+    opts: &PackOptions,
+) -> Result<PackReport, PackError> {
+    check_output(output)?;
+    let mut folder = folder.clone();
+    let skipped = folder.verify(opts.skip_bad, opts.max_pixels)?;
+    let parent = output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = parent.join(format!(
+        ".{}.tchrun-pack-{}",
+        name_of(output),
+        std::process::id()
+    ));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| {
+            PackError::Dataset(DatasetError::Io {
+                path: path.clone(),
+                source: e,
+            })
+        }
+    };
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    let result = write_pack(&folder, &tmp, opts).and_then(|index| {
+        let bytes = index.shards.iter().map(|s| s.bytes).sum();
+        let report = PackReport {
+            samples: index.samples.len(),
+            classes: index.classes.len(),
+            shards: index.shards.len(),
+            bytes,
+            skipped: skipped.clone(),
+        };
+        let text = serde_json::to_vec(&index).map_err(|e| io(&tmp)(std::io::Error::other(e)))?;
+        let ix = tmp.join(PACK_INDEX);
+        fs::File::create(&ix)
+            .and_then(|mut f| f.write_all(&text).and_then(|_| f.sync_all()))
+            .map_err(io(&ix))?;
+        // An empty --output is replaced (rename cannot replace a directory that has entries).
+        if output.is_dir() {
+            fs::remove_dir(output).map_err(io(output))?;
+        }
+        fs::rename(&tmp, output).map_err(io(output))?;
+        if let Ok(d) = fs::File::open(parent) {
+            let _ = d.sync_all();
+        }
+        Ok(report)
+    });
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+fn write_pack(
+    folder: &ImageFolder,
+    dir: &Path,
+    opts: &PackOptions,
+) -> Result<PackIndex, PackError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| {
+            PackError::Dataset(DatasetError::Io {
+                path: path.clone(),
+                source: e,
+            })
+        }
+    };
+    let mut shards = Vec::new();
+    let mut entries = Vec::with_capacity(folder.samples.len());
+    let mut cur: Option<ShardWriter> = None;
+    let mut buf = Vec::new();
+    for (i, smp) in folder.samples.iter().enumerate() {
+        sample_bytes(smp, &mut buf)?;
+        let orig = smp
+            .path
+            .strip_prefix(&folder.root)
+            .ok()
+            .and_then(|p| p.to_str())
+            .ok_or_else(|| DatasetError::BadImage {
+                path: smp.path.clone(),
+                detail: "the path is not UTF-8 (the pack index records it as text); rename the \
+                         file"
+                    .into(),
+            })?
+            .to_string();
+        let (w, h) = ImageReader::new(Cursor::new(&buf[..]))
+            .with_guessed_format()
+            .map_err(|e| io_err(&smp.path, e))?
+            .into_dimensions()
+            .map_err(|e| DatasetError::BadImage {
+                path: smp.path.clone(),
+                detail: format!("corrupt or unsupported image header: {e}"),
+            })?;
+        let name = member_name(i, &orig);
+        let cls = smp.label.to_string();
+        let need = 2 * BLOCK + (buf.len() as u64).div_ceil(BLOCK) * BLOCK + 2 * BLOCK;
+        if let Some(w) = cur.take() {
+            if w.samples > 0 && w.pos() + need + 2 * BLOCK > opts.shard_size {
+                let path = w.path.clone();
+                shards.push(w.finish().map_err(io(&path))?);
+            } else {
+                cur = Some(w);
+            }
+        }
+        let w_ = match cur.as_mut() {
+            Some(w) => w,
+            None => {
+                let path = dir.join(shard_name(shards.len()));
+                cur.insert(ShardWriter::create(path.clone()).map_err(io(&path))?)
+            }
+        };
+        let path = w_.path.clone();
+        let offset = w_.append(&name, &buf).map_err(io(&path))?;
+        w_.append(&format!("{}.cls", sample_key(i)), cls.as_bytes())
+            .map_err(io(&path))?;
+        w_.samples += 1;
+        entries.push(SampleEntry(
+            shards.len(),
+            offset,
+            buf.len() as u64,
+            crc32c::crc32c(&buf),
+            smp.label,
+            w,
+            h,
+            orig,
+        ));
+    }
+    if let Some(w) = cur {
+        let path = w.path.clone();
+        shards.push(w.finish().map_err(io(&path))?);
+    }
+    Ok(PackIndex {
+        format: FORMAT.into(),
+        version: VERSION,
+        source: folder.root.display().to_string(),
+        classes: folder.classes.clone(),
+        shards,
+        samples: entries,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(path: &Path, fill: u8, format: image::ImageFormat) {
+        fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        image::RgbImage::from_fn(9, 7, |x, y| image::Rgb([fill, x as u8 * 20, y as u8 * 30]))
+            .save_with_format(path, format)
+            .expect("save");
+    }
+
+    fn source(root: &Path) -> ImageFolder {
+        use image::ImageFormat::{Jpeg, Png};
+        image(&root.join("b/x.1.PNG"), 1, Png);
+        image(&root.join("b/y.jpeg"), 2, Jpeg);
+        image(&root.join("a/z.JPG"), 3, Jpeg);
+        for i in 0..5 {
+            image(&root.join(format!("a/{i}.png")), 10 + i, Png);
+        }
+        ImageFolder::scan(root).expect("scan")
+    }
+
+    fn opts(shard_size: u64) -> PackOptions {
+        PackOptions {
+            shard_size,
+            skip_bad: false,
+            max_pixels: 1_000_000,
+        }
+    }
+
+    #[test]
+    fn keys_have_no_dot_and_keep_the_extension_lower_cased() {
+        assert_eq!(sample_key(7), "00000007");
+        assert_eq!(member_name(7, "cat/img.v2.JPEG"), "00000007.jpeg");
+        assert_eq!(member_name(123456789, "a/b.png"), "123456789.png");
+        assert_eq!(shard_name(3), "shard-000003.tar");
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("16k").unwrap(), 16 << 10);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("5000").unwrap(), 5000);
+        for bad in ["", "0", "12Q", "-1", "M"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn index_round_trip_gives_the_folders_samples_and_bytes() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let f = source(&t.path().join("src"));
+        let out = t.path().join("out");
+        // Tiny shards: one sample each (a shard takes at least one).
+        let report = pack(&f, &out, &opts(1)).expect("pack");
+        assert_eq!((report.samples, report.shards), (8, 8));
+        let ix = PackIndex::read(&out).expect("index");
+        let text = serde_json::to_string(&ix).expect("json");
+        assert_eq!(serde_json::from_str::<PackIndex>(&text).expect("parse"), ix);
+        let p = ImageFolder::scan(&out).expect("open");
+        assert_eq!(p.classes, f.classes);
+        let mut buf = Vec::new();
+        for (i, (a, b)) in p.samples.iter().zip(&f.samples).enumerate() {
+            assert_eq!(a.label, b.label);
+            assert_eq!(a.path, out.join(b.path.strip_prefix(&f.root).unwrap()));
+            let m = a.member.as_ref().expect("member");
+            assert_eq!(*m.shard, *out.join(shard_name(i)));
+            assert_eq!(m.pixels, 63);
+            sample_bytes(a, &mut buf).expect("read");
+            assert_eq!(buf, fs::read(&b.path).expect("orig"));
+        }
+        // One shard when they fit; the same sample bytes.
+        let out2 = t.path().join("out2");
+        assert_eq!(pack(&f, &out2, &opts(1 << 20)).expect("pack").shards, 1);
+        // A pack packed again (from its shards) gives the same shard bytes.
+        let p2 = ImageFolder::scan(&out2).expect("open");
+        let out3 = t.path().join("out3");
+        pack(&p2, &out3, &opts(1 << 20)).expect("repack");
+        assert_eq!(
+            fs::read(out2.join(shard_name(0))).unwrap(),
+            fs::read(out3.join(shard_name(0))).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_changed_shard_or_member_is_named() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let f = source(&t.path().join("src"));
+        let out = t.path().join("out");
+        pack(&f, &out, &opts(1 << 20)).expect("pack");
+        let p = open(&out).expect("open");
+        let m = p.samples[2].member.clone().expect("member");
+        // One byte of member 2 changed in place: its read fails, naming shard and member.
+        {
+            let file = fs::OpenOptions::new().write(true).open(&*m.shard).unwrap();
+            file.write_all_at(&[0x55], m.offset + 3).unwrap();
+        }
+        let e = m.read_into(&mut Vec::new()).unwrap_err().to_string();
+        assert!(
+            e.contains("shard-000000.tar: member 00000002.png (orig a/2.png)")
+                && e.contains("CRC-32C"),
+            "{e}"
+        );
+        // A shard one block shorter: refused on open, naming it and the fix.
+        let shard = out.join(shard_name(0));
+        let len = fs::metadata(&shard).unwrap().len();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&shard)
+            .and_then(|f| f.set_len(len - 512))
+            .unwrap();
+        let e = open(&out).unwrap_err().to_string();
+        assert!(
+            e.contains("shard-000000.tar") && e.contains("tchrun data pack"),
+            "{e}"
+        );
+        // A missing shard.
+        fs::remove_file(&shard).unwrap();
+        let e = open(&out).unwrap_err().to_string();
+        assert!(
+            e.contains("shard-000000.tar") && e.contains("cannot be read"),
+            "{e}"
+        );
+        // An existing non-empty output is refused; an empty one is used.
+        assert!(matches!(
+            pack(&f, &out, &opts(1 << 20)),
+            Err(PackError::Output { .. })
+        ));
+        let empty = t.path().join("empty");
+        fs::create_dir(&empty).unwrap();
+        pack(&f, &empty, &opts(1 << 20)).expect("pack into an empty folder");
+        assert!(is_pack(&empty));
+    }
+}
