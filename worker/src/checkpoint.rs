@@ -67,6 +67,19 @@ pub fn save(
     momentum: &BTreeMap<String, Tensor>,
     best: Option<&BTreeMap<String, Tensor>>,
 ) -> Result<(), String> {
+    save_with_pause(output, meta, model, momentum, best, None)
+}
+
+/// [`save`], pausing `pause` (the test hook `TCHRUN_TEST_CHECKPOINT_DELAY_S`) in the middle of
+/// the write: the new tensors are on disk, `last.json` still names the previous checkpoint.
+fn save_with_pause(
+    output: &Path,
+    meta: &Meta,
+    model: &[(String, Tensor)],
+    momentum: &BTreeMap<String, Tensor>,
+    best: Option<&BTreeMap<String, Tensor>>,
+    pause: Option<std::time::Duration>,
+) -> Result<(), String> {
     let d = dir(output);
     std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
     if let Some(b) = best {
@@ -88,6 +101,15 @@ pub fn save(
     // Tensors under a name tied to the step, so the JSON switches atomically to a complete file.
     let file = format!("last-{}.safetensors", meta.step);
     write_tensors(&d.join(&file), &all)?;
+    if let Some(p) = pause {
+        tracing::info!(
+            "checkpoint of step {}: {file} written, pausing {:.1} s before last.json names it ({})",
+            meta.step,
+            p.as_secs_f64(),
+            tchrun::env::TCHRUN_TEST_CHECKPOINT_DELAY_S
+        );
+        std::thread::sleep(p);
+    }
     let mut json = serde_json::to_value(meta).map_err(|e| e.to_string())?;
     json["tensors"] = serde_json::Value::String(file.clone());
     write_atomic(
@@ -118,7 +140,8 @@ pub fn save(
 #[derive(Default)]
 pub struct Writer {
     pending: Option<(u64, std::thread::JoinHandle<Result<(), String>>)>,
-    /// Test hook (`TCHRUN_TEST_CHECKPOINT_DELAY_S`): every write sleeps this long first.
+    /// Test hook (`TCHRUN_TEST_CHECKPOINT_DELAY_S`): every write pauses this long after its
+    /// tensors, before `last.json` switches to them.
     delay: Option<std::time::Duration>,
 }
 
@@ -165,11 +188,8 @@ impl Writer {
         let handle = std::thread::Builder::new()
             .name("checkpoint".into())
             .spawn(move || {
-                if let Some(d) = delay {
-                    std::thread::sleep(d);
-                }
                 let t0 = std::time::Instant::now();
-                let r = save(&output, &meta, &model, &momentum, best.as_ref());
+                let r = save_with_pause(&output, &meta, &model, &momentum, best.as_ref(), delay);
                 if r.is_ok() {
                     tracing::info!(
                         step = meta.step,
