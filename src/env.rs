@@ -26,9 +26,15 @@ pub const TCHRUN_ATTEMPT: &str = "TCHRUN_ATTEMPT";
 /// only (`TCHRUN_ATTEMPT` unset or 1). For the restart tests and `scripts/soak.sh`; never set
 /// it in a real job.
 pub const TCHRUN_TEST_KILL_AT_STEP: &str = "TCHRUN_TEST_KILL_AT_STEP";
+/// Test hook (fault injection), read by the worker: `HOST:STEPS` makes every rank that runs on
+/// HOST (its hostname) SIGKILL itself after STEPS optimizer steps of the attempt (counted from
+/// the step the attempt started at, so each attempt makes progress first), in every attempt: a
+/// node that keeps failing, for the `--exclude-failed-hosts` tests. Never set it in a real job.
+pub const TCHRUN_TEST_KILL_ON_HOST: &str = "TCHRUN_TEST_KILL_ON_HOST";
 
-/// Test hook, read by rank 0's checkpoint writer: every background checkpoint write first
-/// sleeps this many seconds (a slow shared filesystem). For the tests; never set it in a job.
+/// Test hook, read by rank 0's checkpoint writer: every background checkpoint write pauses
+/// this many seconds after writing its tensors, before `last.json` names them (a slow shared
+/// filesystem; a kill in the pause is a kill mid-write). For the tests; never set it in a job.
 pub const TCHRUN_TEST_CHECKPOINT_DELAY_S: &str = "TCHRUN_TEST_CHECKPOINT_DELAY_S";
 
 // Every other variable tchrun reads (the `TCHRUN_<FLAG>` variables of the shared flags are
@@ -230,6 +236,31 @@ pub fn test_kill_at_step(
     Ok((attempt <= 1).then_some((rank, step)))
 }
 
+/// `TCHRUN_TEST_KILL_ON_HOST`: `(host, steps)` when set.
+pub fn test_kill_on_host(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(String, u64)>, EnvError> {
+    let Some(v) = get(TCHRUN_TEST_KILL_ON_HOST).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let invalid = |why: &str| EnvError::Invalid {
+        name: TCHRUN_TEST_KILL_ON_HOST,
+        value: v.clone(),
+        why: why.into(),
+    };
+    let (host, steps) = v
+        .trim()
+        .rsplit_once(':')
+        .ok_or_else(|| invalid("expected HOST:STEPS"))?;
+    if host.is_empty() {
+        return Err(invalid("HOST is empty"));
+    }
+    let steps = steps
+        .parse()
+        .map_err(|_| invalid("STEPS is not a number"))?;
+    Ok(Some((host.to_string(), steps)))
+}
+
 /// `TCHRUN_TEST_CHECKPOINT_DELAY_S`: the delay of every background checkpoint write, if any.
 pub fn test_checkpoint_delay(
     get: &dyn Fn(&str) -> Option<String>,
@@ -410,6 +441,20 @@ mod tests {
         assert_eq!(test_kill_at_step(&second).unwrap(), None);
         assert!(test_kill_at_step(&vars(&[(k, "7")])).is_err());
         assert!(test_kill_at_step(&vars(&[(k, "a:1")])).is_err());
+    }
+
+    #[test]
+    fn the_host_kill_hook_names_a_host_and_a_step_count() {
+        let k = TCHRUN_TEST_KILL_ON_HOST;
+        assert_eq!(test_kill_on_host(&vars(&[])).unwrap(), None);
+        assert_eq!(
+            test_kill_on_host(&vars(&[(k, "tchrun-node2:5"), (TCHRUN_ATTEMPT, "3")])).unwrap(),
+            Some(("tchrun-node2".to_string(), 5))
+        );
+        for bad in ["node2", ":5", "node2:x"] {
+            let e = test_kill_on_host(&vars(&[(k, bad)])).expect_err(bad);
+            assert!(e.to_string().contains(k), "{e}");
+        }
     }
 
     #[test]

@@ -912,3 +912,131 @@ fn netns_network_cut_ends_the_job_within_the_timeout() {
         summary["rank"], summary["classification"], summary["exit_status"]
     );
 }
+
+// ---------------------------------------------------------------- a node that keeps failing
+
+/// `tchrun train` on 2 nodes × 1 rank with `--max-restarts 3 --exclude-failed-hosts` and the
+/// extra flags; every rank on tchrun-node2 SIGKILLs itself 7 steps into each attempt
+/// (`TCHRUN_TEST_KILL_ON_HOST`), after `--checkpoint-every 2` wrote checkpoints (so every
+/// attempt makes progress). 400 images, batch 20: 10 steps per epoch on 2 ranks, 2 epochs.
+fn train_with_failing_node2(dir: &Path, extra: &[&str]) -> (Run, PathBuf) {
+    let ompi = dir.join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    let model = model_init(dir);
+    let d = small_digits();
+    let out = dir.join("out");
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
+            .env("TMPDIR", &ompi)
+            .env("TCHRUN_TEST_KILL_ON_HOST", "tchrun-node2:7")
+            .env_remove("TCHRUN_ATTEMPT")
+            .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+            .args(["--epochs", "2", "--batch-size", "20", "--lr", "0.05"])
+            .args(["--checkpoint-every", "2", "--print-freq", "5"])
+            .args(["--max-restarts", "3", "--exclude-failed-hosts"])
+            .args(extra)
+            .args(["--nodes", "2", "--procs-per-node", "1", "--hostfile"])
+            .arg(Nodes::hostfile(dir, 2, 1))
+            .arg(format!("--mpirun-args={}", Nodes::mpirun_args(&ompi))),
+        Duration::from_secs(420),
+    );
+    (r, out)
+}
+
+/// Issue 15 item 3: node 2's rank fails in attempts 1 and 2 (each after a newer checkpoint);
+/// tchrun drops tchrun-node2 and attempt 3 runs on tchrun-node1 alone (1 rank, resuming the
+/// 2-rank checkpoint at the new world size) to the end: exit 0, the console, `restarts.json`
+/// and the rewritten hostfile name the dropped host, the model directory is complete.
+#[test]
+fn netns_a_host_that_keeps_failing_is_dropped() {
+    let Some(_nodes) = Nodes::up(2) else { return };
+    let t = tempdir();
+    let (r, out) = train_with_failing_node2(t.path(), &["--min-nodes", "1"]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stderr.contains(
+            "tchrun: dropping host tchrun-node2: its ranks failed in attempts 1 and 2 (killed by signal 9"
+        ) && r.stderr.contains("; continuing on 1 node(s), 1 rank(s)"),
+        "{}",
+        r.explain()
+    );
+    assert!(
+        r.stdout.contains("tchrun: recovered after 2 restart(s)")
+            && r.stdout.contains("host tchrun-node2 dropped"),
+        "{}",
+        r.explain()
+    );
+    let logs = out.join("logs");
+    let history: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("restarts.json"))).expect("restarts.json");
+    assert_eq!(history.as_array().map(Vec::len), Some(2), "{history}");
+    for (i, a) in history.as_array().into_iter().flatten().enumerate() {
+        assert_eq!(a["host"], "tchrun-node2", "{history}");
+        assert_eq!(a["failed_hosts"][0], "tchrun-node2", "{history}");
+        let log = read(&logs.join(format!("attempt-{}/70_driver_log_1", i + 1)));
+        assert!(log.contains("TCHRUN_TEST_KILL_ON_HOST: SIGKILL"), "{log}");
+    }
+    assert!(history[0].get("dropped_hosts").is_none(), "{history}");
+    let dropped = &history[1]["dropped_hosts"][0];
+    assert_eq!(dropped["host"], "tchrun-node2", "{history}");
+    assert_eq!(dropped["failed_in"], serde_json::json!([1, 2]), "{history}");
+    assert_eq!(dropped["ranks_left"], 1, "{history}");
+    let hostfile = read(&logs.join("hostfile.remaining"));
+    assert!(
+        hostfile.contains("tchrun-node1 slots=1") && !hostfile.contains("\ntchrun-node2"),
+        "{hostfile}"
+    );
+    // Attempt 3: one rank on node 1, resumed from the 2-rank checkpoint.
+    let ranks: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("ranks.json"))).expect("ranks.json");
+    assert_eq!(ranks.as_array().map(Vec::len), Some(1), "{ranks}");
+    assert_eq!(ranks[0]["host"], "tchrun-node1", "{ranks}");
+    assert_eq!(ranks[0]["attempt"], 3, "{ranks}");
+    let log0 = read(&logs.join("70_driver_log_0"));
+    assert!(
+        log0.contains("world size 1 (checkpoint: 2)") && log0.contains("rank exiting with code 0"),
+        "{log0}"
+    );
+    assert!(!logs.join("70_driver_log_1").exists());
+    for f in ["model.json", "model.safetensors", "metrics.jsonl"] {
+        assert!(out.join(f).is_file(), "no {f}\n{}", r.explain());
+    }
+    let last: serde_json::Value =
+        serde_json::from_str(&read(&out.join("checkpoints/last.json"))).expect("last.json");
+    assert_eq!(last["finished"], true, "{last}");
+    assert_eq!(metrics_rows(&out).len(), 2, "two epochs in metrics.jsonl");
+    eprintln!(
+        "2 nodes, node 2 failing twice, finished on node 1: {:.1}s",
+        r.elapsed.as_secs_f64()
+    );
+}
+
+/// The same failing node with `--min-nodes 2`: leaving it out would leave 1 node, so after its
+/// second failure the job stops (exit 4) and says which host and which minimum.
+#[test]
+fn netns_dropping_a_host_below_min_nodes_stops_the_job() {
+    let Some(_nodes) = Nodes::up(2) else { return };
+    let t = tempdir();
+    let (r, out) = train_with_failing_node2(t.path(), &["--min-nodes", "2"]);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    let why = "tchrun: not restarting: host tchrun-node2: its ranks failed in attempts 1 and 2 (killed by signal 9";
+    assert!(
+        r.stderr.contains(why)
+            && r.stderr
+                .contains("leaving it out would leave 1 node(s), fewer than --min-nodes 2"),
+        "{}",
+        r.explain()
+    );
+    let logs = out.join("logs");
+    let summary: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("failure.json"))).expect("failure.json");
+    assert!(
+        summary["not_restarted"]
+            .as_str()
+            .is_some_and(|s| s.contains("--min-nodes 2")),
+        "{summary}"
+    );
+    assert_eq!(summary["earlier_attempts"][0]["attempt"], 1, "{summary}");
+    assert!(!logs.join("hostfile.remaining").exists());
+    assert!(!logs.join("attempt-2").exists(), "attempt 2 was the last");
+}

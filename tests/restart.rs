@@ -5,14 +5,25 @@
 //! writing any checkpoint is not restarted.
 mod common;
 use common::*;
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(300);
 /// 400 training images, 2 ranks × 20 per batch: 10 steps per epoch.
 const STEPS_PER_EPOCH: u64 = 10;
 
 fn train(model: &Path, out: &Path, launcher: &str, extra: &[&str], kill: Option<&str>) -> Run {
+    run(&mut train_command(model, out, launcher, extra, kill), LIMIT)
+}
+
+/// The command `train` runs.
+fn train_command(
+    model: &Path,
+    out: &Path,
+    launcher: &str,
+    extra: &[&str],
+    kill: Option<&str>,
+) -> std::process::Command {
     let d = small_digits();
     let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), out);
     c.args([
@@ -38,7 +49,9 @@ fn train(model: &Path, out: &Path, launcher: &str, extra: &[&str], kill: Option<
         Some(k) => c.env("TCHRUN_TEST_KILL_AT_STEP", k),
         None => c.env_remove("TCHRUN_TEST_KILL_AT_STEP"),
     };
-    run(&mut c, LIMIT)
+    c.env_remove("TCHRUN_TEST_KILL_ON_HOST")
+        .env_remove("TCHRUN_TEST_CHECKPOINT_DELAY_S");
+    c
 }
 
 fn weights(out: &Path) -> Vec<u8> {
@@ -196,4 +209,185 @@ fn a_slow_checkpoint_write_stalls_no_rank() {
         serde_json::from_str(&read(&out.join("checkpoints/last.json"))).expect("last.json");
     assert_eq!(last["finished"], true, "{last}");
     assert!(out.join("model.safetensors").is_file());
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn kill_pid(pid: i32, sig: i32) -> i32;
+}
+
+/// A background `tchrun` (its own process group, output in files); the group is SIGKILLed on
+/// drop, so a failing test leaves no rank behind.
+struct Background {
+    child: std::process::Child,
+    output: PathBuf,
+}
+
+impl Background {
+    fn spawn(cmd: &mut std::process::Command, output: PathBuf) -> Background {
+        use std::os::unix::process::CommandExt;
+        let file = std::fs::File::create(&output).expect("output file");
+        let child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone().expect("output file"))
+            .stderr(file)
+            .process_group(0)
+            .spawn()
+            .expect("start tchrun");
+        Background { child, output }
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.output).unwrap_or_default()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            unsafe { kill_pid(-(self.child.id() as i32), 9) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `checkpoints/last.json` of `out`, if there is a complete one.
+fn last_json(out: &Path) -> Option<serde_json::Value> {
+    serde_json::from_str(&std::fs::read_to_string(out.join("checkpoints/last.json")).ok()?).ok()
+}
+
+/// Issue 15 item 2: rank 0 is SIGKILLed while its background writer is in the middle of a
+/// checkpoint (`TCHRUN_TEST_CHECKPOINT_DELAY_S` pauses every write after its tensors file,
+/// before `last.json` names it; the driver log says so). The previous checkpoint is intact:
+/// `last.json` still names it, its tensors load, and `--resume` from it completes with a model
+/// bit-identical to the uninterrupted run's.
+#[test]
+fn sigkill_during_a_background_checkpoint_write_keeps_the_previous_one() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let reference = reference_weights();
+    let out = t.path().join("killed-mid-write");
+    let mut job = Background::spawn(
+        train_command(&model, &out, "local", &["--checkpoint-every", "3"], None)
+            .env("TCHRUN_TEST_CHECKPOINT_DELAY_S", "10"),
+        t.path().join("tchrun.out"),
+    );
+    let log0 = out.join("logs/70_driver_log_0");
+    // The write of a later step than the complete checkpoint's is paused mid-way.
+    let pausing =
+        |step: u64| format!("checkpoint of step {step}: last-{step}.safetensors written, pausing");
+    let mut mid_write = None;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(240)
+        && job.child.try_wait().ok().flatten().is_none()
+    {
+        if let Some(done) = last_json(&out).and_then(|j| j["step"].as_u64()) {
+            let log = std::fs::read_to_string(&log0).unwrap_or_default();
+            if let Some(next) = (done + 1..done + 10).find(|s| log.contains(&pausing(*s))) {
+                mid_write = Some((done, next));
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let Some((done, next)) = mid_write else {
+        panic!(
+            "never saw a checkpoint write paused after a complete one\n{}\n--- driver log 0\n{}",
+            job.output(),
+            read(&log0)
+        );
+    };
+    let pid = read(&log0)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("pid: ").map(str::to_string))
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .expect("rank 0's pid in its driver log header");
+    unsafe { kill_pid(pid, 9) };
+    let code = {
+        let killed = Instant::now();
+        loop {
+            if let Some(s) = job.child.try_wait().expect("wait") {
+                break s.code();
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(60),
+                "tchrun did not end after rank 0 was killed\n{}",
+                job.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!(code, Some(4), "{}", job.output());
+    // The previous checkpoint is the one named, complete; the interrupted one is not named.
+    let last = last_json(&out).expect("last.json is still valid JSON");
+    assert_eq!(last["step"].as_u64(), Some(done), "{last}");
+    let ckpt = out.join("checkpoints");
+    let named = ckpt.join(last["tensors"].as_str().expect("tensors"));
+    assert!(named.is_file(), "{} is gone", named.display());
+    assert!(
+        ckpt.join(format!("last-{next}.safetensors")).is_file(),
+        "the kill was not mid-write: step {next}'s tensors are not there"
+    );
+    let r = train(&model, &out, "local", &["--resume"], None);
+    assert_resumed(&r, &out);
+    assert!(
+        r.stdout.contains(&format!("step {done}")),
+        "did not resume from step {done}\n{}",
+        r.explain()
+    );
+    assert!(
+        weights(&out) == reference,
+        "the model resumed after the kill differs from the uninterrupted one"
+    );
+}
+
+/// `--exclude-failed-hosts` and `--min-nodes` are refused before anything runs when they
+/// cannot apply: exit 2 and the flag to add or change.
+#[test]
+fn exclude_failed_hosts_needs_a_hostfile_and_restarts() {
+    let t = tempdir();
+    let model = t.path().join("no-model");
+    let hostfile = t.path().join("hosts");
+    std::fs::write(&hostfile, "a slots=1\nb slots=1\n").expect("hostfile");
+    let hf = format!("--hostfile={}", hostfile.display());
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--exclude-failed-hosts", "--max-restarts", "2"],
+            "--exclude-failed-hosts needs --hostfile FILE",
+        ),
+        (
+            &["--exclude-failed-hosts", &hf, "--nodes", "2"],
+            "--exclude-failed-hosts needs --max-restarts N",
+        ),
+        (
+            &[
+                "--exclude-failed-hosts",
+                &hf,
+                "--nodes",
+                "2",
+                "--max-restarts",
+                "2",
+                "--min-nodes",
+                "3",
+            ],
+            "--min-nodes 3 is more than --nodes 2",
+        ),
+        (
+            &["--min-nodes", "2", &hf, "--max-restarts", "2"],
+            "--exclude-failed-hosts",
+        ),
+    ];
+    for (flags, says) in cases {
+        let r = run(
+            tchrun_train(&model, t.path(), t.path(), &t.path().join("out"))
+                .args(flags)
+                .env_remove("TCHRUN_MAX_RESTARTS")
+                .env_remove("TCHRUN_EXCLUDE_FAILED_HOSTS")
+                .env_remove("TCHRUN_MIN_NODES"),
+            Duration::from_secs(30),
+        );
+        assert_eq!(r.code, Some(2), "{flags:?}: {}", r.explain());
+        assert!(r.stderr.contains(says), "{flags:?}: {}", r.explain());
+        assert!(!t.path().join("out").exists(), "{flags:?}: wrote --output");
+    }
 }

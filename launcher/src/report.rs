@@ -204,6 +204,10 @@ pub struct FailureSummary {
     /// above describe the last attempt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier_attempts: Vec<crate::restart::Attempt>,
+    /// Why tchrun did not restart after this attempt although `--max-restarts` had restarts
+    /// left (no progress, or `--min-nodes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_restarted: Option<String>,
 }
 
 impl FailureSummary {
@@ -222,6 +226,7 @@ impl FailureSummary {
             tail: Vec::new(),
             exit_status: ErrorKind::RankFailed.exit_code(),
             earlier_attempts: Vec::new(),
+            not_restarted: None,
         }
     }
 
@@ -245,6 +250,7 @@ impl FailureSummary {
             tail: output.iter().rev().take(15).rev().cloned().collect(),
             exit_status: ErrorKind::LaunchFailed.exit_code(),
             earlier_attempts: Vec::new(),
+            not_restarted: None,
         }
     }
 
@@ -284,6 +290,7 @@ impl FailureSummary {
             tail: culprit.map(|c| c.tail.clone()).unwrap_or_default(),
             exit_status,
             earlier_attempts: Vec::new(),
+            not_restarted: None,
         }
     }
 }

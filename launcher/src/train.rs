@@ -15,6 +15,7 @@ pub fn run_train(
     rank: &tchrun::flags::RankFlags,
     restarts: &RestartArgs,
 ) -> Result<i32, JobError> {
+    restarts.check(launch)?;
     let mut job = job.clone();
     job.model = absolute(job.model);
     job.train = absolute(job.train);
@@ -47,7 +48,7 @@ pub fn run_train(
             .clone()
             .unwrap_or_else(|| job.output.join(files::DEFAULT_LOG_SUBDIR)),
     );
-    let plan = validate(launch, log_dir.clone(), GpuUse::Ranks(rank.device))?;
+    let mut plan = validate(launch, log_dir.clone(), GpuUse::Ranks(rank.device))?;
     if !launch.dry_run {
         check_writable(&job.output)?;
     }
@@ -80,6 +81,7 @@ pub fn run_train(
         args
     };
     let mut history: Vec<Attempt> = Vec::new();
+    let mut host_failures = restart::HostFailures::default();
     let code = loop {
         let attempt = history.len() as u32 + 1;
         // The ranks of this attempt (and ranks.json) see its number.
@@ -93,20 +95,55 @@ pub fn run_train(
         let now = restart::checkpoint_step(&job.output);
         let progressed = now.is_some() && now > started_from;
         if history.len() as u32 >= restarts.max_restarts || launch.dry_run || !progressed {
+            let mut why = None;
             if restarts.max_restarts > 0 && !progressed {
-                errln!(
-                    "tchrun: not restarting: attempt {attempt} wrote no checkpoint (it failed before making progress; a restart would fail the same way)"
+                let w = format!(
+                    "not restarting: attempt {attempt} wrote no checkpoint (it failed before making progress; a restart would fail the same way)"
                 );
+                errln!("tchrun: {w}");
+                why = Some(w);
             }
-            restart::add_history_to_summary(&log_dir, &history);
+            restart::add_history_to_summary(&log_dir, &history, why);
             return Err(failure);
+        }
+        let summary = restart::read_summary(&log_dir);
+        let cause = summary
+            .as_ref()
+            .map(|s| s.message.lines().next().unwrap_or_default().to_string())
+            .unwrap_or_else(|| failure.to_string());
+        // `--exclude-failed-hosts`: the failure counts against its host(s); one that failed
+        // in two attempts is left out of the next.
+        let (mut failed_hosts, mut dropped_hosts) = (Vec::new(), Vec::new());
+        if restarts.exclude_failed_hosts {
+            let logs = crate::report::read_driver_logs(&log_dir);
+            failed_hosts = restart::failed_hosts(
+                summary.as_ref(),
+                &logs,
+                &plan.node_names,
+                plan.procs_per_node,
+            );
+            host_failures.record(attempt, &failed_hosts, &cause);
+            match host_failures.decide(&plan, restarts.min_nodes) {
+                restart::HostDecision::Keep => {}
+                restart::HostDecision::Stop(why) => {
+                    errln!("tchrun: {why}");
+                    restart::add_history_to_summary(&log_dir, &history, Some(why));
+                    return Err(failure);
+                }
+                restart::HostDecision::Drop(d) => dropped_hosts = d,
+            }
         }
         // This attempt's failure summary, then the restart.
         {
             use std::io::Write as _;
             let _ = write!(std::io::stderr(), "{}", failure.render());
         }
-        let summary = restart::read_summary(&log_dir);
+        if !dropped_hosts.is_empty() {
+            plan = restart::without_hosts(&plan, &dropped_hosts)?;
+            for d in &dropped_hosts {
+                errln!("tchrun: {}", d.line());
+            }
+        }
         let logs = restart::archive(&log_dir, attempt)?;
         let record = Attempt {
             attempt,
@@ -116,13 +153,12 @@ pub fn run_train(
                 .as_ref()
                 .map(|s| s.classification.clone())
                 .unwrap_or_else(|| "error".into()),
-            cause: summary
-                .as_ref()
-                .map(|s| s.message.lines().next().unwrap_or_default().to_string())
-                .unwrap_or_else(|| failure.to_string()),
+            cause,
             exit_status: failure.kind().exit_code(),
             resumed_from_step: now,
             logs,
+            failed_hosts,
+            dropped_hosts,
         };
         let wait = restart::backoff(attempt);
         errln!(

@@ -59,6 +59,28 @@ fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), String
     )
 }
 
+/// The best weights' file of checkpoints written before it was tied to a step.
+const LEGACY_BEST: &str = "best.safetensors";
+
+/// A tensors file name from `last.json`: a plain file name in the checkpoint directory.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains('/') && !name.contains("..")
+}
+
+/// The best weights' file the checkpoint in `d` names (an older checkpoint: `best.safetensors`
+/// when it is there).
+fn named_best(d: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(d.join(tchrun::files::CHECKPOINT_LAST)).ok();
+    let json: Option<serde_json::Value> = text.and_then(|t| serde_json::from_str(&t).ok());
+    match json.as_ref().map(|j| &j["best_tensors"]) {
+        Some(serde_json::Value::String(f)) if valid_name(f) => Some(f.clone()),
+        _ => d
+            .join(LEGACY_BEST)
+            .is_file()
+            .then(|| LEGACY_BEST.to_string()),
+    }
+}
+
 /// Saves the last state; `best` (when given) replaces the best weights first.
 pub fn save(
     output: &Path,
@@ -67,15 +89,38 @@ pub fn save(
     momentum: &BTreeMap<String, Tensor>,
     best: Option<&BTreeMap<String, Tensor>>,
 ) -> Result<(), String> {
+    save_with_pause(output, meta, model, momentum, best, None)
+}
+
+/// [`save`], pausing `pause` (the test hook `TCHRUN_TEST_CHECKPOINT_DELAY_S`) in the middle of
+/// the write: the new tensors are on disk, `last.json` still names the previous checkpoint.
+fn save_with_pause(
+    output: &Path,
+    meta: &Meta,
+    model: &[(String, Tensor)],
+    momentum: &BTreeMap<String, Tensor>,
+    best: Option<&BTreeMap<String, Tensor>>,
+    pause: Option<std::time::Duration>,
+) -> Result<(), String> {
     let d = dir(output);
     std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-    if let Some(b) = best {
-        let v: Vec<(String, Tensor)> = b
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .collect();
-        write_tensors(&d.join("best.safetensors"), &v)?;
-    }
+    // The best weights, also under a name tied to the step: a kill before `last.json` switches
+    // leaves the previous checkpoint's best weights named and intact. A save without new best
+    // weights keeps naming the previous ones.
+    let best_file = match best {
+        Some(b) => {
+            let v: Vec<(String, Tensor)> = b
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect();
+            let f = format!("best-{}.safetensors", meta.step);
+            write_tensors(&d.join(&f), &v)?;
+            Some(f)
+        }
+        // This run has best weights (its state names a best epoch): the previous save's.
+        None if meta.best_epoch.is_some() => named_best(&d),
+        None => None,
+    };
     let mut all: Vec<(String, Tensor)> = model
         .iter()
         .map(|(n, t)| (format!("model.{n}"), t.shallow_clone()))
@@ -88,8 +133,20 @@ pub fn save(
     // Tensors under a name tied to the step, so the JSON switches atomically to a complete file.
     let file = format!("last-{}.safetensors", meta.step);
     write_tensors(&d.join(&file), &all)?;
+    if let Some(p) = pause {
+        tracing::info!(
+            "checkpoint of step {}: {file} written, pausing {:.1} s before last.json names it ({})",
+            meta.step,
+            p.as_secs_f64(),
+            tchrun::env::TCHRUN_TEST_CHECKPOINT_DELAY_S
+        );
+        std::thread::sleep(p);
+    }
     let mut json = serde_json::to_value(meta).map_err(|e| e.to_string())?;
     json["tensors"] = serde_json::Value::String(file.clone());
+    if let Some(b) = &best_file {
+        json["best_tensors"] = serde_json::Value::String(b.clone());
+    }
     write_atomic(
         &d.join(tchrun::files::CHECKPOINT_LAST),
         serde_json::to_string_pretty(&json)
@@ -103,7 +160,10 @@ pub fn save(
     if let Ok(rd) = std::fs::read_dir(&d) {
         for e in rd.flatten() {
             let n = e.file_name().to_string_lossy().to_string();
-            if n.starts_with("last-") && n.ends_with(".safetensors") && n != file {
+            let stale_last = n.starts_with("last-") && n != file;
+            let stale_best =
+                (n.starts_with("best-") || n == LEGACY_BEST) && Some(&n) != best_file.as_ref();
+            if n.ends_with(".safetensors") && (stale_last || stale_best) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
@@ -118,7 +178,8 @@ pub fn save(
 #[derive(Default)]
 pub struct Writer {
     pending: Option<(u64, std::thread::JoinHandle<Result<(), String>>)>,
-    /// Test hook (`TCHRUN_TEST_CHECKPOINT_DELAY_S`): every write sleeps this long first.
+    /// Test hook (`TCHRUN_TEST_CHECKPOINT_DELAY_S`): every write pauses this long after its
+    /// tensors, before `last.json` switches to them.
     delay: Option<std::time::Duration>,
 }
 
@@ -165,11 +226,8 @@ impl Writer {
         let handle = std::thread::Builder::new()
             .name("checkpoint".into())
             .spawn(move || {
-                if let Some(d) = delay {
-                    std::thread::sleep(d);
-                }
                 let t0 = std::time::Instant::now();
-                let r = save(&output, &meta, &model, &momentum, best.as_ref());
+                let r = save_with_pause(&output, &meta, &model, &momentum, best.as_ref(), delay);
                 if r.is_ok() {
                     tracing::info!(
                         step = meta.step,
@@ -226,7 +284,7 @@ pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
     let file = json["tensors"]
         .as_str()
         .ok_or_else(|| format!("{}: no tensors file named", json_path.display()))?;
-    if file.contains('/') || file.contains("..") {
+    if !valid_name(file) {
         return Err(format!(
             "{}: invalid tensors file name {file:?}",
             json_path.display()
@@ -242,8 +300,8 @@ pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
             momentum.insert(k.to_string(), t);
         }
     }
-    let best_path = d.join("best.safetensors");
-    let best = if best_path.exists() {
+    let best_path = named_best(&d).map(|f| d.join(f));
+    let best = if let Some(best_path) = best_path {
         Some(
             Tensor::read_safetensors(&best_path)
                 .map_err(|e| format!("{}: {e}", best_path.display()))?
@@ -259,4 +317,57 @@ pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
         momentum,
         best,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(step: u64, best_epoch: Option<u32>) -> Meta {
+        Meta {
+            format_version: FORMAT_VERSION,
+            epoch: 1,
+            batches_done: 0,
+            step,
+            world_size: 1,
+            seed: 1,
+            best_loss: best_epoch.map(|_| 0.5),
+            best_epoch,
+            since_best: 0,
+            history: Vec::new(),
+            partial: (0.0, 0.0, 0.0),
+            loss_scale: 1.0,
+            finished: false,
+        }
+    }
+
+    /// The best weights are tied to the step that wrote them and named by `last.json`, so a
+    /// later save without new best weights keeps them, and a kill before the JSON switches
+    /// leaves the previous pair intact.
+    #[test]
+    fn the_best_weights_are_named_by_last_json() {
+        let t = std::env::temp_dir().join(format!("tchrun-ckpt-best-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&t);
+        let out = t.as_path();
+        let model = vec![("w".to_string(), Tensor::from_slice(&[1.0f32, 2.0]))];
+        let best: BTreeMap<String, Tensor> =
+            [("w".to_string(), Tensor::from_slice(&[3.0f32, 4.0]))].into();
+        let none = BTreeMap::new();
+        save(out, &meta(10, Some(1)), &model, &none, Some(&best)).unwrap();
+        save(out, &meta(12, Some(1)), &model, &none, None).unwrap();
+        let d = dir(out);
+        assert!(d.join("best-10.safetensors").is_file());
+        let l = load(out).unwrap().unwrap();
+        assert_eq!(l.meta.step, 12);
+        let w = l.best.expect("best weights")["w"].shallow_clone();
+        assert_eq!(Vec::<f32>::try_from(&w).unwrap(), vec![3.0, 4.0]);
+        // New best weights replace the old file once the JSON names them.
+        save(out, &meta(20, Some(2)), &model, &none, Some(&best)).unwrap();
+        assert!(d.join("best-20.safetensors").is_file() && !d.join("best-10.safetensors").exists());
+        assert!(!d.join("last-12.safetensors").exists());
+        // A run without a best epoch names none.
+        save(out, &meta(22, None), &model, &none, None).unwrap();
+        assert!(load(out).unwrap().unwrap().best.is_none());
+        let _ = std::fs::remove_dir_all(&t);
+    }
 }

@@ -189,6 +189,14 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let kill_at = tchrun::env::test_kill_at_step(&|k| std::env::var(k).ok())
         .map_err(|e| TrainError::Invalid(e.to_string()))?
         .and_then(|(r, k)| (r == rank).then_some(k));
+    // Test hook (`TCHRUN_TEST_KILL_ON_HOST`): a rank on that host dies after that many steps of
+    // every attempt.
+    let kill_after = tchrun::env::test_kill_on_host(&|k| std::env::var(k).ok())
+        .map_err(|e| TrainError::Invalid(e.to_string()))?
+        .and_then(|(h, n)| {
+            let here = hostname::get().map(|s| s.to_string_lossy().into_owned());
+            here.is_ok_and(|here| here == h).then_some(n)
+        });
     // Rank 0's checkpoints are written in the background (the test hook may slow them down).
     let mut writer = checkpoint::Writer::new(
         tchrun::env::test_checkpoint_delay(&|k| std::env::var(k).ok())
@@ -507,6 +515,14 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 tracing::warn!(
                     "{}: SIGKILL at step {step}",
                     tchrun::env::TCHRUN_TEST_KILL_AT_STEP
+                );
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
+            if kill_after.is_some_and(|n| step == run_first_step + n) {
+                tracing::warn!(
+                    "{}: SIGKILL at step {step}, {} step(s) into this attempt",
+                    tchrun::env::TCHRUN_TEST_KILL_ON_HOST,
+                    step - run_first_step
                 );
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
             }
