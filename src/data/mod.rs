@@ -159,6 +159,7 @@ mod tests {
             rank: 1,
             first_position: 0,
             skip_bad: false,
+            global: None,
         }
     }
 

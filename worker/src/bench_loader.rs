@@ -65,6 +65,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 rank: 0,
                 first_position: 0,
                 skip_bad: false,
+                global: None,
             },
         );
         let mut images = 0usize;

@@ -178,6 +178,7 @@ fn infer(
             rank: 0,
             first_position: 0,
             skip_bad: false,
+            global: None,
         },
     );
     let k = 5.min(cfg.class_names.len() as i64);

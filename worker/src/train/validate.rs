@@ -43,6 +43,7 @@ pub(super) fn validate(
             rank,
             first_position: 0,
             skip_bad: job.options.skip_bad_images,
+            global: None,
         },
     );
     let k = 5.min(valid.classes.len() as i64);
