@@ -10,7 +10,7 @@ use crate::flags::LrScaling;
 /// The error names both flags, the world size and the valid values.
 pub fn accumulation_steps(global: u32, batch: u32, world: usize) -> Result<u32, String> {
     let per_step = world as u64 * batch as u64;
-    if per_step > 0 && global as u64 % per_step == 0 && global as u64 >= per_step {
+    if per_step > 0 && (global as u64).is_multiple_of(per_step) && global as u64 >= per_step {
         return Ok((global as u64 / per_step) as u32);
     }
     let valid: Vec<String> = (1..=4).map(|a| (a * per_step).to_string()).collect();
@@ -25,7 +25,7 @@ pub fn accumulation_steps(global: u32, batch: u32, world: usize) -> Result<u32, 
          optimizer step. Use --global-batch-size {}, ... (multiples of {per_step})",
         valid.join(", ")
     );
-    if global as u64 % world as u64 == 0 && !batches.is_empty() {
+    if (global as u64).is_multiple_of(world as u64) && !batches.is_empty() {
         msg.push_str(&format!(
             ", or a --batch-size dividing {}: {}",
             global as u64 / world as u64,
@@ -40,7 +40,9 @@ pub fn accumulation_steps(global: u32, batch: u32, world: usize) -> Result<u32, 
 }
 
 fn divisors(n: u64) -> Vec<u64> {
-    (1..=n.min(1 << 20)).filter(|d| n % d == 0).collect()
+    (1..=n.min(1 << 20))
+        .filter(|d| n.is_multiple_of(*d))
+        .collect()
 }
 
 /// The LR factor for `k` (world size, or global batch / --batch-size) under `scaling`, and how
