@@ -338,6 +338,9 @@ pub struct TrainingStart {
     pub steps_per_epoch: u64,
     pub effective_lr: f64,
     pub lr: f64,
+    /// effective LR / --lr as written: the world size ("2", `--lr-scaling linear`), "√8"
+    /// (sqrt), "1" (none); with `--global-batch-size` the factor follows G / --batch-size.
+    pub lr_factor: String,
     pub bucket_cap_mb: f64,
 }
 
@@ -370,7 +373,7 @@ impl TrainingStart {
             self.steps_per_epoch,
             self.effective_lr,
             self.lr,
-            self.world_size,
+            self.lr_factor,
             self.bucket_cap_mb
         )
     }
@@ -378,9 +381,6 @@ impl TrainingStart {
     pub fn parse(message: &str) -> Option<TrainingStart> {
         let f = scan(message, TRAINING_START)?;
         let world_size: usize = field(&f, 4)?;
-        if field::<usize>(&f, 9)? != world_size {
-            return None;
-        }
         Some(TrainingStart {
             arch: f.first()?.to_string(),
             train_images: field(&f, 1)?,
@@ -391,6 +391,7 @@ impl TrainingStart {
             steps_per_epoch: field(&f, 6)?,
             effective_lr: field(&f, 7)?,
             lr: field(&f, 8)?,
+            lr_factor: f.get(9)?.to_string(),
             bucket_cap_mb: field(&f, 10)?,
         })
     }
@@ -743,9 +744,17 @@ mod tests {
             steps_per_epoch: 3,
             effective_lr: 0.05,
             lr: 0.025,
+            lr_factor: "2".into(),
             bucket_cap_mb: 25.0,
         };
         assert!(s.write().contains("effective LR 5e-2 (--lr 2.5e-2 × 2)"));
+        let sqrt = TrainingStart {
+            lr_factor: "√2".into(),
+            effective_lr: 0.025 * 2f64.sqrt(),
+            ..s.clone()
+        };
+        assert!(sqrt.write().contains("(--lr 2.5e-2 × √2)"));
+        assert_eq!(TrainingStart::parse(&sqrt.write()), Some(sqrt));
         assert_eq!(TrainingStart::parse(&s.write()), Some(s));
         assert_eq!(
             RankExit::parse("rank exiting with code 5"),
@@ -916,7 +925,8 @@ mod tests {
             ) {
                 let s = TrainingStart { arch, train_images: train, valid_images: valid, classes,
                     world_size: world, device: if cuda { "cuda" } else { "cpu" }.into(),
-                    steps_per_epoch: steps, effective_lr: lr * world as f64, lr, bucket_cap_mb: mb };
+                    steps_per_epoch: steps, effective_lr: lr * world as f64, lr,
+                    lr_factor: world.to_string(), bucket_cap_mb: mb };
                 prop_assert_eq!(TrainingStart::parse(&s.write()), Some(s));
             }
 

@@ -30,8 +30,8 @@ pub struct TrainParams {
     /// Epochs of linear learning-rate warmup.
     #[arg(long, env = "TCHRUN_WARMUP_EPOCHS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..), allow_negative_numbers = true)]
     pub warmup_epochs: u32,
-    /// Base learning rate; the effective LR is lr × world size. The seed's table says 0.1, its
-    /// text 0.001: tchrun uses 0.001.
+    /// Base learning rate; the effective LR is lr × world size (see --lr-scaling). The seed's
+    /// table says 0.1, its text 0.001: tchrun uses 0.001.
     #[arg(long, env = "TCHRUN_LR", default_value_t = 0.001, value_parser = parse_lr, allow_negative_numbers = true)]
     pub lr: f64,
     /// Seeds weight init, shuffling and augmentation.
@@ -215,6 +215,28 @@ mod tests {
     }
 }
 
+/// How the effective LR follows the batch of one optimizer step: k = the world size, or with
+/// `--global-batch-size G`, k = G / --batch-size (world size × accumulation steps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LrScaling {
+    /// lr × k (Goyal et al.'s linear scaling rule).
+    Linear,
+    /// lr × √k.
+    Sqrt,
+    /// lr, whatever the batch.
+    None,
+}
+
+impl LrScaling {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LrScaling::Linear => "linear",
+            LrScaling::Sqrt => "sqrt",
+            LrScaling::None => "none",
+        }
+    }
+}
+
 /// Mixed precision on CUDA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Amp {
@@ -348,6 +370,16 @@ pub struct TrainOptions {
     /// only). Rank 0 writes in the background: no rank waits on its storage.
     #[arg(long, env = "TCHRUN_CHECKPOINT_EVERY", default_value_t = 0)]
     pub checkpoint_every: u64,
+    /// Images per optimizer step over all ranks. Each rank then accumulates the gradients of
+    /// G / (world size × --batch-size) micro-batches of --batch-size images per step, the
+    /// micro-batches cut from each step's G images in one fixed way: the same samples form the
+    /// same steps at any world size. Must be a multiple of world size × --batch-size.
+    #[arg(long, env = "TCHRUN_GLOBAL_BATCH_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
+    pub global_batch_size: Option<u32>,
+    /// How the effective LR follows the batch: k = world size (with --global-batch-size:
+    /// G / --batch-size); linear: lr × k, sqrt: lr × √k, none: lr.
+    #[arg(long, env = "TCHRUN_LR_SCALING", value_enum, default_value_t = LrScaling::Linear)]
+    pub lr_scaling: LrScaling,
 }
 
 impl TrainOptions {
@@ -384,6 +416,12 @@ impl TrainOptions {
         }
         if self.checkpoint_every > 0 {
             v.push(format!("--checkpoint-every={}", self.checkpoint_every));
+        }
+        if let Some(g) = self.global_batch_size {
+            v.push(format!("--global-batch-size={g}"));
+        }
+        if self.lr_scaling != LrScaling::Linear {
+            v.push(format!("--lr-scaling={}", self.lr_scaling.as_str()));
         }
         v
     }

@@ -219,6 +219,16 @@ pub struct TrainingRecord {
     /// `--backbone-lr-scale` (1 in files written before it existed).
     #[serde(default = "one")]
     pub backbone_lr_scale: f64,
+    /// `--global-batch-size` (images per optimizer step over every rank), if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch_size: Option<u32>,
+    /// `--lr-scaling` (effective LR = lr × factor).
+    #[serde(default = "linear")]
+    pub lr_scaling: String,
+}
+
+fn linear() -> String {
+    "linear".into()
 }
 
 fn one() -> f64 {

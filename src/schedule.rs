@@ -1,10 +1,64 @@
-//! The learning-rate schedule: effective LR = lr × world size; linear warmup over the first
-//! `warmup_epochs`; then polynomial decay `(1 - t)^power` reaching 0 at the end of the last step.
+//! The learning-rate schedule: effective LR = lr scaled by the batch of one optimizer step
+//! (`--lr-scaling`: × k, × √k or × 1, k = world size, or G / --batch-size with
+//! `--global-batch-size G`); linear warmup over the first `warmup_epochs`; then polynomial decay
+//! `(1 - t)^power` reaching 0 at the end of the last step. Also the accumulation steps of
+//! `--global-batch-size` (`accumulation_steps`) and early stopping.
+use crate::flags::LrScaling;
+
+/// `--global-batch-size G` with `--batch-size B` on `world` ranks: the micro-batches each rank
+/// accumulates per optimizer step, `A = G / (world × B)`, which must be a positive integer.
+/// The error names both flags, the world size and the valid values.
+pub fn accumulation_steps(global: u32, batch: u32, world: usize) -> Result<u32, String> {
+    let per_step = world as u64 * batch as u64;
+    if per_step > 0 && (global as u64).is_multiple_of(per_step) && global as u64 >= per_step {
+        return Ok((global as u64 / per_step) as u32);
+    }
+    let valid: Vec<String> = (1..=4).map(|a| (a * per_step).to_string()).collect();
+    // Every divisor of G / world is a --batch-size that fits (when world divides G).
+    let batches: Vec<String> = divisors(global as u64 / (world as u64).max(1))
+        .into_iter()
+        .map(|b| b.to_string())
+        .collect();
+    let mut msg = format!(
+        "--global-batch-size {global} is not a multiple of world size {world} × --batch-size \
+         {batch} = {per_step}: each rank must accumulate a whole number of micro-batches per \
+         optimizer step. Use --global-batch-size {}, ... (multiples of {per_step})",
+        valid.join(", ")
+    );
+    if (global as u64).is_multiple_of(world as u64) && !batches.is_empty() {
+        msg.push_str(&format!(
+            ", or a --batch-size dividing {}: {}",
+            global as u64 / world as u64,
+            batches.join(", ")
+        ));
+    } else {
+        msg.push_str(&format!(
+            "; with {world} ranks the global batch must be a multiple of {world}"
+        ));
+    }
+    Err(msg)
+}
+
+fn divisors(n: u64) -> Vec<u64> {
+    (1..=n.min(1 << 20))
+        .filter(|d| n.is_multiple_of(*d))
+        .collect()
+}
+
+/// The LR factor for `k` (world size, or global batch / --batch-size) under `scaling`, and how
+/// the log writes it ("4", "√8", "1").
+pub fn lr_factor(scaling: LrScaling, k: usize) -> (f64, String) {
+    match scaling {
+        LrScaling::Linear => (k as f64, k.to_string()),
+        LrScaling::Sqrt => ((k as f64).sqrt(), format!("√{k}")),
+        LrScaling::None => (1.0, "1".into()),
+    }
+}
 
 /// A schedule over `total_steps` optimizer steps.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LrSchedule {
-    /// `lr × world_size` (the seed's "actual learning rate").
+    /// The scaled LR (by default `lr × world_size`, the seed's "actual learning rate").
     pub peak: f64,
     pub warmup_steps: u64,
     pub total_steps: u64,
@@ -20,10 +74,27 @@ impl LrSchedule {
         steps_per_epoch: u64,
         power: f64,
     ) -> LrSchedule {
+        LrSchedule::with_peak(
+            lr * world_size as f64,
+            warmup_epochs,
+            epochs,
+            steps_per_epoch,
+            power,
+        )
+    }
+
+    /// A schedule that peaks at `peak` (the LR already scaled, see `lr_factor`).
+    pub fn with_peak(
+        peak: f64,
+        warmup_epochs: u32,
+        epochs: u32,
+        steps_per_epoch: u64,
+        power: f64,
+    ) -> LrSchedule {
         let total_steps = (epochs as u64 * steps_per_epoch).max(1);
         let warmup_steps = (warmup_epochs as u64 * steps_per_epoch).min(total_steps);
         LrSchedule {
-            peak: lr * world_size as f64,
+            peak,
             warmup_steps,
             total_steps,
             power,
@@ -77,6 +148,39 @@ mod tests {
         // Warmup as long as training: never decays.
         let w = LrSchedule::new(0.1, 2, 3, 3, 4, 1.0);
         assert!((w.lr(11) - 0.2).abs() < 1e-15);
+    }
+
+    #[test]
+    fn lr_scaling_follows_the_factor() {
+        assert_eq!(lr_factor(LrScaling::Linear, 8), (8.0, "8".to_string()));
+        let (f, s) = lr_factor(LrScaling::Sqrt, 16);
+        assert_eq!((f, s.as_str()), (4.0, "√16"));
+        assert_eq!(lr_factor(LrScaling::None, 8), (1.0, "1".to_string()));
+        // The default (linear over the world size) is today's schedule, bit for bit.
+        let s = LrSchedule::with_peak(0.01 * lr_factor(LrScaling::Linear, 4).0, 2, 5, 10, 1.0);
+        assert_eq!(s, LrSchedule::new(0.01, 4, 2, 5, 10, 1.0));
+        let q = LrSchedule::with_peak(0.01 * lr_factor(LrScaling::Sqrt, 4).0, 0, 1, 10, 1.0);
+        assert_eq!(q.lr(0), 0.02);
+    }
+
+    #[test]
+    fn accumulation_steps_must_be_whole() {
+        assert_eq!(accumulation_steps(32, 8, 2), Ok(2));
+        assert_eq!(accumulation_steps(32, 8, 4), Ok(1));
+        assert_eq!(accumulation_steps(32, 16, 1), Ok(2));
+        let e = accumulation_steps(24, 8, 2).expect_err("24 is not a multiple of 16");
+        assert!(
+            e.contains("--global-batch-size 24")
+                && e.contains("world size 2")
+                && e.contains("--batch-size 8")
+                && e.contains("16, 32, 48, 64")
+                && e.contains("--batch-size dividing 12: 1, 2, 3, 4, 6, 12"),
+            "{e}"
+        );
+        // Smaller than one micro-batch per rank.
+        assert!(accumulation_steps(8, 8, 2).is_err());
+        let e = accumulation_steps(7, 1, 2).expect_err("odd over 2 ranks");
+        assert!(e.contains("must be a multiple of 2"), "{e}");
     }
 }
 

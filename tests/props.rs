@@ -189,6 +189,8 @@ fn record(c: Counts, r: Rest) -> TrainingRecord {
         valid_images: n / 2,
         freeze_backbone: frozen,
         backbone_lr_scale,
+        global_batch_size: (n % 3 == 0).then_some(n as u32),
+        lr_scaling: "linear".into(),
     }
 }
 
@@ -688,6 +690,7 @@ fn exercise(root: &Path, max_pixels: u64, threads: usize) -> (usize, usize, usiz
             first_position: 0,
             skip_bad: false,
             max_pixels: data::DEFAULT_MAX_IMAGE_PIXELS,
+            global: None,
         };
         let indices: Vec<usize> = (0..kept.samples.len()).collect();
         for b in data::load_batches(&kept, indices, cfg) {

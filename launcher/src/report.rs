@@ -26,9 +26,9 @@ pub struct RankLog {
     /// The rank's own account of its failure (the first failure record: the root cause).
     #[serde(default)]
     pub failure: Option<FailureRecord>,
-    /// `(effective LR, --lr, world size)` from the training's first line.
+    /// `(effective LR, --lr, their ratio as written)` from the training's first line.
     #[serde(default)]
-    pub lr: Option<(f64, f64, usize)>,
+    pub lr: Option<(f64, f64, String)>,
     /// The last meaningful lines before the failure record (all lines without one), stack
     /// frames left out.
     pub tail: Vec<String>,
@@ -82,7 +82,7 @@ pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
         lr: parsed
             .training_start
             .as_ref()
-            .map(|t| (t.effective_lr, t.lr, t.world_size)),
+            .map(|t| (t.effective_lr, t.lr, t.lr_factor.clone())),
         tail,
     })
 }
@@ -453,8 +453,8 @@ pub fn run_report(dir: &Path) {
     let lr = logs
         .iter()
         .find(|l| l.rank == 0)
-        .and_then(|l| l.lr)
-        .map(|(eff, lr, world)| format!("{eff:e} (--lr {lr:e} × {world})"));
+        .and_then(|l| l.lr.as_ref())
+        .map(|(eff, lr, factor)| format!("{eff:e} (--lr {lr:e} × {factor})"));
     let mut line = format!(
         "tchrun: run report: {} ranks, {:.1} images/s in training steps",
         with.len(),
@@ -562,6 +562,7 @@ mod tests {
             steps_per_epoch: 1,
             effective_lr: 0.05,
             lr: 0.025,
+            lr_factor: "2".into(),
             bucket_cap_mb: 25.0,
         };
         let progress = Progress {
@@ -621,7 +622,7 @@ mod tests {
             (l0.host.as_str(), l0.pid, l0.exit_code),
             ("node-0", Some(100), Some(4))
         );
-        assert_eq!(l0.lr, Some((0.05, 0.025, 2)));
+        assert_eq!(l0.lr, Some((0.05, 0.025, "2".to_string())));
         assert_eq!(l0.tail.len(), 2, "{:?}", l0.tail);
         assert!(l0.tail[1].contains("epoch 1/1 iter 1/1"), "{:?}", l0.tail);
         let (time, class, msg) = classify(l0).expect("a cause");

@@ -49,6 +49,11 @@ pub fn run_train(
             .unwrap_or_else(|| job.output.join(files::DEFAULT_LOG_SUBDIR)),
     );
     let mut plan = validate(launch, log_dir.clone(), GpuUse::Ranks(rank.device))?;
+    if let Some(g) = job.options.global_batch_size {
+        // Each rank accumulates a whole number of micro-batches: refused before any rank starts.
+        tchrun::schedule::accumulation_steps(g, job.params.batch_size, plan.world_size() as usize)
+            .map_err(JobError::invalid)?;
+    }
     if !launch.dry_run {
         check_writable(&job.output)?;
     }

@@ -43,6 +43,9 @@ pub struct LoaderConfig {
     /// the whole file (a truncated JPEG), so that images never verified up front get the same
     /// verdicts (`verify::check_decoded`).
     pub max_pixels: u64,
+    /// `--global-batch-size`: augmentation seeded by the sample's global position in the epoch
+    /// (not rank and shard position), so an image gets the same crop at any world size.
+    pub global: Option<GlobalCut>,
 }
 
 pub(super) fn splitmix64(mut z: u64) -> u64 {
@@ -277,7 +280,15 @@ pub(super) fn build_batch(
         };
         // The RNG follows the image's position in the shard, so a dropped image never shifts
         // the augmentation of the others.
-        let mut rng = image_rng(cfg.seed, cfg.epoch, cfg.rank, cfg.first_position + pos);
+        let mut rng = match cfg.global {
+            Some(cut) => image_rng(
+                cfg.seed,
+                cfg.epoch,
+                0,
+                cut.position(cfg.first_position + pos),
+            ),
+            None => image_rng(cfg.seed, cfg.epoch, cfg.rank, cfg.first_position + pos),
+        };
         let k = labels.len();
         match process_image(
             &smp.path,

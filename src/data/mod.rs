@@ -166,6 +166,7 @@ mod tests {
             first_position: 0,
             skip_bad: false,
             max_pixels: DEFAULT_MAX_IMAGE_PIXELS,
+            global: None,
         }
     }
 

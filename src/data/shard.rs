@@ -1,4 +1,5 @@
-//! `torch.utils.data.DistributedSampler` sharding (`drop_last=False`).
+//! `torch.utils.data.DistributedSampler` sharding (`drop_last=False`), and `--global-batch-size`'s
+//! fixed cut of an epoch into optimizer steps and micro-batches (`GlobalCut`).
 use super::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -24,16 +25,68 @@ pub fn shard(
     if len == 0 {
         return Vec::new();
     }
-    let mut indices: Vec<usize> = (0..len).collect();
-    if shuffle {
-        let mut rng = ChaCha8Rng::seed_from_u64((seed as u64).wrapping_add(epoch));
-        indices.shuffle(&mut rng);
-    }
+    let indices = epoch_order(len, seed, epoch, shuffle);
     let total = len.div_ceil(world) * world;
     (rank..total)
         .step_by(world)
         .map(|p| indices[p % len])
         .collect()
+}
+
+/// The epoch's order of the whole dataset: shuffled with seed + epoch (as DistributedSampler
+/// does before splitting it among the ranks).
+fn epoch_order(len: usize, seed: i64, epoch: u64, shuffle: bool) -> Vec<usize> {
+    let mut indices: Vec<usize> = (0..len).collect();
+    if shuffle {
+        let mut rng = ChaCha8Rng::seed_from_u64((seed as u64).wrapping_add(epoch));
+        indices.shuffle(&mut rng);
+    }
+    indices
+}
+
+/// `--global-batch-size G`'s one fixed cut of an epoch, the same at every world size: the
+/// epoch's order (`shard`'s shuffle) padded by wrapping around to a whole number of steps;
+/// optimizer step k takes positions `[kG, (k+1)G)`; micro-batch j of the step positions
+/// `[kG + jB, kG + (j+1)B)`, j in `0..world × accumulation`; rank r's accumulation step a is
+/// micro-batch `j = a·world + r`. So (2 ranks, 1 step) and (1 rank, 2 steps) see the same
+/// micro-batches, and so do (4, 1) and (2, 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GlobalCut {
+    pub rank: usize,
+    pub world: usize,
+    /// `--batch-size` (B): images per micro-batch.
+    pub batch: usize,
+    /// Micro-batches per rank per optimizer step (A).
+    pub accumulation: usize,
+}
+
+impl GlobalCut {
+    /// G = world × accumulation × batch.
+    pub fn global_batch(&self) -> usize {
+        self.world * self.accumulation * self.batch
+    }
+
+    /// Optimizer steps per epoch over `len` samples (the last step padded).
+    pub fn steps(&self, len: usize) -> usize {
+        len.div_ceil(self.global_batch().max(1))
+    }
+
+    /// The global position (in the padded epoch order) of this rank's `p`-th sample.
+    pub fn position(&self, p: usize) -> usize {
+        let (micro, within) = (p / self.batch, p % self.batch);
+        let (k, a) = (micro / self.accumulation, micro % self.accumulation);
+        k * self.global_batch() + (a * self.world + self.rank) * self.batch + within
+    }
+
+    /// This rank's dataset indices of epoch `epoch`, in order: per step, its micro-batches.
+    pub fn indices(&self, len: usize, seed: i64, epoch: u64) -> Vec<usize> {
+        if len == 0 {
+            return Vec::new();
+        }
+        let order = epoch_order(len, seed, epoch, true);
+        let n = self.steps(len) * self.accumulation * self.batch;
+        (0..n).map(|p| order[self.position(p) % len]).collect()
+    }
 }
 
 /// Number of real (non-padding) samples in `rank`'s shard.
@@ -47,5 +100,63 @@ pub fn shard_real_count(len: usize, rank: usize, world: usize) -> usize {
         0
     } else {
         (len - rank).div_ceil(world)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cut(rank: usize, world: usize, accumulation: usize) -> GlobalCut {
+        GlobalCut {
+            rank,
+            world,
+            batch: 3,
+            accumulation,
+        }
+    }
+
+    /// The micro-batches of every step, in micro-batch order j, over all ranks.
+    fn micro_batches(world: usize, accumulation: usize, len: usize) -> Vec<Vec<usize>> {
+        let per_rank: Vec<Vec<usize>> = (0..world)
+            .map(|r| cut(r, world, accumulation).indices(len, 7, 2))
+            .collect();
+        let steps = cut(0, world, accumulation).steps(len);
+        let mut out = Vec::new();
+        for k in 0..steps {
+            for j in 0..world * accumulation {
+                let (a, r) = (j / world, j % world);
+                let m = k * accumulation + a;
+                out.push(per_rank[r][m * 3..(m + 1) * 3].to_vec());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_same_micro_batches_at_any_world_size() {
+        for len in [1, 11, 12, 13, 25, 40] {
+            assert_eq!(micro_batches(2, 1, len), micro_batches(1, 2, len), "{len}");
+            assert_eq!(micro_batches(4, 1, len), micro_batches(2, 2, len), "{len}");
+            assert_eq!(micro_batches(4, 1, len), micro_batches(1, 4, len), "{len}");
+            // Every sample is seen; only the last step is padded (wrapping around).
+            let all: Vec<usize> = micro_batches(2, 2, len).concat();
+            assert_eq!(all.len(), len.div_ceil(12) * 12);
+            let mut first: Vec<usize> = all[..len].to_vec();
+            first.sort_unstable();
+            assert_eq!(first, (0..len).collect::<Vec<_>>());
+        }
+        // Positions of all ranks cover the padded epoch exactly once.
+        let mut seen: Vec<usize> = (0..2)
+            .flat_map(|r| (0..2 * 2 * 3 * 2).map(move |p| cut(r, 2, 2).position(p)))
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..48).collect::<Vec<_>>());
+        // The order is `shard`'s shuffle: one rank with one step per batch is the permutation.
+        assert_eq!(
+            cut(0, 1, 1).indices(12, 7, 2),
+            shard(12, 0, 1, 7, 2, true),
+            "the epoch order is DistributedSampler's"
+        );
     }
 }

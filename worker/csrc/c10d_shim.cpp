@@ -354,6 +354,9 @@ struct ReducerState {
   size_t early = 0;
   at::Tensor extra;
   at::Tensor scale;  // 0-d, this step's gradient multiplier
+  // Gradient accumulation (--global-batch-size): per parameter, the sum this rank already holds
+  // from the step's earlier micro-batches (undefined: none); added to gradient × scale.
+  std::vector<at::Tensor> acc;
   bool armed = false;
   std::string error;
   std::mutex mu;
@@ -385,6 +388,7 @@ struct ReducerState {
   // Parameter i's gradient × scale into its slot; true when that completes its bucket.
   bool fill(size_t i, const at::Tensor& grad) {
     at::mul_out(slot_of[i], grad, scale);
+    if (i < acc.size() && acc[i].defined()) slot_of[i].add_(acc[i]);
     fired[i] = 1;
     return --buckets[bucket_of[i]].pending == 0;
   }
@@ -495,7 +499,7 @@ struct ReducerState {
     for (size_t i = 0; i < params.size(); i++) {
       if (fired[i]) continue;
       Bucket& b = buckets[bucket_of[i]];
-      slot_of[i].zero_();
+      if (i < acc.size() && acc[i].defined()) slot_of[i].copy_(acc[i]); else slot_of[i].zero_();
       b.pending--;
     }
     launch_ready(false);
@@ -569,6 +573,11 @@ void tchrun_reducer_free(tchrun_reducer* r) {
 }
 
 char* tchrun_reducer_prepare(tchrun_reducer* r, tchrun_tensor extra, double scale) {
+  return tchrun_reducer_prepare_accumulated(r, extra, scale, nullptr, 0);
+}
+
+char* tchrun_reducer_prepare_accumulated(tchrun_reducer* r, tchrun_tensor extra, double scale,
+                                         tchrun_tensor* acc, size_t n_acc) {
   PROTECT({
     ReducerState& s = *r->state;
     std::lock_guard<std::mutex> lock(s.mu);
@@ -583,6 +592,13 @@ char* tchrun_reducer_prepare(tchrun_reducer* r, tchrun_tensor extra, double scal
     // Gradients are the reducer's: drop them, so that autograd hands over fresh tensors instead
     // of adding into last step's (which are views of the buckets the hooks are about to fill).
     for (auto& p : s.params) p.mutable_grad().reset();
+    if (n_acc != 0 && n_acc != s.params.size()) {
+      throw std::runtime_error("reducer: one accumulated gradient per parameter (or none)");
+    }
+    s.acc.assign(s.params.size(), at::Tensor());
+    for (size_t i = 0; i < n_acc; i++) {
+      if (acc[i] != nullptr) s.acc[i] = tensor_ref(acc[i]);
+    }
     s.extra = e;
     s.scale = at::scalar_tensor(at::Scalar(scale), at::kDouble);
     s.error.clear();
@@ -612,6 +628,7 @@ char* tchrun_reducer_finish(tchrun_reducer* r, int64_t divisor_index, int64_t* o
     }
     if (s.order_known) s.overlapped_finish(divisor_index);
     else s.discovery_step(divisor_index);
+    s.acc.clear();
     *out_early = static_cast<int64_t>(s.early);
     *out_buckets = static_cast<int64_t>(s.buckets.size());
   })

@@ -59,6 +59,12 @@ void tchrun_reducer_free(tchrun_reducer* r);
 // Before backward: `extra` (1-D float, same length every step) is summed with the first bucket;
 // gradients are multiplied by `scale`.
 char* tchrun_reducer_prepare(tchrun_reducer* r, tchrun_tensor extra, double scale);
+// As prepare, for the last micro-batch of an accumulated step: `acc[i]` (n_acc == 0, or one per
+// parameter; NULL: none) is what this rank already holds for parameter i (the sum of its earlier
+// micro-batches' gradient × samples); the bucket gets gradient × scale + acc[i] (acc[i] alone
+// when backward produces no gradient for it). Used for the next finish only.
+char* tchrun_reducer_prepare_accumulated(tchrun_reducer* r, tchrun_tensor extra, double scale,
+                                         tchrun_tensor* acc, size_t n_acc);
 // After backward: launches what is left (a parameter without a gradient counts as zeros), waits
 // for every bucket, writes the summed extra back into `extra`, and sets every parameter's
 // gradient to its bucket sum divided by max(1, extra[divisor_index]).

@@ -66,6 +66,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 first_position: 0,
                 skip_bad: false,
                 max_pixels: tchrun::data::DEFAULT_MAX_IMAGE_PIXELS,
+                global: None,
             },
         );
         let mut images = 0usize;

@@ -127,6 +127,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 scaler: &mut scaler,
                 lr: 0.01,
             }),
+            None,
             |_| Ok(()),
         )?;
     }

@@ -32,6 +32,9 @@ pub struct Meta {
     pub loss_scale: f64,
     /// The run ended (early stop or last epoch) and wrote its model.
     pub finished: bool,
+    /// `--global-batch-size` of the run (its steps do not depend on the world size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch_size: Option<u32>,
 }
 
 pub fn dir(output: &Path) -> PathBuf {
@@ -338,6 +341,7 @@ mod tests {
             partial: (0.0, 0.0, 0.0),
             loss_scale: 1.0,
             finished: false,
+            global_batch_size: None,
         }
     }
 

@@ -8,6 +8,15 @@
 //! bucket; SUM all-reduces then give the exact gradient and loss of the combined batch, also
 //! when ranks hold different numbers of samples (a skipped bad image), and a NaN on any rank
 //! reaches every rank in the same step.
+//!
+//! Gradient accumulation (`--global-batch-size`, `Accumulation`): a step of A micro-batches per
+//! rank. After each micro-batch's forward its batch-norm statistics join the step's sum (× 1/(A ×
+//! world)); after each backward but the last, the running statistics go back to the step's
+//! start, `n × grad` joins the step's sum and the gradients are dropped; the last backward adds the
+//! sum in the hooks (`Reducer::prepare_accumulated`) and the all-reduce runs once, overlapped
+//! with it. The result is exactly the combined batch's: `Σ n × grad / Σ n` over every micro-batch
+//! of every rank, the statistics the mean over them all, the same arithmetic as one micro-batch
+//! per rank on A × world ranks (bit for bit where the summation order is the same).
 use crate::pg::{C10dError, ProcessGroup, ReduceOp, ReducedStep, Reducer};
 use std::cell::{Cell, OnceCell, RefCell};
 use tch::{Kind, Tensor};
@@ -45,6 +54,23 @@ struct Pending {
     extra: Tensor,
     n_local: usize,
     stop: bool,
+    /// An accumulated step (`--global-batch-size`).
+    acc: Option<Accumulation>,
+}
+
+/// The micro-batches of one optimizer step on this rank, before the last one's backward.
+pub struct Accumulation {
+    /// Each micro-batch's share of the batch-norm statistics: 1 / (accumulation × world).
+    share: f64,
+    /// The running statistics at the start of the step (every micro-batch's forward starts here).
+    saved: Vec<Tensor>,
+    /// Σ share × statistics after each micro-batch's forward (flat float), `None` before the first.
+    buffers: Option<Tensor>,
+    /// Per parameter: Σ samples × gradient of the backwards so far.
+    grads: Vec<Option<Tensor>>,
+    /// Σ samples × loss (0-d float) and Σ samples of the backwards so far.
+    loss: Option<Tensor>,
+    samples: usize,
 }
 
 fn numel(t: &Tensor) -> usize {
@@ -153,6 +179,92 @@ impl Replicator {
         flat_op(&self.buffers, |f| pg.broadcast(&mut [f], 0))
     }
 
+    /// Starts an accumulated step (`--global-batch-size`): `micro_batches` per rank.
+    pub fn start_accumulation(&self, micro_batches: usize, world: usize) -> Accumulation {
+        Accumulation {
+            share: 1.0 / (micro_batches.max(1) * world.max(1)) as f64,
+            saved: tch::no_grad(|| self.buffers.iter().map(|b| b.detach().copy()).collect()),
+            buffers: None,
+            grads: self.params.iter().map(|_| None).collect(),
+            loss: None,
+            samples: 0,
+        }
+    }
+
+    /// After a micro-batch's forward (train mode): its running statistics join the step's sum.
+    /// (They go back to the step's start after its backward, in `absorb_backward`: autograd
+    /// holds them until then.)
+    pub fn absorb_forward(&self, acc: &mut Accumulation) {
+        if self.buffers.is_empty() {
+            return;
+        }
+        let parts: Vec<Tensor> = self
+            .buffers
+            .iter()
+            .map(|b| b.detach().reshape([-1]).to_kind(Kind::Float) * acc.share)
+            .collect();
+        let now = Tensor::cat(&parts, 0);
+        acc.buffers = Some(match acc.buffers.take() {
+            None => now,
+            Some(sum) => sum + now,
+        });
+    }
+
+    /// After a micro-batch's backward that is not the step's last: the running statistics go
+    /// back to the step's start (for the next micro-batch's forward), `n × gradient` joins the
+    /// step's sum and the gradients are dropped (the next backward starts from none); `loss`
+    /// is the micro-batch's mean loss over its `n` samples.
+    pub fn absorb_backward(
+        &self,
+        acc: &mut Accumulation,
+        loss: &Tensor,
+        n: usize,
+    ) -> Result<(), C10dError> {
+        tch::no_grad(|| {
+            for (b, s) in self.buffers.iter().zip(&acc.saved) {
+                b.detach().copy_(s);
+            }
+        });
+        if n == 0 {
+            return Ok(());
+        }
+        let nf = n as f64;
+        for (p, sum) in self.params.iter().zip(acc.grads.iter_mut()) {
+            let g = p.grad();
+            if !g.defined() {
+                continue;
+            }
+            // The same rounding as the reducer's hook: round(n × g), then round(sum + that).
+            let scaled = &g * nf;
+            *sum = Some(match sum.take() {
+                None => scaled,
+                Some(s) => s + scaled,
+            });
+        }
+        crate::pg::set_grads_to_none(self.params.iter())?;
+        let l = loss.detach().to_kind(Kind::Float) * nf;
+        acc.loss = Some(match acc.loss.take() {
+            None => l,
+            Some(s) => s + l,
+        });
+        acc.samples += n;
+        Ok(())
+    }
+
+    /// `begin_step` for the last micro-batch of an accumulated step (after its forward and
+    /// `absorb_forward`): the step's loss, samples and statistics are `acc`'s plus this one's,
+    /// and the hooks add `acc`'s gradient sums.
+    pub fn begin_accumulated_step(
+        &self,
+        pg: &ProcessGroup,
+        loss: &Tensor,
+        n_local: usize,
+        stop: bool,
+        acc: Accumulation,
+    ) -> Result<(), C10dError> {
+        self.begin(pg, loss, n_local, stop, Some(acc))
+    }
+
     /// Starts a step's reduction: call after forward, before backward. `loss` is this rank's
     /// mean loss over its `n_local` samples (a 0-d tensor); `stop` is this rank's vote to stop
     /// (a signal arrived). From here on, backward's gradient hooks fill the buckets and launch
@@ -164,6 +276,17 @@ impl Replicator {
         loss: &Tensor,
         n_local: usize,
         stop: bool,
+    ) -> Result<(), C10dError> {
+        self.begin(pg, loss, n_local, stop, None)
+    }
+
+    fn begin(
+        &self,
+        pg: &ProcessGroup,
+        loss: &Tensor,
+        n_local: usize,
+        stop: bool,
+        acc: Option<Accumulation>,
     ) -> Result<(), C10dError> {
         let n = n_local as f64;
         if self.pending.borrow().is_some() {
@@ -178,6 +301,7 @@ impl Replicator {
                 extra: loss.shallow_clone(),
                 n_local,
                 stop,
+                acc,
             });
             return Ok(());
         }
@@ -187,25 +311,41 @@ impl Replicator {
         }
         let device = loss.device();
         let inv = 1.0 / pg.size() as f64;
-        let mut parts: Vec<Tensor> = self
-            .buffers
-            .iter()
-            .map(|b| b.detach().reshape([-1]).to_kind(Kind::Float) * inv)
-            .collect();
-        parts.push(loss.detach().to_kind(Kind::Float).reshape([1]) * n);
+        let mut parts: Vec<Tensor> = match acc.as_ref().and_then(|a| a.buffers.as_ref()) {
+            // Accumulated: the step's statistics, already scaled by 1 / (A × world).
+            Some(sum) => vec![sum.shallow_clone()],
+            None => self
+                .buffers
+                .iter()
+                .map(|b| b.detach().reshape([-1]).to_kind(Kind::Float) * inv)
+                .collect(),
+        };
+        let mut loss_sum = loss.detach().to_kind(Kind::Float).reshape([1]) * n;
+        let mut samples = n;
+        if let Some(a) = &acc {
+            if let Some(l) = &a.loss {
+                loss_sum = l.reshape([1]) + loss_sum;
+            }
+            samples += a.samples as f64;
+        }
+        parts.push(loss_sum);
         // Fills on the device, not a copy from pageable host memory (which would synchronize
         // the CUDA stream between forward and backward).
         let opts = (Kind::Float, device);
-        parts.push(Tensor::full([1], n, opts));
+        parts.push(Tensor::full([1], samples, opts));
         parts.push(Tensor::full([1], if stop { 1.0 } else { 0.0 }, opts));
         let extra = Tensor::cat(&parts, 0);
         if let Some(r) = self.reducer.get() {
-            r.prepare(&extra, n)?;
+            match &acc {
+                Some(a) => r.prepare_accumulated(&extra, n, &a.grads)?,
+                None => r.prepare(&extra, n)?,
+            }
         }
         *self.pending.borrow_mut() = Some(Pending {
             extra,
             n_local,
             stop,
+            acc,
         });
         Ok(())
     }
@@ -220,6 +360,9 @@ impl Replicator {
             });
         };
         if pg.size() == 1 {
+            if let Some(acc) = p.acc {
+                return self.end_accumulated_alone(&p.extra, p.n_local, p.stop, acc);
+            }
             let loss = if p.n_local == 0 {
                 0.0
             } else {
@@ -250,12 +393,84 @@ impl Replicator {
         // (the mean of n equal values times 1/n need not round back to the value).
         if buffer_len > 0 && samples > 0.0 {
             unflatten_into(&p.extra.narrow(0, 0, buffer_len), &self.buffers);
+            if let Some(acc) = &p.acc {
+                self.count_one_update(acc);
+            }
         }
         Ok(StepStats {
             loss: loss_sum / samples.max(1.0),
             samples,
             stop,
         })
+    }
+
+    /// One rank's accumulated step: what the reducer does, here: each gradient becomes
+    /// `(n × grad + Σ earlier) / Σ n` (the same operations in the same order as the hooks and
+    /// `finish`), the statistics the micro-batches' mean.
+    fn end_accumulated_alone(
+        &self,
+        loss: &Tensor,
+        n_last: usize,
+        stop: bool,
+        acc: Accumulation,
+    ) -> Result<StepStats, C10dError> {
+        let samples = (acc.samples + n_last) as f64;
+        let inv = 1.0 / samples.max(1.0);
+        for (p, sum) in self.params.iter().zip(&acc.grads) {
+            let had = p.grad().defined();
+            if !had {
+                if sum.is_none() {
+                    continue;
+                }
+                // No gradient from the last micro-batch: the sum alone, written into a zero
+                // gradient (as the reducer writes it into the bucket's slot).
+                (p.sum(Kind::Float) * 0.0).backward();
+            }
+            tch::no_grad(|| {
+                let mut g = p.grad();
+                match (had, sum) {
+                    (false, Some(sum)) => g.copy_(sum),
+                    _ => {
+                        let _ = g.g_mul_scalar_(n_last as f64);
+                        if let Some(sum) = sum {
+                            let _ = g.g_add_(sum);
+                        }
+                    }
+                }
+                let _ = g.g_mul_scalar_(inv);
+            });
+        }
+        let mut loss_sum = if n_last > 0 {
+            loss.detach().to_kind(Kind::Float) * n_last as f64
+        } else {
+            Tensor::zeros([], (Kind::Float, loss.device()))
+        };
+        if let Some(l) = &acc.loss {
+            loss_sum = l + loss_sum;
+        }
+        if samples > 0.0 {
+            if let Some(b) = &acc.buffers {
+                unflatten_into(b, &self.buffers);
+            }
+            self.count_one_update(&acc);
+        }
+        Ok(StepStats {
+            loss: loss_sum.double_value(&[]) / samples.max(1.0),
+            samples,
+            stop,
+        })
+    }
+
+    /// `num_batches_tracked` (the integer statistics) counts one update per optimizer step, as
+    /// for one batch: the step's start + 1 (their mean over micro-batches may round below).
+    fn count_one_update(&self, acc: &Accumulation) {
+        tch::no_grad(|| {
+            for (b, s) in self.buffers.iter().zip(&acc.saved) {
+                if b.kind() == Kind::Int64 {
+                    b.detach().copy_(&(s + 1i64));
+                }
+            }
+        });
     }
 
     /// Buckets of the last reduced step, and how many of them started during backward.

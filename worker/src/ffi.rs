@@ -82,6 +82,13 @@ extern "C" {
     ) -> *mut c_char;
     pub fn tchrun_reducer_free(r: *mut Reducer);
     pub fn tchrun_reducer_prepare(r: *mut Reducer, extra: *mut c_void, scale: f64) -> *mut c_char;
+    pub fn tchrun_reducer_prepare_accumulated(
+        r: *mut Reducer,
+        extra: *mut c_void,
+        scale: f64,
+        acc: *mut *mut c_void,
+        n_acc: usize,
+    ) -> *mut c_char;
     pub fn tchrun_reducer_finish(
         r: *mut Reducer,
         divisor_index: i64,

@@ -102,6 +102,7 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
             false,
             Some((pg, &rep)),
             None,
+            None,
             |_| Ok(()),
         )?;
         let stats = done.stats.unwrap_or(crate::ddp::StepStats {

@@ -489,6 +489,33 @@ impl Reducer {
         })
     }
 
+    /// `prepare` for the last micro-batch of an accumulated step (`--global-batch-size`):
+    /// `acc[i]` is what this rank already holds for parameter i (its earlier micro-batches'
+    /// gradient × samples, `None`: nothing); the bucket gets gradient × `scale` + `acc[i]`.
+    pub fn prepare_accumulated(
+        &self,
+        extra: &Tensor,
+        scale: f64,
+        acc: &[Option<Tensor>],
+    ) -> Result<(), C10dError> {
+        let mut ptrs: Vec<*mut std::ffi::c_void> = acc
+            .iter()
+            .map(|t| match t {
+                Some(t) => t.as_ptr() as *mut _,
+                None => std::ptr::null_mut(),
+            })
+            .collect();
+        check("gradient reduce (prepare)", unsafe {
+            ffi::tchrun_reducer_prepare_accumulated(
+                self.raw,
+                extra.as_ptr() as *mut _,
+                scale,
+                ptrs.as_mut_ptr(),
+                ptrs.len(),
+            )
+        })
+    }
+
     /// After backward: waits for every bucket, writes the summed `extra` back into the tensor
     /// given to `prepare`, and sets each gradient to its sum / max(1, extra[divisor_index]).
     pub fn finish(&self, divisor_index: usize) -> Result<ReducedStep, C10dError> {

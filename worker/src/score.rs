@@ -179,6 +179,7 @@ fn infer(
             first_position: 0,
             skip_bad: false,
             max_pixels: tchrun::data::DEFAULT_MAX_IMAGE_PIXELS,
+            global: None,
         },
     );
     let k = 5.min(cfg.class_names.len() as i64);

@@ -16,7 +16,7 @@ use crate::pg::{C10dError, ProcessGroup};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Kind, Tensor};
-use tchrun::data::{self, Augment, DatasetError, LoaderConfig, TrainAugment};
+use tchrun::data::{self, Augment, DatasetError, GlobalCut, LoaderConfig, TrainAugment};
 use tchrun::exit::ErrorKind;
 use tchrun::flags::{Amp, TrainJob};
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
@@ -25,7 +25,7 @@ use tchrun::schedule::{Decision, EarlyStopping, LrSchedule};
 
 use board::Board;
 use resume::{fresh, load_resume, Resume};
-use step::{train_step, Guard, LossScaler, StepModel, Update};
+use step::{accumulate_micro_batch, train_step, Guard, LossScaler, StepModel, Update};
 use validate::{log_skipped, validate, BadImages};
 
 /// Why training stopped early.
@@ -39,7 +39,7 @@ pub enum TrainError {
     Data(DatasetError),
     #[error(
         "training diverged: {what} became {value} at epoch {epoch}, step {step}. Lower --lr: the \
-         effective LR was {effective_lr:e} (--lr {lr:e} × world size {world})"
+         effective LR was {effective_lr:e} (--lr {lr:e} × {scaled_by})"
     )]
     Diverged {
         /// What went non-finite: "the loss", "the gradient of fc.weight", ...
@@ -49,7 +49,8 @@ pub enum TrainError {
         step: u64,
         effective_lr: f64,
         lr: f64,
-        world: usize,
+        /// What scaled --lr: "world size 2", or the factor and its reason.
+        scaled_by: String,
     },
     #[error(transparent)]
     Comm(#[from] C10dError),
@@ -318,11 +319,44 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     let mut opt = Sgd::new(trainable, job.options.momentum, job.options.weight_decay)
         .with_backbone_lr_scale(|n| n.starts_with(head), job.options.backbone_lr_scale);
 
-    let per_rank = data::shard(train.samples.len(), rank, world, p.seed, 0, true).len();
-    let steps_per_epoch = per_rank.div_ceil(p.batch_size as usize) as u64;
-    let schedule = LrSchedule::new(
-        p.lr,
-        world,
+    // --global-batch-size: each rank's micro-batches per optimizer step, and the epoch's cut.
+    let cut = match job.options.global_batch_size {
+        Some(g) => Some(GlobalCut {
+            rank,
+            world,
+            batch: p.batch_size as usize,
+            accumulation: tchrun::schedule::accumulation_steps(g, p.batch_size, world)
+                .map_err(TrainError::Invalid)? as usize,
+        }),
+        None => None,
+    };
+    let micro_batches = cut.map(|c| c.accumulation).unwrap_or(1);
+    let steps_per_epoch = match cut {
+        Some(c) => c.steps(train.samples.len()) as u64,
+        None => {
+            let per_rank = data::shard(train.samples.len(), rank, world, p.seed, 0, true).len();
+            per_rank.div_ceil(p.batch_size as usize) as u64
+        }
+    };
+    // The LR follows the batch of one optimizer step: k = world size, or G / --batch-size.
+    let scaling = job.options.lr_scaling;
+    let k = cut.map(|c| c.global_batch() / c.batch).unwrap_or(world);
+    let (factor, factor_text) = tchrun::schedule::lr_factor(scaling, k);
+    let lr_why = match (cut, scaling) {
+        (None, tchrun::flags::LrScaling::Linear) => format!("world size {world}"),
+        (None, s) => format!(
+            "{factor_text} (--lr-scaling {}, world size {world})",
+            s.as_str()
+        ),
+        (Some(c), s) => format!(
+            "{factor_text} (--lr-scaling {}, --global-batch-size {} / --batch-size {} = {k})",
+            s.as_str(),
+            c.global_batch(),
+            c.batch
+        ),
+    };
+    let schedule = LrSchedule::with_peak(
+        p.lr * factor,
         p.warmup_epochs,
         p.epochs,
         steps_per_epoch,
@@ -341,7 +375,12 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             ));
             return Ok(());
         }
-        let same_world = meta.world_size == world;
+        // Mid-epoch positions carry over to the same sharding: the same world size, or the same
+        // --global-batch-size (whose cut does not depend on the world size).
+        let same_world = match job.options.global_batch_size {
+            Some(g) => meta.global_batch_size == Some(g),
+            None => meta.world_size == world && meta.global_batch_size.is_none(),
+        };
         resumed = true;
         state = Resume {
             epoch: meta.epoch,
@@ -372,7 +411,15 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             state.batches_done,
             state.step
         );
-        if !same_world {
+        if same_world && meta.world_size != world {
+            msg.push_str(&format!(
+                "; world size {} (checkpoint: {}): the same --global-batch-size {}, so the same \
+                 steps from the same samples",
+                world,
+                meta.world_size,
+                job.options.global_batch_size.unwrap_or_default()
+            ));
+        } else if !same_world {
             msg.push_str(&format!(
                 "; world size {} (checkpoint: {}): LR and sharding recomputed, epoch {} restarts from its first batch",
                 world,
@@ -408,10 +455,27 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             steps_per_epoch,
             effective_lr: schedule.peak,
             lr: p.lr,
+            lr_factor: factor_text.clone(),
             bucket_cap_mb: job.options.bucket_cap_mb,
         }
         .write(),
     );
+    if let Some(c) = cut {
+        (ctx.say)(&format!(
+            "global batch {} images per optimizer step = {world} rank(s) × {} accumulation \
+             step(s) × --batch-size {}; effective LR {:e} = --lr {:e} × {lr_why}",
+            c.global_batch(),
+            c.accumulation,
+            c.batch,
+            schedule.peak,
+            p.lr
+        ));
+    } else if scaling != tchrun::flags::LrScaling::Linear {
+        (ctx.say)(&format!(
+            "effective LR {:e} = --lr {:e} × {lr_why}",
+            schedule.peak, p.lr
+        ));
+    }
 
     let threads = loader_threads(job, ctx.local_size);
     let mut step = state.step;
@@ -443,6 +507,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         partial,
         loss_scale: scale,
         finished,
+        global_batch_size: job.options.global_batch_size,
     };
     crate::signals::set_graceful(true);
     let mut start_epoch = state.epoch;
@@ -468,8 +533,12 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         let t_epoch = Instant::now();
         // This epoch's time split on this rank: waiting for the loader, compute, communication.
         let (mut wait_e, mut compute_e, mut comm_e) = (0.0f64, 0.0f64, 0.0f64);
-        let mut indices = data::shard(train.samples.len(), rank, world, p.seed, epoch as u64, true);
-        let first_position = (skip_batches as usize * p.batch_size as usize).min(indices.len());
+        let mut indices = match cut {
+            Some(c) => c.indices(train.samples.len(), p.seed, epoch as u64),
+            None => data::shard(train.samples.len(), rank, world, p.seed, epoch as u64, true),
+        };
+        let first_position =
+            (skip_batches as usize * micro_batches * p.batch_size as usize).min(indices.len());
         indices.drain(..first_position);
         let mut loader = data::load_batches(
             &train,
@@ -490,6 +559,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 first_position,
                 skip_bad: job.options.skip_bad_images,
                 max_pixels: job.options.max_image_pixels,
+                global: cut,
             },
         );
         let (mut loss_sum, mut seen, prior_s) = partial;
@@ -497,37 +567,50 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         let mut t_print = Instant::now();
         let mut seen_print = 0.0f64;
         let mut k = 0u64;
+        // --global-batch-size: the micro-batch of the step (0..micro_batches), the step's
+        // earlier micro-batches, and their compute time.
+        let mut micro = 0usize;
+        let mut acc = None;
+        let mut micro_compute = 0.0f64;
         loop {
             // The time until the next batch is there: the loader's share of the step.
             let t_wait = Instant::now();
             let next = loader.next();
             wait_e += t_wait.elapsed().as_secs_f64();
             let Some(batch) = next else {
+                if micro != 0 {
+                    return Err(TrainError::Invalid(format!(
+                        "epoch {} ended after micro-batch {micro} of {micro_batches} of a step",
+                        epoch + 1
+                    )));
+                }
                 break;
             };
-            let it = skip_batches + k;
-            k += 1;
             // With --skip-bad-images an image that fails only while decoding is dropped alone:
             // the batch goes on with the others (the reduction is exact for uneven batches).
             let batch = batch.map_err(TrainError::Data)?;
             epoch_skipped += bad_images.note(&batch.skipped);
-            if kill_at == Some(step) {
-                tracing::warn!(
-                    "{}: SIGKILL at step {step}",
-                    tchrun::env::TCHRUN_TEST_KILL_AT_STEP
-                );
-                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            if micro == 0 {
+                if kill_at == Some(step) {
+                    tracing::warn!(
+                        "{}: SIGKILL at step {step}",
+                        tchrun::env::TCHRUN_TEST_KILL_AT_STEP
+                    );
+                    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+                }
+                if kill_after.is_some_and(|n| step == run_first_step + n) {
+                    tracing::warn!(
+                        "{}: SIGKILL at step {step}, {} step(s) into this attempt",
+                        tchrun::env::TCHRUN_TEST_KILL_ON_HOST,
+                        step - run_first_step
+                    );
+                    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+                }
+                let t = Instant::now();
+                opt.zero_grad()?;
+                micro_compute = t.elapsed().as_secs_f64();
+                acc = cut.map(|_| replicas.start_accumulation(micro_batches, world));
             }
-            if kill_after.is_some_and(|n| step == run_first_step + n) {
-                tracing::warn!(
-                    "{}: SIGKILL at step {step}, {} step(s) into this attempt",
-                    tchrun::env::TCHRUN_TEST_KILL_ON_HOST,
-                    step - run_first_step
-                );
-                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-            }
-            let t0 = Instant::now();
-            opt.zero_grad()?;
             let mut n_local = batch.len;
             if n_local == 1 && single_image_poisons_bn {
                 // One image would give the last batch-norm layer one value per channel: its
@@ -545,18 +628,40 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 }
                 n_local = 0;
             }
-            let stop_vote = crate::signals::requested() != 0;
             let input =
                 (n_local > 0).then(|| to_input(&batch, device, !job.options.no_channels_last));
+            let model = StepModel {
+                net: net.as_ref(),
+                train: !frozen,
+                amp,
+                device,
+            };
+            if micro + 1 < micro_batches {
+                // Not the step's last micro-batch: forward and backward, no communication.
+                let t = Instant::now();
+                if let Some(a) = acc.as_mut() {
+                    accumulate_micro_batch(
+                        &model,
+                        input.as_ref().map(|(x, y)| (x, y)),
+                        &replicas,
+                        a,
+                        scaler.scale,
+                    )?;
+                }
+                micro_compute += t.elapsed().as_secs_f64();
+                images += n_local as f64;
+                micro += 1;
+                continue;
+            }
+            micro = 0;
+            let it = skip_batches + k;
+            k += 1;
+            let t0 = Instant::now();
+            let stop_vote = crate::signals::requested() != 0;
             // The LR of this step's update; a non-finite loss names the previous one.
             let next_lr = schedule.lr(step);
             let done = train_step(
-                &StepModel {
-                    net: net.as_ref(),
-                    train: !frozen,
-                    amp,
-                    device,
-                },
+                &model,
                 input.as_ref().map(|(x, y)| (x, y)),
                 stop_vote,
                 Some((pg, &replicas)),
@@ -565,9 +670,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                     scaler: &mut scaler,
                     lr: next_lr,
                 }),
+                acc.take(),
                 |stats| {
                     // The previous step's deferred guard (CUDA): the device has caught up by now.
-                    guard.check(None, p.lr, world)?;
+                    guard.check(None, p.lr, &lr_why)?;
                     if !stats.loss.is_finite() {
                         return Err(TrainError::Diverged {
                             what: "the loss".into(),
@@ -576,7 +682,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                             step,
                             effective_lr: lr,
                             lr: p.lr,
-                            world,
+                            scaled_by: lr_why.clone(),
                         });
                     }
                     Ok(())
@@ -602,13 +708,13 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                     // On CPU reading the verdict now costs nothing, and the gradients that
                     // made it are still here to be named.
                     let grads = (!scaler.enabled).then_some(opt.params());
-                    guard.check(grads, p.lr, world)?;
+                    guard.check(grads, p.lr, &lr_why)?;
                 }
             }
             let t3 = Instant::now();
             // Communication: the all-reduce time backward did not hide.
             comm_e += (t2 - t1).as_secs_f64();
-            compute_e += (t1 - t0).as_secs_f64() + (t3 - t2).as_secs_f64();
+            compute_e += micro_compute + (t1 - t0).as_secs_f64() + (t3 - t2).as_secs_f64();
             images += n_local as f64;
             step += 1;
             loss_sum += stats.loss * stats.samples;
@@ -693,7 +799,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         compute_s += compute_e;
         let split = time_split(pg, [wait_e, compute_e, comm_e, loop_s])?;
         skip_batches = 0;
-        guard.check(None, p.lr, world)?;
+        guard.check(None, p.lr, &lr_why)?;
         let train_time = prior_s + t_epoch.elapsed().as_secs_f64();
         let v = validate(
             net.as_ref(),
@@ -848,6 +954,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 valid_images: valid.samples.len(),
                 freeze_backbone: frozen,
                 backbone_lr_scale: job.options.backbone_lr_scale,
+                global_batch_size: job.options.global_batch_size,
+                lr_scaling: scaling.as_str().into(),
             }),
             metrics: best_metrics
                 .as_ref()

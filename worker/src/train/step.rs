@@ -1,8 +1,9 @@
 //! One training step, the same for training, `gradcheck` and `bench-step`: forward →
 //! `begin_step` → backward → `end_step` → optimizer (fp16 loss scaling), and the divergence
-//! guard run after it.
+//! guard run after it. With `--global-batch-size`, the micro-batches before a step's last
+//! (`accumulate_micro_batch`: forward, backward, no communication).
 use super::TrainError;
-use crate::ddp::{Replicator, StepStats};
+use crate::ddp::{Accumulation, Replicator, StepStats};
 use crate::optim::Sgd;
 use crate::pg::{C10dError, ProcessGroup};
 use std::time::Instant;
@@ -43,28 +44,28 @@ pub(crate) struct StepResult {
 /// is an update) while buckets are all-reduced, `end_step`, then `reduced` (the caller's checks
 /// on the reduced values), then the optimizer step: skipped when no rank had a sample or the
 /// fp16 gradients overflowed. Gradients are not zeroed here (the caller does, before).
+/// `acc`: the step's earlier micro-batches (`--global-batch-size`; needs `dp`): this batch is
+/// the step's last, and the reduction covers them all.
 pub(crate) fn train_step<E: From<C10dError>>(
     model: &StepModel,
     batch: Option<(&Tensor, &Tensor)>,
     stop_vote: bool,
     dp: Option<(&ProcessGroup, &Replicator)>,
     update: Option<Update>,
+    acc: Option<Accumulation>,
     reduced: impl FnOnce(&StepStats) -> Result<(), E>,
 ) -> Result<StepResult, E> {
     let n_local = batch.map(|(x, _)| x.size()[0] as usize).unwrap_or(0);
-    let loss = match batch {
-        Some((x, y)) => tch::autocast(model.amp, || {
-            model
-                .net
-                .forward_t(x, model.train)
-                .to_kind(Kind::Float)
-                .cross_entropy_for_logits(y)
-        }),
-        None => Tensor::zeros([], (Kind::Float, model.device)),
-    };
+    let loss = forward_loss(model, batch);
     // begin_step arms the gradient hooks: buckets are all-reduced while backward runs.
     if let Some((pg, replicas)) = dp {
-        replicas.begin_step(pg, &loss, n_local, stop_vote)?;
+        match acc {
+            Some(mut acc) => {
+                replicas.absorb_forward(&mut acc);
+                replicas.begin_accumulated_step(pg, &loss, n_local, stop_vote, acc)?;
+            }
+            None => replicas.begin_step(pg, &loss, n_local, stop_vote)?,
+        }
     }
     if n_local > 0 {
         match &update {
@@ -96,6 +97,39 @@ pub(crate) fn train_step<E: From<C10dError>>(
         reduced: reduced_at,
         updated,
     })
+}
+
+/// Forward and the mean cross entropy of `batch` (0 without one).
+fn forward_loss(model: &StepModel, batch: Option<(&Tensor, &Tensor)>) -> Tensor {
+    match batch {
+        Some((x, y)) => tch::autocast(model.amp, || {
+            model
+                .net
+                .forward_t(x, model.train)
+                .to_kind(Kind::Float)
+                .cross_entropy_for_logits(y)
+        }),
+        None => Tensor::zeros([], (Kind::Float, model.device)),
+    }
+}
+
+/// A micro-batch that is not its step's last (`--global-batch-size`): forward (its batch-norm
+/// statistics into `acc`), backward of the loss × `loss_scale`, its gradients into `acc`. No
+/// communication and no update: the step's last micro-batch (`train_step`) does both.
+pub(crate) fn accumulate_micro_batch(
+    model: &StepModel,
+    batch: Option<(&Tensor, &Tensor)>,
+    replicas: &Replicator,
+    acc: &mut Accumulation,
+    loss_scale: f64,
+) -> Result<(), C10dError> {
+    let n_local = batch.map(|(x, _)| x.size()[0] as usize).unwrap_or(0);
+    let loss = forward_loss(model, batch);
+    replicas.absorb_forward(acc);
+    if n_local > 0 {
+        (&loss * loss_scale).backward();
+    }
+    replicas.absorb_backward(acc, &loss, n_local)
 }
 
 /// The first tensor (by name) holding a NaN or an infinity, and that value.
@@ -140,11 +174,12 @@ impl Guard {
     }
 
     /// Checks the armed step; `grads`: the gradients of that step, if still held, to name.
+    /// `lr_why`: what scaled --lr `p_lr` (for the message), e.g. "world size 2".
     pub(crate) fn check(
         &mut self,
         grads: Option<&[(String, Tensor)]>,
         p_lr: f64,
-        world: usize,
+        lr_why: &str,
     ) -> Result<(), TrainError> {
         let Some((total, step, epoch, lr)) = self.pending.take() else {
             return Ok(());
@@ -180,7 +215,7 @@ impl Guard {
             step,
             effective_lr: lr,
             lr: p_lr,
-            world,
+            scaled_by: lr_why.to_string(),
         })
     }
 }

@@ -44,6 +44,7 @@ pub(super) fn validate(
             first_position: 0,
             skip_bad: job.options.skip_bad_images,
             max_pixels: job.options.max_image_pixels,
+            global: None,
         },
     );
     let k = 5.min(valid.classes.len() as i64);

@@ -1,0 +1,265 @@
+//! `--global-batch-size` (issue 15 item 4): the same training at any world size. The same G
+//! with one micro-batch per rank on W ranks and with A micro-batches per rank on W / A ranks
+//! trains the same model: bit-identical for (2 ranks) and (1 rank × 2 accumulation steps), whose
+//! sums add the same two values; within 1e-6 for (4 oversubscribed ranks) and (2 ranks × 2),
+//! whose four-way sums may round in another order. A G that does not divide is refused before
+//! any rank starts; `--lr-scaling` changes the logged LR; a resume on another world size
+//! continues the same training.
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// 6 train and 2 valid images per class of the digits: 60 images, 4 steps of 16 per epoch.
+fn tiny_digits() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = digits();
+        let dst = std::env::temp_dir().join(format!("tchrun-gbs-digits-{}", std::process::id()));
+        subset(&src.join("train"), &dst.join("train"), 6, 0);
+        subset(&src.join("valid"), &dst.join("valid"), 2, 0);
+        dst
+    })
+    .clone()
+}
+
+/// `tchrun train` of resnet18 at 32 px for 2 epochs on `ranks` local ranks, one intra-op
+/// thread per rank (the same kernels' arithmetic in every process).
+fn train(model: &Path, out: &Path, ranks: u32, batch: u32, extra: &[&str]) -> Run {
+    let d = tiny_digits();
+    let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), out);
+    c.args([
+        "--epochs",
+        "2",
+        "--patience",
+        "5",
+        "--lr",
+        "0.02",
+        "--print-freq",
+        "1",
+        "--launcher",
+        "local",
+        "--oversubscribe",
+        "--procs-per-node",
+        &ranks.to_string(),
+        "--batch-size",
+        &batch.to_string(),
+    ])
+    .args(extra)
+    .env("TCHRUN_THREADS", "1")
+    .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+    .env_remove("TCHRUN_ATTEMPT");
+    run(&mut c, LIMIT)
+}
+
+/// Every tensor of `model.safetensors` as f32 values, by name.
+fn tensors(out: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(out.join("model.safetensors")).expect("model.safetensors");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut v: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == safetensors::Dtype::F32)
+        .map(|(n, t)| {
+            let vals = t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (n, vals)
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// The largest absolute difference over every tensor (and the tensor it is in).
+fn max_diff(a: &Path, b: &Path) -> (f32, String) {
+    let (ta, tb) = (tensors(a), tensors(b));
+    assert_eq!(ta.len(), tb.len());
+    assert!(!ta.is_empty());
+    let mut worst = (0.0f32, String::new());
+    for ((na, va), (nb, vb)) in ta.iter().zip(&tb) {
+        assert_eq!(na, nb);
+        assert_eq!(va.len(), vb.len(), "{na}");
+        for (x, y) in va.iter().zip(vb) {
+            let d = (x - y).abs();
+            assert!(d.is_finite(), "{na}: {x} vs {y}");
+            if d > worst.0 {
+                worst = (d, na.clone());
+            }
+        }
+    }
+    worst
+}
+
+fn ok(r: &Run) {
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+}
+
+#[test]
+fn two_ranks_and_one_rank_accumulating_two_train_the_same_model() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let (two, one) = (t.path().join("two"), t.path().join("one"));
+    let r = train(&model, &two, 2, 8, &["--global-batch-size", "16"]);
+    ok(&r);
+    assert!(
+        r.stdout.contains(
+            "global batch 16 images per optimizer step = 2 rank(s) × 1 accumulation step(s) × \
+             --batch-size 8"
+        ) && r
+            .stdout
+            .contains("4 steps/epoch, effective LR 4e-2 (--lr 2e-2 × 2)"),
+        "{}",
+        r.explain()
+    );
+    let r = train(&model, &one, 1, 8, &["--global-batch-size", "16"]);
+    ok(&r);
+    assert!(
+        r.stdout
+            .contains("= 1 rank(s) × 2 accumulation step(s) × --batch-size 8")
+            && r.stdout
+                .contains("4 steps/epoch, effective LR 4e-2 (--lr 2e-2 × 2)"),
+        "{}",
+        r.explain()
+    );
+    let (d, name) = max_diff(&two, &one);
+    assert_eq!(d, 0.0, "not bit-identical: {name} differs by {d}");
+    assert_eq!(
+        std::fs::read(two.join("model.safetensors")).expect("two"),
+        std::fs::read(one.join("model.safetensors")).expect("one"),
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&one.join("model.json"))).expect("model.json");
+    assert_eq!(m["training"]["global_batch_size"], 16, "{m}");
+    assert_eq!(m["training"]["steps"], 8, "{m}");
+}
+
+#[test]
+fn four_ranks_and_two_ranks_accumulating_two_train_the_same_model() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let (four, two) = (t.path().join("four"), t.path().join("two"));
+    // One step of 64 per epoch: the four-way sums' rounding (~1e-7) is not yet amplified by
+    // many small-batch steps (8 steps of micro-batches of 4 at LR 0.08 drift up to 0.3 apart).
+    ok(&train(&model, &four, 4, 16, &["--global-batch-size", "64"]));
+    ok(&train(&model, &two, 2, 16, &["--global-batch-size", "64"]));
+    let (d, name) = max_diff(&four, &two);
+    assert!(d <= 1e-6, "{name} differs by {d}");
+}
+
+#[test]
+fn a_global_batch_that_does_not_divide_is_refused_before_any_rank_starts() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let r = train(&model, &out, 2, 8, &["--global-batch-size", "24"]);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("--global-batch-size 24")
+            && r.stderr.contains("world size 2")
+            && r.stderr.contains("--batch-size 8")
+            && r.stderr.contains("16, 32, 48, 64"),
+        "{}",
+        r.explain()
+    );
+    assert!(
+        !out.join("logs").exists(),
+        "no rank started: {}",
+        r.explain()
+    );
+}
+
+#[test]
+fn lr_scaling_sqrt_and_none_set_the_logged_lr() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("sqrt");
+    let r = train(
+        &model,
+        &out,
+        1,
+        4,
+        &["--global-batch-size", "16", "--lr-scaling", "sqrt"],
+    );
+    ok(&r);
+    // k = 16 / 4 = 4: lr × √4.
+    assert!(
+        r.stdout.contains("effective LR 4e-2 (--lr 2e-2 × √4)")
+            && r.stdout
+                .contains("--lr-scaling sqrt, --global-batch-size 16 / --batch-size 4 = 4"),
+        "{}",
+        r.explain()
+    );
+    let out = t.path().join("none");
+    let r = train(&model, &out, 2, 8, &["--lr-scaling", "none"]);
+    ok(&r);
+    assert!(
+        r.stdout.contains("effective LR 2e-2 (--lr 2e-2 × 1)")
+            && r.stdout.contains("run report")
+            && r.stdout.contains("effective LR 2e-2 (--lr 2e-2 × 1)"),
+        "{}",
+        r.explain()
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&out.join("model.json"))).expect("model.json");
+    assert_eq!(m["training"]["lr_scaling"], "none", "{m}");
+    assert_eq!(m["training"]["effective_lr"], 0.02, "{m}");
+}
+
+/// A run stopped after its first epoch on 2 ranks and resumed on 1 (as after losing a node),
+/// with the same --global-batch-size, trains the model an uninterrupted 2-rank run trains.
+#[test]
+fn a_resume_on_fewer_ranks_continues_the_same_training() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let full = t.path().join("full");
+    ok(&train(&model, &full, 2, 8, &["--global-batch-size", "16"]));
+    // The same run with rank 1 killed before step 6 (mid-epoch 2; checkpoints every 2 steps),
+    // resumed on one rank.
+    let killed = t.path().join("killed");
+    let d = tiny_digits();
+    let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), &killed);
+    c.args([
+        "--epochs",
+        "2",
+        "--patience",
+        "5",
+        "--lr",
+        "0.02",
+        "--launcher",
+        "local",
+        "--procs-per-node",
+        "2",
+        "--batch-size",
+        "8",
+        "--global-batch-size",
+        "16",
+        "--checkpoint-every",
+        "2",
+    ])
+    .env("TCHRUN_THREADS", "1")
+    .env("TCHRUN_TEST_KILL_AT_STEP", "1:6")
+    .env_remove("TCHRUN_ATTEMPT");
+    let r = run(&mut c, LIMIT);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    let r = train(
+        &model,
+        &killed,
+        1,
+        8,
+        &["--global-batch-size", "16", "--resume"],
+    );
+    assert_resumed(&r, &killed);
+    assert!(
+        r.stdout
+            .contains("world size 1 (checkpoint: 2): the same --global-batch-size 16"),
+        "{}",
+        r.explain()
+    );
+    let (d, name) = max_diff(&full, &killed);
+    assert_eq!(d, 0.0, "the resumed model differs: {name} by {d}");
+}
