@@ -929,6 +929,8 @@ fn train_with_failing_node2(dir: &Path, extra: &[&str]) -> (Run, PathBuf) {
         tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
             .env("TMPDIR", &ompi)
             .env("TCHRUN_TEST_KILL_ON_HOST", "tchrun-node2:7")
+            // One intra-op thread: the same kernels at every world size (the model comparison).
+            .env("TCHRUN_THREADS", "1")
             .env_remove("TCHRUN_ATTEMPT")
             .env_remove("TCHRUN_TEST_KILL_AT_STEP")
             .args(["--epochs", "2", "--batch-size", "20", "--lr", "0.05"])
@@ -946,12 +948,16 @@ fn train_with_failing_node2(dir: &Path, extra: &[&str]) -> (Run, PathBuf) {
 /// Issue 15 item 3: node 2's rank fails in attempts 1 and 2 (each after a newer checkpoint);
 /// tchrun drops tchrun-node2 and attempt 3 runs on tchrun-node1 alone (1 rank, resuming the
 /// 2-rank checkpoint at the new world size) to the end: exit 0, the console, `restarts.json`
-/// and the rewritten hostfile name the dropped host, the model directory is complete.
+/// and the rewritten hostfile name the dropped host, the model directory is complete. With
+/// `--global-batch-size 40` (2 ranks × 20, then 1 rank accumulating 2 × 20), the job that lost a
+/// node trains the same model, bit for bit, as the same job on 2 ranks that lost nothing (issue
+/// 15 item 4).
 #[test]
 fn netns_a_host_that_keeps_failing_is_dropped() {
     let Some(_nodes) = Nodes::up(2) else { return };
     let t = tempdir();
-    let (r, out) = train_with_failing_node2(t.path(), &["--min-nodes", "1"]);
+    let gbs = ["--min-nodes", "1", "--global-batch-size", "40"];
+    let (r, out) = train_with_failing_node2(t.path(), &gbs);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
         r.stderr.contains(
@@ -1008,6 +1014,32 @@ fn netns_a_host_that_keeps_failing_is_dropped() {
     eprintln!(
         "2 nodes, node 2 failing twice, finished on node 1: {:.1}s",
         r.elapsed.as_secs_f64()
+    );
+    // The same training on 2 ranks that lose nothing.
+    let d = small_digits();
+    let undisturbed = t.path().join("undisturbed");
+    let u = run(
+        tchrun_train(
+            &t.path().join("model"),
+            &d.join("train"),
+            &d.join("valid"),
+            &undisturbed,
+        )
+        .env("TCHRUN_THREADS", "1")
+        .env_remove("TCHRUN_TEST_KILL_ON_HOST")
+        .env_remove("TCHRUN_ATTEMPT")
+        .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+        .args(["--epochs", "2", "--batch-size", "20", "--lr", "0.05"])
+        .args(["--print-freq", "5", "--global-batch-size", "40"])
+        .args(["--launcher", "local", "--procs-per-node", "2"]),
+        Duration::from_secs(420),
+    );
+    assert_eq!(u.code, Some(0), "{}", u.explain());
+    let a = std::fs::read(out.join("model.safetensors")).expect("model");
+    let b = std::fs::read(undisturbed.join("model.safetensors")).expect("model");
+    assert!(
+        a == b,
+        "the job that lost a node trained another model than the undisturbed one"
     );
 }
 
