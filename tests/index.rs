@@ -268,3 +268,46 @@ fn above_the_limit_headers_are_checked_on_decode() {
     assert!(r.stderr.contains("junk.png"), "{}", r.explain());
     assert!(!out.join("logs").exists(), "{}", r.explain());
 }
+
+/// A packed directory has its own index: `tchrun data index` refuses it (exit 2) and says why,
+/// and indexing the folder it came from works.
+#[test]
+fn data_index_refuses_a_pack_and_indexes_a_folder() {
+    let t = tempdir();
+    let d = data(t.path());
+    let cache = t.path().join("cache");
+    let packed = t.path().join("packed");
+    let r = run(
+        tchrun()
+            .args(["data", "pack"])
+            .arg(d.join("valid"))
+            .arg("--output")
+            .arg(&packed),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let r = run(
+        tchrun()
+            .args(["data", "index"])
+            .arg(&packed)
+            .env("TCHRUN_DATA_CACHE", &cache),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(r.stderr.contains("a packed directory"), "{}", r.explain());
+    let r = run(
+        tchrun()
+            .args(["data", "index"])
+            .arg(d.join("train"))
+            .arg(d.join("valid"))
+            .env("TCHRUN_DATA_CACHE", &cache),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains("200 image headers verified")
+            && r.stdout.contains("50 image headers verified"),
+        "{}",
+        r.explain()
+    );
+}

@@ -147,6 +147,13 @@ fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
                 dir.display()
             )));
         }
+        if tchrun::data::pack::is_pack(&dir) {
+            return Err(JobError::invalid(format!(
+                "{}: a packed directory (`tchrun data pack`): it has its own index and its \
+                 headers were verified when it was packed; nothing to index",
+                dir.display()
+            )));
+        }
         let mut opened = index::open(&dir).map_err(|e| JobError::invalid(e.to_string()))?;
         outln!("tchrun: {}: {}", dir.display(), opened.note);
         let Some(path) = opened.path.clone() else {
