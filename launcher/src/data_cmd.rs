@@ -89,13 +89,14 @@ pub fn run(cmd: &DataCmd) -> Result<i32, JobError> {
     }
 }
 
-fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
+/// `SRC` of `split` and `pack`: an image folder, or an archive extracted into the cache beside
+/// `output` (said on the console); its path and its scan.
+fn source_folder(
+    src: &std::path::Path,
+    output: &std::path::Path,
+) -> Result<(PathBuf, tchrun::data::ImageFolder), JobError> {
     let invalid = |e: &dyn std::fmt::Display| JobError::invalid(e.to_string());
-    let started = std::time::Instant::now();
-    let output = absolute(a.output.clone());
-    // Refuse a bad output before extracting anything.
-    pack::check_output(&output).map_err(|e| invalid(&e))?;
-    let src = absolute(a.src.clone());
+    let src = absolute(src.to_path_buf());
     let cache_parent = output
         .parent()
         .map(PathBuf::from)
@@ -109,6 +110,16 @@ fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
         None => src,
     };
     let folder = tchrun::data::ImageFolder::scan(&folder_path).map_err(|e| invalid(&e))?;
+    Ok((folder_path, folder))
+}
+
+fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
+    let invalid = |e: &dyn std::fmt::Display| JobError::invalid(e.to_string());
+    let started = std::time::Instant::now();
+    let output = absolute(a.output.clone());
+    // Refuse a bad output before extracting anything.
+    pack::check_output(&output).map_err(|e| invalid(&e))?;
+    let (folder_path, folder) = source_folder(&a.src, &output)?;
     let opts = pack::PackOptions {
         shard_size: a.shard_size,
         skip_bad: a.skip_bad_images,
@@ -214,22 +225,7 @@ fn run_split(a: &SplitArgs) -> Result<i32, JobError> {
     if !(a.fraction > 0.0 && a.fraction < 1.0) {
         return Err(invalid(&split::SplitError::Fraction(a.fraction)));
     }
-    let src = absolute(a.src.clone());
-    let cache_parent = output
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let cache = tchrun::data::archive::cache_root(&cache_parent);
-    let folder_path = match tchrun::data::archive::resolve(&src, &cache)
-        .map_err(|e| JobError::invalid(format!("{}", e)))?
-    {
-        Some(x) => {
-            outln!("tchrun: {}", x.describe());
-            x.root
-        }
-        None => src,
-    };
-    let folder = tchrun::data::ImageFolder::scan(&folder_path).map_err(|e| invalid(&e))?;
+    let (folder_path, folder) = source_folder(&a.src, &output)?;
     let plan = split::plan_split(&folder, a.fraction, a.seed).map_err(|e| invalid(&e))?;
     let report = split::write_split(&plan, &output).map_err(|e| invalid(&e))?;
     let (n_train, n_valid) = plan

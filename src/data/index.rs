@@ -293,43 +293,13 @@ impl Headers {
         if self.bad.is_empty() {
             return Ok(Vec::new());
         }
-        let reason: std::collections::HashMap<usize, &str> = self
-            .bad
-            .iter()
-            .map(|(i, r, _)| (*i as usize, r.as_str()))
-            .collect();
-        if !skip_bad {
-            let (i, r, _) = &self.bad[0];
-            let path = folder
-                .samples
-                .get(*i as usize)
-                .map(|s| s.path.clone())
-                .unwrap_or_else(|| folder.root.clone());
-            return Err(DatasetError::BadImage {
-                path,
-                detail: format!("{r}; fix or delete the file, or skip bad images"),
-            });
-        }
-        let n = folder.samples.len();
-        let mut skipped = Vec::new();
-        let old = std::mem::take(&mut folder.samples);
-        for (i, s) in old.into_iter().enumerate() {
-            match reason.get(&i) {
-                Some(r) => skipped.push((s.path, r.to_string())),
-                None => folder.samples.push(s),
+        let mut reasons = vec![None; folder.samples.len()];
+        for (i, r, _) in &self.bad {
+            if let Some(slot) = reasons.get_mut(*i as usize) {
+                *slot = Some(r.clone());
             }
         }
-        if folder.samples.is_empty() {
-            return Err(DatasetError::Empty {
-                path: folder.root.clone(),
-                detail: format!(
-                    "all {n} images failed verification (first: {}: {}); check the files",
-                    skipped[0].0.display(),
-                    skipped[0].1
-                ),
-            });
-        }
-        Ok(skipped)
+        folder.apply_verdicts(reasons, skip_bad)
     }
 }
 

@@ -125,7 +125,18 @@ impl ImageFolder {
             return Ok(Vec::new());
         }
         let reasons = check_headers(&self.samples, max_pixels);
+        self.apply_verdicts(reasons, skip_bad)
+    }
 
+    /// The header verdicts of every sample (`None`: good), applied: without `skip_bad` the
+    /// first bad sample is the error; with it the bad ones are dropped and returned as
+    /// `(path, reason)` in sample order, and `Empty` if nothing is left.
+    pub(super) fn apply_verdicts(
+        &mut self,
+        reasons: Vec<Option<String>>,
+        skip_bad: bool,
+    ) -> Result<Vec<(PathBuf, String)>, DatasetError> {
+        let n = self.samples.len();
         if !skip_bad {
             if let Some((i, r)) = reasons
                 .iter()
