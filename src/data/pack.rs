@@ -500,15 +500,6 @@ pub fn pack(
         name_of(output),
         std::process::id()
     ));
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: std::io::Error| {
-            PackError::Dataset(DatasetError::Io {
-                path: path.clone(),
-                source: e,
-            })
-        }
-    };
     if tmp.exists() {
         fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
@@ -543,20 +534,22 @@ pub fn pack(
     result
 }
 
+/// An I/O error at `path`, as a pack error (for `map_err`).
+fn io(path: &Path) -> impl Fn(std::io::Error) -> PackError {
+    let path = path.to_path_buf();
+    move |e| {
+        PackError::Dataset(DatasetError::Io {
+            path: path.clone(),
+            source: e,
+        })
+    }
+}
+
 fn write_pack(
     folder: &ImageFolder,
     dir: &Path,
     opts: &PackOptions,
 ) -> Result<PackIndex, PackError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: std::io::Error| {
-            PackError::Dataset(DatasetError::Io {
-                path: path.clone(),
-                source: e,
-            })
-        }
-    };
     let mut shards = Vec::new();
     let mut entries = Vec::with_capacity(folder.samples.len());
     let mut cur: Option<ShardWriter> = None;
