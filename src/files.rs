@@ -172,6 +172,41 @@ mod tests {
     }
 }
 
+/// A failed write of `what` (`needed` bytes) to `path`, in words: a full file system (or
+/// quota) says so with the space needed and the space left, since the error itself may only
+/// say "os error 28" (or a library's Debug text of it); anything else keeps its error.
+pub fn describe_write_error(what: &str, path: &Path, error: &str, needed: u64) -> String {
+    let folder = path.parent().unwrap_or(path);
+    let free = nix::sys::statvfs::statvfs(folder)
+        .ok()
+        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64);
+    let full = [
+        "StorageFull",
+        "No space left",
+        "os error 28",
+        "QuotaExceeded",
+        "os error 122",
+    ]
+    .iter()
+    .any(|w| error.contains(w))
+        || free.is_some_and(|f| f < needed);
+    let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
+    if full {
+        format!(
+            "no space left on the file system of {} (No space left on device): {what} needs \
+             {:.1} MB ({}) and {} free; free some space or use a larger file system, then \
+             continue with --resume",
+            folder.display(),
+            mb(needed),
+            path.display(),
+            free.map(|f| format!("{:.1} MB are", mb(f)))
+                .unwrap_or_else(|| "an unknown amount is".into())
+        )
+    } else {
+        format!("cannot write {}: {error}", path.display())
+    }
+}
+
 /// Now as RFC 3339 UTC with milliseconds: the one timestamp format of tchrun's files
 /// (driver logs, `failure.json`, `metrics.jsonl`).
 pub fn timestamp_now() -> String {

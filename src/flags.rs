@@ -357,6 +357,10 @@ pub struct TrainOptions {
     /// Continue from the last checkpoint in --output.
     #[arg(long, env = "TCHRUN_RESUME")]
     pub resume: bool,
+    /// Start over in an --output that holds an interrupted run's checkpoint or a trained
+    /// model: its checkpoints, metrics and model are replaced by this run's.
+    #[arg(long, env = "TCHRUN_OVERWRITE", conflicts_with = "resume")]
+    pub overwrite: bool,
     /// Fine-tuning: train the classifier only (`fc` / `classifier`). Every other parameter and
     /// batch-norm statistic stays as it started, bit for bit: no gradient, no all-reduce, batch
     /// norm in inference mode.
@@ -407,6 +411,9 @@ impl TrainOptions {
         }
         if self.resume {
             v.push("--resume".into());
+        }
+        if self.overwrite {
+            v.push("--overwrite".into());
         }
         if self.freeze_backbone {
             v.push("--freeze-backbone".into());

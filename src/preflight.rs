@@ -32,8 +32,9 @@ pub struct Inputs {
     pub skipped: Vec<(PathBuf, String)>,
 }
 
-/// Refuses an `--output` that holds a trained model (unless resuming) or is not a directory.
-pub fn check_output(output: &Path, resume: bool) -> Result<(), PreflightError> {
+/// Refuses an `--output` that holds a trained model (unless resuming or overwriting) or is not
+/// a directory.
+pub fn check_output(output: &Path, resume: bool, overwrite: bool) -> Result<(), PreflightError> {
     let model_json = output.join(crate::files::MODEL_JSON);
     if output.exists() && !output.is_dir() {
         return Err(PreflightError::Output(format!(
@@ -41,9 +42,10 @@ pub fn check_output(output: &Path, resume: bool) -> Result<(), PreflightError> {
             output.display()
         )));
     }
-    if model_json.exists() && !resume {
+    if model_json.exists() && !resume && !overwrite {
         return Err(PreflightError::Output(format!(
-            "--output {}: already holds a trained model ({}); choose another --output or remove it",
+            "--output {}: already holds a trained model ({}); choose another --output, continue \
+             its training with --resume and a larger --epochs, or replace it with --overwrite",
             output.display(),
             model_json.display()
         )));
@@ -122,7 +124,7 @@ pub fn check_train_job_with(
     verification: Verification,
 ) -> Result<Checked, PreflightError> {
     let cfg = model::load(&job.model, false).map_err(PreflightError::Model)?;
-    check_output(&job.output, job.options.resume)?;
+    check_output(&job.output, job.options.resume, job.options.overwrite)?;
     let weights = job.model.join(crate::files::MODEL_WEIGHTS);
     if weights.is_file() {
         crate::weights::check(cfg.arch, &weights).map_err(|e| {

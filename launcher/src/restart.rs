@@ -321,14 +321,10 @@ impl Attempt {
 
 /// The optimizer step of the last complete checkpoint in `output`, if any.
 pub fn checkpoint_step(output: &Path) -> Option<u64> {
-    let path = output
-        .join(files::CHECKPOINT_DIR)
-        .join(files::CHECKPOINT_LAST);
-    let text = std::fs::read_to_string(path).ok()?;
-    serde_json::from_str::<serde_json::Value>(&text)
-        .ok()?
-        .get("step")?
-        .as_u64()
+    tchrun::checkpoint::read(output)
+        .ok()
+        .flatten()
+        .map(|l| l.step)
 }
 
 /// The failure summary the attempt left in `log_dir`.
@@ -430,7 +426,10 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(
             d.join(files::CHECKPOINT_LAST),
-            r#"{"epoch": 1, "step": 42}"#,
+            r#"{"format_version": 1, "epoch": 1, "batches_done": 0, "step": 42, "world_size": 2,
+                "seed": 1, "best_loss": null, "best_epoch": null, "since_best": 0, "history": [],
+                "partial": [0, 0, 0], "loss_scale": 1, "finished": false,
+                "tensors": "last-42.safetensors"}"#,
         )
         .unwrap();
         assert_eq!(checkpoint_step(t.path()), Some(42));

@@ -2,50 +2,43 @@
 //! within the epoch, LR schedule position, early-stopping state, metrics so far) and `best`
 //! (the weights of the best epoch). Written by rank 0 atomically (temp file, fsync, rename);
 //! the JSON is renamed last, so it only ever names complete tensor files. Safetensors only.
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::Tensor;
-use tchrun::metrics::EpochMetrics;
+
+/// What `last.json` records: the contract type of the root crate (the launcher reads it too).
+pub use tchrun::checkpoint::Last as Meta;
+pub use tchrun::checkpoint::{RunRecord, FORMAT_VERSION, LEGACY_BEST};
 
 pub const DIR: &str = tchrun::files::CHECKPOINT_DIR;
-pub const FORMAT_VERSION: u32 = 1;
-
-/// What `last.json` records.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Meta {
-    pub format_version: u32,
-    /// Epochs fully done (0-based index of the epoch to run next when `batches_done == 0`).
-    pub epoch: u32,
-    /// Batches of `epoch` already done (mid-epoch stop), with the world size they used.
-    pub batches_done: u64,
-    /// Optimizer steps taken in all.
-    pub step: u64,
-    pub world_size: usize,
-    pub seed: i64,
-    pub best_loss: Option<f64>,
-    pub best_epoch: Option<u32>,
-    pub since_best: u32,
-    pub history: Vec<EpochMetrics>,
-    /// Partial sums of the interrupted epoch: (loss sum, samples, seconds).
-    pub partial: (f64, f64, f64),
-    pub loss_scale: f64,
-    /// The run ended (early stop or last epoch) and wrote its model.
-    pub finished: bool,
-    /// `--global-batch-size` of the run (its steps do not depend on the world size).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub global_batch_size: Option<u32>,
-}
 
 pub fn dir(output: &Path) -> PathBuf {
-    output.join(DIR)
+    tchrun::checkpoint::dir(output)
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    tchrun::files::write_atomic(path, bytes).map_err(|e| e.to_string())
+fn write_atomic(path: &Path, bytes: &[u8], step: u64) -> Result<(), String> {
+    tchrun::files::write_atomic(path, bytes)
+        .map_err(|e| write_error(path, &e.to_string(), bytes.len() as u64, step))
 }
 
-fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), String> {
+/// A failed checkpoint write in words (a full disk says so, with the space needed and left).
+fn write_error(path: &Path, error: &str, needed: u64, step: u64) -> String {
+    tchrun::files::describe_write_error(
+        &format!("the checkpoint of step {step}"),
+        path,
+        error,
+        needed,
+    )
+}
+
+/// Bytes of `tensors`' data.
+fn data_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> u64 {
+    tensors
+        .map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64)
+        .sum()
+}
+
+fn write_tensors(path: &Path, tensors: &[(String, Tensor)], step: u64) -> Result<(), String> {
     let cpu: Vec<(String, Tensor)> = tensors
         .iter()
         .map(|(n, t)| {
@@ -55,32 +48,39 @@ fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), String
             )
         })
         .collect();
+    let needed = data_bytes(cpu.iter().map(|(_, t)| t));
     tchrun::files::write_atomic_with(
         path,
-        |tmp| Tensor::write_safetensors(&cpu, tmp).map_err(|e| format!("{}: {e}", tmp.display())),
-        |e| e.to_string(),
+        |tmp| {
+            Tensor::write_safetensors(&cpu, tmp)
+                .map_err(|e| write_error(tmp, &format!("{e:?}"), needed, step))
+        },
+        |e| write_error(path, &e.to_string(), needed, step),
     )
 }
 
-/// The best weights' file of checkpoints written before it was tied to a step.
-const LEGACY_BEST: &str = "best.safetensors";
-
-/// A tensors file name from `last.json`: a plain file name in the checkpoint directory.
-fn valid_name(name: &str) -> bool {
-    !name.is_empty() && !name.contains('/') && !name.contains("..")
+/// The best weights' file the checkpoint in `d`'s output names (an older checkpoint:
+/// `best.safetensors` when it is there).
+fn named_best(output: &Path) -> Option<String> {
+    let last = tchrun::checkpoint::read(output).ok().flatten()?;
+    tchrun::checkpoint::best_file(output, &last)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
 }
 
-/// The best weights' file the checkpoint in `d` names (an older checkpoint: `best.safetensors`
-/// when it is there).
-fn named_best(d: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(d.join(tchrun::files::CHECKPOINT_LAST)).ok();
-    let json: Option<serde_json::Value> = text.and_then(|t| serde_json::from_str(&t).ok());
-    match json.as_ref().map(|j| &j["best_tensors"]) {
-        Some(serde_json::Value::String(f)) if valid_name(f) => Some(f.clone()),
-        _ => d
-            .join(LEGACY_BEST)
-            .is_file()
-            .then(|| LEGACY_BEST.to_string()),
+/// Temporary files a killed writer left in the checkpoint directory (`.NAME.<pid>.tmp`):
+/// never named by `last.json`, removed before the next write.
+fn remove_stale_temporaries(d: &Path) {
+    if let Ok(rd) = std::fs::read_dir(d) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if n.starts_with('.') && n.ends_with(".tmp") {
+                tracing::info!(
+                    "removing {} (left by an interrupted checkpoint write)",
+                    e.path().display()
+                );
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 }
 
@@ -107,6 +107,7 @@ fn save_with_pause(
 ) -> Result<(), String> {
     let d = dir(output);
     std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+    remove_stale_temporaries(&d);
     // The best weights, also under a name tied to the step: a kill before `last.json` switches
     // leaves the previous checkpoint's best weights named and intact. A save without new best
     // weights keeps naming the previous ones.
@@ -117,11 +118,11 @@ fn save_with_pause(
                 .map(|(n, t)| (n.clone(), t.shallow_clone()))
                 .collect();
             let f = format!("best-{}.safetensors", meta.step);
-            write_tensors(&d.join(&f), &v)?;
+            write_tensors(&d.join(&f), &v, meta.step)?;
             Some(f)
         }
         // This run has best weights (its state names a best epoch): the previous save's.
-        None if meta.best_epoch.is_some() => named_best(&d),
+        None if meta.best_epoch.is_some() => named_best(output),
         None => None,
     };
     let mut all: Vec<(String, Tensor)> = model
@@ -135,7 +136,7 @@ fn save_with_pause(
     );
     // Tensors under a name tied to the step, so the JSON switches atomically to a complete file.
     let file = format!("last-{}.safetensors", meta.step);
-    write_tensors(&d.join(&file), &all)?;
+    write_tensors(&d.join(&file), &all, meta.step)?;
     if let Some(p) = pause {
         tracing::info!(
             "checkpoint of step {}: {file} written, pausing {:.1} s before last.json names it ({})",
@@ -145,16 +146,15 @@ fn save_with_pause(
         );
         std::thread::sleep(p);
     }
-    let mut json = serde_json::to_value(meta).map_err(|e| e.to_string())?;
-    json["tensors"] = serde_json::Value::String(file.clone());
-    if let Some(b) = &best_file {
-        json["best_tensors"] = serde_json::Value::String(b.clone());
-    }
+    let mut meta = meta.clone();
+    meta.tensors = file.clone();
+    meta.best_tensors = best_file.clone();
+    meta.written = Some(tchrun::files::timestamp_now());
+    let json = serde_json::to_string_pretty(&meta).map_err(|e| e.to_string())?;
     write_atomic(
         &d.join(tchrun::files::CHECKPOINT_LAST),
-        serde_json::to_string_pretty(&json)
-            .map_err(|e| e.to_string())?
-            .as_bytes(),
+        json.as_bytes(),
+        meta.step,
     )?;
     if let Ok(f) = std::fs::File::open(&d) {
         let _ = f.sync_all();
@@ -231,18 +231,30 @@ impl Writer {
             .spawn(move || {
                 let t0 = std::time::Instant::now();
                 let r = save_with_pause(&output, &meta, &model, &momentum, best.as_ref(), delay);
-                if r.is_ok() {
-                    tracing::info!(
+                match &r {
+                    Ok(()) => tracing::info!(
                         step = meta.step,
                         secs = t0.elapsed().as_secs_f64(),
                         "checkpoint written (background)"
-                    );
+                    ),
+                    // Said when it happens; the training loop ends the job at its next step.
+                    Err(e) => tracing::error!("checkpoint of step {} failed: {e}", meta.step),
                 }
                 r
             })
             .map_err(|e| format!("cannot start the checkpoint writer: {e}"))?;
         self.pending = Some((step, handle));
         Ok(())
+    }
+
+    /// The result of a write that has ended since the last call (`Ok` while one still runs or
+    /// none was started): the training loop asks after every step, so a failed write ends the
+    /// job when it happens, not when the next checkpoint is due.
+    pub fn poll(&mut self) -> Result<(), String> {
+        match &self.pending {
+            Some((_, h)) if h.is_finished() => self.wait(),
+            _ => Ok(()),
+        }
     }
 
     /// Waits for the write in flight, if any, and returns its result.
@@ -252,6 +264,16 @@ impl Writer {
             Some((step, h)) => h
                 .join()
                 .map_err(|_| format!("the checkpoint writer of step {step} panicked"))?,
+        }
+    }
+}
+
+/// A rank that ends (an error, a stop) lets the write in flight finish: the checkpoint it
+/// writes is complete, or the previous one stays named.
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let Err(e) = self.wait() {
+            tracing::warn!("{e}");
         }
     }
 }
@@ -266,53 +288,25 @@ pub struct Loaded {
 
 /// Reads `last.json` and its tensors; `Ok(None)` when there is no checkpoint.
 pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
-    let d = dir(output);
-    let json_path = d.join(tchrun::files::CHECKPOINT_LAST);
-    let text = match std::fs::read_to_string(&json_path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", json_path.display())),
+    let Some(meta) = tchrun::checkpoint::read(output).map_err(|e| e.to_string())? else {
+        return Ok(None);
     };
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json_path.display()))?;
-    let meta: Meta = serde_json::from_value(json.clone())
-        .map_err(|e| format!("{}: {e}", json_path.display()))?;
-    if meta.format_version != FORMAT_VERSION {
-        return Err(format!(
-            "{}: checkpoint format {} is not supported",
-            json_path.display(),
-            meta.format_version
-        ));
-    }
-    let file = json["tensors"]
-        .as_str()
-        .ok_or_else(|| format!("{}: no tensors file named", json_path.display()))?;
-    if !valid_name(file) {
-        return Err(format!(
-            "{}: invalid tensors file name {file:?}",
-            json_path.display()
-        ));
-    }
-    let tensors = Tensor::read_safetensors(d.join(file))
-        .map_err(|e| format!("{}: {e}", d.join(file).display()))?;
+    let d = dir(output);
+    let read = |p: &Path| -> Result<Vec<(String, Tensor)>, String> {
+        tchrun::checkpoint::verify_tensors(p).map_err(|e| e.to_string())?;
+        Tensor::read_safetensors(p).map_err(|e| format!("{}: {e}", p.display()))
+    };
     let (mut model, mut momentum) = (BTreeMap::new(), BTreeMap::new());
-    for (n, t) in tensors {
+    for (n, t) in read(&d.join(&meta.tensors))? {
         if let Some(k) = n.strip_prefix("model.") {
             model.insert(k.to_string(), t);
         } else if let Some(k) = n.strip_prefix("momentum.") {
             momentum.insert(k.to_string(), t);
         }
     }
-    let best_path = named_best(&d).map(|f| d.join(f));
-    let best = if let Some(best_path) = best_path {
-        Some(
-            Tensor::read_safetensors(&best_path)
-                .map_err(|e| format!("{}: {e}", best_path.display()))?
-                .into_iter()
-                .collect(),
-        )
-    } else {
-        None
+    let best = match tchrun::checkpoint::best_file(output, &meta) {
+        Some(p) => Some(read(&p)?.into_iter().collect()),
+        None => None,
     };
     Ok(Some(Loaded {
         meta,
@@ -342,6 +336,10 @@ mod tests {
             loss_scale: 1.0,
             finished: false,
             global_batch_size: None,
+            tensors: String::new(),
+            best_tensors: None,
+            run: None,
+            written: None,
         }
     }
 

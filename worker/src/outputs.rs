@@ -30,7 +30,14 @@ pub fn append_metrics(output: &Path, m: &EpochMetrics) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", path.display()))?;
     writeln!(f, "{line}")
         .and_then(|_| f.sync_data())
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| {
+            tchrun::files::describe_write_error(
+                "metrics.jsonl's row",
+                &path,
+                &e.to_string(),
+                line.len() as u64 + 1,
+            )
+        })
 }
 
 /// Rewrites `<output>/metrics.jsonl` from a checkpoint's history (atomically), so a resumed
@@ -44,6 +51,28 @@ pub fn rewrite_metrics(output: &Path, history: &[EpochMetrics]) -> Result<(), St
     }
     tchrun::files::write_atomic(&output.join(METRICS_JSONL), text.as_bytes())
         .map_err(|e| e.to_string())
+}
+
+/// Removes what an earlier run left in `--output` before a new run writes there (a fresh
+/// start, `--overwrite`): `model.json` first (so a crash in between never leaves a model
+/// directory that looks whole), then the weights, metrics, plot and checkpoints. The logs and
+/// TensorBoard events are the launcher's and `Board`'s to replace.
+pub fn clear_previous_run(output: &Path) -> Result<(), String> {
+    for name in [MODEL_JSON, MODEL_WEIGHTS, METRICS_JSONL, METRICS_PLOT] {
+        let p = output.join(name);
+        match std::fs::remove_file(&p) {
+            Ok(()) => tracing::info!("removed {} (an earlier run's)", p.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        }
+    }
+    let d = tchrun::checkpoint::dir(output);
+    match std::fs::remove_dir_all(&d) {
+        Ok(()) => tracing::info!("removed {} (an earlier run's)", d.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", d.display())),
+    }
+    Ok(())
 }
 
 /// Writes the trained model directory atomically (see module docs).
@@ -61,8 +90,13 @@ pub fn write_model_dir(
     std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
     let result = (|| -> Result<(), String> {
         let weights = staging.join(MODEL_WEIGHTS);
-        Tensor::write_safetensors(state, &weights)
-            .map_err(|e| format!("{}: {e}", weights.display()))?;
+        Tensor::write_safetensors(state, &weights).map_err(|e| {
+            let needed = state
+                .iter()
+                .map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64)
+                .sum();
+            tchrun::files::describe_write_error("the model", &weights, &format!("{e:?}"), needed)
+        })?;
         File::open(&weights)
             .and_then(|f| f.sync_all())
             .map_err(|e| format!("{}: {e}", weights.display()))?;

@@ -1,7 +1,8 @@
 //! Stop requests (SIGTERM from the launcher or `scancel`, SIGINT, SIGUSR1 from Slurm's
-//! `--signal`): logged in the driver log; while training runs, the loop agrees with the other
-//! ranks to stop at the next step (and checkpoints); otherwise the rank exits at once. A second
-//! signal always exits at once.
+//! `--signal`): logged in the driver log; from the first training step to the rank's end, the
+//! loop agrees with the other ranks to stop at the next step (and checkpoints), or, after the
+//! last step, finishes the model first; before training the rank exits at once. A second
+//! signal always exits at once (`_exit`: no destructor runs beside the main thread).
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 static REQUESTED: AtomicI32 = AtomicI32::new(0);
@@ -26,7 +27,7 @@ pub fn exit_code(sig: i32) -> i32 {
     }
 }
 
-fn name(sig: i32) -> &'static str {
+pub fn name(sig: i32) -> &'static str {
     match sig {
         signal_hook::consts::SIGTERM => "SIGTERM",
         signal_hook::consts::SIGINT => "SIGINT",
@@ -50,7 +51,13 @@ pub fn install() -> std::io::Result<()> {
                 continue;
             }
             tracing::warn!("received {}: stopping this rank now", name(sig));
-            std::process::exit(exit_code(if first { sig } else { requested() }));
+            let code = exit_code(if first { sig } else { requested() });
+            tracing::info!("{}", tchrun::driver_log::RankExit { code }.write());
+            // `_exit`, not `exit`: running libtorch's static destructors while the main thread
+            // still runs its operators panics inside libtorch ("Could not find schema ...").
+            // The driver log is written unbuffered; nothing else needs flushing.
+            // SAFETY: `_exit` ends the process at once; it touches no Rust state.
+            unsafe { libc::_exit(code) }
         }
     })?;
     Ok(())

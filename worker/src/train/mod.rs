@@ -24,7 +24,7 @@ use tchrun::model::{ModelConfig, TrainingRecord};
 use tchrun::schedule::{Decision, EarlyStopping, LrSchedule};
 
 use board::Board;
-use resume::{fresh, load_resume, Resume};
+use resume::{fresh, load_resume, Resume, Start};
 use step::{accumulate_micro_batch, train_step, Guard, LossScaler, StepModel, Update};
 use validate::{log_skipped, validate, BadImages};
 
@@ -363,20 +363,30 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         job.options.lr_power,
     );
 
-    // Resume (rank 0 reads; everyone receives), then replicate from rank 0.
+    // Resume (rank 0 decides and reads; everyone receives), then replicate from rank 0.
     let mut best_weights: Option<BTreeMap<String, Tensor>> = None;
     let mut state = fresh(p.patience);
     let mut resumed = false;
-    if let Some(meta) = load_resume(job, ctx, &named, &mut opt, &mut best_weights)? {
-        if meta.finished {
-            (ctx.say)(&format!(
-                "training already complete in {} (nothing to resume)",
-                job.output.display()
-            ));
-            return Ok(());
-        }
-        // Mid-epoch positions carry over to the same sharding: the same world size, or the same
-        // --global-batch-size (whose cut does not depend on the world size).
+    let start = load_resume(
+        job,
+        ctx,
+        &cfg,
+        &train.classes,
+        &named,
+        &mut opt,
+        &mut best_weights,
+    )?;
+    if let Start::Complete = start {
+        (ctx.say)(&format!(
+            "training already complete in {} (nothing to resume); to train longer, pass a larger \
+             --epochs with --resume",
+            job.output.display()
+        ));
+        // Rank 0 serves the store: no rank leaves before all have read the decision.
+        pg.barrier()?;
+        return Ok(());
+    }
+    if let Start::Resume(meta) = start {
         let same_world = match job.options.global_batch_size {
             Some(g) => meta.global_batch_size == Some(g),
             None => meta.world_size == world && meta.global_batch_size.is_none(),
@@ -486,6 +496,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         scaler.scale = s;
     }
     let (mut compute_s, mut comm_s, mut images) = (0.0f64, 0.0f64, 0.0f64);
+    let run_record = checkpoint::RunRecord::of(job, &cfg, &train.classes);
     let checkpoint_meta = |epoch: u32,
                            batches_done: u64,
                            step: u64,
@@ -508,6 +519,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         loss_scale: scale,
         finished,
         global_batch_size: job.options.global_batch_size,
+        tensors: String::new(),
+        best_tensors: None,
+        run: Some(run_record.clone()),
+        written: None,
     };
     crate::signals::set_graceful(true);
     let mut start_epoch = state.epoch;
@@ -757,6 +772,11 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                     false,
                 )
             };
+            // A background checkpoint write that failed ends the job now, in words (a full
+            // disk), not when the next checkpoint is due.
+            if rank == 0 {
+                writer.poll().map_err(TrainError::Checkpoint)?;
+            }
             let every = job.options.checkpoint_every;
             if rank == 0
                 && every > 0
@@ -852,7 +872,9 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         (ctx.say)(&line);
         history.push(m.clone());
         let decision = stopping.update(epoch + 1, v.loss);
-        if decision == Decision::Improved {
+        // Only rank 0 writes the model, so only it keeps the best weights (a resumed run's
+        // best epoch may come from before the stop: rank 0 read its weights from the checkpoint).
+        if decision == Decision::Improved && rank == 0 {
             best_weights = Some(
                 named
                     .iter()
@@ -897,7 +919,8 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         }
     }
     let _ = start_epoch;
-    crate::signals::set_graceful(false);
+    // A stop request from here on waits for the model: the training steps are done, and what
+    // is left (the replica check, rank 0's writes) is bounded. Exiting now would lose the run.
 
     if let Some(name) = replicas.first_difference(pg)? {
         return Err(TrainError::Replicas(name));
@@ -922,7 +945,7 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         );
     }
 
-    let (Some((_, best_epoch)), Some(weights)) = (stopping.best, best_weights) else {
+    let Some((_, best_epoch)) = stopping.best else {
         return Err(TrainError::Invalid(
             "no epoch completed with a finite validation loss".into(),
         ));
@@ -932,6 +955,13 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
     pg.barrier()?;
     if rank == 0 {
         writer.wait().map_err(TrainError::Checkpoint)?;
+        let weights = best_weights.ok_or_else(|| {
+            TrainError::Checkpoint(format!(
+                "the best epoch is {best_epoch} but its weights were not kept (the checkpoint \
+                 in {} lacks them)",
+                checkpoint::dir(&job.output).display()
+            ))
+        })?;
         let best_metrics = history.get(best_epoch as usize - 1).cloned();
         let trained = ModelConfig {
             class_names: train.classes.clone(),
@@ -996,6 +1026,13 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
                 m.val_loss
             ));
         }
+    }
+    let sig = crate::signals::requested();
+    if sig != 0 {
+        tracing::warn!(
+            "the stop request ({}) came after the last training step: the model was finished first",
+            crate::signals::name(sig)
+        );
     }
     Ok(())
 }

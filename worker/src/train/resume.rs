@@ -33,64 +33,151 @@ pub(super) fn fresh(patience: u32) -> Resume {
     }
 }
 
-/// Rank 0 reads the checkpoint and shares its description through the store; the tensors
-/// reach the other ranks by broadcast (no shared file system needed).
+/// What rank 0 decided about `--output`'s checkpoint, as every rank learns it.
+pub(super) enum Start {
+    /// A new run (no checkpoint, `--overwrite`, or `--resume` with nothing to resume).
+    Fresh,
+    /// A `--resume` of a finished run with `--epochs` not larger: nothing to do.
+    Complete,
+    /// Resume from this state.
+    Resume(Box<checkpoint::Meta>),
+}
+
+/// Rank 0's announcement through the store.
+#[derive(serde::Serialize, serde::Deserialize)]
+enum Announce {
+    Fresh,
+    Complete,
+    Resume(Box<checkpoint::Meta>),
+    /// The check refused the checkpoint (or this job against it): every rank exits with it.
+    Refused(String),
+}
+
+/// Rank 0 decides what to do with `--output`'s checkpoint (`tchrun::checkpoint::check`, the
+/// launcher's pre-flight decision, repeated for jobs started without the launcher), reads it
+/// and shares the decision through the store; the tensors reach the other ranks by broadcast
+/// (no shared file system needed). A refusal ends every rank with the same message (exit 2).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn load_resume(
     job: &TrainJob,
     ctx: &RankCtx,
+    cfg: &tchrun::model::ModelConfig,
+    classes: &[String],
     named: &[(String, Tensor)],
     opt: &mut Sgd,
     best: &mut Option<BTreeMap<String, Tensor>>,
-) -> Result<Option<checkpoint::Meta>, TrainError> {
+) -> Result<Start, TrainError> {
     const KEY: &str = "tchrun/resume";
     // The names of the momentum buffers rank 0 holds (a checkpoint may hold none: --momentum 0,
     // or fp16 stopped before its first applied step): the other ranks make exactly these, so
     // that everyone enters the same broadcast.
     const MOMENTUM_KEY: &str = "tchrun/resume-momentum";
     let pg = ctx.pg;
+    let json = |e: serde_json::Error| TrainError::Checkpoint(e.to_string());
     if pg.rank() == 0 {
-        let loaded = if job.options.resume {
-            checkpoint::load(&job.output).map_err(TrainError::Checkpoint)?
-        } else {
-            None
+        let announce = |a: &Announce, momentum: &[&String]| -> Result<(), TrainError> {
+            ctx.store.set(
+                MOMENTUM_KEY,
+                serde_json::to_string(momentum).map_err(json)?.as_bytes(),
+            )?;
+            ctx.store
+                .set(KEY, serde_json::to_string(a).map_err(json)?.as_bytes())?;
+            Ok(())
         };
-        let text = match &loaded {
-            Some(l) => {
-                serde_json::to_string(&l.meta).map_err(|e| TrainError::Checkpoint(e.to_string()))?
+        use tchrun::checkpoint::Decision;
+        let decision = match tchrun::checkpoint::check(job, cfg, classes) {
+            Ok(d) => d,
+            Err(e) => {
+                let msg = e.to_string();
+                announce(&Announce::Refused(msg.clone()), &[])?;
+                return Err(TrainError::Invalid(msg));
             }
-            None => String::new(),
         };
-        let momentum_names: Vec<&String> = loaded
-            .as_ref()
-            .map(|l| l.momentum.keys().collect())
-            .unwrap_or_default();
-        let names = serde_json::to_string(&momentum_names)
-            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        ctx.store.set(MOMENTUM_KEY, names.as_bytes())?;
-        ctx.store.set(KEY, text.as_bytes())?;
-        let Some(l) = loaded else { return Ok(None) };
+        match decision {
+            Decision::Fresh | Decision::Overwrite { .. } | Decision::NothingToResume => {
+                if decision == Decision::NothingToResume {
+                    (ctx.say)(&format!(
+                        "--resume: no checkpoint in {}; training starts from the beginning",
+                        job.output.display()
+                    ));
+                }
+                if let Decision::Overwrite { previous } = &decision {
+                    (ctx.say)(&format!(
+                        "--overwrite: replacing the run in {}{}",
+                        job.output.display(),
+                        previous
+                            .as_ref()
+                            .map(|p| format!(" (its checkpoint of step {})", p.step))
+                            .unwrap_or_default()
+                    ));
+                }
+                // Nothing of an earlier run in --output is continued: its metrics, model and
+                // checkpoint go before this run writes its own.
+                crate::outputs::clear_previous_run(&job.output).map_err(TrainError::Output)?;
+                announce(&Announce::Fresh, &[])?;
+                return Ok(Start::Fresh);
+            }
+            Decision::Complete { .. } => {
+                announce(&Announce::Complete, &[])?;
+                return Ok(Start::Complete);
+            }
+            Decision::Resume { notes, .. } => {
+                for n in notes {
+                    (ctx.say)(&format!("--resume: {n}"));
+                }
+            }
+        }
+        let l = match checkpoint::load(&job.output) {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                let msg = format!(
+                    "--resume: the checkpoint in {} disappeared while the job started",
+                    checkpoint::dir(&job.output).display()
+                );
+                announce(&Announce::Refused(msg.clone()), &[])?;
+                return Err(TrainError::Checkpoint(msg));
+            }
+            Err(e) => {
+                announce(&Announce::Refused(e.clone()), &[])?;
+                return Err(TrainError::Checkpoint(e));
+            }
+        };
+        let missing = named.iter().find(|(n, _)| !l.model.contains_key(n));
+        if let Some((name, _)) = missing {
+            let msg = format!(
+                "--resume: the checkpoint in {} is not of this model ({}, input size {}): it lacks \
+                 '{name}'; resume with the --model it was trained from, or start over with --overwrite",
+                checkpoint::dir(&job.output).display(),
+                cfg.arch.name(),
+                cfg.input_size
+            );
+            announce(&Announce::Refused(msg.clone()), &[])?;
+            return Err(TrainError::Invalid(msg));
+        }
+        let momentum_names: Vec<&String> = l.momentum.keys().collect();
+        announce(&Announce::Resume(Box::new(l.meta.clone())), &momentum_names)?;
         tch::no_grad(|| -> Result<(), TrainError> {
             for (name, t) in named {
-                let src = l
-                    .model
-                    .get(name)
-                    .ok_or_else(|| TrainError::Checkpoint(format!("checkpoint lacks '{name}'")))?;
-                t.detach().copy_(&src.to_kind(t.kind()));
+                if let Some(src) = l.model.get(name) {
+                    t.detach().copy_(&src.to_kind(t.kind()));
+                }
             }
             Ok(())
         })?;
         opt.load_state(l.momentum);
+        // Only rank 0 writes the model, so only it keeps the best weights.
         *best = l.best;
-        Ok(Some(l.meta))
+        Ok(Start::Resume(Box::new(l.meta)))
     } else {
         let text = ctx.store.get(KEY)?;
-        if text.is_empty() {
-            return Ok(None);
-        }
-        let meta: checkpoint::Meta =
-            serde_json::from_slice(&text).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        let names: Vec<String> = serde_json::from_slice(&ctx.store.get(MOMENTUM_KEY)?)
-            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        let meta = match serde_json::from_slice::<Announce>(&text).map_err(json)? {
+            Announce::Fresh => return Ok(Start::Fresh),
+            Announce::Complete => return Ok(Start::Complete),
+            Announce::Refused(msg) => return Err(TrainError::Invalid(msg)),
+            Announce::Resume(meta) => meta,
+        };
+        let names: Vec<String> =
+            serde_json::from_slice(&ctx.store.get(MOMENTUM_KEY)?).map_err(json)?;
         // Placeholders the broadcast from rank 0 fills: exactly the buffers rank 0 has.
         let mut zeros = BTreeMap::new();
         for name in names {
@@ -102,6 +189,6 @@ pub(super) fn load_resume(
             zeros.insert(name, p.detach().zeros_like());
         }
         opt.load_state(zeros);
-        Ok(Some(meta))
+        Ok(Start::Resume(meta))
     }
 }

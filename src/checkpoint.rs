@@ -1,0 +1,761 @@
+//! `<output>/checkpoints/last.json`: the contract between rank 0, which writes checkpoints, and
+//! everything that reads them: the ranks of a `--resume`, the launcher's pre-flight (before any
+//! rank starts) and its restart loop. `Last` is the file; `RunRecord` the model, data and flags
+//! that define the run, so that a resume with another model, dataset or recipe is refused
+//! naming both values instead of continuing silently; `check` is the one decision of what a
+//! training job does with the checkpoint it finds (resume, refuse, nothing to do); `verify`
+//! checks the tensor files without libtorch (header and size), so damage is found before launch.
+use crate::flags::TrainJob;
+use crate::metrics::EpochMetrics;
+use crate::model::ModelConfig;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The checkpoint directory of a training output.
+pub fn dir(output: &Path) -> PathBuf {
+    output.join(crate::files::CHECKPOINT_DIR)
+}
+
+/// `checkpoints/last.json` of a training output.
+pub fn last_json(output: &Path) -> PathBuf {
+    dir(output).join(crate::files::CHECKPOINT_LAST)
+}
+
+/// What `last.json` records. Fields added after format 1 are optional, so older checkpoints
+/// are still read.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Last {
+    pub format_version: u32,
+    /// Epochs fully done (0-based index of the epoch to run next when `batches_done == 0`).
+    pub epoch: u32,
+    /// Optimizer steps of `epoch` already done (a mid-epoch stop), with the sharding of
+    /// `world_size` ranks (or of `global_batch_size`).
+    pub batches_done: u64,
+    /// Optimizer steps taken in all.
+    pub step: u64,
+    pub world_size: usize,
+    pub seed: i64,
+    pub best_loss: Option<f64>,
+    pub best_epoch: Option<u32>,
+    pub since_best: u32,
+    pub history: Vec<EpochMetrics>,
+    /// Partial sums of the interrupted epoch: (loss sum, samples, seconds).
+    pub partial: (f64, f64, f64),
+    pub loss_scale: f64,
+    /// The run ended (early stop or last epoch) and wrote its model.
+    pub finished: bool,
+    /// `--global-batch-size` of the run (its steps do not depend on the world size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch_size: Option<u32>,
+    /// The tensors file (model and momentum), in the checkpoint directory.
+    #[serde(default)]
+    pub tensors: String,
+    /// The best epoch's weights, in the checkpoint directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_tensors: Option<String>,
+    /// What defines the run (absent in checkpoints written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunRecord>,
+    /// When rank 0 wrote it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written: Option<String>,
+}
+
+/// The model, data and flags that define a run: a resume must use the same (but `--epochs`,
+/// which may grow, and the world size, which `--global-batch-size` makes irrelevant).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunRecord {
+    pub arch: String,
+    pub input_size: u32,
+    pub class_names: Vec<String>,
+    pub epochs: u32,
+    pub batch_size: u32,
+    pub global_batch_size: Option<u32>,
+    pub warmup_epochs: u32,
+    pub lr: f64,
+    pub lr_scaling: String,
+    pub lr_power: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub seed: i64,
+    pub patience: u32,
+    pub min_crop_scale: f64,
+    pub no_hflip: bool,
+    pub freeze_backbone: bool,
+    pub backbone_lr_scale: f64,
+    pub amp: String,
+}
+
+impl RunRecord {
+    /// The record of `job` training `cfg` on a dataset with `classes`.
+    pub fn of(job: &TrainJob, cfg: &ModelConfig, classes: &[String]) -> RunRecord {
+        let (p, o) = (&job.params, &job.options);
+        RunRecord {
+            arch: cfg.arch.name().to_string(),
+            input_size: cfg.input_size,
+            class_names: classes.to_vec(),
+            epochs: p.epochs,
+            batch_size: p.batch_size,
+            global_batch_size: o.global_batch_size,
+            warmup_epochs: p.warmup_epochs,
+            lr: p.lr,
+            lr_scaling: o.lr_scaling.as_str().to_string(),
+            lr_power: o.lr_power,
+            momentum: o.momentum,
+            weight_decay: o.weight_decay,
+            seed: p.seed,
+            patience: p.patience,
+            min_crop_scale: o.min_crop_scale,
+            no_hflip: o.no_hflip,
+            freeze_backbone: o.freeze_backbone,
+            backbone_lr_scale: o.backbone_lr_scale,
+            amp: o.amp.as_str().to_string(),
+        }
+    }
+
+    /// The differences that a resume refuses (what, the checkpoint's value, this job's value,
+    /// the flag that gives the checkpoint's value back).
+    pub fn mismatches(&self, now: &RunRecord) -> Vec<Mismatch> {
+        let mut out = Vec::new();
+        let flag = |out: &mut Vec<Mismatch>, what: &str, flag: String, was: String, is: String| {
+            if was != is {
+                out.push(Mismatch {
+                    what: what.to_string(),
+                    checkpoint: was,
+                    now: is,
+                    fix: flag,
+                });
+            }
+        };
+        flag(
+            &mut out,
+            "architecture",
+            "--model: a model directory of that architecture".into(),
+            self.arch.clone(),
+            now.arch.clone(),
+        );
+        flag(
+            &mut out,
+            "input size",
+            format!(
+                "--model: a model directory of input size {}",
+                self.input_size
+            ),
+            self.input_size.to_string(),
+            now.input_size.to_string(),
+        );
+        if self.class_names != now.class_names {
+            let fix = if self.class_names.len() != now.class_names.len() {
+                format!(
+                    "--train/--valid: the dataset with the checkpoint's {} classes",
+                    self.class_names.len()
+                )
+            } else {
+                "--train/--valid: the dataset with the checkpoint's class folders (the labels follow \
+                 the sorted folder names)"
+                    .to_string()
+            };
+            out.push(Mismatch {
+                what: "classes".into(),
+                checkpoint: describe_classes(&self.class_names, &now.class_names),
+                now: describe_classes(&now.class_names, &self.class_names),
+                fix,
+            });
+        }
+        let fl = |name: &str, v: String| format!("--{name} {v}");
+        let opt = |v: Option<u32>| v.map(|g| g.to_string()).unwrap_or_else(|| "(none)".into());
+        // Per-rank batch size only defines the steps without --global-batch-size.
+        if self.global_batch_size.is_none() && now.global_batch_size.is_none() {
+            flag(
+                &mut out,
+                "--batch-size",
+                fl("batch-size", self.batch_size.to_string()),
+                self.batch_size.to_string(),
+                now.batch_size.to_string(),
+            );
+        }
+        flag(
+            &mut out,
+            "--global-batch-size",
+            match self.global_batch_size {
+                Some(g) => fl("global-batch-size", g.to_string()),
+                None => "no --global-batch-size".into(),
+            },
+            opt(self.global_batch_size),
+            opt(now.global_batch_size),
+        );
+        let f = |x: f64| format!("{x}");
+        for (name, was, is) in [
+            (
+                "warmup-epochs",
+                self.warmup_epochs.to_string(),
+                now.warmup_epochs.to_string(),
+            ),
+            ("lr", f(self.lr), f(now.lr)),
+            (
+                "lr-scaling",
+                self.lr_scaling.clone(),
+                now.lr_scaling.clone(),
+            ),
+            ("lr-power", f(self.lr_power), f(now.lr_power)),
+            ("momentum", f(self.momentum), f(now.momentum)),
+            ("weight-decay", f(self.weight_decay), f(now.weight_decay)),
+            ("seed", self.seed.to_string(), now.seed.to_string()),
+            (
+                "patience",
+                self.patience.to_string(),
+                now.patience.to_string(),
+            ),
+            (
+                "min-crop-scale",
+                f(self.min_crop_scale),
+                f(now.min_crop_scale),
+            ),
+            (
+                "backbone-lr-scale",
+                f(self.backbone_lr_scale),
+                f(now.backbone_lr_scale),
+            ),
+            ("amp", self.amp.clone(), now.amp.clone()),
+        ] {
+            flag(
+                &mut out,
+                &format!("--{name}"),
+                fl(name, was.clone()),
+                was,
+                is,
+            );
+        }
+        for (name, was, is) in [
+            ("no-hflip", self.no_hflip, now.no_hflip),
+            ("freeze-backbone", self.freeze_backbone, now.freeze_backbone),
+        ] {
+            let fix = if was {
+                format!("--{name}")
+            } else {
+                format!("no --{name}")
+            };
+            let word = |b: bool| if b { "on" } else { "off" }.to_string();
+            flag(&mut out, &format!("--{name}"), fix, word(was), word(is));
+        }
+        out
+    }
+}
+
+/// Two class lists, told apart: the count, and the first name that differs.
+fn describe_classes(a: &[String], b: &[String]) -> String {
+    let first = a.iter().zip(b).position(|(x, y)| x != y);
+    match first {
+        Some(i) => format!("{} classes, class {i} is {:?}", a.len(), a[i]),
+        None => format!("{} classes", a.len()),
+    }
+}
+
+/// One value a resume would change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    pub what: String,
+    pub checkpoint: String,
+    pub now: String,
+    /// What gives the checkpoint's value back.
+    pub fix: String,
+}
+
+/// A checkpoint that cannot be used, or a job that does not fit the checkpoint it finds.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a checkpoint description ({reason})")]
+    Garbage { path: PathBuf, reason: String },
+    #[error("{path}: checkpoint format {version} is not supported (this tchrun reads format {FORMAT_VERSION})")]
+    Format { path: PathBuf, version: u32 },
+    #[error("{path}: {reason}")]
+    Damaged { path: PathBuf, reason: String },
+}
+
+impl CheckpointError {
+    pub fn path(&self) -> &Path {
+        match self {
+            CheckpointError::Unreadable { path, .. }
+            | CheckpointError::Garbage { path, .. }
+            | CheckpointError::Format { path, .. }
+            | CheckpointError::Damaged { path, .. } => path,
+        }
+    }
+}
+
+/// Reads `last.json`; `Ok(None)` when there is none.
+pub fn read(output: &Path) -> Result<Option<Last>, CheckpointError> {
+    let path = last_json(output);
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CheckpointError::Unreadable { path, source }),
+    };
+    parse(&path, &text).map(Some)
+}
+
+/// `last.json`'s bytes to a `Last` (`path` for the errors).
+pub fn parse(path: &Path, text: &[u8]) -> Result<Last, CheckpointError> {
+    // The version first: a newer format may not parse as this one.
+    let value: serde_json::Value =
+        serde_json::from_slice(text).map_err(|e| CheckpointError::Garbage {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    match value.get("format_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == FORMAT_VERSION as u64 => {}
+        Some(v) => {
+            return Err(CheckpointError::Format {
+                path: path.to_path_buf(),
+                version: u32::try_from(v).unwrap_or(u32::MAX),
+            })
+        }
+        None => {
+            return Err(CheckpointError::Garbage {
+                path: path.to_path_buf(),
+                reason: "no format_version".into(),
+            })
+        }
+    }
+    let last: Last = serde_json::from_value(value).map_err(|e| CheckpointError::Garbage {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    if !valid_name(&last.tensors) {
+        return Err(CheckpointError::Garbage {
+            path: path.to_path_buf(),
+            reason: format!("invalid tensors file name {:?}", last.tensors),
+        });
+    }
+    if let Some(b) = &last.best_tensors {
+        if !valid_name(b) {
+            return Err(CheckpointError::Garbage {
+                path: path.to_path_buf(),
+                reason: format!("invalid best tensors file name {b:?}"),
+            });
+        }
+    }
+    Ok(last)
+}
+
+/// A tensors file name from `last.json`: a plain file name in the checkpoint directory.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains('/') && !name.contains("..") && name != "."
+}
+
+/// The best weights' file of checkpoints written before it was tied to a step.
+pub const LEGACY_BEST: &str = "best.safetensors";
+
+/// The best weights' file the checkpoint names (an older checkpoint: `best.safetensors` when
+/// it is there).
+pub fn best_file(output: &Path, last: &Last) -> Option<PathBuf> {
+    let d = dir(output);
+    match &last.best_tensors {
+        Some(f) => Some(d.join(f)),
+        None => Some(d.join(LEGACY_BEST)).filter(|p| p.is_file()),
+    }
+}
+
+/// Checks a safetensors file without reading its data: the header parses and the file is as
+/// long as the header says. Returns the tensor names.
+pub fn verify_tensors(path: &Path) -> Result<Vec<String>, CheckpointError> {
+    use std::io::Read;
+    let damaged = |reason: String| CheckpointError::Damaged {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut f = std::fs::File::open(path).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            damaged("missing (last.json names it)".into())
+        } else {
+            CheckpointError::Unreadable {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })?;
+    let len = f
+        .metadata()
+        .map_err(|source| CheckpointError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    let truncated = || damaged("truncated or not a safetensors file".into());
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).map_err(|_| truncated())?;
+    let n = u64::from_le_bytes(n);
+    if n > 100 << 20 || n.saturating_add(8) > len {
+        return Err(truncated());
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).map_err(|_| truncated())?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|_| truncated())?;
+    let mut end = 0u64;
+    let mut names = Vec::new();
+    for (name, v) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let offsets = v
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .and_then(|a| Some((a.first()?.as_u64()?, a.get(1)?.as_u64()?)))
+            .ok_or_else(truncated)?;
+        end = end.max(offsets.1);
+        names.push(name.clone());
+    }
+    let want = 8 + n + end;
+    if len != want {
+        return Err(damaged(format!(
+            "truncated: {len} bytes, its header describes {want}"
+        )));
+    }
+    Ok(names)
+}
+
+/// What a training job does with the checkpoint in its `--output`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// No checkpoint and no `--resume`: a new run.
+    Fresh,
+    /// `--overwrite`: a new run replacing the previous one's checkpoint and outputs.
+    Overwrite { previous: Option<Box<Last>> },
+    /// `--resume` into an existing output without a checkpoint: a new run (said so).
+    NothingToResume,
+    /// Resume from the checkpoint; the notes say what changed (the world size, `--epochs`).
+    Resume { last: Box<Last>, notes: Vec<String> },
+    /// `--resume` of a run that finished with `--epochs` not larger: nothing to do.
+    Complete { last: Box<Last> },
+}
+
+/// Why a training job cannot use (or ignore) the checkpoint it finds; every message says the
+/// fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error(
+        "--output {output}: holds the checkpoint of an interrupted run (epoch {epoch}, step \
+         {step}{written}); continue it with --resume, or start over in this --output with \
+         --overwrite (its checkpoint and metrics are then replaced)"
+    )]
+    Interrupted {
+        output: PathBuf,
+        epoch: u32,
+        step: u64,
+        written: String,
+    },
+    #[error(
+        "--output {output}: holds the checkpoint of a finished run ({epochs} epoch(s)); train \
+         longer with --resume and a larger --epochs, or start over in this --output with \
+         --overwrite, or choose another --output"
+    )]
+    Finished { output: PathBuf, epochs: u32 },
+    #[error(
+        "--resume: --output {0} does not exist, so there is nothing to resume; check the path, \
+         or drop --resume to start a new run"
+    )]
+    NoOutput(PathBuf),
+    #[error("--resume: the checkpoint cannot be used: {error}; {advice}")]
+    Damaged {
+        error: CheckpointError,
+        advice: String,
+    },
+    #[error("{}", mismatch_text(.0))]
+    Mismatch(Vec<Mismatch>),
+    #[error(
+        "--resume --epochs {now}: the checkpoint has done {done} epoch(s) already; pass --epochs \
+         {done} or more (the run's was {was})"
+    )]
+    FewerEpochs { now: u32, done: u32, was: u32 },
+}
+
+fn mismatch_text(m: &[Mismatch]) -> String {
+    let mut s = String::from(
+        "--resume: this job does not match the checkpoint it would continue (start over in this \
+         --output with --overwrite, or use another --output):",
+    );
+    for m in m {
+        s.push_str(&format!(
+            "\n  {}: checkpoint {}, this job {}; to resume, pass {}",
+            m.what, m.checkpoint, m.now, m.fix
+        ));
+    }
+    s
+}
+
+/// What can still be used when the checkpoint is damaged: the intact tensor files beside it.
+fn damaged_advice(output: &Path, last: Option<&Last>) -> String {
+    let d = dir(output);
+    let mut intact = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(&d) {
+        let mut names: Vec<String> = rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".safetensors") && !n.starts_with('.'))
+            .collect();
+        names.sort();
+        for n in names {
+            if verify_tensors(&d.join(&n)).is_ok() {
+                intact.push(n);
+            }
+        }
+    }
+    let best = intact.iter().find(|n| n.starts_with("best"));
+    let mut s = String::from("start over in this --output with --overwrite");
+    if let Some(b) = best {
+        let (arch, size) = last
+            .and_then(|l| l.run.as_ref())
+            .map(|r| (r.arch.clone(), r.input_size.to_string()))
+            .unwrap_or_else(|| ("ARCH".into(), "SIZE".into()));
+        s.push_str(&format!(
+            ", or start a new run from the best weights kept intact in {}: tchrun model init \
+             --arch {arch} --input-size {size} --weights {} --output NEW_MODEL",
+            d.join(b).display(),
+            d.join(b).display()
+        ));
+    }
+    s
+}
+
+/// The one decision of what a training job does with `--output`'s checkpoint, before any rank
+/// starts (the launcher) and on rank 0 (a job started without the launcher): `cfg` is the
+/// `--model` directory's, `classes` the training set's.
+pub fn check(
+    job: &TrainJob,
+    cfg: &ModelConfig,
+    classes: &[String],
+) -> Result<Decision, ResumeError> {
+    let output = &job.output;
+    let resume = job.options.resume;
+    let damaged = |error: CheckpointError, last: Option<&Last>| ResumeError::Damaged {
+        advice: damaged_advice(output, last),
+        error,
+    };
+    if resume && !output.exists() {
+        return Err(ResumeError::NoOutput(output.clone()));
+    }
+    let last = match read(output) {
+        Ok(l) => l,
+        // Overwriting replaces whatever is there, readable or not.
+        Err(_) if job.options.overwrite => None,
+        Err(e) => return Err(damaged(e, None)),
+    };
+    if job.options.overwrite {
+        return Ok(Decision::Overwrite {
+            previous: last.map(Box::new),
+        });
+    }
+    let Some(last) = last else {
+        return Ok(if resume {
+            Decision::NothingToResume
+        } else {
+            Decision::Fresh
+        });
+    };
+    if !resume {
+        if last.finished {
+            return Err(ResumeError::Finished {
+                output: output.clone(),
+                epochs: last.history.len() as u32,
+            });
+        }
+        return Err(ResumeError::Interrupted {
+            output: output.clone(),
+            epoch: last.epoch + u32::from(last.batches_done > 0),
+            step: last.step,
+            written: last
+                .written
+                .as_ref()
+                .map(|w| format!(", written {w}"))
+                .unwrap_or_default(),
+        });
+    }
+    let d = dir(output);
+    verify_tensors(&d.join(&last.tensors)).map_err(|e| damaged(e, Some(&last)))?;
+    match best_file(output, &last) {
+        Some(b) => verify_tensors(&b).map_err(|e| damaged(e, Some(&last)))?,
+        None if last.best_epoch.is_some() => {
+            let error = CheckpointError::Damaged {
+                path: d.join(crate::files::CHECKPOINT_LAST),
+                reason: format!(
+                    "names best epoch {} but no file of its weights",
+                    last.best_epoch.unwrap_or_default()
+                ),
+            };
+            return Err(damaged(error, Some(&last)));
+        }
+        None => Vec::new(),
+    };
+    let now = RunRecord::of(job, cfg, classes);
+    let mut notes = Vec::new();
+    let epochs_done = last.history.len() as u32;
+    match &last.run {
+        Some(was) => {
+            let m = was.mismatches(&now);
+            if !m.is_empty() {
+                return Err(ResumeError::Mismatch(m));
+            }
+            if now.epochs < epochs_done.max(last.epoch) {
+                return Err(ResumeError::FewerEpochs {
+                    now: now.epochs,
+                    done: epochs_done.max(last.epoch),
+                    was: was.epochs,
+                });
+            }
+            if last.finished && now.epochs <= was.epochs {
+                return Ok(Decision::Complete {
+                    last: Box::new(last),
+                });
+            }
+            if now.epochs != was.epochs {
+                notes.push(format!(
+                    "--epochs {} (the checkpoint's run: {}): the LR schedule now ends after epoch {}{}",
+                    now.epochs,
+                    was.epochs,
+                    now.epochs,
+                    if last.finished {
+                        format!("; the finished run continues from epoch {}", epochs_done + 1)
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+        }
+        None => {
+            // A checkpoint from before the record: only its own state can be compared.
+            if last.seed != now.seed {
+                return Err(ResumeError::Mismatch(vec![Mismatch {
+                    what: "--seed".into(),
+                    checkpoint: last.seed.to_string(),
+                    now: now.seed.to_string(),
+                    fix: format!("--seed {}", last.seed),
+                }]));
+            }
+            if last.finished && now.epochs <= epochs_done {
+                return Ok(Decision::Complete {
+                    last: Box::new(last),
+                });
+            }
+            notes.push(
+                "the checkpoint predates the run record: its model, classes and flags are not \
+                 compared with this job's"
+                    .into(),
+            );
+        }
+    }
+    Ok(Decision::Resume {
+        last: Box::new(last),
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> RunRecord {
+        RunRecord {
+            arch: "resnet18".into(),
+            input_size: 32,
+            class_names: vec!["a".into(), "b".into()],
+            epochs: 3,
+            batch_size: 8,
+            global_batch_size: None,
+            warmup_epochs: 0,
+            lr: 0.001,
+            lr_scaling: "linear".into(),
+            lr_power: 1.0,
+            momentum: 0.9,
+            weight_decay: 1e-4,
+            seed: 1,
+            patience: 3,
+            min_crop_scale: 0.5,
+            no_hflip: true,
+            freeze_backbone: false,
+            backbone_lr_scale: 1.0,
+            amp: "off".into(),
+        }
+    }
+
+    #[test]
+    fn a_run_record_names_every_difference_and_its_fix() {
+        let was = record();
+        assert!(was.mismatches(&was).is_empty());
+        let mut now = record();
+        now.epochs = 5; // may grow: not a mismatch
+        assert!(was.mismatches(&now).is_empty());
+        now.batch_size = 16;
+        now.input_size = 64;
+        now.class_names = vec!["b".into(), "a".into()];
+        now.no_hflip = false;
+        let m = was.mismatches(&now);
+        let whats: Vec<&str> = m.iter().map(|m| m.what.as_str()).collect();
+        assert_eq!(
+            whats,
+            ["input size", "classes", "--batch-size", "--no-hflip"]
+        );
+        assert_eq!(m[2].fix, "--batch-size 8");
+        assert_eq!(m[1].checkpoint, "2 classes, class 0 is \"a\"");
+        assert_eq!(m[3].fix, "--no-hflip");
+        // With --global-batch-size the per-rank batch follows the world size.
+        let (mut a, mut b) = (record(), record());
+        a.global_batch_size = Some(32);
+        b.global_batch_size = Some(32);
+        b.batch_size = 16;
+        assert!(a.mismatches(&b).is_empty());
+    }
+
+    fn write_safetensors(path: &Path, truncate_by: usize) {
+        let data = vec![0u8; 16];
+        let views = vec![(
+            "w",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &data)
+                .expect("view"),
+        )];
+        let bytes = safetensors::serialize(views, &None).expect("serialize");
+        std::fs::write(path, &bytes[..bytes.len() - truncate_by]).expect("write");
+    }
+
+    #[test]
+    fn verify_finds_truncated_and_garbage_tensor_files() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let p = t.path().join("x.safetensors");
+        write_safetensors(&p, 0);
+        assert_eq!(verify_tensors(&p).expect("intact"), vec!["w".to_string()]);
+        write_safetensors(&p, 3);
+        let e = verify_tensors(&p).expect_err("truncated").to_string();
+        assert!(e.contains("truncated"), "{e}");
+        std::fs::write(&p, b"hello").expect("write");
+        let e = verify_tensors(&p).expect_err("garbage").to_string();
+        assert!(e.contains("truncated or not a safetensors file"), "{e}");
+        let e = verify_tensors(&t.path().join("none"))
+            .expect_err("missing")
+            .to_string();
+        assert!(e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn last_json_parse_refuses_garbage_and_other_formats() {
+        let p = Path::new("/o/checkpoints/last.json");
+        assert!(matches!(
+            parse(p, b"{not json"),
+            Err(CheckpointError::Garbage { .. })
+        ));
+        assert!(matches!(
+            parse(p, br#"{"format_version": 9}"#),
+            Err(CheckpointError::Format { version: 9, .. })
+        ));
+        assert!(matches!(
+            parse(p, br#"{"format_version": 1, "epoch": 1}"#),
+            Err(CheckpointError::Garbage { .. })
+        ));
+    }
+}
