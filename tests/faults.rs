@@ -8,66 +8,11 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::fs::File;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(300);
-
-/// A job running in the background with its output in files.
-struct Job {
-    child: Option<Child>,
-    out: PathBuf,
-    err: PathBuf,
-}
-
-impl Job {
-    fn start(cmd: &mut Command, dir: &Path) -> Job {
-        let (out, err) = (dir.join("tchrun.out"), dir.join("tchrun.err"));
-        cmd.stdin(Stdio::null())
-            .stdout(File::create(&out).expect("stdout file"))
-            .stderr(File::create(&err).expect("stderr file"))
-            .process_group(0);
-        Job {
-            child: Some(cmd.spawn().expect("start tchrun")),
-            out,
-            err,
-        }
-    }
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0))
-    }
-    fn wait(&mut self, limit: Duration) -> Option<i32> {
-        let child = self.child.as_mut()?;
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(s)) = child.try_wait() {
-                self.child = None;
-                return s.code();
-            }
-            if start.elapsed() > limit {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    fn output(&self) -> String {
-        format!(
-            "--- stdout\n{}\n--- stderr\n{}",
-            read(&self.out),
-            read(&self.err)
-        )
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = nix::sys::signal::killpg(Pid::from_raw(c.id() as i32), Signal::SIGKILL);
-            let _ = c.wait();
-        }
-    }
-}
 
 fn train_cmd(
     model: &Path,

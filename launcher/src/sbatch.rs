@@ -53,6 +53,8 @@ pub struct BatchJob {
     pub log_dir: PathBuf,
     /// The command that starts the ranks (srun, or mpirun which finds the allocation itself).
     pub launch: launch::CommandSpec,
+    /// `--overwrite` on the first run (a requeued run passes `--resume` instead).
+    pub overwrite: bool,
 }
 
 fn quote(w: &str) -> String {
@@ -117,6 +119,9 @@ pub fn script(b: &BatchJob) -> String {
     s.push_str("if [ \"$RESTART\" -gt 0 ]; then RESUME=(--resume); else\n");
     s.push_str("  # A fresh run: what is in the log directory belongs to this job.\n");
     s.push_str("  rm -f \"$LOG_DIR\"/70_driver_log_* \"$LOG_DIR\"/failure.json\n");
+    if b.overwrite {
+        s.push_str("  RESUME=(--overwrite)\n");
+    }
     s.push_str("fi\n");
     s.push_str("echo \"tchrun: job $SLURM_JOB_ID (restart $RESTART) on $SLURM_JOB_NODELIST: logs in $LOG_DIR\"\n");
     s.push_str("PREEMPTED=0\n");
@@ -180,7 +185,10 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
     );
     rank.log_dir = Some(log_dir.clone());
     let mut worker_args = vec!["train".to_string()];
-    worker_args.extend(tj.to_args());
+    // --overwrite belongs to the first run only: a requeued run resumes what it started.
+    let mut first_run = tj.clone();
+    first_run.options.overwrite = false;
+    worker_args.extend(first_run.to_args());
     worker_args.extend(rank.to_args());
     let plan = batch_plan(&a.launch, log_dir.clone())?;
     let launch = match plan.kind {
@@ -198,6 +206,7 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
         time: a.time.clone(),
         log_dir,
         launch,
+        overwrite: tj.options.overwrite,
     })
 }
 
@@ -321,6 +330,7 @@ mod tests {
                 ],
                 env: vec![],
             },
+            overwrite: false,
         }
     }
 

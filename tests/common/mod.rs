@@ -396,3 +396,62 @@ pub fn skip_or_fail(why: &str) {
     );
     eprintln!("SKIP: {why}");
 }
+
+/// A job running in the background with its output in files.
+pub struct Job {
+    pub child: Option<std::process::Child>,
+    pub out: PathBuf,
+    pub err: PathBuf,
+}
+
+impl Job {
+    pub fn start(cmd: &mut Command, dir: &Path) -> Job {
+        use std::os::unix::process::CommandExt;
+        let (out, err) = (dir.join("tchrun.out"), dir.join("tchrun.err"));
+        cmd.stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("stdout file"))
+            .stderr(std::fs::File::create(&err).expect("stderr file"))
+            .process_group(0);
+        Job {
+            child: Some(cmd.spawn().expect("start tchrun")),
+            out,
+            err,
+        }
+    }
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0))
+    }
+    pub fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                self.child = None;
+                return s.code();
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    pub fn output(&self) -> String {
+        format!(
+            "--- stdout\n{}\n--- stderr\n{}",
+            read(&self.out),
+            read(&self.err)
+        )
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = c.wait();
+        }
+    }
+}
