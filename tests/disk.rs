@@ -89,7 +89,11 @@ fn disk_full_keeps_the_previous_checkpoint_and_no_partial_model() {
     let r = train(&model, &out, &logs, "2", &[]);
     assert_eq!(r.code, Some(4), "{}", r.explain());
     assert!(
-        r.stderr.contains("No space left on device"),
+        r.stderr.contains("No space left on device")
+            && r.stderr.contains(&format!(
+                "no space left on the file system of {}",
+                out.display()
+            )),
         "{}",
         r.explain()
     );
@@ -116,6 +120,48 @@ fn disk_full_keeps_the_previous_checkpoint_and_no_partial_model() {
     assert!(cp.success());
     let r = train(&model, &moved, &logs, "2", &["--resume"]);
     assert_resumed(&r, &moved);
+}
+
+/// Issue 25 item 6: a full output disk at the first checkpoint was reported only when the next
+/// one was due, an epoch later, in Debug text (`IoError(Os { code: 28, kind: StorageFull ..`).
+/// Now the job ends at the first step after the failed write, in words: the path, the space the
+/// checkpoint needs and the space left.
+#[test]
+fn a_full_output_disk_at_the_first_checkpoint_is_reported_when_it_happens() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    // Less than one copy of resnet18's weights (~45 MB): the first checkpoint cannot fit.
+    let Some(_m) = Mount::new(&out, "size=20m") else {
+        return;
+    };
+    let logs = t.path().join("logs");
+    let r = train(&model, &out, &logs, "2", &["--print-freq", "1"]);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    let text = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        text.contains(&format!(
+            "no space left on the file system of {}",
+            out.display()
+        )) && text.contains("MB are free"),
+        "{}",
+        r.explain()
+    );
+    assert!(
+        !text.contains("StorageFull"),
+        "no Debug text: {}",
+        r.explain()
+    );
+    let log0 = read(&logs.join("70_driver_log_0"));
+    assert!(
+        !log0.contains("epoch 2/2 iter 20/20"),
+        "the failure ends the job in epoch 2, not when the next checkpoint is due: {log0}"
+    );
+    assert!(
+        leftovers(&out).is_empty(),
+        "partial files left: {:?}",
+        leftovers(&out)
+    );
 }
 
 #[test]
