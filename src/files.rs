@@ -177,9 +177,10 @@ mod tests {
 /// say "os error 28" (or a library's Debug text of it); anything else keeps its error.
 pub fn describe_write_error(what: &str, path: &Path, error: &str, needed: u64) -> String {
     let folder = path.parent().unwrap_or(path);
-    let free = nix::sys::statvfs::statvfs(folder)
-        .ok()
-        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64);
+    let fs = nix::sys::statvfs::statvfs(folder).ok().map(|s| {
+        let block = s.fragment_size() as u64;
+        (s.blocks_available() as u64 * block, s.blocks() as u64 * block)
+    });
     let full = [
         "StorageFull",
         "No space left",
@@ -189,18 +190,22 @@ pub fn describe_write_error(what: &str, path: &Path, error: &str, needed: u64) -
     ]
     .iter()
     .any(|w| error.contains(w))
-        || free.is_some_and(|f| f < needed);
+        || fs.is_some_and(|(free, _)| free < needed);
     let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
     if full {
         format!(
             "no space left on the file system of {} (No space left on device): {what} needs \
-             {:.1} MB ({}) and {} free; free some space or use a larger file system, then \
-             continue with --resume",
+             {:.1} MB ({}) and {}; free some space or use a larger file system, then run the job \
+             again (with --resume when a checkpoint was kept)",
             folder.display(),
             mb(needed),
             path.display(),
-            free.map(|f| format!("{:.1} MB are", mb(f)))
-                .unwrap_or_else(|| "an unknown amount is".into())
+            fs.map(|(free, total)| format!(
+                "{:.1} MB are free of the file system's {:.1} MB",
+                mb(free),
+                mb(total)
+            ))
+            .unwrap_or_else(|| "the free space is unknown".into())
         )
     } else {
         format!("cannot write {}: {error}", path.display())

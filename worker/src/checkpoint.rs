@@ -53,7 +53,7 @@ fn write_tensors(path: &Path, tensors: &[(String, Tensor)], step: u64) -> Result
         path,
         |tmp| {
             Tensor::write_safetensors(&cpu, tmp)
-                .map_err(|e| write_error(tmp, &format!("{e:?}"), needed, step))
+                .map_err(|e| write_error(path, &format!("{e:?}"), needed, step))
         },
         |e| write_error(path, &e.to_string(), needed, step),
     )
