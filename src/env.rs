@@ -37,6 +37,11 @@ pub const TCHRUN_TEST_KILL_ON_HOST: &str = "TCHRUN_TEST_KILL_ON_HOST";
 /// filesystem; a kill in the pause is a kill mid-write). For the tests; never set it in a job.
 pub const TCHRUN_TEST_CHECKPOINT_DELAY_S: &str = "TCHRUN_TEST_CHECKPOINT_DELAY_S";
 
+/// Test hook, read by the worker: `RANK` makes that rank add two tensors of mismatched shapes
+/// (64 and 3 values) before its first step, so libtorch raises and tch panics: a real panic
+/// inside libtorch, for the failure-summary tests. Never set it in a job.
+pub const TCHRUN_TEST_TORCH_PANIC: &str = "TCHRUN_TEST_TORCH_PANIC";
+
 // Every other variable tchrun reads (the `TCHRUN_<FLAG>` variables of the shared flags are
 // documented with their flags in `flags.rs`).
 

@@ -179,7 +179,10 @@ pub fn describe_write_error(what: &str, path: &Path, error: &str, needed: u64) -
     let folder = path.parent().unwrap_or(path);
     let fs = nix::sys::statvfs::statvfs(folder).ok().map(|s| {
         let block = s.fragment_size() as u64;
-        (s.blocks_available() as u64 * block, s.blocks() as u64 * block)
+        (
+            s.blocks_available() as u64 * block,
+            s.blocks() as u64 * block,
+        )
     });
     let full = [
         "StorageFull",

@@ -198,6 +198,16 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
             let here = hostname::get().map(|s| s.to_string_lossy().into_owned());
             here.is_ok_and(|here| here == h).then_some(n)
         });
+    // Test hook (`TCHRUN_TEST_TORCH_PANIC`): a real libtorch exception, which tch turns into a
+    // panic, on that rank.
+    if std::env::var(tchrun::env::TCHRUN_TEST_TORCH_PANIC)
+        .ok()
+        .as_deref()
+        == Some(rank.to_string().as_str())
+    {
+        let _ = Tensor::ones([64], (Kind::Float, Device::Cpu))
+            + Tensor::ones([3], (Kind::Float, Device::Cpu));
+    }
     // Rank 0's checkpoints are written in the background (the test hook may slow them down).
     let mut writer = checkpoint::Writer::new(
         tchrun::env::test_checkpoint_delay(&|k| std::env::var(k).ok())

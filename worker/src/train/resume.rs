@@ -122,8 +122,9 @@ pub(super) fn load_resume(
                 return Ok(Start::Complete);
             }
             Decision::Resume { notes, .. } => {
+                // The launcher printed them before the ranks started; the driver log keeps them.
                 for n in notes {
-                    (ctx.say)(&format!("--resume: {n}"));
+                    tracing::info!("--resume: {n}");
                 }
             }
         }
@@ -142,11 +143,21 @@ pub(super) fn load_resume(
                 return Err(TrainError::Checkpoint(e));
             }
         };
-        let missing = named.iter().find(|(n, _)| !l.model.contains_key(n));
-        if let Some((name, _)) = missing {
+        // Every tensor of the model, of its shape (a checkpoint from before the run record is
+        // not compared with the model in the pre-flight).
+        let misfit = named.iter().find_map(|(n, t)| match l.model.get(n) {
+            None => Some(format!("it lacks '{n}'")),
+            Some(c) if c.size() != t.size() => Some(format!(
+                "its '{n}' has shape {:?}, the model's {:?}",
+                c.size(),
+                t.size()
+            )),
+            Some(_) => None,
+        });
+        if let Some(why) = misfit {
             let msg = format!(
-                "--resume: the checkpoint in {} is not of this model ({}, input size {}): it lacks \
-                 '{name}'; resume with the --model it was trained from, or start over with --overwrite",
+                "--resume: the checkpoint in {} is not of this model ({}, input size {}): {why}; \
+                 resume with the --model it was trained from, or start over with --overwrite",
                 checkpoint::dir(&job.output).display(),
                 cfg.arch.name(),
                 cfg.input_size
