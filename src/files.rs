@@ -11,6 +11,9 @@ pub const RANKS_JSON: &str = "ranks.json";
 pub const FAILURE_JSON: &str = "failure.json";
 /// The attempts of a job that restarted (`--max-restarts`), written by the launcher.
 pub const RESTARTS_JSON: &str = "restarts.json";
+/// The job lock (`lock.rs`) in an output or log directory: present while a job runs there
+/// (its holder's host, pid, start time and command, JSON), removed when the job ends.
+pub const LOCK_FILE: &str = ".tchrun.lock";
 /// Checkpoints inside `--output`, and the file that names the last complete one.
 pub const CHECKPOINT_DIR: &str = "checkpoints";
 pub const CHECKPOINT_LAST: &str = "last.json";
