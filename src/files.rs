@@ -95,7 +95,8 @@ pub fn write_atomic_with<E>(
 ) -> Result<(), E> {
     let tmp = atomic_tmp(path);
     let result = fill(&tmp).and_then(|()| {
-        std::fs::File::open(&tmp)
+        narrow_mode(&tmp)
+            .and_then(|()| std::fs::File::open(&tmp))
             .and_then(|f| f.sync_all())
             .map_err(|source| {
                 io_err(AtomicWriteError {
@@ -114,6 +115,21 @@ pub fn write_atomic_with<E>(
         let _ = std::fs::remove_file(&tmp); // never leave a partial file behind
     }
     result
+}
+
+/// The mode of every file tchrun writes (logs, metrics, models, checkpoints): owner read and
+/// write, group read.
+pub const FILE_MODE: u32 = 0o640;
+
+/// Narrows `path`'s mode to [`FILE_MODE`] when a writer that takes no mode (libtorch's
+/// safetensors, the PNG encoder, an older file) left it wider; a narrower one is kept.
+pub fn narrow_mode(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)?.permissions().mode() & 0o7777;
+    if mode & !FILE_MODE != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & FILE_MODE))?;
+    }
+    Ok(())
 }
 
 /// [`write_atomic_with`] for bytes: the file is created with mode 0640.

@@ -174,7 +174,13 @@ fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
     check_disjoint(
         &dirs
             .iter()
-            .map(|d| Named::new("the index of", "the dataset index", index::location(d)))
+            .map(|d| {
+                Named::new(
+                    format!("${}", tchrun::data::archive::DATA_CACHE_ENV),
+                    "the dataset index, kept in the cache",
+                    index::location(d),
+                )
+            })
             .collect::<Vec<_>>(),
         dirs.iter()
             .map(|d| Named::new("DIR", "an indexed folder", d))
