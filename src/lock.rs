@@ -60,14 +60,14 @@ pub enum LockError {
         "{flag} {}: in use by another job ({}; lock file {}); wait for that job to end, stop it, \
          or choose another {flag}",
         dir.display(),
-        holder.as_ref().map_or_else(|| "its details are not written yet".to_string(), LockInfo::describe),
+        holder.as_ref().map_or_else(|| "its details are not written yet".to_string(), |h| h.describe()),
         path.display()
     )]
     Held {
         flag: String,
         dir: PathBuf,
         path: PathBuf,
-        holder: Option<LockInfo>,
+        holder: Option<Box<LockInfo>>,
     },
     #[error("{flag} {}: cannot take the job lock ({source}); choose a writable directory", path.display())]
     Io {
@@ -172,7 +172,7 @@ pub fn acquire(flag: &str, dir: &Path, info: &LockInfo) -> Result<Taken, LockErr
                     flag: flag.to_string(),
                     dir: dir.to_path_buf(),
                     path: path.clone(),
-                    holder: read_holder(&mut f),
+                    holder: read_holder(&mut f).map(Box::new),
                 })
             }
             Err((_, e)) => return Err(io(std::io::Error::from(e))),
@@ -240,7 +240,7 @@ mod tests {
             "{msg}"
         );
         match e {
-            LockError::Held { holder, .. } => assert_eq!(holder, Some(a.clone())),
+            LockError::Held { holder, .. } => assert_eq!(holder.as_deref(), Some(&a)),
             e => panic!("{e}"),
         }
         drop(first);

@@ -127,7 +127,7 @@ pub fn relation(output: &Path, input: &Path) -> Option<Relation> {
 
 /// Refuses the first output that is, contains or lies inside an input. Empty paths are
 /// ignored (a flag not given).
-pub fn check_disjoint(outputs: &[Named], inputs: &[Named]) -> Result<(), OverlapError> {
+pub fn check_disjoint(outputs: &[Named], inputs: &[Named]) -> Result<(), Box<OverlapError>> {
     let resolved_inputs: Vec<(&Named, PathBuf)> = inputs
         .iter()
         .filter(|n| !n.path.as_os_str().is_empty())
@@ -137,12 +137,12 @@ pub fn check_disjoint(outputs: &[Named], inputs: &[Named]) -> Result<(), Overlap
         let ro = resolve(&o.path);
         for (i, ri) in &resolved_inputs {
             if let Some(relation) = relation(&ro, ri) {
-                return Err(OverlapError {
+                return Err(Box::new(OverlapError {
                     output: o.clone(),
                     input: (*i).clone(),
                     relation,
                     resolved: (ro, ri.clone()),
-                });
+                }));
             }
         }
     }

@@ -24,7 +24,7 @@ pub enum JobError {
     Preflight(tchrun::preflight::PreflightError),
     /// An output or log directory that is, contains or lies inside an input (exit 2).
     #[error(transparent)]
-    Overlap(#[from] tchrun::overlap::OverlapError),
+    Overlap(#[from] Box<tchrun::overlap::OverlapError>),
     /// The output or log directory is another job's (its lock is held), or cannot be locked.
     #[error(transparent)]
     Lock(#[from] tchrun::lock::LockError),
