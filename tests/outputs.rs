@@ -400,6 +400,42 @@ fn a_second_job_on_the_same_output_is_refused_and_a_stale_lock_is_taken_over() {
         r.explain()
     );
     drop(held);
+    // Released: evaluate and score run, their ranks finding the launcher's locks in
+    // TCHRUN_LOCK_HELD, and leave no lock behind.
+    let r = run(
+        tchrun()
+            .args(["evaluate", "--model"])
+            .arg(&out)
+            .arg("--images")
+            .arg(small.join("valid"))
+            .arg("--output")
+            .arg(&eval),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(eval.join("metrics.json").is_file() && !eval.join(".tchrun.lock").exists());
+    let csv = root.join("scores/scores.csv");
+    let r = run(
+        tchrun()
+            .args(["score", "--model"])
+            .arg(&out)
+            .arg("--images")
+            .arg(small.join("valid/3"))
+            .arg("--output")
+            .arg(&csv),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(csv.is_file());
+    assert_eq!(
+        tree(&root.join("scores"))
+            .iter()
+            .filter(|p| p.ends_with(".tchrun.lock"))
+            .count(),
+        0
+    );
+    assert_eq!(wider_than_0640(&eval), Vec::<String>::new());
+    assert_eq!(wider_than_0640(&root.join("scores")), Vec::<String>::new());
     // A dry run takes no lock and writes nothing.
     let r = run(train(&root.join("dry")).arg("--dry-run"), QUICK);
     assert_eq!(r.code, Some(0), "{}", r.explain());
