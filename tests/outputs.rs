@@ -154,6 +154,17 @@ fn outputs_that_are_contain_or_lie_inside_an_input_are_refused_before_anything_i
         QUICK,
     );
     refused(&r, &["--output", "lies inside", "--train"]);
+    let r = run(
+        worker()
+            .args(["evaluate", "--model"])
+            .arg(&model)
+            .arg("--images")
+            .arg(&valid)
+            .arg("--output")
+            .arg(&model),
+        QUICK,
+    );
+    refused(&r, &["--output", " is --model"]);
     // sbatch, model init --weights, data split, data pack, data index.
     let r = run(
         tchrun()

@@ -712,7 +712,35 @@ fn run_inference(
     })
 }
 
+/// `score`/`evaluate` started by hand: outputs that would overwrite the model or the images
+/// are refused (as `tchrun` refuses them) before anything is written.
+fn check_inference_paths(
+    output: (&str, &std::path::Path),
+    log_dir: &std::path::Path,
+    model: &std::path::Path,
+    images: &std::path::Path,
+) -> RankResult {
+    use tchrun::overlap::Named;
+    tchrun::overlap::check_disjoint(
+        &[
+            Named::new("--output", output.0, output.1),
+            Named::new("--log-dir", "the job's logs", log_dir),
+        ],
+        &[
+            Named::new("--model", "the trained model directory", model),
+            Named::new("--images", "the images", images),
+        ],
+    )
+    .map_err(|e| (None, Fatal::invalid(e.into())))
+}
+
 fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
+    check_inference_paths(
+        ("the scores CSV", &a.output),
+        &rank.log_dir.clone().unwrap_or_else(|| a.default_log_dir()),
+        &a.model,
+        &a.images,
+    )?;
     run_inference(
         &rank,
         a.default_log_dir(),
@@ -733,6 +761,12 @@ fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
 }
 
 fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
+    check_inference_paths(
+        ("the evaluation directory", &a.output),
+        &rank.log_dir.clone().unwrap_or_else(|| a.default_log_dir()),
+        &a.model,
+        &a.images,
+    )?;
     run_inference(
         &rank,
         a.default_log_dir(),
