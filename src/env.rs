@@ -42,6 +42,18 @@ pub const TCHRUN_TEST_CHECKPOINT_DELAY_S: &str = "TCHRUN_TEST_CHECKPOINT_DELAY_S
 /// inside libtorch, for the failure-summary tests. Never set it in a job.
 pub const TCHRUN_TEST_TORCH_PANIC: &str = "TCHRUN_TEST_TORCH_PANIC";
 
+/// Test hook, read by the archive extraction (`data::archive`): every member waits this many
+/// milliseconds before it is written (a slow archive, so that a test can interrupt an
+/// extraction). For the tests; never set it in a job.
+pub const TCHRUN_TEST_EXTRACT_DELAY_MS: &str = "TCHRUN_TEST_EXTRACT_DELAY_MS";
+
+/// Set by the launcher (`tchrun train|score|evaluate`) for its ranks: the job lock files
+/// (`lock.rs`, `.tchrun.lock`) it holds for the job's output and log directories, joined like
+/// `PATH`. Rank 0 takes the lock of each of its directories not listed here itself, so ranks
+/// started without the launcher (`mpirun tchrun-worker train ...` by hand, a batch script)
+/// are protected too. Never set it by hand.
+pub const TCHRUN_LOCK_HELD: &str = "TCHRUN_LOCK_HELD";
+
 // Every other variable tchrun reads (the `TCHRUN_<FLAG>` variables of the shared flags are
 // documented with their flags in `flags.rs`).
 

@@ -11,6 +11,9 @@ pub const RANKS_JSON: &str = "ranks.json";
 pub const FAILURE_JSON: &str = "failure.json";
 /// The attempts of a job that restarted (`--max-restarts`), written by the launcher.
 pub const RESTARTS_JSON: &str = "restarts.json";
+/// The job lock (`lock.rs`) in an output or log directory: present while a job runs there
+/// (its holder's host, pid, start time and command, JSON), removed when the job ends.
+pub const LOCK_FILE: &str = ".tchrun.lock";
 /// Checkpoints inside `--output`, and the file that names the last complete one.
 pub const CHECKPOINT_DIR: &str = "checkpoints";
 pub const CHECKPOINT_LAST: &str = "last.json";
@@ -92,7 +95,8 @@ pub fn write_atomic_with<E>(
 ) -> Result<(), E> {
     let tmp = atomic_tmp(path);
     let result = fill(&tmp).and_then(|()| {
-        std::fs::File::open(&tmp)
+        narrow_mode(&tmp)
+            .and_then(|()| std::fs::File::open(&tmp))
             .and_then(|f| f.sync_all())
             .map_err(|source| {
                 io_err(AtomicWriteError {
@@ -111,6 +115,21 @@ pub fn write_atomic_with<E>(
         let _ = std::fs::remove_file(&tmp); // never leave a partial file behind
     }
     result
+}
+
+/// The mode of every file tchrun writes (logs, metrics, models, checkpoints): owner read and
+/// write, group read.
+pub const FILE_MODE: u32 = 0o640;
+
+/// Narrows `path`'s mode to [`FILE_MODE`] when a writer that takes no mode (libtorch's
+/// safetensors, the PNG encoder, an older file) left it wider; a narrower one is kept.
+pub fn narrow_mode(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)?.permissions().mode() & 0o7777;
+    if mode & !FILE_MODE != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & FILE_MODE))?;
+    }
+    Ok(())
 }
 
 /// [`write_atomic_with`] for bytes: the file is created with mode 0640.

@@ -21,6 +21,7 @@
 use prost::Message;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Directory of the event files inside `--output`.
@@ -256,6 +257,7 @@ impl EventWriter {
             .create(true)
             .truncate(true)
             .write(true)
+            .mode(crate::files::FILE_MODE)
             .open(&path)
             .map_err(io(&path))?;
         let mut w = EventWriter { file, path };
@@ -301,6 +303,7 @@ impl EventWriter {
         let tmp = dir.join(".tchrun-events.tmp");
         let path = Self::new_path(dir, host);
         let written = std::fs::write(&tmp, &bytes)
+            .and_then(|()| crate::files::narrow_mode(&tmp))
             .and_then(|()| File::open(&tmp)?.sync_all())
             .and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {

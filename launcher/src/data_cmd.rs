@@ -3,11 +3,12 @@
 //! here the flags, archive sources and the report. `index`: the dataset index
 //! (`tchrun::data::index`) made and every header verified once for every later job.
 use crate::error::JobError;
-use crate::preflight::absolute;
+use crate::preflight::{absolute, check_disjoint};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use tchrun::data::pack;
 use tchrun::data::split::{self, SPLIT_TRAIN, SPLIT_VALID};
+use tchrun::overlap::Named;
 
 #[derive(Subcommand, Debug)]
 pub enum DataCmd {
@@ -102,7 +103,9 @@ fn source_folder(
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
     let cache = tchrun::data::archive::cache_root(&cache_parent);
-    let folder_path = match tchrun::data::archive::resolve(&src, &cache).map_err(|e| invalid(&e))? {
+    let folder_path = match tchrun::data::archive::resolve(&src, &cache)
+        .map_err(|e| JobError::from_dataset(e, |e| invalid(&e)))?
+    {
         Some(x) => {
             outln!("tchrun: {}", x.describe());
             x.root
@@ -113,10 +116,27 @@ fn source_folder(
     Ok((folder_path, folder))
 }
 
+/// `--output` of `split` and `pack` neither is, contains nor lies inside `SRC`.
+fn check_source_and_output(
+    src: &std::path::Path,
+    output: &std::path::Path,
+) -> Result<(), JobError> {
+    check_disjoint(
+        &[Named::new("--output", "the new dataset folder", output)],
+        vec![Named::new(
+            "SRC",
+            "the source dataset",
+            absolute(src.to_path_buf()),
+        )],
+        None,
+    )
+}
+
 fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
     let invalid = |e: &dyn std::fmt::Display| JobError::invalid(e.to_string());
     let started = std::time::Instant::now();
     let output = absolute(a.output.clone());
+    check_source_and_output(&a.src, &output)?;
     // Refuse a bad output before extracting anything.
     pack::check_output(&output).map_err(|e| invalid(&e))?;
     let (folder_path, folder) = source_folder(&a.src, &output)?;
@@ -149,6 +169,24 @@ fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
 
 fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
     use tchrun::data::index;
+    // The indexes are written in the cache: never inside one of the folders.
+    let dirs: Vec<PathBuf> = a.dirs.iter().map(|d| absolute(d.clone())).collect();
+    check_disjoint(
+        &dirs
+            .iter()
+            .map(|d| {
+                Named::new(
+                    format!("${}", tchrun::data::archive::DATA_CACHE_ENV),
+                    "the dataset index, kept in the cache",
+                    index::location(d),
+                )
+            })
+            .collect::<Vec<_>>(),
+        dirs.iter()
+            .map(|d| Named::new("DIR", "an indexed folder", d))
+            .collect(),
+        None,
+    )?;
     for dir in &a.dirs {
         let dir = absolute(dir.clone());
         if tchrun::data::archive::ArchiveKind::of(&dir).is_some() {
@@ -220,6 +258,7 @@ fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
 fn run_split(a: &SplitArgs) -> Result<i32, JobError> {
     let invalid = |e: &dyn std::fmt::Display| JobError::invalid(e.to_string());
     let output = absolute(a.output.clone());
+    check_source_and_output(&a.src, &output)?;
     // Refuse a bad output or fraction before extracting anything.
     split::check_split_output(&output).map_err(|e| invalid(&e))?;
     if !(a.fraction > 0.0 && a.fraction < 1.0) {

@@ -21,7 +21,17 @@ pub enum JobError {
     },
     /// The training job's input checks (shared with the ranks).
     #[error(transparent)]
-    Preflight(#[from] tchrun::preflight::PreflightError),
+    Preflight(tchrun::preflight::PreflightError),
+    /// An output or log directory that is, contains or lies inside an input (exit 2).
+    #[error(transparent)]
+    Overlap(#[from] Box<tchrun::overlap::OverlapError>),
+    /// The output or log directory is another job's (its lock is held), or cannot be locked.
+    #[error(transparent)]
+    Lock(#[from] tchrun::lock::LockError),
+    /// SIGINT/SIGTERM (`signal`) before the ranks started (an archive's extraction): the
+    /// message says what was interrupted and what was cleaned up (exit 130/143).
+    #[error("{message}")]
+    Interrupted { signal: i32, message: String },
     /// `--model`: not a usable model directory.
     #[error("--model {0}")]
     Model(#[from] tchrun::model::InvalidModelDirectory),
@@ -37,7 +47,34 @@ pub enum JobError {
     RankFailed { kind: ErrorKind, report: String },
 }
 
+impl From<tchrun::preflight::PreflightError> for JobError {
+    fn from(e: tchrun::preflight::PreflightError) -> JobError {
+        use tchrun::preflight::PreflightError;
+        match e {
+            PreflightError::Dataset { flag, error } => JobError::from_dataset(error, |error| {
+                JobError::Preflight(PreflightError::Dataset { flag, error })
+            }),
+            e => JobError::Preflight(e),
+        }
+    }
+}
+
 impl JobError {
+    /// A dataset error: an interrupted extraction becomes [`JobError::Interrupted`], anything
+    /// else goes through `other`.
+    pub fn from_dataset(
+        e: tchrun::data::DatasetError,
+        other: impl FnOnce(tchrun::data::DatasetError) -> JobError,
+    ) -> JobError {
+        match e {
+            e @ tchrun::data::DatasetError::Interrupted { signal, .. } => JobError::Interrupted {
+                signal,
+                message: e.to_string(),
+            },
+            e => other(e),
+        }
+    }
+
     pub fn invalid(message: impl Into<String>) -> JobError {
         JobError::Invalid(message.into())
     }
@@ -57,8 +94,17 @@ impl JobError {
 
     pub fn kind(&self) -> ErrorKind {
         match self {
+            JobError::Interrupted { signal, .. } => {
+                if tchrun::interrupt::exit_code(*signal) == tchrun::exit::code::INTERRUPTED_INT {
+                    ErrorKind::InterruptedInt
+                } else {
+                    ErrorKind::InterruptedTerm
+                }
+            }
             JobError::Invalid(_)
             | JobError::Preflight(_)
+            | JobError::Overlap(_)
+            | JobError::Lock(_)
             | JobError::Model(_)
             | JobError::Images(_) => ErrorKind::InvalidInput,
             JobError::Launch(_) => ErrorKind::LaunchFailed,
@@ -72,6 +118,7 @@ impl JobError {
     pub fn render(&self) -> String {
         match self {
             JobError::RankFailed { report, .. } => report.clone(),
+            JobError::Interrupted { message, .. } => format!("tchrun: {message}\n"),
             e => format!("tchrun: error: {e}\n"),
         }
     }

@@ -6,19 +6,30 @@ use crate::error::JobError;
 use crate::gpus::GpuUse;
 use crate::job::run_planned;
 use crate::launch::{LaunchArgs, Plan};
-use crate::preflight::{absolute, check_writable, validate};
+use crate::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
 use std::path::{Path, PathBuf};
 use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
+use tchrun::overlap::Named;
 
 fn check_model(model: &Path) -> Result<tchrun::model::ModelConfig, JobError> {
     Ok(tchrun::model::load(model, true)?)
+}
+
+/// The inputs of `score` and `evaluate`.
+fn inference_inputs(model: &Path, images: &Path) -> Vec<Named> {
+    vec![
+        Named::new("--model", "the trained model directory", model),
+        Named::new("--images", "the images", images),
+    ]
 }
 
 /// `--images` as a folder: an archive becomes its extracted folder (cached in `cache_parent`'s
 /// `.tchrun-data`, or `$TCHRUN_DATA_CACHE`).
 fn images_folder(images: &Path, cache_parent: &Path) -> Result<PathBuf, JobError> {
     let cache = tchrun::data::archive::cache_root(cache_parent);
-    match tchrun::data::archive::resolve(images, &cache).map_err(JobError::Images)? {
+    match tchrun::data::archive::resolve(images, &cache)
+        .map_err(|e| JobError::from_dataset(e, JobError::Images))?
+    {
         Some(x) => {
             outln!("tchrun: {}", x.describe());
             Ok(x.root)
@@ -65,6 +76,14 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
     job.images = absolute(job.images);
     job.output = absolute(job.output);
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
+    check_disjoint(
+        &[
+            Named::new("--output", "the scores CSV", &job.output),
+            Named::new("--log-dir", "the job's logs", &plan.log_dir),
+        ],
+        inference_inputs(&job.model, &job.images),
+        Some(launch),
+    )?;
     check_model(&job.model)?;
     if let Some(parent) = job.output.parent() {
         job.images = images_folder(&job.images, parent)?;
@@ -77,6 +96,13 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
             job.output.display()
         )));
     }
+    // One job at a time on the log directory (scores written into one folder share it); a
+    // CSV's folder may hold other jobs' files, so it is not locked itself.
+    let _locks = if launch.dry_run {
+        Vec::new()
+    } else {
+        lock_job(&tchrun::lock::job_dirs(None, &plan.log_dir))?
+    };
     if !launch.dry_run {
         if let Some(parent) = job.output.parent() {
             check_writable(parent)?;
@@ -99,6 +125,14 @@ pub fn run_evaluate(
     job.images = absolute(job.images);
     job.output = absolute(job.output);
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
+    check_disjoint(
+        &[
+            Named::new("--output", "the evaluation directory", &job.output),
+            Named::new("--log-dir", "the job's logs", &plan.log_dir),
+        ],
+        inference_inputs(&job.model, &job.images),
+        Some(launch),
+    )?;
     let cfg = check_model(&job.model)?;
     job.images = images_folder(&job.images, &job.output)?;
     check_images_dir(&job.images)?;
@@ -112,6 +146,11 @@ pub fn run_evaluate(
             job.output.display()
         )));
     }
+    let _locks = if launch.dry_run {
+        Vec::new()
+    } else {
+        lock_job(&tchrun::lock::job_dirs(Some(&job.output), &plan.log_dir))?
+    };
     if !launch.dry_run {
         check_writable(&job.output)?;
     }

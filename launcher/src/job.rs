@@ -90,6 +90,23 @@ fn clear_stale(log_dir: &Path) {
     }
 }
 
+/// A log file, empty, with the mode of every log file (0640, as the driver logs and the
+/// atomic writes): created so, or narrowed if an older one was wider.
+fn create_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(path)?;
+    let mode = f.metadata()?.permissions().mode() & 0o7777;
+    if mode & !0o640 != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(mode & 0o640))?;
+    }
+    Ok(f)
+}
+
 /// Runs a job end to end (pre-flight, GPU check, launch); returns the exit code.
 pub fn run_job(
     args: &LaunchArgs,
@@ -120,7 +137,7 @@ pub fn run_planned(
     })?;
     clear_stale(&plan.log_dir);
     let mpi_log_path = files::mpi_log(&plan.log_dir);
-    let mut mpi_log = std::fs::File::create(&mpi_log_path)
+    let mut mpi_log = create_log(&mpi_log_path)
         .map_err(|e| JobError::invalid(format!("cannot write {}: {e}", mpi_log_path.display())))?;
     {
         use std::io::Write;

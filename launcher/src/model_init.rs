@@ -7,6 +7,7 @@ use crate::error::JobError;
 use clap::Args;
 use std::path::PathBuf;
 use tchrun::model::{self, Arch, ModelConfig, Normalization};
+use tchrun::overlap::Named;
 
 #[derive(Args, Debug)]
 pub struct InitArgs {
@@ -53,6 +54,13 @@ pub struct InitArgs {
 }
 
 pub fn run(a: &InitArgs) -> Result<(), JobError> {
+    if let Some(w) = &a.weights {
+        crate::preflight::check_disjoint(
+            &[Named::new("--output", "the model directory", &a.output)],
+            vec![Named::new("--weights", "the initial weights file", w)],
+            None,
+        )?;
+    }
     model::check_arch_input_size(a.arch, a.input_size)
         .map_err(|e| JobError::invalid(format!("--input-size: {e}")))?;
     let mut norm = Normalization::default();

@@ -216,3 +216,40 @@ pub fn check_writable(output: &Path) -> Result<(), JobError> {
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
+
+/// Refuses outputs (`--output`, `--log-dir`, ...) that are, contain or lie inside an input,
+/// before anything is written (`tchrun::overlap`); `--hostfile` counts as an input too.
+pub fn check_disjoint(
+    outputs: &[tchrun::overlap::Named],
+    mut inputs: Vec<tchrun::overlap::Named>,
+    launch: Option<&LaunchArgs>,
+) -> Result<(), JobError> {
+    if let Some(h) = launch.and_then(|l| l.hostfile.as_ref()) {
+        inputs.push(tchrun::overlap::Named::new(
+            "--hostfile",
+            "the hostfile",
+            absolute(h.clone()),
+        ));
+    }
+    Ok(tchrun::overlap::check_disjoint(outputs, &inputs)?)
+}
+
+/// Takes the job locks of `dirs` (`tchrun::lock`) for this process's whole life: a directory
+/// another job holds is refused; a stale lock is taken over with a note. The ranks learn
+/// through `TCHRUN_LOCK_HELD` that they need not take them.
+pub fn lock_job(dirs: &[(&str, PathBuf)]) -> Result<Vec<tchrun::lock::JobLock>, JobError> {
+    let info = tchrun::lock::LockInfo::here(&tchrun::lock::LockInfo::command_line());
+    let mut locks = Vec::new();
+    for (flag, dir) in dirs {
+        let taken = tchrun::lock::acquire(flag, dir, &info)?;
+        if let Some(note) = taken.note() {
+            errln!("tchrun: {note}");
+        }
+        locks.push(taken.lock);
+    }
+    std::env::set_var(
+        tchrun::env::TCHRUN_LOCK_HELD,
+        tchrun::lock::held_value(&locks),
+    );
+    Ok(locks)
+}

@@ -153,6 +153,21 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
     tj.train = absolute(tj.train);
     tj.valid = absolute(tj.valid);
     tj.output = absolute(tj.output);
+    let log_dir = absolute(
+        a.rank
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| tj.output.join(files::DEFAULT_LOG_SUBDIR)),
+    );
+    let (mut outputs, inputs) = tchrun::overlap::train_job(&tj, &log_dir);
+    if let Some(s) = &a.script {
+        outputs.push(tchrun::overlap::Named::new(
+            "--script",
+            "the batch script",
+            absolute(s.clone()),
+        ));
+    }
+    crate::preflight::check_disjoint(&outputs, inputs, Some(&a.launch))?;
     tchrun::preflight::check_train_job(&tj, false)?;
     match a.rank.device {
         Device::Cuda if a.gpus_per_node == 0 => {
@@ -178,11 +193,6 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
         check_directive("--time", t)?;
     }
     let mut rank = a.rank.clone();
-    let log_dir = absolute(
-        rank.log_dir
-            .clone()
-            .unwrap_or_else(|| tj.output.join(files::DEFAULT_LOG_SUBDIR)),
-    );
     rank.log_dir = Some(log_dir.clone());
     let mut worker_args = vec!["train".to_string()];
     // --overwrite belongs to the first run only: a requeued run resumes what it started.
@@ -234,7 +244,7 @@ fn write_script(path: &Path, text: &str) -> Result<(), JobError> {
         })?;
     }
     std::fs::write(path, text)
-        .and_then(|_| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)))
+        .and_then(|_| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o750)))
         .map_err(|e| {
             JobError::invalid(format!("--script {}: cannot write it: {e}", path.display()))
         })

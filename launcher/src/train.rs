@@ -4,7 +4,7 @@ use crate::error::JobError;
 use crate::gpus::GpuUse;
 use crate::job::run_planned;
 use crate::launch::LaunchArgs;
-use crate::preflight::{absolute, check_writable, validate};
+use crate::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
 use crate::restart::{self, Attempt, RestartArgs};
 use tchrun::files;
 
@@ -21,6 +21,15 @@ pub fn run_train(
     job.train = absolute(job.train);
     job.valid = absolute(job.valid);
     job.output = absolute(job.output);
+    let mut rank = rank.clone();
+    let log_dir = absolute(
+        rank.log_dir
+            .clone()
+            .unwrap_or_else(|| job.output.join(files::DEFAULT_LOG_SUBDIR)),
+    );
+    // Before anything is written (an archive's extraction, the dataset indexes, logs/).
+    let (outputs, inputs) = tchrun::overlap::train_job(&job, &log_dir);
+    check_disjoint(&outputs, inputs, Some(launch))?;
     // The dataset indexes (reused or built) and the image headers: on a set of up to
     // UPFRONT_VERIFY_LIMIT unverified images a corrupt file is refused before any rank starts
     // or anything is written to --output; on a larger one each image is checked when first
@@ -82,18 +91,18 @@ pub fn run_train(
         checked.inputs.train.root.clone(),
         checked.inputs.valid.root.clone(),
     );
-    let mut rank = rank.clone();
-    let log_dir = absolute(
-        rank.log_dir
-            .clone()
-            .unwrap_or_else(|| job.output.join(files::DEFAULT_LOG_SUBDIR)),
-    );
     let mut plan = validate(launch, log_dir.clone(), GpuUse::Ranks(rank.device))?;
     if let Some(g) = job.options.global_batch_size {
         // Each rank accumulates a whole number of micro-batches: refused before any rank starts.
         tchrun::schedule::accumulation_steps(g, job.params.batch_size, plan.world_size() as usize)
             .map_err(JobError::invalid)?;
     }
+    // One job at a time on --output (and --log-dir), for every attempt; none for a dry run.
+    let _locks = if launch.dry_run {
+        Vec::new()
+    } else {
+        lock_job(&tchrun::lock::job_dirs(Some(&job.output), &log_dir))?
+    };
     if !launch.dry_run {
         check_writable(&job.output)?;
     }

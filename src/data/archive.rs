@@ -212,6 +212,10 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
     if partial.exists() {
         fs::remove_dir_all(&partial).map_err(|e| io_err(&partial, e))?;
     }
+    // SIGINT/SIGTERM from here to the rename: the extraction stops at the next member (or
+    // read), the partial folder is removed and the error says so (`DatasetError::Interrupted`).
+    let guard = crate::interrupt::Guard::install();
+    let stop_now = || crate::interrupt::received().map(|signal| interrupted(&archive, signal));
     fs::create_dir(&partial).map_err(|e| io_err(&partial, e))?;
     let result = extract_checked(kind, &archive, &partial, cache).and_then(|(files, bytes)| {
         let root_rel = find_root(&archive, &partial)?;
@@ -232,7 +236,10 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
         })?;
         crate::files::write_atomic(&partial.join(EXTRACTED_MARKER), &text)
             .map_err(|e| io_err(&e.path, e.source))?;
-        Ok((root_rel, files, bytes))
+        match stop_now() {
+            Some(e) => Err(e),
+            None => Ok((root_rel, files, bytes)),
+        }
     });
     let (root_rel, files, bytes) = match result {
         Ok(r) => r,
@@ -241,7 +248,16 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
             return Err(e);
         }
     };
-    if let Err(e) = fs::rename(&partial, &dir) {
+    let renamed = fs::rename(&partial, &dir);
+    drop(guard);
+    if let Some(signal) = crate::interrupt::received() {
+        // Came after the last check: the extraction is complete (or gone); the signal now has
+        // its usual effect.
+        if let Ok(sig) = nix::sys::signal::Signal::try_from(signal) {
+            let _ = nix::sys::signal::raise(sig);
+        }
+    }
+    if let Err(e) = renamed {
         let _ = fs::remove_dir_all(&partial);
         // Another job published the same archive first: use its folder.
         return read_complete(&archive, &dir)
@@ -256,6 +272,35 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
         files,
         bytes,
     }))
+}
+
+fn interrupted(archive: &Path, signal: i32) -> DatasetError {
+    DatasetError::Interrupted {
+        path: archive.to_path_buf(),
+        signal,
+    }
+}
+
+/// The test hook `TCHRUN_TEST_EXTRACT_DELAY_MS`: a pause before each member.
+fn test_delay() -> Option<std::time::Duration> {
+    std::env::var(crate::env::TCHRUN_TEST_EXTRACT_DELAY_MS)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(std::time::Duration::from_millis)
+}
+
+/// A reader that fails once a signal was received (`interrupt::received`), so that a large
+/// member's copy stops too.
+struct Stoppable<'a>(&'a mut dyn Read);
+
+impl Read for Stoppable<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if crate::interrupt::received().is_some() {
+            return Err(std::io::Error::other("interrupted by a signal"));
+        }
+        self.0.read(buf)
+    }
 }
 
 /// A complete extraction of `archive` in `dir` (its marker matches), if any.
@@ -357,9 +402,22 @@ struct Budget {
     free: Option<u64>,
     used: u64,
     members: u64,
+    /// `TCHRUN_TEST_EXTRACT_DELAY_MS`.
+    delay: Option<std::time::Duration>,
 }
 
 impl Budget {
+    /// Before each member: stop when a signal came (see `resolve`); the test hook's pause.
+    fn next_member(&self, archive: &Path) -> Result<(), DatasetError> {
+        if let Some(signal) = crate::interrupt::received() {
+            return Err(interrupted(archive, signal));
+        }
+        if let Some(d) = self.delay {
+            std::thread::sleep(d);
+        }
+        Ok(())
+    }
+
     fn add(&mut self, archive: &Path, member: &str, size: u64) -> Result<(), DatasetError> {
         self.members += 1;
         if self.members > MAX_ARCHIVE_MEMBERS {
@@ -412,6 +470,7 @@ fn extract_checked(
         free: free_bytes(cache),
         used: 0,
         members: 0,
+        delay: test_delay(),
     };
     let file = fs::File::open(archive).map_err(|e| io_err(archive, e))?;
     match kind {
@@ -457,8 +516,11 @@ fn write_member(
         }
         Err(e) => return Err(io_err(&path, e)),
     };
-    let mut limited = data.take(max.saturating_add(1));
+    let mut limited = Stoppable(data).take(max.saturating_add(1));
     let n = std::io::copy(&mut limited, &mut out).map_err(|e| {
+        if let Some(signal) = crate::interrupt::received() {
+            return interrupted(archive, signal);
+        }
         bad_archive(
             archive,
             format!("member '{member}' cannot be read ({e}); the archive is corrupt or truncated"),
@@ -532,6 +594,7 @@ fn extract_zip(
     // Pass 2: write, never more than declared.
     let (mut files, mut bytes) = (0u64, 0u64);
     for (i, name, rel, size) in plan {
+        budget.next_member(archive)?;
         let Some(size) = size else {
             let d = into.join(&rel);
             fs::create_dir_all(&d).map_err(|e| io_err(&d, e))?;
@@ -574,6 +637,7 @@ fn extract_tar(
     let mut ar = tar::Archive::new(reader);
     let (mut files, mut bytes) = (0u64, 0u64);
     for entry in ar.entries().map_err(corrupt)? {
+        budget.next_member(archive)?;
         let mut entry = entry.map_err(corrupt)?;
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let refuse = |why: &str| {
@@ -701,6 +765,7 @@ mod tests {
             free: Some(50),
             used: 0,
             members: 0,
+            delay: None,
         };
         b.add(a, "x", 40).unwrap();
         let m = b.add(a, "y", 20).unwrap_err().to_string();

@@ -63,6 +63,14 @@ pub enum DatasetError {
     /// Corrupt, unreadable, unsupported or too large image.
     #[error("BadImageError: {}: {detail}", path.display())]
     BadImage { path: PathBuf, detail: String },
+    /// SIGINT/SIGTERM (`signal`) arrived while an archive was being extracted; the partial
+    /// extraction was removed.
+    #[error(
+        "interrupted ({}) while extracting {}; the partial extraction was removed",
+        crate::interrupt::signal_name(*signal),
+        path.display()
+    )]
+    Interrupted { path: PathBuf, signal: i32 },
     #[error(
         "IoError: {}: {source} (check that the path exists, is readable and is on a mounted volume)",
         path.display()

@@ -330,15 +330,48 @@ struct Rank {
     pg: pg::ProcessGroup,
     device: tch::Device,
     console: driver_log::Console,
+    /// Rank 0's job locks (those the launcher does not hold), for the rank's whole life.
+    _locks: Vec<tchrun::lock::JobLock>,
+}
+
+/// Rank 0 of ranks started without the launcher (`mpirun tchrun-worker train ...` by hand, a
+/// batch script) takes the job locks of `dirs` itself (`tchrun::lock`); the launcher's own
+/// ranks find them in `TCHRUN_LOCK_HELD`. A directory another job holds is refused (exit 2).
+fn lock_as_rank0(
+    rank: usize,
+    dirs: &[(&'static str, PathBuf)],
+    command: &str,
+) -> Result<Vec<tchrun::lock::JobLock>, (Option<driver_log::Console>, Fatal)> {
+    if rank != 0 {
+        return Ok(Vec::new());
+    }
+    let held = std::env::var(tchrun::env::TCHRUN_LOCK_HELD).ok();
+    let info = tchrun::lock::LockInfo::here(command);
+    let mut locks = Vec::new();
+    for (flag, dir) in dirs {
+        if tchrun::lock::held_by_launcher(held.as_deref(), dir) {
+            continue;
+        }
+        let taken = tchrun::lock::acquire(flag, dir, &info)
+            .map_err(|e| (None, Fatal::invalid(e.into())))?;
+        if let Some(note) = taken.note() {
+            eprintln!("tchrun-worker: {note}");
+        }
+        locks.push(taken.lock);
+    }
+    Ok(locks)
 }
 
 fn start_rank(
     flags: &RankFlags,
     default_log_dir: PathBuf,
     command: &str,
+    lock_dirs: &[(&'static str, PathBuf)],
 ) -> Result<Rank, (Option<driver_log::Console>, Fatal)> {
     let t0 = Instant::now();
     let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
+    // Before the driver log: a refused rank 0 overwrites nothing of the other job's.
+    let locks = lock_as_rank0(id.rank, lock_dirs, command)?;
     let (device, backend) =
         resolve(flags, id.local_rank, id.local_size, &id.host).map_err(|f| (None, f))?;
     let log_dir = flags.log_dir.clone().unwrap_or(default_log_dir);
@@ -409,6 +442,7 @@ fn start_rank(
         pg,
         device,
         console,
+        _locks: locks,
     })
 }
 
@@ -417,12 +451,18 @@ fn command_line() -> String {
 }
 
 fn run_selftest(a: SelftestArgs) -> RankResult {
-    let rank = start_rank(&a.rank, PathBuf::from(DEFAULT_LOG_DIR), &command_line())?;
+    let rank = start_rank(
+        &a.rank,
+        PathBuf::from(DEFAULT_LOG_DIR),
+        &command_line(),
+        &[],
+    )?;
     let Rank {
         joined,
         pg,
         device,
         console,
+        ..
     } = rank;
     let fail = |e: anyhow::Error| Fatal::rank(e);
     let body = || -> Result<(), Fatal> {
@@ -543,6 +583,17 @@ fn run_exec(a: ExecArgs) -> RankResult {
 
 fn run_train(a: TrainArgs) -> RankResult {
     let default_logs = a.job.output.join(tchrun::files::DEFAULT_LOG_SUBDIR);
+    // Outputs that would overwrite inputs (as `tchrun train` refuses them).
+    {
+        let log_dir = a
+            .rank
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| default_logs.clone());
+        let (outputs, inputs) = tchrun::overlap::train_job(&a.job, &log_dir);
+        tchrun::overlap::check_disjoint(&outputs, &inputs)
+            .map_err(|e| (None, Fatal::invalid(e.into())))?;
+    }
     // Input errors need no log directory: report them before anything is written to --output.
     let indexes = [a.train_index.as_deref(), a.valid_index.as_deref()];
     let (inputs, verification) =
@@ -555,12 +606,19 @@ fn run_train(a: TrainArgs) -> RankResult {
                 },
             )
         })?;
-    let rank = start_rank(&a.rank, default_logs, &command_line())?;
+    let log_dir = a
+        .rank
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| default_logs.clone());
+    let lock_dirs = tchrun::lock::job_dirs(Some(&a.job.output), &log_dir);
+    let rank = start_rank(&a.rank, default_logs, &command_line(), &lock_dirs)?;
     let Rank {
         joined,
         pg,
         device,
         console,
+        ..
     } = rank;
     for line in &verification {
         tracing::info!("{line}");
@@ -598,15 +656,22 @@ fn run_train(a: TrainArgs) -> RankResult {
 fn run_inference(
     flags: &RankFlags,
     default_logs: PathBuf,
+    output_dir: Option<&std::path::Path>,
     batch_size: u32,
     body: impl FnOnce(&score::Compute, &score::Ranks, &dyn Fn(&str)) -> Result<(), score::ScoreError>,
 ) -> RankResult {
-    let rank = start_rank(flags, default_logs, &command_line())?;
+    let log_dir = flags
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| default_logs.clone());
+    let lock_dirs = tchrun::lock::job_dirs(output_dir, &log_dir);
+    let rank = start_rank(flags, default_logs, &command_line(), &lock_dirs)?;
     let Rank {
         joined,
         pg,
         device,
         console,
+        ..
     } = rank;
     let store = &joined.store;
     let set = |k: &str, v: &[u8]| store.set(k, v).map_err(|e| e.to_string());
@@ -647,10 +712,39 @@ fn run_inference(
     })
 }
 
+/// `score`/`evaluate` started by hand: outputs that would overwrite the model or the images
+/// are refused (as `tchrun` refuses them) before anything is written.
+fn check_inference_paths(
+    output: (&str, &std::path::Path),
+    log_dir: &std::path::Path,
+    model: &std::path::Path,
+    images: &std::path::Path,
+) -> RankResult {
+    use tchrun::overlap::Named;
+    tchrun::overlap::check_disjoint(
+        &[
+            Named::new("--output", output.0, output.1),
+            Named::new("--log-dir", "the job's logs", log_dir),
+        ],
+        &[
+            Named::new("--model", "the trained model directory", model),
+            Named::new("--images", "the images", images),
+        ],
+    )
+    .map_err(|e| (None, Fatal::invalid(e.into())))
+}
+
 fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
+    check_inference_paths(
+        ("the scores CSV", &a.output),
+        &rank.log_dir.clone().unwrap_or_else(|| a.default_log_dir()),
+        &a.model,
+        &a.images,
+    )?;
     run_inference(
         &rank,
         a.default_log_dir(),
+        None,
         a.batch_size,
         |compute, ranks, say| {
             let n = score::score(&a.model, &a.images, &a.output, compute, ranks)?;
@@ -667,9 +761,16 @@ fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
 }
 
 fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
+    check_inference_paths(
+        ("the evaluation directory", &a.output),
+        &rank.log_dir.clone().unwrap_or_else(|| a.default_log_dir()),
+        &a.model,
+        &a.images,
+    )?;
     run_inference(
         &rank,
         a.default_log_dir(),
+        Some(&a.output),
         a.batch_size,
         |compute, ranks, say| {
             if let Some(e) = score::evaluate(&a.model, &a.images, &a.output, compute, ranks)? {
@@ -692,7 +793,12 @@ fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
 }
 
 fn run_gradcheck(a: GradcheckArgs) -> RankResult {
-    let rank = start_rank(&a.rank, PathBuf::from(DEFAULT_LOG_DIR), &command_line())?;
+    let rank = start_rank(
+        &a.rank,
+        PathBuf::from(DEFAULT_LOG_DIR),
+        &command_line(),
+        &[],
+    )?;
     let Rank {
         joined,
         pg,

@@ -97,12 +97,16 @@ pub fn write_model_dir(
                 .sum();
             tchrun::files::describe_write_error("the model", &weights, &format!("{e:?}"), needed)
         })?;
-        File::open(&weights)
+        tchrun::files::narrow_mode(&weights)
+            .and_then(|()| File::open(&weights))
             .and_then(|f| f.sync_all())
             .map_err(|e| format!("{}: {e}", weights.display()))?;
         let plot = staging.join(METRICS_PLOT);
-        if let Err(e) = crate::plot::metrics_png(history, steps, steps_per_epoch, &plot) {
-            tracing::warn!("metrics plot not written: {e}");
+        match crate::plot::metrics_png(history, steps, steps_per_epoch, &plot) {
+            Ok(()) => {
+                let _ = tchrun::files::narrow_mode(&plot);
+            }
+            Err(e) => tracing::warn!("metrics plot not written: {e}"),
         }
         let json = staging.join(MODEL_JSON);
         let mut f = OpenOptions::new()

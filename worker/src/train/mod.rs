@@ -72,6 +72,17 @@ pub enum TrainError {
 impl TrainError {
     pub fn kind(&self) -> ErrorKind {
         match self {
+            // A hand-started rank's archive extraction interrupted (the partial folder removed).
+            TrainError::Preflight(tchrun::preflight::PreflightError::Dataset {
+                error: DatasetError::Interrupted { signal, .. },
+                ..
+            }) => {
+                if tchrun::interrupt::exit_code(*signal) == tchrun::exit::code::INTERRUPTED_INT {
+                    ErrorKind::InterruptedInt
+                } else {
+                    ErrorKind::InterruptedTerm
+                }
+            }
             TrainError::Invalid(_) | TrainError::Preflight(_) => ErrorKind::InvalidInput,
             TrainError::Diverged { .. } => ErrorKind::Diverged,
             TrainError::Stopped(sig) if *sig == signal_hook::consts::SIGINT => {
