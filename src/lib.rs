@@ -3,6 +3,8 @@
 //! Both binaries (`tchrun`, `tchrun-worker`) call these; no name or code is written twice.
 //! Architecture Invariant: this crate links neither libtorch nor MPI.
 
+pub mod counts;
+pub mod csv_out;
 pub mod data;
 pub mod driver_log;
 pub mod env;

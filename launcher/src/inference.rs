@@ -10,8 +10,11 @@ use crate::preflight::{absolute, check_writable, validate};
 use std::path::{Path, PathBuf};
 use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
 
-fn check_model(model: &Path) -> Result<tchrun::model::ModelConfig, JobError> {
-    Ok(tchrun::model::load(model, true)?)
+fn check_model(model: &Path, batch_size: u32) -> Result<tchrun::model::ModelConfig, JobError> {
+    let cfg = tchrun::model::load(model, true)?;
+    tchrun::counts::batch_bytes("--batch-size", batch_size, cfg.input_size)
+        .map_err(|e| JobError::invalid(e.0))?;
+    Ok(cfg)
 }
 
 /// `--images` as a folder: an archive becomes its extracted folder (cached in `cache_parent`'s
@@ -65,7 +68,7 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
     job.images = absolute(job.images);
     job.output = absolute(job.output);
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
-    check_model(&job.model)?;
+    check_model(&job.model, job.batch_size)?;
     if let Some(parent) = job.output.parent() {
         job.images = images_folder(&job.images, parent)?;
     }
@@ -99,7 +102,7 @@ pub fn run_evaluate(
     job.images = absolute(job.images);
     job.output = absolute(job.output);
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
-    let cfg = check_model(&job.model)?;
+    let cfg = check_model(&job.model, job.batch_size)?;
     job.images = images_folder(&job.images, &job.output)?;
     check_images_dir(&job.images)?;
     let folder = tchrun::data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;

@@ -73,6 +73,8 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// `nodes × procs_per_node`, range-checked by the pre-flight (`tchrun::counts::world_size`)
+    /// before any plan exists.
     pub fn world_size(&self) -> u32 {
         self.nodes * self.procs_per_node
     }

@@ -54,6 +54,11 @@ pub fn run_train(
         tchrun::schedule::accumulation_steps(g, job.params.batch_size, plan.world_size() as usize)
             .map_err(JobError::invalid)?;
     }
+    // A job that cannot learn (one class, fewer images than one step needs) and counts out of
+    // range: refused before any rank starts.
+    for w in tchrun::preflight::check_job(&checked.inputs, &job, plan.world_size() as usize)? {
+        errln!("tchrun: {w}");
+    }
     if !launch.dry_run {
         check_writable(&job.output)?;
     }
