@@ -302,9 +302,10 @@ pub fn check_train_job_with(
 ///
 /// * A single class: refused. A classifier of one class learns nothing; it would predict that
 ///   class for every image and report top-1 100 %.
-/// * Fewer training images than ranks, or with `--global-batch-size G` fewer than G: refused.
-///   One optimizer step needs an image per rank (G images); the rest of the step would be the
-///   padding copies DistributedSampler adds, so the model would learn from duplicates.
+/// * Fewer training images than ranks: refused. Each rank needs an image per step; the rest
+///   would be the padding copies DistributedSampler adds (the model learns from duplicates).
+/// * With `--global-batch-size G`, fewer than G images: a warning. Every epoch is one partial
+///   step of real images (nothing is duplicated), but the LR is scaled for G.
 /// * Fewer validation images than ranks: a warning (its metrics count padding copies).
 pub fn check_job(
     inputs: &Inputs,
@@ -335,16 +336,6 @@ pub fn check_job(
     let world32 = u32::try_from(world)
         .map_err(|_| PreflightError::Flags(format!("{world} ranks is more than tchrun runs")))?;
     let counts = |e: crate::counts::CountError| PreflightError::Flags(e.0);
-    if let Some(g) = job.options.global_batch_size {
-        if n < u64::from(g) {
-            return Err(PreflightError::Flags(format!(
-                "--global-batch-size {g}: --train {} has {n} image(s), fewer than one optimizer \
-                 step takes; lower --global-batch-size to {n} or less (a multiple of the world \
-                 size × --batch-size) or add images",
-                train.root.display()
-            )));
-        }
-    }
     crate::counts::batch_bytes("--batch-size", p.batch_size, inputs.cfg.input_size)
         .map_err(counts)?;
     let per_step =
@@ -352,6 +343,16 @@ pub fn check_job(
     let steps_per_epoch = n.div_ceil(per_step.max(1));
     crate::counts::total_steps(p.epochs, p.warmup_epochs, steps_per_epoch).map_err(counts)?;
     let mut warnings = Vec::new();
+    if let Some(g) = job.options.global_batch_size {
+        if n < u64::from(g) {
+            warnings.push(format!(
+                "warning: --global-batch-size {g}: --train {} has {n} image(s), fewer than one \
+                 optimizer step takes: every epoch is one partial step of {n} images (the LR \
+                 is scaled for {g}); lower --global-batch-size or add images",
+                train.root.display()
+            ));
+        }
+    }
     if (valid.samples.len() as u64) < world64 {
         warnings.push(format!(
             "warning: --valid {}: {} image(s) for {world} ranks: some ranks validate padding \

@@ -22,38 +22,6 @@ const FLAGS: [&str; 8] = [
     "--epochs=1",
 ];
 
-/// A sparse safetensors file with `arch`'s torchvision tensors for `classes` classes: a real
-/// header, zero data (no write of the megabytes).
-fn sparse_weights(path: &Path, arch: Arch, classes: usize) {
-    let mut header = serde_json::Map::new();
-    let mut offset = 0usize;
-    for (name, shape) in tchrun::weights::spec(arch, classes) {
-        let (dtype, size) = if name.ends_with("num_batches_tracked") {
-            ("I64", 8)
-        } else {
-            ("F32", 4)
-        };
-        let len = size * shape.iter().product::<usize>();
-        header.insert(
-            name,
-            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len]}),
-        );
-        offset += len;
-    }
-    let mut text = serde_json::Value::Object(header).to_string();
-    while text.len() % 8 != 0 {
-        text.push(' ');
-    }
-    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
-    bytes.extend(text.as_bytes());
-    std::fs::write(path, &bytes).expect("write weights");
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .expect("open");
-    f.set_len((bytes.len() + offset) as u64).expect("set_len");
-}
-
 /// A "trained" resnet18 model directory for the 10 digits whose weights are `arch`'s.
 fn trained_dir(parent: &Path, name: &str, weights_arch: Arch) -> PathBuf {
     let init = model_dir(parent, "resnet18", 32);
@@ -367,10 +335,11 @@ fn jobs_that_cannot_learn_are_refused_before_any_rank_starts() {
         "{}",
         r.explain()
     );
-    let r = train(&tiny, &["--global-batch-size", "32"]);
-    assert_eq!(r.code, Some(2), "{}", r.explain());
+    // Fewer images than one global batch: one partial step per epoch, said (a dry run).
+    let r = train(&tiny, &["--global-batch-size", "32", "--dry-run"]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
-        r.stderr.contains("--global-batch-size 32")
+        r.stderr.contains("warning: --global-batch-size 32")
             && r.stderr
                 .contains("has 20 image(s), fewer than one optimizer step takes"),
         "{}",
