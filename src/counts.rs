@@ -15,6 +15,14 @@ pub const MAX_TOTAL_STEPS: u64 = 1 << 40;
 /// cannot be allocated on any host (an allocation failure aborts the rank with SIGABRT).
 pub const MAX_BATCH_BYTES: u64 = 1 << 40;
 
+/// The longest duration a flag in seconds may give (`--timeout`, `--grace-period`,
+/// `--hang-timeout`): a year. Longer ones overflow `Instant + Duration` (a panic) or the
+/// milliseconds c10d takes (an i64).
+pub const MAX_SECONDS: u64 = 365 * 24 * 3600;
+
+/// The most decode threads one rank may start (`--loader-threads`).
+pub const MAX_LOADER_THREADS: u32 = 1024;
+
 /// A count or a product of counts out of range; the message names the flags and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
