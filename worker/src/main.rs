@@ -577,9 +577,11 @@ fn run_train(a: TrainArgs) -> RankResult {
     // srun or sbatch has had no other check).
     match tchrun::preflight::check_job(&inputs, &a.job, pg.size()) {
         Ok(warnings) => {
+            // `tchrun train` (which sets TCHRUN_ATTEMPT) said them already on the console.
+            let said = std::env::var_os(tchrun::env::TCHRUN_ATTEMPT).is_some();
             for w in warnings {
                 tracing::warn!("{w}");
-                if is_rank0 {
+                if is_rank0 && !said {
                     console.err(&w);
                 }
             }
