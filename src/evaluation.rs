@@ -178,28 +178,28 @@ pub fn compute(classes: &[String], scored: &[Scored]) -> EvalMetrics {
 
 /// `confusion_matrix.csv`: a header row of predicted classes, then one row per true class.
 pub fn confusion_csv(classes: &[String], m: &[Vec<u64>]) -> String {
-    let quote = |s: &str| {
-        if s.contains([',', '"', '\n', '\r']) {
-            format!("\"{}\"", s.replace('"', "\"\""))
-        } else {
-            s.to_string()
-        }
-    };
-    let mut out = String::from("true\\predicted");
-    for c in classes {
-        out.push(',');
-        out.push_str(&quote(c));
-    }
-    out.push('\n');
-    for (c, row) in classes.iter().zip(m) {
-        out.push_str(&quote(c));
-        for v in row {
-            out.push(',');
-            out.push_str(&v.to_string());
-        }
-        out.push('\n');
-    }
-    out
+    let (header, rows) = confusion_table(classes, m);
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    // Writing into memory cannot fail.
+    String::from_utf8_lossy(&crate::csv_out::to_bytes(&header, rows).unwrap_or_default())
+        .into_owned()
+}
+
+/// `confusion_matrix.csv` as a header and rows for `csv_out` (class names made safe cells).
+pub fn confusion_table(classes: &[String], m: &[Vec<u64>]) -> (Vec<String>, Vec<Vec<String>>) {
+    let cell = crate::csv_out::cell;
+    let mut header = vec!["true\\predicted".to_string()];
+    header.extend(classes.iter().map(|c| cell(c)));
+    let rows = classes
+        .iter()
+        .zip(m)
+        .map(|(c, row)| {
+            let mut r = vec![cell(c)];
+            r.extend(row.iter().map(u64::to_string));
+            r
+        })
+        .collect();
+    (header, rows)
 }
 
 /// For each class folder of a labeled set, its index among the model's classes. A folder that

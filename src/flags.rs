@@ -99,7 +99,7 @@ pub struct RankFlags {
     #[arg(long, env = "TCHRUN_LOG_DIR")]
     pub log_dir: Option<PathBuf>,
     /// Seconds a collective or the store may wait for the other ranks before failing.
-    #[arg(long, env = "TCHRUN_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "TCHRUN_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=crate::counts::MAX_SECONDS))]
     pub timeout: u64,
 }
 
@@ -185,6 +185,8 @@ mod tests {
             ["x", "--patience", "0"],
             ["x", "--print-freq", "0"],
             ["x", "--warmup-epochs", "-1"],
+            ["x", "--timeout", "31536001"],
+            ["x", "--timeout", "18446744073709551615"],
         ] {
             let err = Cli::try_parse_from(bad).expect_err("out of range");
             assert!(err.to_string().contains(bad[1]), "{err}");
@@ -340,7 +342,7 @@ pub struct TrainOptions {
     #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = 89_478_485, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
     /// Decode/augment threads per rank (default: cores / ranks on the node).
-    #[arg(long, env = "TCHRUN_LOADER_THREADS", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "TCHRUN_LOADER_THREADS", value_parser = clap::value_parser!(u32).range(1..=crate::counts::MAX_LOADER_THREADS as i64))]
     pub loader_threads: Option<u32>,
     /// Mixed precision on CUDA (ignored on CPU).
     #[arg(long, env = "TCHRUN_AMP", value_enum, default_value_t = Amp::Off)]

@@ -4,6 +4,8 @@
 //! Architecture Invariant: this crate links neither libtorch nor MPI.
 
 pub mod checkpoint;
+pub mod counts;
+pub mod csv_out;
 pub mod data;
 pub mod driver_log;
 pub mod env;

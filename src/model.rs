@@ -353,6 +353,9 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
         ));
     }
     let file = dir.join(MODEL_JSON);
+    if let Some(e) = unfinished_training(dir) {
+        return Err(e);
+    }
     let text = std::fs::read_to_string(&file).map_err(|e| {
         invalid(
             &file,
@@ -426,6 +429,12 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
             return Err(invalid(&weights, "missing weights of a trained model"));
         }
     }
+    // Strict loading: the weights are exactly model.json's architecture (and classes), checked
+    // from the file's header before anything loads them (launcher and ranks alike).
+    let weights = dir.join(MODEL_WEIGHTS);
+    if weights.is_file() {
+        crate::weights::check_model_weights(&cfg, &weights).map_err(|e| invalid(&weights, e))?;
+    }
     for entry in std::fs::read_dir(dir)
         .map_err(|e| invalid(dir, e.to_string()))?
         .flatten()
@@ -439,6 +448,34 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
         }
     }
     Ok(cfg)
+}
+
+/// A training `--output` that is not a model yet: it holds `checkpoints/last.json` (training
+/// started there) but not both `model.json` and `model.safetensors`, or its `last.json` says
+/// the training has not finished while no `model.json` is there.
+fn unfinished_training(dir: &Path) -> Option<InvalidModelDirectory> {
+    let last = dir
+        .join(crate::files::CHECKPOINT_DIR)
+        .join(crate::files::CHECKPOINT_LAST);
+    if !last.is_file() {
+        return None;
+    }
+    let complete = dir.join(MODEL_JSON).is_file() && dir.join(MODEL_WEIGHTS).is_file();
+    if complete {
+        return None;
+    }
+    Some(invalid(
+        dir,
+        format!(
+            "training has not finished in {d} (it holds {c}/{l} but no complete model: \
+             {MODEL_JSON} and {MODEL_WEIGHTS} are written when training ends); use `tchrun train \
+             ... --output {d} --resume` with the interrupted job's flags to finish it (or give \
+             --model a finished model directory)",
+            d = dir.display(),
+            c = crate::files::CHECKPOINT_DIR,
+            l = crate::files::CHECKPOINT_LAST,
+        ),
+    ))
 }
 
 /// Serializes a configuration for `model.json`.

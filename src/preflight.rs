@@ -297,6 +297,75 @@ pub fn check_train_job_with(
     })
 }
 
+/// The job against its world size (launcher, before any rank starts; and every rank, for
+/// jobs started without the launcher): refuses a job that cannot learn anything meaningful and
+/// range-checks the counts and their products (`crate::counts`). Returns warnings for the
+/// console.
+///
+/// * A single class: refused. A classifier of one class learns nothing; it would predict that
+///   class for every image and report top-1 100 %.
+/// * Fewer training images than ranks: refused. Each rank needs an image per step; the rest
+///   would be the padding copies DistributedSampler adds (the model learns from duplicates).
+/// * With `--global-batch-size G`, fewer than G images: a warning. Every epoch is one partial
+///   step of real images (nothing is duplicated), but the LR is scaled for G.
+/// * Fewer validation images than ranks: a warning (its metrics count padding copies).
+pub fn check_job(
+    inputs: &Inputs,
+    job: &TrainJob,
+    world: usize,
+) -> Result<Vec<String>, PreflightError> {
+    let p = &job.params;
+    let (train, valid) = (&inputs.train, &inputs.valid);
+    if train.classes.len() < 2 {
+        return Err(PreflightError::Flags(format!(
+            "--train {}: a single class ({}): a classifier of one class learns nothing (it \
+             predicts that class for every image, top-1 100 %); give one folder per class, at \
+             least 2",
+            train.root.display(),
+            train.classes.first().map(String::as_str).unwrap_or("none")
+        )));
+    }
+    let n = train.samples.len() as u64;
+    let world64 = world as u64;
+    if n < world64 {
+        return Err(PreflightError::Flags(format!(
+            "--train {}: {n} image(s) for {world} ranks: every rank needs at least one image \
+             per step (the others would train on padding copies); add images or lower \
+             --nodes/--procs-per-node to {n} rank(s) or fewer",
+            train.root.display()
+        )));
+    }
+    let world32 = u32::try_from(world)
+        .map_err(|_| PreflightError::Flags(format!("{world} ranks is more than tchrun runs")))?;
+    let counts = |e: crate::counts::CountError| PreflightError::Flags(e.0);
+    crate::counts::batch_bytes("--batch-size", p.batch_size, inputs.cfg.input_size)
+        .map_err(counts)?;
+    let per_step =
+        crate::counts::images_per_step(p.batch_size, world32, job.options.global_batch_size);
+    let steps_per_epoch = n.div_ceil(per_step.max(1));
+    crate::counts::total_steps(p.epochs, p.warmup_epochs, steps_per_epoch).map_err(counts)?;
+    let mut warnings = Vec::new();
+    if let Some(g) = job.options.global_batch_size {
+        if n < u64::from(g) {
+            warnings.push(format!(
+                "warning: --global-batch-size {g}: --train {} has {n} image(s), fewer than one \
+                 optimizer step takes: every epoch is one partial step of {n} images (the LR \
+                 is scaled for {g}); lower --global-batch-size or add images",
+                train.root.display()
+            ));
+        }
+    }
+    if (valid.samples.len() as u64) < world64 {
+        warnings.push(format!(
+            "warning: --valid {}: {} image(s) for {world} ranks: some ranks validate padding \
+             copies, so the validation metrics count some images twice; add validation images",
+            valid.root.display(),
+            valid.samples.len()
+        ));
+    }
+    Ok(warnings)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

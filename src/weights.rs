@@ -350,6 +350,97 @@ pub fn load(arch: Arch, path: &Path) -> Result<Loaded, WeightsError> {
     })
 }
 
+/// The tensors (name, dtype, shape) a safetensors file declares, read from its header alone
+/// (the launcher checks a model directory without reading its weights), with the file's size
+/// checked against the header: a truncated file, or one that is not safetensors, is refused
+/// here with the words "truncated or not a safetensors file".
+pub fn safetensors_listing(path: &Path) -> Result<Listing, String> {
+    use std::io::Read;
+    const MAX_HEADER: u64 = 100_000_000; // the safetensors crate's limit
+    let bad = |why: String| {
+        format!(
+            "truncated or not a safetensors file ({why}); copy it again from the training \
+             output (a complete model directory has model.json and model.safetensors written \
+             by `tchrun train`)"
+        )
+    };
+    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let len = f
+        .metadata()
+        .map_err(|e| format!("cannot read it: {e}"))?
+        .len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n)
+        .map_err(|_| bad(format!("{len} bytes, shorter than a header")))?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_HEADER || n.checked_add(8).is_none_or(|h| h > len) {
+        return Err(bad(format!("a header of {n} bytes in a file of {len}")));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header)
+        .map_err(|e| bad(format!("cannot read its header: {e}")))?;
+    let raw: HashMap<String, serde_json::Value> = serde_json::from_slice(&header)
+        .map_err(|e| bad(format!("its header is not safetensors JSON: {e}")))?;
+    let mut listing = Listing::new();
+    let mut end = 0u64;
+    for (name, v) in raw {
+        if name == "__metadata__" {
+            continue;
+        }
+        let info: safetensors::tensor::TensorInfo = serde_json::from_value(v).map_err(|e| {
+            bad(format!(
+                "tensor '{name}' is not described as safetensors: {e}"
+            ))
+        })?;
+        end = end.max(info.data_offsets.1 as u64);
+        listing.insert(name, (info.dtype, info.shape));
+    }
+    let want = 8 + n + end;
+    if want != len {
+        return Err(bad(format!(
+            "its header describes {want} bytes, the file has {len}"
+        )));
+    }
+    Ok(listing)
+}
+
+/// Checks a model directory's `model.safetensors` against its `model.json` (architecture, and
+/// for a trained model the number of classes): every tensor the architecture has, none more,
+/// every shape; as Python's `load_state_dict(strict=True)`. On a mismatch, names the
+/// architecture the file does fit, when one does. Reads the header only.
+pub fn check_model_weights(cfg: &crate::model::ModelConfig, path: &Path) -> Result<(), String> {
+    let st = safetensors_listing(path)?;
+    let arch = cfg.arch;
+    match head_classes_if(arch, &st) {
+        Ok(classes) if cfg.is_trained() && classes != cfg.class_names.len() => Err(format!(
+            "its classifier has {classes} output(s) but model.json names {} class(es); the \
+             weights are not this model's: copy model.json and model.safetensors from the same \
+             training output",
+            cfg.class_names.len()
+        )),
+        Ok(_) => Ok(()),
+        Err(detail) => {
+            let like = Arch::ALL
+                .iter()
+                .find(|a| **a != arch && head_classes_if(**a, &st).is_ok());
+            let hint = match like {
+                Some(a) => format!(
+                    "; the file is a {} state_dict, model.json says {}: copy model.json and \
+                     model.safetensors from the same training output",
+                    a.name(),
+                    arch.name()
+                ),
+                None => format!(
+                    "; it is not a {} state_dict: copy model.json and model.safetensors from \
+                     the same training output",
+                    arch.name()
+                ),
+            };
+            Err(format!("weights do not match model.json: {detail}{hint}"))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

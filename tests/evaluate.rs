@@ -180,12 +180,16 @@ fn evaluate_refuses_a_class_the_model_does_not_know_before_any_rank_starts() {
     );
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(r.stderr.contains("--model"), "{}", r.explain());
-    // A model with the ten digit classes (its weights file is empty: the pre-flight refuses
-    // the images before a rank would read it), and images with a folder "seven" instead of
-    // "7" and a folder "cat".
+    // A model with the ten digit classes (its weights a resnet18 header over zeros: the
+    // pre-flight refuses the images before a rank would read them), and images with a folder
+    // "seven" instead of "7" and a folder "cat".
     let trained = t.path().join("trained");
     std::fs::create_dir_all(&trained).unwrap();
-    std::fs::write(trained.join("model.safetensors"), b"").unwrap();
+    sparse_weights(
+        &trained.join("model.safetensors"),
+        tchrun::model::Arch::Resnet18,
+        10,
+    );
     let mut cfg: serde_json::Value =
         serde_json::from_str(&read(&model.join("model.json"))).expect("model.json");
     cfg["class_names"] = serde_json::json!(["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]);

@@ -965,3 +965,58 @@ fn lr_at_end_of_warmup_is_at_most_peak() {
     assert_eq!(s.warmup_steps, 1695);
     assert!(s.lr(1694) <= s.peak, "{} > {}", s.lr(1694), s.peak);
 }
+
+// Issue 25 item 12: every product of user counts is exact or refused naming the flags, never
+// wrapped or saturated (checked against 128-bit arithmetic).
+proptest! {
+    #![proptest_config(cases(1000, 1))]
+
+    #[test]
+    fn count_products_are_exact_or_refused(
+        nodes in any::<u32>(),
+        ppn in any::<u32>(),
+        batch in any::<u32>(),
+        size in any::<u32>(),
+        epochs in any::<u32>(),
+        warmup in any::<u32>(),
+        steps in any::<u64>(),
+    ) {
+        use tchrun::counts::{self, MAX_BATCH_BYTES, MAX_TOTAL_STEPS, MAX_WORLD_SIZE};
+        let w = u128::from(nodes) * u128::from(ppn);
+        match counts::world_size(nodes, ppn) {
+            Ok(v) => prop_assert_eq!(u128::from(v), w),
+            Err(e) => {
+                prop_assert!(w > u128::from(MAX_WORLD_SIZE));
+                prop_assert!(e.0.contains("--nodes") && e.0.contains("--procs-per-node"));
+            }
+        }
+        let b = u128::from(batch) * 12 * u128::from(size) * u128::from(size);
+        match counts::batch_bytes("--batch-size", batch, size) {
+            Ok(v) => prop_assert_eq!(u128::from(v), b),
+            Err(e) => {
+                prop_assert!(b > u128::from(MAX_BATCH_BYTES));
+                prop_assert!(e.0.starts_with("--batch-size"));
+            }
+        }
+        let t = u128::from(epochs) * u128::from(steps);
+        let wt = u128::from(warmup) * u128::from(steps);
+        match counts::total_steps(epochs, warmup, steps) {
+            Ok(v) => {
+                prop_assert_eq!(u128::from(v), t);
+                prop_assert!(wt <= u128::from(MAX_TOTAL_STEPS));
+            }
+            Err(e) => {
+                prop_assert!(t > u128::from(MAX_TOTAL_STEPS) || wt > u128::from(MAX_TOTAL_STEPS));
+                prop_assert!(e.0.contains("-epochs"));
+            }
+        }
+    }
+
+    /// `--global-batch-size` against any world size and batch: a count or a message, no panic.
+    #[test]
+    fn accumulation_steps_never_panics(g in 1u32.., b in 1u32.., world in 1usize..=65_536) {
+        if let Ok(a) = tchrun::schedule::accumulation_steps(g, b, world) {
+            prop_assert_eq!(u128::from(a) * u128::from(b) * world as u128, u128::from(g));
+        }
+    }
+}

@@ -11,8 +11,11 @@ use std::path::{Path, PathBuf};
 use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
 use tchrun::overlap::Named;
 
-fn check_model(model: &Path) -> Result<tchrun::model::ModelConfig, JobError> {
-    Ok(tchrun::model::load(model, true)?)
+fn check_model(model: &Path, batch_size: u32) -> Result<tchrun::model::ModelConfig, JobError> {
+    let cfg = tchrun::model::load(model, true)?;
+    tchrun::counts::batch_bytes("--batch-size", batch_size, cfg.input_size)
+        .map_err(|e| JobError::invalid(e.0))?;
+    Ok(cfg)
 }
 
 /// The inputs of `score` and `evaluate`.
@@ -84,7 +87,7 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
         inference_inputs(&job.model, &job.images),
         Some(launch),
     )?;
-    check_model(&job.model)?;
+    check_model(&job.model, job.batch_size)?;
     if let Some(parent) = job.output.parent() {
         job.images = images_folder(&job.images, parent)?;
     }
@@ -133,7 +136,7 @@ pub fn run_evaluate(
         inference_inputs(&job.model, &job.images),
         Some(launch),
     )?;
-    let cfg = check_model(&job.model)?;
+    let cfg = check_model(&job.model, job.batch_size)?;
     job.images = images_folder(&job.images, &job.output)?;
     check_images_dir(&job.images)?;
     let folder = tchrun::data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;

@@ -43,10 +43,10 @@ pub struct LaunchArgs {
     pub worker: Option<PathBuf>,
     /// Seconds the ranks get to stop cleanly (checkpoint) after Ctrl-C/SIGTERM before they are
     /// killed.
-    #[arg(long, env = "TCHRUN_GRACE_PERIOD", default_value_t = 30)]
+    #[arg(long, env = "TCHRUN_GRACE_PERIOD", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
     pub grace_period: u64,
     /// End the job when no rank wrote to its driver log for this many seconds (0: off).
-    #[arg(long, env = "TCHRUN_HANG_TIMEOUT", default_value_t = 0)]
+    #[arg(long, env = "TCHRUN_HANG_TIMEOUT", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
     pub hang_timeout: u64,
     /// Extra arguments for mpirun, one string (e.g. "--mca btl self,tcp").
     #[arg(long, env = "TCHRUN_MPIRUN_ARGS", allow_hyphen_values = true)]
@@ -73,6 +73,8 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// `nodes × procs_per_node`, range-checked by the pre-flight (`tchrun::counts::world_size`)
+    /// before any plan exists.
     pub fn world_size(&self) -> u32 {
         self.nodes * self.procs_per_node
     }

@@ -71,6 +71,8 @@ pub fn validate(args: &LaunchArgs, log_dir: PathBuf, usage: GpuUse) -> Result<Pl
 /// The plan of a batch script (`tchrun sbatch`): Slurm picks the nodes (no hosts), the ranks
 /// start with srun (default) or mpirun inside the allocation, on machines this one is not.
 pub fn batch_plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
+    tchrun::counts::world_size(args.nodes, args.procs_per_node)
+        .map_err(|e| JobError::invalid(e.0))?;
     if args.hostfile.is_some() || !args.hosts.is_empty() {
         return Err(JobError::invalid(
             "--hostfile/--hosts: in a batch job Slurm picks the nodes; drop them (choose nodes with --partition or #SBATCH lines)",
@@ -102,6 +104,9 @@ pub fn batch_plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError>
 
 /// Pre-flight of the launch flags: everything checkable before a rank starts on this machine.
 pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
+    // Range-checked first: `Plan::world_size` multiplies them.
+    tchrun::counts::world_size(args.nodes, args.procs_per_node)
+        .map_err(|e| JobError::invalid(e.0))?;
     let worker = worker(args)?;
     let in_slurm = std::env::var_os(tchrun::env::SLURM_JOB_ID).is_some();
     let kind = match args.launcher {

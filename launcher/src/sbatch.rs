@@ -168,7 +168,12 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
         ));
     }
     crate::preflight::check_disjoint(&outputs, inputs, Some(&a.launch))?;
-    tchrun::preflight::check_train_job(&tj, false)?;
+    let inputs = tchrun::preflight::check_train_job(&tj, false)?;
+    let world = tchrun::counts::world_size(a.launch.nodes, a.launch.procs_per_node)
+        .map_err(|e| JobError::invalid(e.0))?;
+    for w in tchrun::preflight::check_job(&inputs, &tj, world as usize)? {
+        errln!("tchrun: {w}");
+    }
     match a.rank.device {
         Device::Cuda if a.gpus_per_node == 0 => {
             return Err(JobError::invalid(

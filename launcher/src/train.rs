@@ -103,6 +103,11 @@ pub fn run_train(
     } else {
         lock_job(&tchrun::lock::job_dirs(Some(&job.output), &log_dir))?
     };
+    // A job that cannot learn (one class, fewer images than one step needs) and counts out of
+    // range: refused before any rank starts.
+    for w in tchrun::preflight::check_job(&checked.inputs, &job, plan.world_size() as usize)? {
+        errln!("tchrun: {w}");
+    }
     if !launch.dry_run {
         check_writable(&job.output)?;
     }

@@ -12,6 +12,63 @@ use tchrun::driver_log::{FailureKind, FailureRecord};
 /// Rank and host of this process once its driver log is open (fd 2 is the log from then on).
 static IDENTITY: OnceLock<(usize, String)> = OnceLock::new();
 
+/// The driver log's path and the rank's console stderr, for `LogWriter`'s one report.
+static LOG_PATH: OnceLock<PathBuf> = OnceLock::new();
+static CONSOLE_ERR: OnceLock<(Mutex<File>, String)> = OnceLock::new();
+/// The first failed write to the driver log ("PATH: ERROR"), set once.
+static LOG_WRITE_FAILURE: OnceLock<String> = OnceLock::new();
+
+/// The first failure to write the driver log (a full or failing log disk), as
+/// "the driver log PATH could not be written (ERROR); ...", if there was one. Training goes on
+/// without the log; a failure recorded later carries this note (the log may lack the record).
+pub fn log_write_failure() -> Option<&'static str> {
+    LOG_WRITE_FAILURE.get().map(String::as_str)
+}
+
+/// Notes a failed write to the driver log: the first one is said once on the rank's console
+/// (the log itself cannot say it), later ones are dropped.
+fn log_write_failed(e: &std::io::Error) {
+    let path = LOG_PATH
+        .get()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "the driver log".into());
+    let note = format!(
+        "the driver log {path} could not be written ({e}); training goes on without it, its \
+         lines from here on are lost (free space in --log-dir)"
+    );
+    if LOG_WRITE_FAILURE.set(note.clone()).is_ok() {
+        if let Some((err, prefix)) = CONSOLE_ERR.get() {
+            if let Ok(mut f) = err.lock() {
+                let _ = writeln!(f, "{prefix}warning: {note}");
+                let _ = f.flush();
+            }
+        }
+    }
+}
+
+/// Writes to fd 2 (the driver log once it is open) and never fails: a failed write (a full
+/// log disk) is reported once on the console (`log_write_failed`) and dropped. This is the
+/// `tracing` writer and what the panic hook and failure records write through, so no log
+/// write can panic (a panic inside the panic hook aborts the rank: SIGABRT, exit 134).
+pub struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Err(e) = std::io::stderr().lock().write_all(buf) {
+            log_write_failed(&e);
+            // The launcher's hang watchdog (--hang-timeout) reads progress from the log's
+            // mtime: a full disk still takes a timestamp, so a healthy rank is not "hung".
+            use nix::sys::stat::futimens;
+            use nix::sys::time::TimeSpec;
+            let _ = futimens(2, &TimeSpec::UTIME_NOW, &TimeSpec::UTIME_NOW);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Writes a failure record (`tchrun::driver_log::FailureRecord`) into the driver log with one
 /// write straight to fd 2, not through `tracing`. Does nothing before the log is open (fd 2 is
 /// then the terminal, and the error is printed there).
@@ -24,19 +81,24 @@ pub fn record_failure(
     let Some((rank, host)) = IDENTITY.get() else {
         return;
     };
+    // A log that could not be written loses lines; the record (and failure.json) says so.
+    let message = match log_write_failure() {
+        Some(note) => format!("{message} (note: {note})"),
+        None => message.to_string(),
+    };
     let record = FailureRecord {
         rank: *rank,
         host: host.clone(),
         pid: std::process::id(),
         time: tchrun::files::timestamp_now(),
         kind,
-        message: message.to_string(),
+        message,
         location,
         exit_code,
     };
     let mut line = record.write();
     line.push('\n');
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    let _ = LogWriter.write(line.as_bytes());
 }
 
 /// The kind of a failure whose message is libtorch's (a tch error, a c10d error, a panic in tch):
@@ -129,6 +191,8 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
         err: Mutex::new(dup_file(2)?),
         prefix: tchrun::driver_log::console_prefix(header.host, header.rank),
     };
+    let _ = LOG_PATH.set(path.clone());
+    let _ = CONSOLE_ERR.set((Mutex::new(dup_file(2)?), console.prefix.clone()));
     nix::unistd::dup2(file.as_raw_fd(), 1).map_err(std::io::Error::from)?;
     nix::unistd::dup2(file.as_raw_fd(), 2).map_err(std::io::Error::from)?;
     drop(file);
@@ -138,8 +202,10 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(false)
-        .with_writer(std::io::stderr)
+        .with_writer(|| LogWriter)
         .with_target(false)
+        // On a failed write tracing-subscriber would `eprintln!` (a panic on a full disk).
+        .log_internal_errors(false)
         .try_init();
     let rank = header.rank;
     let _ = IDENTITY.set((rank, header.host.to_string()));

@@ -192,10 +192,17 @@ fn main() -> ExitCode {
             };
             driver_log::record_failure(kind, &msg, None, Some(code));
             tracing::info!("{}", RankExit { code }.write());
-            let line = format!("tchrun-worker: error: {msg}");
+            let mut line = format!("tchrun-worker: error: {msg}");
+            if let Some(note) = driver_log::log_write_failure() {
+                line.push_str(&format!(" (note: {note})"));
+            }
             match console {
                 Some(c) => c.err(&line),
-                None => eprintln!("{line}"),
+                // Never a panic on a failed write (see `driver_log::LogWriter`).
+                None => {
+                    use std::io::Write as _;
+                    let _ = writeln!(std::io::stderr(), "{line}");
+                }
             }
             ExitCode::from(code as u8)
         }
@@ -624,6 +631,30 @@ fn run_train(a: TrainArgs) -> RankResult {
         tracing::info!("{line}");
     }
     let is_rank0 = pg.rank() == 0;
+    // The job against the world size (as the launcher's pre-flight; a rank started by hand,
+    // srun or sbatch has had no other check).
+    match tchrun::preflight::check_job(&inputs, &a.job, pg.size()) {
+        Ok(warnings) => {
+            // `tchrun train` (which sets TCHRUN_ATTEMPT) said them already on the console.
+            let said = std::env::var_os(tchrun::env::TCHRUN_ATTEMPT).is_some();
+            for w in warnings {
+                tracing::warn!("{w}");
+                if is_rank0 && !said {
+                    console.err(&w);
+                }
+            }
+        }
+        Err(e) => {
+            leave(pg, joined, false);
+            return Err((
+                Some(console),
+                Fatal {
+                    kind: ErrorKind::InvalidInput,
+                    err: e.into(),
+                },
+            ));
+        }
+    }
     // User-facing lines: in every driver log, and on rank 0's console.
     let say = |line: &str| {
         tracing::info!("{line}");

@@ -102,8 +102,17 @@ pub fn state_dict(weights: &BTreeMap<String, Tensor>, steps: i64) -> Vec<(String
 /// Weights could not be read into the model.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
-    #[error("{path}: cannot read safetensors: {source}")]
+    #[error(
+        "{path}: truncated or not a safetensors file ({source}); copy it again from the \
+         training output"
+    )]
     Read { path: String, source: tch::TchError },
+    #[error(
+        "{path}: it holds '{name}', which the model's architecture does not have (weights of \
+         another architecture?); copy model.json and model.safetensors from the same training \
+         output"
+    )]
+    Extra { path: String, name: String },
     #[error("{path}: missing tensor '{name}' for the model's architecture")]
     Missing { path: String, name: String },
     #[error("{path}: tensor '{name}' has shape {got:?}, the model needs {want:?}")]
@@ -132,6 +141,18 @@ fn copy_from_file(
         source,
     })?;
     let by_name: BTreeMap<String, Tensor> = tensors.into_iter().collect();
+    // Strict, as load_state_dict(strict=True): no tensor the model lacks (torchvision's
+    // batch-norm counters excepted: the store does not keep them).
+    let vars = vs.variables();
+    if let Some(extra) = by_name
+        .keys()
+        .find(|n| !vars.contains_key(*n) && !n.ends_with(".num_batches_tracked"))
+    {
+        return Err(WeightsError::Extra {
+            path: p.clone(),
+            name: extra.clone(),
+        });
+    }
     let (mut loaded, mut kept) = (0usize, Vec::new());
     tch::no_grad(|| {
         for (name, mut var) in vs.variables() {

@@ -253,14 +253,7 @@ fn gather(
         .map(Some)
 }
 
-/// A CSV cell that a spreadsheet will not run as a formula.
-fn cell(s: &str) -> String {
-    if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-        format!("'{s}")
-    } else {
-        s.to_string()
-    }
-}
+use tchrun::csv_out::cell;
 
 fn out_err(path: &Path) -> impl Fn(&dyn std::fmt::Display) -> ScoreError + '_ {
     move |e| ScoreError::Output {
@@ -269,22 +262,14 @@ fn out_err(path: &Path) -> impl Fn(&dyn std::fmt::Display) -> ScoreError + '_ {
     }
 }
 
-/// Writes a CSV atomically (temporary file renamed over `path` once complete).
+/// Writes a CSV through the one CSV writer (`tchrun::csv_out`: quoting, formula-safe cells,
+/// atomic).
 fn write_csv(
     path: &Path,
     header: &[&str],
     rows: impl Iterator<Item = Vec<String>>,
 ) -> Result<(), ScoreError> {
-    let err = out_err(path);
-    let fill = |tmp: &Path| -> Result<(), ScoreError> {
-        let mut w = csv::Writer::from_path(tmp).map_err(|e| err(&e))?;
-        w.write_record(header).map_err(|e| err(&e))?;
-        for r in rows {
-            w.write_record(&r).map_err(|e| err(&e))?;
-        }
-        w.flush().map_err(|e| err(&e))
-    };
-    tchrun::files::write_atomic_with(path, fill, |e| err(&e.source))
+    tchrun::csv_out::write(path, header, rows).map_err(|e| out_err(path)(&e.why))
 }
 
 fn relative(path: &Path, root: &Path) -> String {
@@ -449,11 +434,9 @@ pub fn evaluate(
     let png = output.join(evaluation::CONFUSION_PNG);
     crate::confusion::png(&cfg.class_names, &matrix, &png).map_err(|e| out_err(&png)(&e))?;
     let csv = output.join(evaluation::CONFUSION_CSV);
-    tchrun::files::write_atomic(
-        &csv,
-        evaluation::confusion_csv(&cfg.class_names, &matrix).as_bytes(),
-    )
-    .map_err(|e| out_err(&csv)(&e))?;
+    let (header, rows) = evaluation::confusion_table(&cfg.class_names, &matrix);
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    write_csv(&csv, &header, rows.into_iter())?;
     let scores = output.join(evaluation::SCORES_CSV);
     write_csv(
         &scores,
