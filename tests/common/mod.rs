@@ -454,6 +454,8 @@ impl Drop for Job {
             let _ = c.wait();
         }
     }
+}
+
 /// A sparse safetensors file with `arch`'s torchvision tensors for `classes` classes: a real
 /// header, zero data (no write of the megabytes).
 pub fn sparse_weights(path: &Path, arch: tchrun::model::Arch, classes: usize) {
