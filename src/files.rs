@@ -197,11 +197,8 @@ mod tests {
 pub fn describe_write_error(what: &str, path: &Path, error: &str, needed: u64) -> String {
     let folder = path.parent().unwrap_or(path);
     let fs = nix::sys::statvfs::statvfs(folder).ok().map(|s| {
-        let block = s.fragment_size() as u64;
-        (
-            s.blocks_available() as u64 * block,
-            s.blocks() as u64 * block,
-        )
+        let block = s.fragment_size();
+        (s.blocks_available() * block, s.blocks() * block)
     });
     let full = [
         "StorageFull",
