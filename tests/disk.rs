@@ -8,32 +8,6 @@ use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(300);
 
-/// A tmpfs mounted for the test, unmounted on drop.
-struct Mount(std::path::PathBuf);
-
-impl Mount {
-    fn new(dir: &Path, opts: &str) -> Option<Mount> {
-        std::fs::create_dir_all(dir).expect("mkdir");
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
-            .arg(dir)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            skip_or_fail("cannot mount a tmpfs here (needs root)");
-            return None;
-        }
-        Some(Mount(dir.to_path_buf()))
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 fn train(model: &Path, out: &Path, logs: &Path, epochs: &str, extra: &[&str]) -> Run {
     let d = small_digits();
     run(

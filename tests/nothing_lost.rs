@@ -364,19 +364,11 @@ fn damaged_checkpoints_are_named_before_launch_with_what_is_left() {
     // The offered best weights really start a new model.
     let t = tempdir();
     let r = run(
-        tchrun()
-            .args([
-                "model",
-                "init",
-                "--arch",
-                "resnet18",
-                "--input-size",
-                "32",
-                "--weights",
-            ])
-            .arg(out.join("checkpoints").join(&best))
-            .arg("--output")
-            .arg(t.path().join("from-best")),
+        &mut init_with_weights(
+            "resnet18",
+            &out.join("checkpoints").join(&best),
+            &t.path().join("from-best"),
+        ),
         LIMIT,
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());

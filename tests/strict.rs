@@ -348,32 +348,6 @@ fn jobs_that_cannot_learn_are_refused_before_any_rank_starts() {
     assert!(no_rank_started(&logs), "refused before any rank starts");
 }
 
-/// A tmpfs mounted for the test, unmounted on drop.
-struct Mount(PathBuf);
-
-impl Mount {
-    fn new(dir: &Path, opts: &str) -> Option<Mount> {
-        std::fs::create_dir_all(dir).expect("mkdir");
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
-            .arg(dir)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            skip_or_fail("cannot mount a tmpfs here (needs root)");
-            return None;
-        }
-        Some(Mount(dir.to_path_buf()))
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_full_log_disk_does_not_stop_training() {
     let t = tempdir();

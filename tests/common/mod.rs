@@ -487,3 +487,29 @@ pub fn sparse_weights(path: &Path, arch: tchrun::model::Arch, classes: usize) {
         .expect("open");
     f.set_len((bytes.len() + offset) as u64).expect("set_len");
 }
+
+/// A tmpfs mounted for the test, unmounted on drop.
+pub struct Mount(pub PathBuf);
+
+impl Mount {
+    pub fn new(dir: &Path, opts: &str) -> Option<Mount> {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(dir)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            skip_or_fail("cannot mount a tmpfs here (needs root)");
+            return None;
+        }
+        Some(Mount(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
