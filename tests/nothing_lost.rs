@@ -425,3 +425,40 @@ fn a_stop_after_the_last_training_step_finishes_the_model() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// Issue 31 item 5: `tchrun logs` on a training `--output` (the obvious guess) said "no driver
+/// logs in DIR; see DIR/70_mpi_log" (a file that did not exist) and exited 0. Now it reads the
+/// output's `logs/`, and a folder without logs is exit 2 naming where logs are.
+#[test]
+fn logs_reads_a_training_outputs_log_directory_and_refuses_a_folder_without_logs() {
+    let f = fixture();
+    let r = run(tchrun().arg("logs").arg(&f.stopped), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains(&format!(
+            "(the log directory of the training output {})",
+            f.stopped.display()
+        )) && r.stdout.contains("2 ranks logged in"),
+        "{}",
+        r.explain()
+    );
+    let t = tempdir();
+    let r = run(tchrun().arg("logs").arg(t.path()), LIMIT);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr
+            .contains("no driver logs and no failure summary in")
+            && r.stderr.contains("<output>/logs for a training job")
+            && !r.stderr.contains("70_mpi_log"),
+        "{}",
+        r.explain()
+    );
+    // Without an argument: ./tchrun-logs, the default log directory of the other commands.
+    let r = run(tchrun().arg("logs").current_dir(t.path()), LIMIT);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("tchrun-logs: not a directory"),
+        "{}",
+        r.explain()
+    );
+}

@@ -73,7 +73,8 @@ enum Cmd {
     Data(data_cmd::DataCmd),
     /// Print the failure summary of a job's log directory, or a per-rank overview.
     Logs {
-        /// The job's log directory.
+        /// The job's log directory (a training --output: its logs/).
+        #[arg(default_value = tchrun::flags::DEFAULT_LOG_DIR)]
         dir: PathBuf,
     },
 }

@@ -381,25 +381,49 @@ pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
 pub fn logs_command(dir: &Path) -> Result<String, String> {
     if !dir.is_dir() {
         return Err(format!(
-            "{}: not a directory; give a job's log directory (default <output>/logs)",
-            dir.display()
+            "{}: not a directory; give a job's log directory (<output>/logs for a training job, \
+             ./{} for score, evaluate, exec and selftest by default)",
+            dir.display(),
+            tchrun::flags::DEFAULT_LOG_DIR
         ));
     }
+    // A training --output (the obvious guess): its logs are in `logs/`.
+    let has_logs =
+        |d: &Path| d.join(files::FAILURE_JSON).is_file() || !read_driver_logs(d).is_empty();
+    let sub = dir.join(files::DEFAULT_LOG_SUBDIR);
+    let (dir, note) = if !has_logs(dir) && has_logs(&sub) {
+        (
+            sub.as_path(),
+            format!(
+                "(the log directory of the training output {})\n",
+                dir.display()
+            ),
+        )
+    } else {
+        (dir, String::new())
+    };
     if let Ok(text) = std::fs::read_to_string(dir.join(files::FAILURE_JSON)) {
         if let Ok(s) = serde_json::from_str::<FailureSummary>(&text) {
-            return Ok(render(&s, dir));
+            return Ok(format!("{note}{}", render(&s, dir)));
         }
     }
     let logs = read_driver_logs(dir);
     if logs.is_empty() {
-        return Ok(format!(
-            "no driver logs in {}; see {}\n",
+        let mpi_log = files::mpi_log(dir);
+        return Err(format!(
+            "no driver logs and no failure summary in {}{}; give the job's log directory \
+             (<output>/logs for a training job, ./{} by default for the others)",
             dir.display(),
-            files::mpi_log(dir).display()
+            if mpi_log.is_file() {
+                format!(" (the launcher's output is in {})", mpi_log.display())
+            } else {
+                String::new()
+            },
+            tchrun::flags::DEFAULT_LOG_DIR
         ));
     }
     let mut out = format!(
-        "{} ranks logged in {}; no failure recorded\n",
+        "{note}{} ranks logged in {}; no failure recorded\n",
         logs.len(),
         dir.display()
     );
