@@ -161,6 +161,22 @@ fn sigterm_checkpoints_and_resume_matches_an_uninterrupted_run() {
         "{}",
         job.output()
     );
+    // Issue 31 item 3: a clean stop is not a crash: mpirun's forwarding and teardown messages
+    // and the ranks' "stopped by signal" errors stay in 70_mpi_log, off the console.
+    let console = job.output();
+    assert!(
+        !console.contains("Forwarding signal") && !console.contains("stopped by signal"),
+        "{console}"
+    );
+    assert!(
+        console.contains("tchrun: interrupted (SIGTERM); all ranks stopped")
+            && console.contains("the last complete checkpoint is step"),
+        "{console}"
+    );
+    assert!(
+        read(&out.join("logs/70_mpi_log")).contains("stopped by signal"),
+        "the ranks' words are kept in 70_mpi_log"
+    );
     assert!(
         !out.join("model.json").exists(),
         "no final model from a stopped run"

@@ -29,8 +29,14 @@ pub fn conclude(
                 ErrorKind::InterruptedTerm
             };
             errln!(
-                "tchrun: interrupted; all ranks stopped (logs in {})",
-                plan.log_dir.display()
+                "tchrun: interrupted ({}); all ranks stopped (logs in {}; mpirun's messages in {})",
+                if *sig == signal_hook::consts::SIGINT {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                },
+                plan.log_dir.display(),
+                mpi_log_path.display()
             );
             return Ok(kind.exit_code());
         }

@@ -141,6 +141,20 @@ struct Tee {
     log: Mutex<File>,
     tail: Mutex<std::collections::VecDeque<String>>,
     console: Box<dyn Console>,
+    /// Set when the user asked the job to stop: from then on mpirun's own messages and the
+    /// ranks' "stopped by signal" errors go to `70_mpi_log` only (a clean stop is not a crash).
+    quiet: std::sync::atomic::AtomicBool,
+}
+
+/// What a stop makes every launcher and rank print: not for the console once the user asked
+/// for it (rank 0 says where its checkpoint is; tchrun says how the job ended).
+fn is_stop_noise(line: &str) -> bool {
+    match tchrun::driver_log::split_console_line(line) {
+        // mpirun's and orted's own words ("Forwarding signal 10 to job", "Primary job
+        // terminated normally, but 1 process returned a non-zero exit code", rules of dashes).
+        None => true,
+        Some((_, _, rest)) => rest.starts_with("tchrun-worker: error: stopped by signal"),
+    }
 }
 
 impl Tee {
@@ -148,7 +162,9 @@ impl Tee {
         if let Ok(mut f) = self.log.lock() {
             let _ = writeln!(f, "{line}");
         }
-        self.console.line(line, to_stderr);
+        if !(self.quiet.load(Ordering::SeqCst) && is_stop_noise(line)) {
+            self.console.line(line, to_stderr);
+        }
         if let Ok(mut t) = self.tail.lock() {
             if t.len() == TAIL_LINES {
                 t.pop_front();
@@ -399,6 +415,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         log: Mutex::new(mpi_log),
         tail: Mutex::new(Default::default()),
         console,
+        quiet: std::sync::atomic::AtomicBool::new(false),
     });
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut pids: Vec<u32> = Vec::new();
@@ -465,6 +482,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         // Signals to tchrun: ask the ranks to stop cleanly, then escalate; a second one kills.
         let sig = signal.swap(0, Ordering::SeqCst);
         if sig != 0 && phase.signal(sig as i32, settings.grace) {
+            sink.quiet.store(true, Ordering::SeqCst);
             for c in &running {
                 if settings.graceful == Signal::SIGTERM {
                     signal_group(c, Signal::SIGTERM);
@@ -595,6 +613,21 @@ mod tests {
             Ending::Failed(e) => assert_eq!(e.index, 1),
             e => panic!("{e:?}"),
         }
+    }
+
+    #[test]
+    fn a_stop_keeps_mpiruns_words_and_the_ranks_stop_errors_off_the_console() {
+        assert!(is_stop_noise("mpirun: Forwarding signal 10 to job"));
+        assert!(is_stop_noise(
+            "Primary job  terminated normally, but 1 process returned"
+        ));
+        assert!(is_stop_noise(
+            "vm:1 tchrun-worker: error: stopped by signal 10; a checkpoint was written: continue with --resume"
+        ));
+        assert!(!is_stop_noise(
+            "vm:0 stopped at epoch 2 batch 3 (step 11); checkpoint written to /o/checkpoints; continue with --resume"
+        ));
+        assert!(!is_stop_noise("vm:0 epoch 2/2 iter 3/10 loss 1.2"));
     }
 
     #[test]
