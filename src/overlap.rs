@@ -150,28 +150,58 @@ pub fn check_disjoint(outputs: &[Named], inputs: &[Named]) -> Result<(), Box<Ove
 }
 
 /// A training job's outputs (`--output`, the log directory) and inputs (`--model`, `--train`,
-/// `--valid`), for `tchrun train`, `tchrun sbatch` and `tchrun-worker train`.
+/// `--valid`), for `tchrun train`, `tchrun sbatch` and `tchrun-worker train`. An archive's
+/// extraction in `--output`'s cache (`.tchrun-data/`, where `tchrun train` puts it and then
+/// gives the ranks the extracted folder) is tchrun's own copy, not an input to protect.
 pub fn train_job(job: &crate::flags::TrainJob, log_dir: &Path) -> (Vec<Named>, Vec<Named>) {
+    let cache = resolve(&job.output.join(crate::data::archive::CACHE_SUBDIR));
+    let data = [
+        ("--train", "the training data", &job.train),
+        ("--valid", "the validation data", &job.valid),
+    ];
+    let mut inputs = vec![Named::new(
+        "--model",
+        "the model directory training starts from, with its weights",
+        &job.model,
+    )];
+    for (flag, what, path) in data {
+        if !resolve(path).starts_with(&cache) {
+            inputs.push(Named::new(flag, what, path));
+        }
+    }
     (
         vec![
             Named::new("--output", "the trained model", &job.output),
             Named::new("--log-dir", "the job's logs", log_dir),
         ],
-        vec![
-            Named::new(
-                "--model",
-                "the model directory training starts from, with its weights",
-                &job.model,
-            ),
-            Named::new("--train", "the training data", &job.train),
-            Named::new("--valid", "the validation data", &job.valid),
-        ],
+        inputs,
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_archives_extraction_in_the_outputs_cache_is_not_an_input() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            job: crate::flags::TrainJob,
+        }
+        let cli = Cli::parse_from([
+            "t",
+            "--model=/m",
+            "--train=/out/.tchrun-data/train-1/digits",
+            "--valid=/v",
+            "--output=/out",
+        ]);
+        let (outputs, inputs) = train_job(&cli.job, Path::new("/out/logs"));
+        let flags: Vec<&str> = inputs.iter().map(|n| n.flag.as_str()).collect();
+        assert_eq!(flags, ["--model", "--valid"]);
+        assert!(check_disjoint(&outputs, &inputs).is_ok());
+    }
 
     #[test]
     fn resolve_follows_links_and_appends_the_missing_part() {
