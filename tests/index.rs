@@ -74,6 +74,7 @@ fn calls_by_program(trace: &str, data: &Path) -> HashMap<String, Calls> {
     let mut exec_pending: HashMap<u32, String> = HashMap::new();
     let mut clone_pending: HashMap<u32, ()> = HashMap::new();
     let mut out: HashMap<String, Calls> = HashMap::new();
+    let mut unnamed: HashMap<u32, Calls> = HashMap::new();
     for line in trace.lines() {
         let Some((pid, rest)) = line.split_once(' ') else {
             continue;
@@ -101,7 +102,16 @@ fn calls_by_program(trace: &str, data: &Path) -> HashMap<String, Calls> {
                 clone_pending.remove(&pid);
                 // A vfork child may exec (and be named) before its parent's clone returns.
                 if let Some(p) = program.get(&pid).cloned() {
-                    program.entry(child as u32).or_insert(p);
+                    let child = child as u32;
+                    program.entry(child).or_insert_with(|| p.clone());
+                    // A new thread may run (and open files) before its creator's clone
+                    // returns: what it did so far belongs to its creator's program too.
+                    if let Some(early) = unnamed.remove(&child) {
+                        let name = program.get(&child).cloned().unwrap_or(p);
+                        let c = out.entry(name).or_default();
+                        c.listings += early.listings;
+                        c.image_opens += early.image_opens;
+                    }
                 }
             }
             continue;
@@ -125,8 +135,11 @@ fn calls_by_program(trace: &str, data: &Path) -> HashMap<String, Calls> {
             }
             continue;
         }
-        let who = program.get(&pid).cloned().unwrap_or_else(|| "?".into());
-        let c = out.entry(who).or_default();
+        let c = match program.get(&pid) {
+            Some(who) => out.entry(who.clone()).or_default(),
+            // Not named yet (its creator's clone has not returned): kept aside until it is.
+            None => unnamed.entry(pid).or_default(),
+        };
         if rest.starts_with("getdents64(") && rest.contains(&format!("<{data}/")) {
             c.listings += 1;
         }
@@ -136,6 +149,12 @@ fn calls_by_program(trace: &str, data: &Path) -> HashMap<String, Calls> {
                 c.image_opens += 1;
             }
         }
+    }
+    // Whatever was never named.
+    for (_, early) in unnamed {
+        let c = out.entry("?".into()).or_default();
+        c.listings += early.listings;
+        c.image_opens += early.image_opens;
     }
     out
 }

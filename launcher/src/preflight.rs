@@ -209,9 +209,14 @@ pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
 
 /// `--output` must be writable (a read-only mount is refused before any rank starts).
 pub fn check_writable(output: &Path) -> Result<(), JobError> {
+    check_writable_dir("--output", output)
+}
+
+/// The directory `flag` names must be writable (created if missing).
+fn check_writable_dir(flag: &str, output: &Path) -> Result<(), JobError> {
     let fail = |e: std::io::Error| {
         JobError::invalid(format!(
-            "--output {}: not writable ({e}); choose a writable directory",
+            "{flag} {}: not writable ({e}); choose a writable directory",
             output.display()
         ))
     };
@@ -246,6 +251,8 @@ pub fn lock_job(dirs: &[(&str, PathBuf)]) -> Result<Vec<tchrun::lock::JobLock>, 
     let info = tchrun::lock::LockInfo::here(&tchrun::lock::LockInfo::command_line());
     let mut locks = Vec::new();
     for (flag, dir) in dirs {
+        // A read-only directory is said as such, not as a lock that cannot be taken.
+        check_writable_dir(flag, dir)?;
         let taken = tchrun::lock::acquire(flag, dir, &info)?;
         if let Some(note) = taken.note() {
             errln!("tchrun: {note}");
