@@ -149,12 +149,12 @@ struct Tee {
 /// What a stop makes every launcher and rank print: not for the console once the user asked
 /// for it (rank 0 says where its checkpoint is; tchrun says how the job ended).
 fn is_stop_noise(line: &str) -> bool {
-    match tchrun::driver_log::split_console_line(line) {
+    // The ranks' own stop errors, also when mpirun interleaves two ranks' writes on one line
+    // ("vm:0 vm:1 tchrun-worker: error: stopped by signal 10 ...").
+    line.contains("tchrun-worker: error: stopped by signal")
         // mpirun's and orted's own words ("Forwarding signal 10 to job", "Primary job
         // terminated normally, but 1 process returned a non-zero exit code", rules of dashes).
-        None => true,
-        Some((_, _, rest)) => rest.starts_with("tchrun-worker: error: stopped by signal"),
-    }
+        || tchrun::driver_log::split_console_line(line).is_none()
 }
 
 impl Tee {
@@ -628,6 +628,9 @@ mod tests {
             "vm:0 stopped at epoch 2 batch 3 (step 11); checkpoint written to /o/checkpoints; continue with --resume"
         ));
         assert!(!is_stop_noise("vm:0 epoch 2/2 iter 3/10 loss 1.2"));
+        assert!(is_stop_noise(
+            "vm:0 vm:1 tchrun-worker: error: stopped by signal 10; a checkpoint was written"
+        ));
     }
 
     #[test]
