@@ -31,8 +31,8 @@ fn write_error(path: &Path, error: &str, needed: u64, step: u64) -> String {
     )
 }
 
-/// Bytes of `tensors`' data.
-fn data_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> u64 {
+/// Bytes of `tensors`' data (what a safetensors file of them needs, less its header).
+pub fn data_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> u64 {
     tensors
         .map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64)
         .sum()
