@@ -45,40 +45,8 @@ pub fn run_train(
     let decision =
         tchrun::checkpoint::check(&job, &checked.inputs.cfg, &checked.inputs.train.classes)
             .map_err(|e| JobError::invalid(e.to_string()))?;
-    use tchrun::checkpoint::Decision;
-    match &decision {
-        Decision::Complete { last } => {
-            outln!(
-                "tchrun: training already complete in {} (nothing to resume): its {} epoch(s) are \
-                 done and its model is {}; to train longer, pass a larger --epochs with --resume",
-                job.output.display(),
-                last.history.len(),
-                job.output.join(files::MODEL_JSON).display()
-            );
-            return Ok(0);
-        }
-        Decision::NothingToResume => outln!(
-            "tchrun: --resume: no checkpoint in {}; training starts from the beginning",
-            job.output.display()
-        ),
-        Decision::Resume { last, notes } => {
-            outln!(
-                "tchrun: --resume: the checkpoint of step {} (epoch {}, batch {}) in {}",
-                last.step,
-                last.epoch + 1,
-                last.batches_done,
-                tchrun::checkpoint::dir(&job.output).display()
-            );
-            for n in notes {
-                outln!("tchrun: --resume: {n}");
-            }
-        }
-        Decision::Overwrite { previous: Some(p) } => outln!(
-            "tchrun: --overwrite: the run in {} (its checkpoint of step {}) is replaced",
-            job.output.display(),
-            p.step
-        ),
-        Decision::Overwrite { previous: None } | Decision::Fresh => {}
+    if say_decision(&job, &decision) {
+        return Ok(0);
     }
     // Archives: the ranks get the extracted folders.
     for x in &checked.extracted {
@@ -246,31 +214,8 @@ pub fn run_train(
         tchrun::exit::ErrorKind::InterruptedInt.exit_code(),
         tchrun::exit::ErrorKind::InterruptedTerm.exit_code(),
     ];
-    if interrupted.contains(&code) && !launch.dry_run {
-        // What the stop left: the finished model, or the checkpoint to continue from.
-        match tchrun::checkpoint::read(&job.output) {
-            Ok(Some(last)) if last.finished && job.output.join(files::MODEL_JSON).is_file() => {
-                outln!(
-                    "tchrun: the stop came after the last training step: the model was finished \
-                     first ({})",
-                    job.output.join(files::MODEL_JSON).display()
-                );
-                return Ok(0);
-            }
-            Ok(Some(last)) => errln!(
-                "tchrun: the last complete checkpoint is step {} (epoch {}, batch {}) in {}; \
-                 continue with --resume",
-                last.step,
-                last.epoch + 1,
-                last.batches_done,
-                tchrun::checkpoint::dir(&job.output).display()
-            ),
-            Ok(None) => errln!(
-                "tchrun: no checkpoint was written before the stop: a new run starts from the \
-                 beginning"
-            ),
-            Err(e) => errln!("tchrun: the checkpoint cannot be read: {e}"),
-        }
+    if interrupted.contains(&code) && !launch.dry_run && stop_left_a_model(&job.output) {
+        return Ok(0);
     }
     if code == 0 && !history.is_empty() {
         outln!(
@@ -299,4 +244,74 @@ pub fn run_train(
             .for_each(|l| outln!("{l}"));
     }
     Ok(code)
+}
+
+/// Says on the console what the job does with `--output`'s checkpoint; true when there is
+/// nothing to do (a finished run resumed with the same `--epochs`).
+fn say_decision(job: &tchrun::flags::TrainJob, decision: &tchrun::checkpoint::Decision) -> bool {
+    use tchrun::checkpoint::Decision;
+    match decision {
+        Decision::Complete { last } => {
+            outln!(
+                "tchrun: training already complete in {} (nothing to resume): its {} epoch(s) are \
+                 done and its model is {}; to train longer, pass a larger --epochs with --resume",
+                job.output.display(),
+                last.history.len(),
+                job.output.join(files::MODEL_JSON).display()
+            );
+            return true;
+        }
+        Decision::NothingToResume => outln!(
+            "tchrun: --resume: no checkpoint in {}; training starts from the beginning",
+            job.output.display()
+        ),
+        Decision::Resume { last, notes } => {
+            outln!(
+                "tchrun: --resume: the checkpoint of step {} (epoch {}, batch {}) in {}",
+                last.step,
+                last.epoch + 1,
+                last.batches_done,
+                tchrun::checkpoint::dir(&job.output).display()
+            );
+            for n in notes {
+                outln!("tchrun: --resume: {n}");
+            }
+        }
+        Decision::Overwrite { previous: Some(p) } => outln!(
+            "tchrun: --overwrite: the run in {} (its checkpoint of step {}) is replaced",
+            job.output.display(),
+            p.step
+        ),
+        Decision::Overwrite { previous: None } | Decision::Fresh => {}
+    }
+    false
+}
+
+/// After a stop: what it left, said on the console. True when the stop came after the last
+/// training step and the model is complete (the job then ends with 0).
+fn stop_left_a_model(output: &std::path::Path) -> bool {
+    match tchrun::checkpoint::read(output) {
+        Ok(Some(last)) if last.finished && output.join(files::MODEL_JSON).is_file() => {
+            outln!(
+                "tchrun: the stop came after the last training step: the model was finished \
+                 first ({})",
+                output.join(files::MODEL_JSON).display()
+            );
+            return true;
+        }
+        Ok(Some(last)) => errln!(
+            "tchrun: the last complete checkpoint is step {} (epoch {}, batch {}) in {}; \
+             continue with --resume",
+            last.step,
+            last.epoch + 1,
+            last.batches_done,
+            tchrun::checkpoint::dir(output).display()
+        ),
+        Ok(None) => errln!(
+            "tchrun: no checkpoint was written before the stop: a new run starts from the \
+             beginning"
+        ),
+        Err(e) => errln!("tchrun: the checkpoint cannot be read: {e}"),
+    }
+    false
 }
