@@ -390,18 +390,19 @@ fn a_second_job_on_the_same_output_is_refused_and_a_stale_lock_is_taken_over() {
 
     // evaluate takes the lock of its output directory too.
     let eval = root.join("eval");
-    let info = tchrun::lock::LockInfo::here("a test holding the lock");
-    let held = tchrun::lock::acquire("--output", &eval, &info).expect("lock");
-    let r = run(
-        tchrun()
-            .args(["evaluate", "--model"])
+    let evaluate = || {
+        let mut c = tchrun();
+        c.args(["evaluate", "--model"])
             .arg(&out)
             .arg("--images")
             .arg(small.join("valid"))
             .arg("--output")
-            .arg(&eval),
-        QUICK,
-    );
+            .arg(&eval);
+        c
+    };
+    let info = tchrun::lock::LockInfo::here("a test holding the lock");
+    let held = tchrun::lock::acquire("--output", &eval, &info).expect("lock");
+    let r = run(&mut evaluate(), QUICK);
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
         r.stderr.contains("in use by another job")
@@ -413,16 +414,7 @@ fn a_second_job_on_the_same_output_is_refused_and_a_stale_lock_is_taken_over() {
     drop(held);
     // Released: evaluate and score run, their ranks finding the launcher's locks in
     // TCHRUN_LOCK_HELD, and leave no lock behind.
-    let r = run(
-        tchrun()
-            .args(["evaluate", "--model"])
-            .arg(&out)
-            .arg("--images")
-            .arg(small.join("valid"))
-            .arg("--output")
-            .arg(&eval),
-        LIMIT,
-    );
+    let r = run(&mut evaluate(), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(eval.join("metrics.json").is_file() && !eval.join(".tchrun.lock").exists());
     let csv = root.join("scores/scores.csv");
