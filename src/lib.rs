@@ -11,6 +11,7 @@ pub mod driver_log;
 pub mod env;
 pub mod evaluation;
 pub mod exit;
+pub mod faults;
 pub mod files;
 pub mod flags;
 pub mod hostfile;

@@ -1,0 +1,150 @@
+//! The test fault plan: every fault-injection hook a rank obeys (`TCHRUN_TEST_*`, see
+//! `crate::env`), read from the environment in one place into one value. The training loop
+//! asks the plan ("die before this step?") instead of reading variables itself. Never set any
+//! of these in a real job.
+use crate::env::{self, EnvError};
+use std::time::Duration;
+
+/// What this rank is told to do wrong, and when.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultPlan {
+    /// `TCHRUN_TEST_KILL_AT_STEP` (this rank, first attempt only): SIGKILL just before this
+    /// optimizer step, counted over the whole run.
+    pub kill_at_step: Option<u64>,
+    /// `TCHRUN_TEST_KILL_ON_HOST` (this host, every attempt): SIGKILL after this many optimizer
+    /// steps of the attempt.
+    pub kill_after_steps: Option<u64>,
+    /// `TCHRUN_TEST_TORCH_PANIC` (this rank): a real libtorch exception before the first step.
+    pub torch_panic: bool,
+    /// `TCHRUN_TEST_CHECKPOINT_DELAY_S`: every background checkpoint write pauses this long.
+    pub checkpoint_delay: Option<Duration>,
+}
+
+/// Why a rank kills itself now (a fault of the plan that is due).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kill {
+    /// `TCHRUN_TEST_KILL_AT_STEP`, at this step.
+    AtStep(u64),
+    /// `TCHRUN_TEST_KILL_ON_HOST`, this many steps into the attempt.
+    OnHost { step: u64, into_attempt: u64 },
+}
+
+impl Kill {
+    /// The driver-log line said before the signal.
+    pub fn line(&self) -> String {
+        match self {
+            Kill::AtStep(step) => {
+                format!("{}: SIGKILL at step {step}", env::TCHRUN_TEST_KILL_AT_STEP)
+            }
+            Kill::OnHost { step, into_attempt } => format!(
+                "{}: SIGKILL at step {step}, {into_attempt} step(s) into this attempt",
+                env::TCHRUN_TEST_KILL_ON_HOST
+            ),
+        }
+    }
+}
+
+impl FaultPlan {
+    /// The plan for `rank` on `host`, from the variables `get` reads (the process environment
+    /// in a rank; a table in tests). A malformed variable is an error naming it.
+    pub fn read(
+        get: &dyn Fn(&str) -> Option<String>,
+        rank: usize,
+        host: Option<&str>,
+    ) -> Result<FaultPlan, EnvError> {
+        let kill_at_step = env::test_kill_at_step(get)?.and_then(|(r, k)| (r == rank).then_some(k));
+        let kill_after_steps = env::test_kill_on_host(get)?
+            .and_then(|(h, n)| host.is_some_and(|here| here == h).then_some(n));
+        let torch_panic =
+            get(env::TCHRUN_TEST_TORCH_PANIC).is_some_and(|v| v.trim() == rank.to_string());
+        Ok(FaultPlan {
+            kill_at_step,
+            kill_after_steps,
+            torch_panic,
+            checkpoint_delay: env::test_checkpoint_delay(get)?,
+        })
+    }
+
+    /// The kill due before optimizer step `step` of an attempt that started at `first_step`.
+    pub fn kill_before(&self, step: u64, first_step: u64) -> Option<Kill> {
+        if self.kill_at_step == Some(step) {
+            return Some(Kill::AtStep(step));
+        }
+        self.kill_after_steps
+            .filter(|n| step == first_step + n)
+            .map(|n| Kill::OnHost {
+                step,
+                into_attempt: n,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn plan(vars: &[(&str, &str)], rank: usize, host: &str) -> Result<FaultPlan, EnvError> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        FaultPlan::read(&|k| m.get(k).cloned(), rank, Some(host))
+    }
+
+    #[test]
+    fn nothing_set_is_no_fault() {
+        let p = plan(&[], 0, "h").expect("plan");
+        assert_eq!(p, FaultPlan::default());
+        assert_eq!(p.kill_before(0, 0), None);
+    }
+
+    #[test]
+    fn kill_at_step_is_for_its_rank_and_the_first_attempt() {
+        let vars = [(env::TCHRUN_TEST_KILL_AT_STEP, "1:5")];
+        assert_eq!(plan(&vars, 0, "h").expect("rank 0").kill_at_step, None);
+        let p = plan(&vars, 1, "h").expect("rank 1");
+        assert_eq!(p.kill_before(4, 0), None);
+        assert_eq!(p.kill_before(5, 0), Some(Kill::AtStep(5)));
+        let second = [
+            (env::TCHRUN_TEST_KILL_AT_STEP, "1:5"),
+            (env::TCHRUN_ATTEMPT, "2"),
+        ];
+        assert_eq!(plan(&second, 1, "h").expect("attempt 2").kill_at_step, None);
+        assert!(plan(&[(env::TCHRUN_TEST_KILL_AT_STEP, "x")], 0, "h").is_err());
+    }
+
+    #[test]
+    fn kill_on_host_counts_from_the_attempts_first_step() {
+        let vars = [(env::TCHRUN_TEST_KILL_ON_HOST, "node2:3")];
+        assert_eq!(
+            plan(&vars, 0, "node1")
+                .expect("other host")
+                .kill_after_steps,
+            None
+        );
+        let p = plan(&vars, 0, "node2").expect("node2");
+        assert_eq!(p.kill_before(12, 10), None);
+        let k = p.kill_before(13, 10).expect("due");
+        assert_eq!(
+            k,
+            Kill::OnHost {
+                step: 13,
+                into_attempt: 3
+            }
+        );
+        assert!(k.line().contains("3 step(s) into this attempt"));
+    }
+
+    #[test]
+    fn torch_panic_and_checkpoint_delay() {
+        let vars = [
+            (env::TCHRUN_TEST_TORCH_PANIC, "1"),
+            (env::TCHRUN_TEST_CHECKPOINT_DELAY_S, "0.5"),
+        ];
+        assert!(!plan(&vars, 0, "h").expect("rank 0").torch_panic);
+        let p = plan(&vars, 1, "h").expect("rank 1");
+        assert!(p.torch_panic);
+        assert_eq!(p.checkpoint_delay, Some(Duration::from_millis(500)));
+    }
+}

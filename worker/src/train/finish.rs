@@ -1,0 +1,236 @@
+//! The end of an epoch (the time split, validation, metrics, early stopping, rank 0's
+//! checkpoint) and of the run (replicas checked, the model directory written).
+use super::time_split;
+use super::trainer::{Epoch, Trainer};
+use super::validate::validate;
+use super::TrainError;
+use crate::checkpoint;
+use crate::models;
+use crate::outputs;
+use tch::Device;
+use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
+use tchrun::model::{ModelConfig, TrainingRecord};
+use tchrun::schedule::Decision;
+
+impl Trainer<'_> {
+    /// The epoch's end: the time split reduced over the ranks, validation, the metrics line,
+    /// early stopping, rank 0's checkpoint and metrics. True when training is done.
+    pub(super) fn end_epoch(&mut self, e: Epoch) -> Result<bool, TrainError> {
+        let job = self.job;
+        let p = &job.params;
+        let epoch = e.index;
+        let loop_s = e.started.elapsed().as_secs_f64();
+        self.s.comm_s += e.comm_s;
+        self.s.compute_s += e.compute_s;
+        let split = time_split(self.ctx.pg, [e.wait_s, e.compute_s, e.comm_s, loop_s])?;
+        self.s.skip_batches = 0;
+        self.guard.check(None, p.lr, &self.plan.lr_why)?;
+        let train_time = e.prior_s + e.started.elapsed().as_secs_f64();
+        let v = validate(
+            self.net.as_ref(),
+            &self.valid,
+            &self.cfg,
+            self.job,
+            self.ctx,
+            &mut self.s.bad_images,
+            // Images the pre-flight left out count in every epoch (once: rank 0 adds them).
+            self.s.epoch_skipped
+                + if self.rank == 0 {
+                    self.preflight_skipped
+                } else {
+                    0
+                },
+        )?;
+        self.s.epoch_skipped = 0;
+        if v.skipped > self.preflight_skipped {
+            (self.ctx.say)(&format!(
+                "epoch {}: {} image(s) failed to decode and were skipped (--skip-bad-images); named in the driver logs",
+                epoch + 1,
+                v.skipped - self.preflight_skipped
+            ));
+        }
+        let m = EpochMetrics {
+            schema: SCHEMA_VERSION,
+            epoch: epoch + 1,
+            train_loss: e.loss_sum / e.seen.max(1.0),
+            train_images_per_sec: e.seen / train_time.max(1e-9),
+            val_loss: v.loss,
+            top1: v.top1,
+            top5: v.top5,
+            lr: self.s.lr,
+            epoch_time_s: e.prior_s + e.started.elapsed().as_secs_f64(),
+            time: tchrun::files::timestamp_now(),
+            skipped_images: v.skipped,
+            step_time_s: split.mean[3],
+            data_wait_s: split.mean[0],
+            compute_s: split.mean[1],
+            comm_s: split.mean[2],
+            data_wait_max_s: split.max[0],
+            compute_max_s: split.max[1],
+            comm_max_s: split.max[2],
+        };
+        (self.ctx.say)(&format!(
+            "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
+            m.epoch,
+            p.epochs,
+            m.train_loss,
+            m.train_images_per_sec,
+            m.val_loss,
+            100.0 * m.top1,
+            100.0 * m.top5
+        ));
+        self.s.history.push(m.clone());
+        let decision = self.s.stopping.update(epoch + 1, v.loss);
+        // Only rank 0 writes the model, so only it keeps the best weights (a resumed run's
+        // best epoch may come from before the stop: rank 0 read its weights from the checkpoint).
+        if decision == Decision::Improved && self.rank == 0 {
+            self.s.best_weights = Some(
+                self.named
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).copy()))
+                    .collect(),
+            );
+        }
+        if self.rank == 0 {
+            let meta = self.meta(epoch + 1, 0, (0.0, 0.0, 0.0), false);
+            let best = if decision == Decision::Improved {
+                self.s.best_weights.as_ref()
+            } else {
+                None
+            };
+            self.writer
+                .save(&self.job.output, &meta, &self.named, self.opt.state(), best)
+                .map_err(TrainError::Checkpoint)?;
+            outputs::append_metrics(&self.job.output, &m).map_err(TrainError::Output)?;
+            self.board.epoch(self.s.step, &m, self.ctx.say);
+        }
+        if decision == Decision::Stop {
+            (self.ctx.say)(&format!(
+                "early stopping after epoch {}: validation loss has not decreased for {} epoch(s) (--patience {})",
+                epoch + 1,
+                self.s.stopping.since_best,
+                p.patience
+            ));
+        }
+        Ok(decision == Decision::Stop || epoch + 1 == p.epochs)
+    }
+
+    /// After the last epoch: replicas checked identical, this rank's summary, then (rank 0)
+    /// the model directory from the best epoch's weights and the final checkpoint.
+    pub(super) fn finish(mut self) -> Result<(), TrainError> {
+        let pg = self.ctx.pg;
+        if let Some(name) = self.replicas.first_difference(pg)? {
+            return Err(TrainError::Replicas(name));
+        }
+        let (sum, sumsq) = self.replicas.fingerprint();
+        tracing::info!(
+            "parameters identical across ranks; fingerprint sum={sum:.9e} sumsq={sumsq:.9e}"
+        );
+        tracing::info!(
+            "{}",
+            tchrun::driver_log::RankSummary {
+                images: self.s.images,
+                compute_s: self.s.compute_s,
+                communication_s: self.s.comm_s,
+            }
+            .write()
+        );
+        if self.s.bad_images.distinct() > 0 {
+            tracing::warn!(
+                "{} image(s) failed to decode on this rank and were skipped (--skip-bad-images)",
+                self.s.bad_images.distinct()
+            );
+        }
+        let Some((_, best_epoch)) = self.s.stopping.best else {
+            return Err(TrainError::Invalid(
+                "no epoch completed with a finite validation loss".into(),
+            ));
+        };
+        // The last collective: after it rank 0 alone finishes its checkpoint write and the
+        // model directory, and no other rank waits on its storage (or times out doing so).
+        pg.barrier()?;
+        if self.rank == 0 {
+            self.write_model(best_epoch)?;
+        }
+        let sig = crate::signals::requested();
+        if sig != 0 {
+            tracing::warn!(
+                "the stop request ({}) came after the last training step: the model was finished first",
+                crate::signals::name(sig)
+            );
+        }
+        Ok(())
+    }
+
+    /// Rank 0: the model directory (the best epoch's weights, `model.json` with its training
+    /// record, metrics, plots), then the final checkpoint marked finished.
+    fn write_model(&mut self, best_epoch: u32) -> Result<(), TrainError> {
+        let job = self.job;
+        let p = &job.params;
+        self.writer.wait().map_err(TrainError::Checkpoint)?;
+        let weights = self.s.best_weights.take().ok_or_else(|| {
+            TrainError::Checkpoint(format!(
+                "the best epoch is {best_epoch} but its weights were not kept (the checkpoint \
+                 in {} lacks them)",
+                checkpoint::dir(&job.output).display()
+            ))
+        })?;
+        let history = &self.s.history;
+        let best_metrics = history.get(best_epoch as usize - 1).cloned();
+        let trained = ModelConfig {
+            class_names: self.train.classes.clone(),
+            training: Some(TrainingRecord {
+                epochs: p.epochs,
+                epochs_run: history.len(),
+                best_epoch,
+                batch_size: p.batch_size,
+                warmup_epochs: p.warmup_epochs,
+                lr: p.lr,
+                effective_lr: self.plan.schedule.peak,
+                world_size: self.world,
+                seed: p.seed,
+                patience: p.patience,
+                momentum: job.options.momentum,
+                weight_decay: job.options.weight_decay,
+                lr_power: job.options.lr_power,
+                steps: self.s.step,
+                train_images: self.train.samples.len(),
+                valid_images: self.valid.samples.len(),
+                freeze_backbone: self.frozen,
+                backbone_lr_scale: job.options.backbone_lr_scale,
+                global_batch_size: job.options.global_batch_size,
+                lr_scaling: self.plan.scaling.as_str().into(),
+            }),
+            metrics: best_metrics
+                .as_ref()
+                .map(|m| serde_json::to_value(m).unwrap_or_default()),
+            initial_weights: self.initial_weights.clone(),
+            ..self.cfg.clone()
+        };
+        let state_dict = models::state_dict(&weights, self.s.step as i64);
+        if let Some(v) = tchrun::metrics::verdict(history) {
+            tracing::info!("time split of the training steps: {}", v.line());
+        }
+        outputs::write_model_dir(
+            &job.output,
+            &trained,
+            &state_dict,
+            history,
+            &self.board.losses,
+            self.plan.steps_per_epoch,
+        )
+        .map_err(TrainError::Output)?;
+        let meta = self.meta(history.len() as u32, 0, (0.0, 0.0, 0.0), true);
+        checkpoint::save(&job.output, &meta, &self.named, self.opt.state(), None)
+            .map_err(TrainError::Checkpoint)?;
+        if let Some(m) = best_metrics {
+            (self.ctx.say)(&format!(
+                "best epoch {best_epoch}: valid top-1 {:.2}%, top-5 {:.2}%, loss {:.4}",
+                100.0 * m.top1,
+                100.0 * m.top5,
+                m.val_loss
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,488 @@
+//! The `Trainer`: what `setup` built (model, optimizer, replicas, the plan of steps and LR,
+//! TensorBoard and checkpoint writers, the fault plan) and the `State` that changes as it
+//! trains (step, epoch position, early stopping, history, timers, skipped images). The loop is
+//! `run` → `run_epoch` (→ `micro_batch` / `step` / `after_step` per batch) → `end_epoch`, then
+//! `finish` writes the model. A new training flag touches `setup` and the one method it
+//! changes.
+use super::board::Board;
+use super::step::{accumulate_micro_batch, train_step, Guard, LossScaler, StepModel, Update};
+use super::validate::BadImages;
+use super::{to_input, RankCtx, TrainError};
+use crate::checkpoint;
+use crate::ddp::{Accumulation, Replicator, StepStats};
+use crate::optim::Sgd;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tch::{nn, Device, Tensor};
+use tchrun::data::{self, Augment, GlobalCut, ImageFolder, LoaderConfig, TrainAugment};
+use tchrun::faults::FaultPlan;
+use tchrun::flags::{LrScaling, TrainJob};
+use tchrun::metrics::EpochMetrics;
+use tchrun::model::ModelConfig;
+use tchrun::schedule::{EarlyStopping, LrSchedule};
+
+/// The steps and the LR of the run: the global-batch cut, steps per epoch, the schedule.
+pub(super) struct Plan {
+    /// `--global-batch-size`: each rank's micro-batches per optimizer step, and the epoch's cut.
+    pub(super) cut: Option<GlobalCut>,
+    pub(super) micro_batches: usize,
+    pub(super) steps_per_epoch: u64,
+    pub(super) schedule: LrSchedule,
+    pub(super) scaling: LrScaling,
+    /// What scaled `--lr`, in words ("world size 2", ...), for the divergence error.
+    pub(super) lr_why: String,
+    pub(super) factor_text: String,
+}
+
+/// The training state that changes step by step (what a checkpoint records, and this run's
+/// counters).
+pub(super) struct State {
+    /// The epoch the loop starts at (0-based), and the batches of it already done (a resume).
+    pub(super) epoch: u32,
+    pub(super) skip_batches: u64,
+    /// A resumed epoch's loss sum, samples and seconds before the stop.
+    pub(super) partial: (f64, f64, f64),
+    pub(super) step: u64,
+    pub(super) stopping: EarlyStopping,
+    pub(super) history: Vec<EpochMetrics>,
+    /// Rank 0 only: the best epoch's weights (on the CPU).
+    pub(super) best_weights: Option<BTreeMap<String, Tensor>>,
+    /// The LR of the last update.
+    pub(super) lr: f64,
+    pub(super) run_start: Instant,
+    pub(super) run_first_step: u64,
+    pub(super) compute_s: f64,
+    pub(super) comm_s: f64,
+    pub(super) images: f64,
+    pub(super) bad_images: BadImages,
+    pub(super) warned_single: bool,
+    /// Images skipped while decoding in this epoch.
+    pub(super) epoch_skipped: u64,
+}
+
+/// One epoch in progress on this rank.
+pub(super) struct Epoch {
+    pub(super) index: u32,
+    pub(super) started: Instant,
+    /// This epoch's time split: waiting for the loader, compute, communication.
+    pub(super) wait_s: f64,
+    pub(super) compute_s: f64,
+    pub(super) comm_s: f64,
+    pub(super) loss_sum: f64,
+    pub(super) seen: f64,
+    /// Seconds of this epoch before a resume.
+    pub(super) prior_s: f64,
+    pub(super) t_print: Instant,
+    pub(super) seen_print: f64,
+    /// Optimizer steps done in this run of the epoch.
+    pub(super) steps: u64,
+    /// `--global-batch-size`: the micro-batch of the step, the step's earlier micro-batches,
+    /// and their compute time.
+    pub(super) micro: usize,
+    pub(super) acc: Option<Accumulation>,
+    pub(super) micro_compute: f64,
+}
+
+/// A model that trains, and everything it trains with.
+pub(super) struct Trainer<'a> {
+    pub(super) job: &'a TrainJob,
+    pub(super) ctx: &'a RankCtx<'a>,
+    pub(super) cfg: ModelConfig,
+    pub(super) train: ImageFolder,
+    pub(super) valid: ImageFolder,
+    pub(super) rank: usize,
+    pub(super) world: usize,
+    pub(super) device: Device,
+    pub(super) amp: bool,
+    /// `--freeze-backbone`: batch norm in inference mode, the head alone trains.
+    pub(super) frozen: bool,
+    /// The variables `net` and `named` live in.
+    pub(super) _vs: nn::VarStore,
+    pub(super) net: Box<dyn nn::ModuleT>,
+    pub(super) named: Vec<(String, Tensor)>,
+    pub(super) replicas: Replicator,
+    pub(super) opt: Sgd,
+    pub(super) plan: Plan,
+    pub(super) initial_weights: Option<serde_json::Value>,
+    pub(super) faults: FaultPlan,
+    pub(super) run_record: checkpoint::RunRecord,
+    pub(super) threads: usize,
+    /// Images the pre-flight left out (`--skip-bad-images`): they count in every epoch.
+    pub(super) preflight_skipped: u64,
+    /// One image would give the last batch-norm layer one value per channel.
+    pub(super) single_image_poisons_bn: bool,
+    pub(super) writer: checkpoint::Writer,
+    pub(super) board: Board,
+    pub(super) scaler: LossScaler,
+    pub(super) guard: Guard,
+    pub(super) s: State,
+}
+
+impl<'a> Trainer<'a> {
+    /// Trains to the last epoch (or early stopping), then writes the model (rank 0).
+    pub(super) fn run(mut self) -> Result<(), TrainError> {
+        crate::signals::set_graceful(true);
+        for epoch in self.s.epoch..self.job.params.epochs {
+            let e = self.run_epoch(epoch)?;
+            if self.end_epoch(e)? {
+                break;
+            }
+        }
+        // A stop request from here on waits for the model: the training steps are done, and
+        // what is left (the replica check, rank 0's writes) is bounded. Exiting now would lose
+        // the run.
+        self.finish()
+    }
+
+    /// The state for a checkpoint at `epoch` (0-based, the next to run) after `batches_done`.
+    pub(super) fn meta(
+        &self,
+        epoch: u32,
+        batches_done: u64,
+        partial: (f64, f64, f64),
+        finished: bool,
+    ) -> checkpoint::Meta {
+        let s = &self.s;
+        checkpoint::Meta {
+            format_version: checkpoint::FORMAT_VERSION,
+            epoch,
+            batches_done,
+            step: s.step,
+            world_size: self.world,
+            seed: self.job.params.seed,
+            best_loss: s.stopping.best.map(|b| b.0),
+            best_epoch: s.stopping.best.map(|b| b.1),
+            since_best: s.stopping.since_best,
+            history: s.history.clone(),
+            partial,
+            loss_scale: self.scaler.scale,
+            finished,
+            global_batch_size: self.job.options.global_batch_size,
+            tensors: String::new(),
+            best_tensors: None,
+            run: Some(self.run_record.clone()),
+            written: None,
+        }
+    }
+
+    /// One epoch's batches through the loader; returns the epoch's counts for `end_epoch`.
+    fn run_epoch(&mut self, epoch: u32) -> Result<Epoch, TrainError> {
+        let job = self.job;
+        let p = &job.params;
+        let cut = self.plan.cut;
+        let mut indices = match cut {
+            Some(c) => c.indices(self.train.samples.len(), p.seed, epoch as u64),
+            None => data::shard(
+                self.train.samples.len(),
+                self.rank,
+                self.world,
+                p.seed,
+                epoch as u64,
+                true,
+            ),
+        };
+        let first_position =
+            (self.s.skip_batches as usize * self.plan.micro_batches * p.batch_size as usize)
+                .min(indices.len());
+        indices.drain(..first_position);
+        let started = Instant::now();
+        let mut loader = data::load_batches(
+            &self.train,
+            indices,
+            LoaderConfig {
+                size: self.cfg.input_size as usize,
+                batch_size: p.batch_size as usize,
+                threads: self.threads,
+                prefetch: 4,
+                augment: Augment::Train(TrainAugment {
+                    min_scale: job.options.min_crop_scale,
+                    hflip: !job.options.no_hflip,
+                }),
+                norm: self.cfg.normalization,
+                seed: p.seed,
+                epoch: epoch as u64,
+                rank: self.rank,
+                first_position,
+                skip_bad: job.options.skip_bad_images,
+                max_pixels: job.options.max_image_pixels,
+                global: cut,
+            },
+        );
+        let (loss_sum, seen, prior_s) = self.s.partial;
+        self.s.partial = (0.0, 0.0, 0.0);
+        let mut e = Epoch {
+            index: epoch,
+            started,
+            wait_s: 0.0,
+            compute_s: 0.0,
+            comm_s: 0.0,
+            loss_sum,
+            seen,
+            prior_s,
+            t_print: Instant::now(),
+            seen_print: 0.0,
+            steps: 0,
+            micro: 0,
+            acc: None,
+            micro_compute: 0.0,
+        };
+        loop {
+            // The time until the next batch is there: the loader's share of the step.
+            let t_wait = Instant::now();
+            let next = loader.next();
+            e.wait_s += t_wait.elapsed().as_secs_f64();
+            let Some(batch) = next else {
+                if e.micro != 0 {
+                    return Err(TrainError::Invalid(format!(
+                        "epoch {} ended after micro-batch {} of {} of a step",
+                        epoch + 1,
+                        e.micro,
+                        self.plan.micro_batches
+                    )));
+                }
+                return Ok(e);
+            };
+            // With --skip-bad-images an image that fails only while decoding is dropped alone:
+            // the batch goes on with the others (the reduction is exact for uneven batches).
+            let batch = batch.map_err(TrainError::Data)?;
+            self.s.epoch_skipped += self.s.bad_images.note(&batch.skipped);
+            self.batch(&mut e, &batch)?;
+        }
+    }
+
+    /// One batch: the start of an optimizer step (faults due, gradients zeroed), then either a
+    /// micro-batch of `--global-batch-size` or the step's last batch (`step`).
+    fn batch(&mut self, e: &mut Epoch, batch: &data::Batch) -> Result<(), TrainError> {
+        if e.micro == 0 {
+            if let Some(kill) = self.faults.kill_before(self.s.step, self.s.run_first_step) {
+                tracing::warn!("{}", kill.line());
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
+            let t = Instant::now();
+            self.opt.zero_grad()?;
+            e.micro_compute = t.elapsed().as_secs_f64();
+            e.acc = self.plan.cut.map(|_| {
+                self.replicas
+                    .start_accumulation(self.plan.micro_batches, self.world)
+            });
+        }
+        let mut n_local = batch.len;
+        if n_local == 1 && self.single_image_poisons_bn {
+            // One image would give the last batch-norm layer one value per channel: its
+            // running variance becomes NaN (torch raises in Python; libtorch does not).
+            // The image sits out this step (the others' samples still train).
+            if !self.s.warned_single {
+                tracing::warn!(
+                    "a batch of 1 image on this rank ({} at input size {} ends in a 1x1 feature \
+                     map): left out of its step, as batch norm needs more than one value per \
+                     channel; said once",
+                    self.cfg.arch.name(),
+                    self.cfg.input_size
+                );
+                self.s.warned_single = true;
+            }
+            n_local = 0;
+        }
+        let input =
+            (n_local > 0).then(|| to_input(batch, self.device, !self.job.options.no_channels_last));
+        let input = input.as_ref().map(|(x, y)| (x, y));
+        if e.micro + 1 < self.plan.micro_batches {
+            // Not the step's last micro-batch: forward and backward, no communication.
+            let t = Instant::now();
+            if let Some(a) = e.acc.as_mut() {
+                let model = StepModel {
+                    net: self.net.as_ref(),
+                    train: !self.frozen,
+                    amp: self.amp,
+                    device: self.device,
+                };
+                accumulate_micro_batch(&model, input, &self.replicas, a, self.scaler.scale)?;
+            }
+            e.micro_compute += t.elapsed().as_secs_f64();
+            self.s.images += n_local as f64;
+            e.micro += 1;
+            return Ok(());
+        }
+        e.micro = 0;
+        let it = self.s.skip_batches + e.steps;
+        e.steps += 1;
+        let t0 = Instant::now();
+        let (stats, backward_done, reduced) = self.step(e, input)?;
+        let t3 = Instant::now();
+        // Communication: the all-reduce time backward did not hide.
+        e.comm_s += (reduced - backward_done).as_secs_f64();
+        e.compute_s +=
+            e.micro_compute + (backward_done - t0).as_secs_f64() + (t3 - reduced).as_secs_f64();
+        self.s.images += n_local as f64;
+        self.s.step += 1;
+        e.loss_sum += stats.loss * stats.samples;
+        e.seen += stats.samples;
+        e.seen_print += stats.samples;
+        self.after_step(e, it, &stats)
+    }
+
+    /// The optimizer step on the step's last batch: forward, backward with the bucketed
+    /// all-reduce (and the stop vote), the divergence guard, the update. Returns the reduced
+    /// stats, when backward ended and when the reduction had.
+    fn step(
+        &mut self,
+        e: &mut Epoch,
+        input: Option<(&Tensor, &Tensor)>,
+    ) -> Result<(StepStats, Instant, Instant), TrainError> {
+        let job = self.job;
+        let p = &job.params;
+        let (epoch, step) = (e.index, self.s.step);
+        let stop_vote = crate::signals::requested() != 0;
+        // The LR of this step's update; a non-finite loss names the previous one.
+        let next_lr = self.plan.schedule.lr(step);
+        let model = StepModel {
+            net: self.net.as_ref(),
+            train: !self.frozen,
+            amp: self.amp,
+            device: self.device,
+        };
+        let (guard, lr_why, lr) = (&mut self.guard, &self.plan.lr_why, self.s.lr);
+        let done = train_step(
+            &model,
+            input,
+            stop_vote,
+            Some((self.ctx.pg, &self.replicas)),
+            Some(Update {
+                opt: &mut self.opt,
+                scaler: &mut self.scaler,
+                lr: next_lr,
+            }),
+            e.acc.take(),
+            |stats| {
+                // The previous step's deferred guard (CUDA): the device has caught up by now.
+                guard.check(None, p.lr, lr_why)?;
+                if !stats.loss.is_finite() {
+                    return Err(TrainError::Diverged {
+                        what: "the loss".into(),
+                        value: stats.loss,
+                        epoch: epoch + 1,
+                        step,
+                        effective_lr: lr,
+                        lr: p.lr,
+                        scaled_by: lr_why.clone(),
+                    });
+                }
+                Ok(())
+            },
+        )?;
+        let stats = done
+            .stats
+            .ok_or_else(|| TrainError::Invalid("a step without its reduction".into()))?;
+        self.s.lr = next_lr;
+        if stats.samples == 0.0 {
+            // Every image of every rank's batch was bad: nothing to learn from. Weights,
+            // momentum and batch-norm statistics stay as they were (a no-op step).
+            tracing::warn!(
+                "step {step}: no images on any rank (all skipped as bad); weights unchanged"
+            );
+        } else if done.updated {
+            if step == 0 {
+                tracing::info!("first optimizer step done");
+            }
+            self.guard.arm(step, epoch + 1, next_lr);
+            if !self.device.is_cuda() {
+                // On CPU reading the verdict now costs nothing, and the gradients that made it
+                // are still here to be named.
+                let grads = (!self.scaler.enabled).then_some(self.opt.params());
+                self.guard.check(grads, p.lr, &self.plan.lr_why)?;
+            }
+        }
+        Ok((stats, done.backward_done, done.reduced))
+    }
+
+    /// After a step: progress line and TensorBoard (every `--print-freq`), a failed background
+    /// checkpoint, `--checkpoint-every`, and a stop every rank voted for.
+    fn after_step(&mut self, e: &mut Epoch, it: u64, stats: &StepStats) -> Result<(), TrainError> {
+        let job = self.job;
+        let p = &job.params;
+        let steps_per_epoch = self.plan.steps_per_epoch;
+        let step = self.s.step;
+        if (it + 1) % p.print_freq as u64 == 0 || it + 1 == steps_per_epoch {
+            self.progress(e, it, stats.loss);
+        }
+        // The state after this step, mid-epoch (a stop's checkpoint, or `--checkpoint-every`'s).
+        let partial = (
+            e.loss_sum,
+            e.seen,
+            e.prior_s + e.started.elapsed().as_secs_f64(),
+        );
+        if self.rank == 0 {
+            // A background checkpoint write that failed ends the job now, in words (a full
+            // disk), not when the next checkpoint is due.
+            self.writer.poll().map_err(TrainError::Checkpoint)?;
+        }
+        let every = self.job.options.checkpoint_every;
+        if self.rank == 0
+            && every > 0
+            && step % every == 0
+            && it + 1 < steps_per_epoch
+            && !stats.stop
+        {
+            // `--checkpoint-every`: in the background, resumable exactly like a stop's.
+            let meta = self.meta(e.index, it + 1, partial, false);
+            self.writer
+                .save(&self.job.output, &meta, &self.named, self.opt.state(), None)
+                .map_err(TrainError::Checkpoint)?;
+        }
+        if !stats.stop {
+            return Ok(());
+        }
+        // Every rank saw the vote in this step's reduction: stop together.
+        let sig = crate::signals::requested();
+        if self.rank == 0 {
+            let meta = self.meta(e.index, it + 1, partial, false);
+            // The stop checkpoint is written now (the ranks wait at the barrier): after the one
+            // in flight, so the newest state lands last.
+            self.writer.wait().map_err(TrainError::Checkpoint)?;
+            checkpoint::save(&self.job.output, &meta, &self.named, self.opt.state(), None)
+                .map_err(TrainError::Checkpoint)?;
+            (self.ctx.say)(&format!(
+                "stopped at epoch {} batch {} (step {step}); checkpoint written to {}; continue with --resume",
+                e.index + 1,
+                it + 1,
+                checkpoint::dir(&self.job.output).display()
+            ));
+        }
+        self.ctx.pg.barrier()?;
+        Err(TrainError::Stopped(if sig != 0 {
+            sig
+        } else {
+            signal_hook::consts::SIGTERM
+        }))
+    }
+
+    /// The progress line (images/s since the last one, ETA of the steps left at this run's
+    /// pace; validation not included) and rank 0's TensorBoard scalars.
+    fn progress(&mut self, e: &mut Epoch, it: u64, loss: f64) {
+        let job = self.job;
+        let p = &job.params;
+        let step = self.s.step;
+        let ips = e.seen_print / e.t_print.elapsed().as_secs_f64().max(1e-9);
+        let done_here = (step - self.s.run_first_step).max(1) as f64;
+        let left = self.plan.schedule.total_steps.saturating_sub(step) as f64;
+        let eta = Duration::from_secs(
+            (self.s.run_start.elapsed().as_secs_f64() / done_here * left) as u64,
+        );
+        let line = tchrun::driver_log::Progress {
+            epoch: e.index + 1,
+            epochs: p.epochs,
+            iter: it + 1,
+            iters: self.plan.steps_per_epoch,
+            loss,
+            lr: self.s.lr,
+            images_per_s: ips,
+            eta,
+        }
+        .write();
+        (self.ctx.say)(&line);
+        self.board
+            .step(self.rank == 0, step, loss, self.s.lr, ips, self.ctx.say);
+        e.t_print = Instant::now();
+        e.seen_print = 0.0;
+    }
+}
