@@ -1,8 +1,30 @@
 //! The documents cite tests that exist: every `tests/FILE.rs::NAME` in a Markdown file of the
-//! repository names a file of `tests/` that defines `fn NAME`, so a renamed or removed test
-//! cannot leave a document pointing at nothing.
+//! repository (its root and `docs/`) names a file of `tests/` that defines `fn NAME`, so a
+//! renamed or removed test cannot leave a document pointing at nothing. And their links hold:
+//! every relative link names a file that exists, and its `#anchor` a heading of that file.
 mod common;
 use common::*;
+use std::path::{Path, PathBuf};
+
+/// The Markdown files of the repository's root and of `docs/`, sorted.
+fn documents(root: &Path) -> Vec<PathBuf> {
+    let mut docs: Vec<PathBuf> = [root.to_path_buf(), root.join("docs")]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|r| r.flatten().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    docs
+}
+
+/// `docs/x.md` for a document under `root`.
+fn shown(root: &Path, doc: &Path) -> String {
+    doc.strip_prefix(root)
+        .unwrap_or(doc)
+        .to_string_lossy()
+        .into_owned()
+}
 
 /// `(document, file, test)` for every `tests/FILE.rs::NAME` in `text`.
 fn citations(doc: &str, text: &str) -> Vec<(String, String, String)> {
@@ -62,23 +84,20 @@ fn citation_parser_finds_file_and_test() {
 #[test]
 fn every_test_cited_in_the_documents_exists() {
     let root = repo();
-    let mut docs: Vec<std::path::PathBuf> = std::fs::read_dir(&root)
-        .expect("repository root")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
-    docs.sort();
+    let docs = documents(&root);
     assert!(
         docs.iter().any(|d| d.ends_with("RELIABILITY.md")),
+        "{docs:?}"
+    );
+    assert!(
+        docs.iter().any(|d| d.ends_with("docs/training.md")),
         "{docs:?}"
     );
     let mut missing = Vec::new();
     let mut checked = 0;
     for doc in &docs {
         let text = read(doc);
-        let name = doc.file_name().map(|n| n.to_string_lossy().into_owned());
-        for (d, file, test) in citations(&name.unwrap_or_default(), &text) {
+        for (d, file, test) in citations(&shown(&root, doc), &text) {
             let source =
                 std::fs::read_to_string(root.join("tests").join(&file)).unwrap_or_default();
             checked += 1;
@@ -91,4 +110,104 @@ fn every_test_cited_in_the_documents_exists() {
     }
     assert!(checked > 5, "only {checked} citations found in {docs:?}");
     assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// The text outside fenced code blocks (a link-like `](` in a shell command is no link).
+fn prose(text: &str) -> String {
+    let mut out = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The targets of the inline links and images in `text`: `[..](TARGET)`.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        if let Some(end) = rest.find(')') {
+            out.push(rest[..end].trim().to_string());
+        }
+    }
+    out
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings.
+fn anchors(text: &str) -> Vec<String> {
+    prose(text)
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| slug(l.trim_start_matches('#')))
+        .collect()
+}
+
+#[test]
+fn link_parser_and_anchors() {
+    assert_eq!(
+        links("see [a](docs/a.md), ![img](b.png) and [c](../C.md#x-y) (not this)"),
+        vec!["docs/a.md", "b.png", "../C.md#x-y"]
+    );
+    assert_eq!(
+        anchors("# T\n\n```sh\n# not a heading\n```\n## Large datasets: the `--x` index\n"),
+        vec!["t", "large-datasets-the---x-index"]
+    );
+}
+
+#[test]
+fn every_relative_link_in_the_documents_exists() {
+    let root = repo();
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for doc in documents(&root) {
+        let text = read(&doc);
+        let dir = doc.parent().expect("a document's folder");
+        for target in links(&prose(&text)) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let file = if path.is_empty() {
+                doc.clone()
+            } else {
+                dir.join(path)
+            };
+            let name = shown(&root, &doc);
+            if path.starts_with('/') || !file.exists() {
+                broken.push(format!("{name}: ({target}): no file {}", file.display()));
+                continue;
+            }
+            if let Some(anchor) = anchor {
+                if !anchors(&read(&file)).iter().any(|a| a == anchor) {
+                    broken.push(format!("{name}: ({target}): no heading #{anchor}"));
+                }
+            }
+        }
+    }
+    assert!(checked > 10, "only {checked} links found");
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
