@@ -4,9 +4,9 @@ use super::time_split;
 use super::trainer::{Epoch, Trainer};
 use super::validate::validate;
 use super::TrainError;
-use crate::checkpoint;
 use crate::models;
-use crate::outputs;
+use crate::train::checkpoint;
+use crate::train::outputs;
 use tch::Device;
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
 use tchrun::model::{ModelConfig, TrainingRecord};
@@ -152,11 +152,11 @@ impl Trainer<'_> {
         if self.rank == 0 {
             self.write_model(best_epoch)?;
         }
-        let sig = crate::signals::requested();
+        let sig = crate::rank::signals::requested();
         if sig != 0 {
             tracing::warn!(
                 "the stop request ({}) came after the last training step: the model was finished first",
-                crate::signals::name(sig)
+                crate::rank::signals::name(sig)
             );
         }
         Ok(())

@@ -3,15 +3,19 @@
 //! loader, bucketed gradient all-reduce, warmup + polynomial LR, validation reduced exactly,
 //! early stopping on validation loss, NaN stops every rank together, rank 0 writes the model.
 mod board;
+pub mod checkpoint;
+pub mod command;
 mod finish;
+pub mod optim;
+pub mod outputs;
 mod resume;
 mod setup;
 pub(crate) mod step;
 mod trainer;
 mod validate;
 
+use crate::comm::pg::{C10dError, ProcessGroup};
 use crate::models;
-use crate::pg::{C10dError, ProcessGroup};
 use tch::{Device, Kind, Tensor};
 use tchrun::data::{self, DatasetError};
 use tchrun::exit::ErrorKind;
@@ -115,7 +119,7 @@ pub fn check_inputs(
 /// What the training loop needs from the rank.
 pub struct RankCtx<'a> {
     pub pg: &'a ProcessGroup,
-    pub store: &'a crate::pg::Store,
+    pub store: &'a crate::comm::pg::Store,
     pub device: Device,
     pub local_size: usize,
     pub say: &'a dyn Fn(&str),
@@ -158,9 +162,9 @@ struct Split {
 /// time) at the end of an epoch; every rank calls it at the same point.
 fn time_split(pg: &ProcessGroup, values: [f64; 4]) -> Result<Split, TrainError> {
     let mut sum = Tensor::from_slice(&values).to_device(pg.device());
-    pg.all_reduce(&mut [&mut sum], crate::pg::ReduceOp::Sum)?;
+    pg.all_reduce(&mut [&mut sum], crate::comm::pg::ReduceOp::Sum)?;
     let mut max = Tensor::from_slice(&values).to_device(pg.device());
-    pg.all_reduce(&mut [&mut max], crate::pg::ReduceOp::Max)?;
+    pg.all_reduce(&mut [&mut max], crate::comm::pg::ReduceOp::Max)?;
     let read = |t: &Tensor| -> Result<[f64; 4], TrainError> {
         let v = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
         let mut out = [0.0; 4];

@@ -2,8 +2,8 @@
 //! (the momentum buffers it holds, so the others make exactly those); the tensors reach the
 //! other ranks by broadcast.
 use super::{RankCtx, TrainError};
-use crate::checkpoint;
-use crate::optim::Sgd;
+use crate::train::checkpoint;
+use crate::train::optim::Sgd;
 use std::collections::BTreeMap;
 use tch::Tensor;
 use tchrun::flags::TrainJob;
@@ -113,7 +113,8 @@ pub(super) fn load_resume(
                 }
                 // Nothing of an earlier run in --output is continued: its metrics, model and
                 // checkpoint go before this run writes its own.
-                crate::outputs::clear_previous_run(&job.output).map_err(TrainError::Output)?;
+                crate::train::outputs::clear_previous_run(&job.output)
+                    .map_err(TrainError::Output)?;
                 announce(&Announce::Fresh, &[])?;
                 return Ok(Start::Fresh);
             }

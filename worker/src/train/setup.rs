@@ -8,11 +8,11 @@ use super::step::{Guard, LossScaler};
 use super::trainer::{Plan, State, Trainer};
 use super::validate::{log_skipped, BadImages};
 use super::{loader_threads, Inputs, RankCtx, TrainError};
-use crate::checkpoint;
-use crate::ddp::Replicator;
+use crate::comm::ddp::Replicator;
 use crate::models;
-use crate::optim::Sgd;
-use crate::outputs;
+use crate::train::checkpoint;
+use crate::train::optim::Sgd;
+use crate::train::outputs;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use tchrun::data::{self, GlobalCut};
@@ -207,7 +207,7 @@ fn say_skipped(skipped: &[(std::path::PathBuf, String)], ctx: &RankCtx) {
 fn set_up_amp(job: &TrainJob, device: Device) -> Result<bool, TrainError> {
     let amp = device.is_cuda() && job.options.amp != Amp::Off;
     if amp && job.options.amp == Amp::Bf16 {
-        match crate::pg::cuda_bf16_supported(device)? {
+        match crate::comm::pg::cuda_bf16_supported(device)? {
             Some(true) => {}
             Some(false) => {
                 return Err(TrainError::Invalid(format!(
@@ -222,7 +222,7 @@ fn set_up_amp(job: &TrainJob, device: Device) -> Result<bool, TrainError> {
         }
     }
     if amp {
-        crate::pg::set_autocast_dtype(job.options.amp == Amp::Bf16)?;
+        crate::comm::pg::set_autocast_dtype(job.options.amp == Amp::Bf16)?;
     }
     Ok(amp)
 }

@@ -3,9 +3,9 @@
 //! guard run after it. With `--global-batch-size`, the micro-batches before a step's last
 //! (`accumulate_micro_batch`: forward, backward, no communication).
 use super::TrainError;
-use crate::ddp::{Accumulation, Replicator, StepStats};
-use crate::optim::Sgd;
-use crate::pg::{C10dError, ProcessGroup};
+use crate::comm::ddp::{Accumulation, Replicator, StepStats};
+use crate::comm::pg::{C10dError, ProcessGroup};
+use crate::train::optim::Sgd;
 use std::time::Instant;
 use tch::{nn::ModuleT, Device, Kind, Tensor};
 
@@ -166,7 +166,7 @@ impl Guard {
             return;
         }
         let tensors: Vec<Tensor> = self.watched.iter().map(|(_, t)| t.detach()).collect();
-        match crate::pg::l1_total(&tensors) {
+        match crate::comm::pg::l1_total(&tensors) {
             Ok(total) => self.pending = Some((total, step, epoch, lr)),
             // Cannot happen for a model's float weights; never a reason to stop training.
             Err(e) => tracing::warn!("non-finite check skipped at step {step}: {e}"),
@@ -251,7 +251,7 @@ impl LossScaler {
             .collect();
         // torch's GradScaler: one fused unscale-and-check, one read on the host (not a
         // synchronization per parameter).
-        let finite = !crate::pg::amp_unscale(&grads, 1.0 / self.scale)?;
+        let finite = !crate::comm::pg::amp_unscale(&grads, 1.0 / self.scale)?;
         if finite {
             self.good_steps += 1;
             if self.good_steps >= 2000 {

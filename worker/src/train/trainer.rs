@@ -8,9 +8,9 @@ use super::board::Board;
 use super::step::{accumulate_micro_batch, train_step, Guard, LossScaler, StepModel, Update};
 use super::validate::BadImages;
 use super::{to_input, RankCtx, TrainError};
-use crate::checkpoint;
-use crate::ddp::{Accumulation, Replicator, StepStats};
-use crate::optim::Sgd;
+use crate::comm::ddp::{Accumulation, Replicator, StepStats};
+use crate::train::checkpoint;
+use crate::train::optim::Sgd;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Tensor};
@@ -121,7 +121,7 @@ pub(super) struct Trainer<'a> {
 impl<'a> Trainer<'a> {
     /// Trains to the last epoch (or early stopping), then writes the model (rank 0).
     pub(super) fn run(mut self) -> Result<(), TrainError> {
-        crate::signals::set_graceful(true);
+        crate::rank::signals::set_graceful(true);
         for epoch in self.s.epoch..self.job.params.epochs {
             let e = self.run_epoch(epoch)?;
             if self.end_epoch(e)? {
@@ -332,7 +332,7 @@ impl<'a> Trainer<'a> {
         let job = self.job;
         let p = &job.params;
         let (epoch, step) = (e.index, self.s.step);
-        let stop_vote = crate::signals::requested() != 0;
+        let stop_vote = crate::rank::signals::requested() != 0;
         // The LR of this step's update; a non-finite loss names the previous one.
         let next_lr = self.plan.schedule.lr(step);
         let model = StepModel {
@@ -433,7 +433,7 @@ impl<'a> Trainer<'a> {
             return Ok(());
         }
         // Every rank saw the vote in this step's reduction: stop together.
-        let sig = crate::signals::requested();
+        let sig = crate::rank::signals::requested();
         if self.rank == 0 {
             let meta = self.meta(e.index, it + 1, partial, false);
             // The stop checkpoint is written now (the ranks wait at the barrier): after the one

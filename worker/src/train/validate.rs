@@ -1,7 +1,7 @@
 //! Validation after every epoch (exact: sums reduced over the ranks), and the images dropped
 //! while decoding under `--skip-bad-images`, named once per rank.
 use super::{loader_threads, to_input, RankCtx, TrainError};
-use crate::pg::ReduceOp;
+use crate::comm::pg::ReduceOp;
 use tch::{nn::ModuleT, Device, Kind, Tensor};
 use tchrun::data::{self, Augment, ImageFolder, LoaderConfig};
 use tchrun::flags::TrainJob;

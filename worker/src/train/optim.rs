@@ -43,8 +43,8 @@ impl Sgd {
         self
     }
 
-    pub fn zero_grad(&mut self) -> Result<(), crate::pg::C10dError> {
-        crate::pg::set_grads_to_none(self.params.iter().map(|(_, p)| p))
+    pub fn zero_grad(&mut self) -> Result<(), crate::comm::pg::C10dError> {
+        crate::comm::pg::set_grads_to_none(self.params.iter().map(|(_, p)| p))
     }
 
     pub fn step(&mut self, lr: f64) {

@@ -1,5 +1,9 @@
 //! The architectures (tch's vision models, torchvision parameter names) and their weights as
 //! torchvision `state_dict`s in safetensors: what Python's `load_state_dict(strict=True)` takes.
+//! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`) and their
+//! weights; knows nothing of ranks, data loading or training.
+pub mod densenet;
+pub mod resnet;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{nn, Kind, Tensor};
@@ -15,8 +19,10 @@ pub fn build(
     memory_efficient: bool,
 ) -> Box<dyn nn::ModuleT> {
     match arch.family() {
-        family @ Family::Resnet { .. } => Box::new(crate::resnet::resnet(root, family, classes)),
-        family @ Family::Densenet { .. } => Box::new(crate::densenet::densenet(
+        family @ Family::Resnet { .. } => {
+            Box::new(crate::models::resnet::resnet(root, family, classes))
+        }
+        family @ Family::Densenet { .. } => Box::new(crate::models::densenet::densenet(
             root,
             family,
             classes,

@@ -91,7 +91,7 @@ pub fn write_model_dir(
     let result = (|| -> Result<(), String> {
         let weights = staging.join(MODEL_WEIGHTS);
         Tensor::write_safetensors(state, &weights).map_err(|e| {
-            let needed = crate::checkpoint::data_bytes(state.iter().map(|(_, t)| t));
+            let needed = crate::train::checkpoint::data_bytes(state.iter().map(|(_, t)| t));
             tchrun::files::describe_write_error("the model", &weights, &format!("{e:?}"), needed)
         })?;
         tchrun::files::narrow_mode(&weights)

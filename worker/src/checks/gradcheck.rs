@@ -3,8 +3,8 @@
 //! combined batch. Uses a model without batch-norm, channels-last weights and inputs, an uneven
 //! split of the batch, one bucket per parameter (so buckets are all-reduced while backward runs), a parameter that never gets a
 //! gradient, and a step in which the last rank has no samples (a skipped batch).
-use crate::ddp::Replicator;
-use crate::pg::ProcessGroup;
+use crate::comm::ddp::Replicator;
+use crate::comm::pg::ProcessGroup;
 use crate::train::step::{train_step, StepModel};
 use tch::{nn, nn::Module, Kind, Tensor};
 
@@ -53,7 +53,7 @@ pub struct Report {
     pub early: usize,
 }
 
-pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
+pub fn run(pg: &ProcessGroup) -> Result<Report, crate::comm::pg::C10dError> {
     let (rank, world) = (pg.rank() as i64, pg.size() as i64);
     tch::manual_seed(1234 + rank); // different init per rank: the broadcast must fix it
                                    // The group's device: on a GPU host this covers the CUDA hooks, buckets and NCCL.
@@ -91,7 +91,7 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
         let n_local = (hi - lo) as usize;
         // The training step itself (forward, begin_step, backward, end_step), without an update.
         let (xs, ys) = (x.narrow(0, lo, hi - lo), y.narrow(0, lo, hi - lo));
-        let done = train_step::<crate::pg::C10dError>(
+        let done = train_step::<crate::comm::pg::C10dError>(
             &StepModel {
                 net: &model,
                 train: true,
@@ -105,7 +105,7 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::pg::C10dError> {
             None,
             |_| Ok(()),
         )?;
-        let stats = done.stats.unwrap_or(crate::ddp::StepStats {
+        let stats = done.stats.unwrap_or(crate::comm::ddp::StepStats {
             loss: f64::NAN,
             samples: 0.0,
             stop: false,

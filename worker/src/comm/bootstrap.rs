@@ -2,7 +2,7 @@
 //! started (before MPI_Init, which aborts under `srun --mpi=none`), then under MPI: rank, size
 //! and node-local rank from MPI; rank 0 serves a TCPStore on a free port and broadcasts its
 //! address. Without MPI: the same from torchrun's or Slurm's variables. Returns plain data.
-use crate::pg::{C10dError, Store};
+use crate::comm::pg::{C10dError, Store};
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::time::Duration;
 use tchrun::env::{self as contract, EnvError, StartedBy};

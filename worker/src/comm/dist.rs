@@ -9,8 +9,8 @@
 //! let mut t = tch::Tensor::from_slice(&[d.info.rank as f32 + 1.0]).to_device(d.device());
 //! d.pg.all_reduce(&mut [&mut t], tchrun_worker::pg::ReduceOp::Sum).expect("all-reduce");
 //! ```
-use crate::bootstrap::{self, BootstrapError, RankInfo};
-use crate::pg::{BackendKind, C10dError, ProcessGroup, Store};
+use crate::comm::bootstrap::{self, BootstrapError, RankInfo};
+use crate::comm::pg::{BackendKind, C10dError, ProcessGroup, Store};
 use std::time::Duration;
 
 /// This process as a rank: where it sits and its process group.
@@ -52,7 +52,7 @@ pub fn init() -> Result<Dist, DistError> {
     let backend = match std::env::var(tchrun::env::TCHRUN_BACKEND).as_deref() {
         Ok("nccl") => BackendKind::Nccl,
         Ok("gloo") => BackendKind::Gloo,
-        _ if tch::Cuda::is_available() && crate::pg::has_nccl() => BackendKind::Nccl,
+        _ if tch::Cuda::is_available() && crate::comm::pg::has_nccl() => BackendKind::Nccl,
         _ => BackendKind::Gloo,
     };
     let joined = bootstrap::identify()?.join(timeout)?;

@@ -1,7 +1,7 @@
 //! `tchrun-worker selftest`: exact checks of all-reduce, broadcast, all-gather and barrier
 //! across all ranks, then all-reduce bus bandwidth per message size (nccl-tests' busbw:
 //! algbw × 2(n-1)/n), printed as a table by rank 0.
-use crate::pg::{C10dError, ProcessGroup, ReduceOp};
+use crate::comm::pg::{C10dError, ProcessGroup, ReduceOp};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 

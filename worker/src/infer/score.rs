@@ -432,7 +432,7 @@ pub fn evaluate(
     let matrix = evaluation::confusion_matrix(cfg.class_names.len(), &scored);
     std::fs::create_dir_all(output).map_err(|e| out_err(output)(&e))?;
     let png = output.join(evaluation::CONFUSION_PNG);
-    crate::confusion::png(&cfg.class_names, &matrix, &png).map_err(|e| out_err(&png)(&e))?;
+    crate::infer::confusion::png(&cfg.class_names, &matrix, &png).map_err(|e| out_err(&png)(&e))?;
     let csv = output.join(evaluation::CONFUSION_CSV);
     let (header, rows) = evaluation::confusion_table(&cfg.class_names, &matrix);
     let header: Vec<&str> = header.iter().map(String::as_str).collect();

@@ -14,7 +14,7 @@
 //! layer returns `cat([xs, new])`), so what backward keeps grows quadratically with the layers
 //! of a block. Both build the same parameters under the same names in the same order: a seed
 //! gives the same weights, and the same safetensors load into either.
-use crate::ffi;
+use crate::comm::ffi;
 use tch::{nn, nn::Conv2D, nn::ModuleT, Tensor};
 use tchrun::model::Family;
 
@@ -316,7 +316,7 @@ mod tests {
             let w = Tensor::randn([4, 10], (Kind::Float, Device::Cpu));
             let step = |vs: &nn::VarStore, net: &DenseNet| {
                 // Fresh gradients (the trainer's zero_grad): each takes its parameter's layout.
-                crate::pg::set_grads_to_none(&vs.trainable_variables()).expect("zero_grad");
+                crate::comm::pg::set_grads_to_none(&vs.trainable_variables()).expect("zero_grad");
                 let y = net.forward_t(&x, true);
                 (&y * &w).sum(Kind::Float).backward();
                 y

@@ -17,7 +17,7 @@
 //! with it. The result is exactly the combined batch's: `Σ n × grad / Σ n` over every micro-batch
 //! of every rank, the statistics the mean over them all, the same arithmetic as one micro-batch
 //! per rank on A × world ranks (bit for bit where the summation order is the same).
-use crate::pg::{C10dError, ProcessGroup, ReduceOp, ReducedStep, Reducer};
+use crate::comm::pg::{C10dError, ProcessGroup, ReduceOp, ReducedStep, Reducer};
 use std::cell::{Cell, OnceCell, RefCell};
 use tch::{Kind, Tensor};
 
@@ -241,7 +241,7 @@ impl Replicator {
                 Some(s) => s + scaled,
             });
         }
-        crate::pg::set_grads_to_none(self.params.iter())?;
+        crate::comm::pg::set_grads_to_none(self.params.iter())?;
         let l = loss.detach().to_kind(Kind::Float) * nf;
         acc.loss = Some(match acc.loss.take() {
             None => l,

@@ -228,6 +228,6 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
         let bt = std::backtrace::Backtrace::force_capture();
         tracing::error!("rank {rank} panicked: {info}\n{bt}");
     }));
-    crate::signals::install()?;
+    crate::rank::signals::install()?;
     Ok((path, console))
 }

@@ -4,8 +4,9 @@
 //! and the peak RSS. The counterpart of
 //! `benches/reference/bench_step.py` (torchvision model, the same loop); used by
 //! `scripts/bench.sh` (CPU, and the GPU mode: ResNet-50, 224 × 224, bf16).
+use crate::models;
+use crate::train::optim::Sgd;
 use crate::train::step::{train_step, LossScaler, StepModel, Update};
-use crate::{models, optim::Sgd};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tchrun::flags::Amp;
@@ -70,7 +71,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let amp = device.is_cuda() && a.amp != Amp::Off;
     if amp {
-        crate::pg::set_autocast_dtype(a.amp == Amp::Bf16)?;
+        crate::comm::pg::set_autocast_dtype(a.amp == Amp::Bf16)?;
     }
     if device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
@@ -117,7 +118,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         opt.zero_grad()?;
         // The training step itself, on one process (no group: nothing to reduce).
-        train_step::<crate::pg::C10dError>(
+        train_step::<crate::comm::pg::C10dError>(
             &model,
             Some((&x, &y)),
             false,

@@ -1,6 +1,6 @@
 //! Safe wrapper over the c10d shim: `Store` (TCPStore) and `ProcessGroup` (Gloo or NCCL).
 //! Every shim call goes through `check`, which turns a returned C++ message into `C10dError`.
-use crate::ffi;
+use crate::comm::ffi;
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
 use std::time::Duration;

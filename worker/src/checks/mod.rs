@@ -1,0 +1,9 @@
+//! Benchmarks and self-tests of one rank: `selftest` (collectives exact, bandwidth),
+//! `gradcheck` (distributed gradient = combined batch), `bench_loader` (the input pipeline
+//! alone), `bench_step` (training steps alone), and the commands that run them as ranks
+//! (`command`). They write no model and no checkpoint.
+pub mod bench_loader;
+pub mod bench_step;
+pub mod command;
+pub mod gradcheck;
+pub mod selftest;

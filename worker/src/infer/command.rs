@@ -1,0 +1,167 @@
+//! `tchrun-worker score` and `evaluate` as ranks: outputs checked against the model and the
+//! images, the rank started, the store carrying each rank's rows to rank 0.
+use super::score;
+use crate::rank::start::{command_line, leave, start_rank, Fatal, Rank, RankResult};
+use clap::Args;
+use std::path::PathBuf;
+use tchrun::exit::ErrorKind;
+use tchrun::flags::RankFlags;
+
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    #[command(flatten)]
+    pub job: tchrun::flags::ScoreJob,
+    #[command(flatten)]
+    pub rank: RankFlags,
+}
+
+#[derive(Args, Debug)]
+pub struct EvaluateArgs {
+    #[command(flatten)]
+    pub job: tchrun::flags::EvaluateJob,
+    #[command(flatten)]
+    pub rank: RankFlags,
+}
+
+/// Runs `body` (scoring or evaluation) as one rank of the job: the store carries each
+/// rank's rows to rank 0.
+fn run_inference(
+    flags: &RankFlags,
+    default_logs: PathBuf,
+    output_dir: Option<&std::path::Path>,
+    batch_size: u32,
+    body: impl FnOnce(&score::Compute, &score::Ranks, &dyn Fn(&str)) -> Result<(), score::ScoreError>,
+) -> RankResult {
+    let log_dir = flags
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| default_logs.clone());
+    let lock_dirs = tchrun::lock::job_dirs(output_dir, &log_dir);
+    let rank = start_rank(flags, default_logs, &command_line(), &lock_dirs)?;
+    let Rank {
+        joined,
+        pg,
+        device,
+        console,
+        ..
+    } = rank;
+    let store = &joined.store;
+    let set = |k: &str, v: &[u8]| store.set(k, v).map_err(|e| e.to_string());
+    let get = |k: &str| store.get(k).map_err(|e| e.to_string());
+    let ranks = score::Ranks {
+        rank: pg.rank(),
+        world: pg.size(),
+        set: &set,
+        get: &get,
+    };
+    let compute = score::Compute {
+        batch_size: batch_size as usize,
+        device,
+        threads: tchrun::env::threads_per_rank(joined.info.local_size),
+    };
+    let is_rank0 = pg.rank() == 0;
+    let say = |line: &str| {
+        tracing::info!("{line}");
+        if is_rank0 {
+            console.out(line);
+        }
+    };
+    let r = body(&compute, &ranks, &say);
+    leave(pg, joined, r.is_ok());
+    r.map_err(|e| {
+        let kind = if e.is_input_error() {
+            ErrorKind::InvalidInput
+        } else {
+            ErrorKind::RankFailed
+        };
+        (
+            Some(console),
+            Fatal {
+                kind,
+                err: e.into(),
+            },
+        )
+    })
+}
+
+/// `score`/`evaluate` started by hand: outputs that would overwrite the model or the images
+/// are refused (as `tchrun` refuses them) before anything is written.
+fn check_inference_paths(
+    output: (&str, &std::path::Path),
+    log_dir: &std::path::Path,
+    model: &std::path::Path,
+    images: &std::path::Path,
+) -> RankResult {
+    use tchrun::overlap::Named;
+    tchrun::overlap::check_disjoint(
+        &[
+            Named::new("--output", output.0, output.1),
+            Named::new("--log-dir", "the job's logs", log_dir),
+        ],
+        &[
+            Named::new("--model", "the trained model directory", model),
+            Named::new("--images", "the images", images),
+        ],
+    )
+    .map_err(|e| (None, Fatal::invalid(e.into())))
+}
+
+/// Scores the images as this rank.
+pub fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
+    check_inference_paths(
+        ("the scores CSV", &a.output),
+        &rank.log_dir.clone().unwrap_or_else(|| a.default_log_dir()),
+        &a.model,
+        &a.images,
+    )?;
+    run_inference(
+        &rank,
+        a.default_log_dir(),
+        None,
+        a.batch_size,
+        |compute, ranks, say| {
+            let n = score::score(&a.model, &a.images, &a.output, compute, ranks)?;
+            if ranks.rank == 0 {
+                say(&format!(
+                    "scored {n} image(s) on {} rank(s) into {}",
+                    ranks.world,
+                    a.output.display()
+                ));
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Evaluates the model as this rank.
+pub fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
+    check_inference_paths(
+        ("the evaluation directory", &a.output),
+        &rank.log_dir.clone().unwrap_or_else(|| a.default_log_dir()),
+        &a.model,
+        &a.images,
+    )?;
+    run_inference(
+        &rank,
+        a.default_log_dir(),
+        Some(&a.output),
+        a.batch_size,
+        |compute, ranks, say| {
+            if let Some(e) = score::evaluate(&a.model, &a.images, &a.output, compute, ranks)? {
+                let m = &e.metrics;
+                say(&format!(
+                "evaluated {} image(s) on {} rank(s): top-1 {:.2}%, top-5 {:.2}%, log loss {:.4}, \
+                 macro F1 {:.4}; scores.csv, metrics.json and confusion_matrix.csv/.png in {}",
+                e.images,
+                ranks.world,
+                100.0 * m.top1,
+                100.0 * m.top5,
+                m.log_loss,
+                m.macro_avg.f1,
+                a.output.display()
+            ));
+            }
+            Ok(())
+        },
+    )
+}

@@ -1,0 +1,98 @@
+//! `tchrun-worker exec`: torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR, ...)
+//! set from the bootstrap, then the user's program exec'd in place of the rank.
+use crate::comm::bootstrap;
+use crate::rank::driver_log;
+use crate::rank::start::{command_line, cuda_devices, Fatal, RankResult};
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+use tchrun::flags::{Device as DeviceFlag, DEFAULT_LOG_DIR};
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// The device the program's ranks use (one GPU per rank): with cuda or auto, more ranks on
+    /// this node than its GPUs is refused before the program starts; cpu checks nothing.
+    #[arg(long, env = "TCHRUN_DEVICE", value_enum)]
+    pub device: Option<DeviceFlag>,
+    /// Directory of the per-rank driver logs.
+    #[arg(long, env = "TCHRUN_LOG_DIR", default_value = DEFAULT_LOG_DIR)]
+    pub log_dir: PathBuf,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    pub program: Vec<String>,
+}
+
+/// Runs the program as this rank (returns only on failure).
+pub fn run(a: ExecArgs) -> RankResult {
+    use std::os::unix::process::CommandExt;
+    let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
+    if let Some(device @ (DeviceFlag::Auto | DeviceFlag::Cuda)) = a.device {
+        // The launcher's GPU pre-flight, on this rank's own node (before the driver log, like
+        // `resolve`): the program has not started yet.
+        let gpus = cuda_devices().map_err(|f| (None, f))?;
+        if device == DeviceFlag::Cuda && gpus == 0 {
+            return Err((
+                None,
+                Fatal::invalid(anyhow::anyhow!(
+                    "--device cuda: no CUDA device is visible on {}; use --device cpu or check CUDA_VISIBLE_DEVICES",
+                    id.host
+                )),
+            ));
+        }
+        if gpus > 0 && (id.local_size > gpus || id.local_rank >= gpus) {
+            return Err((
+                None,
+                Fatal::invalid(anyhow::anyhow!(
+                    "{}",
+                    tchrun::env::too_many_ranks_for_gpus(
+                        id.local_size.max(id.local_rank + 1),
+                        gpus,
+                        &id.host
+                    )
+                )),
+            ));
+        }
+    }
+    let header = driver_log::Header {
+        host: &id.host,
+        rank: id.rank,
+        local_rank: id.local_rank,
+        world_size: id.world_size,
+        device: "(program's)",
+        backend: "(program's)",
+        command: &command_line(),
+        started_by: &format!("{:?}", id.started_by),
+    };
+    let (_path, console) = driver_log::open(&a.log_dir, &header)
+        .with_context(|| {
+            format!(
+                "cannot write the driver log in {} (check --log-dir)",
+                a.log_dir.display()
+            )
+        })
+        .map_err(|e| (None, Fatal::rank(e)))?;
+    let info = match id.master_for_program() {
+        Ok(i) => i,
+        Err(e) => return Err((Some(console), Fatal::rank(e.into()))),
+    };
+    use tchrun::env as c;
+    tracing::info!(program = %a.program.join(" "), master = %format!("{}:{}", info.master_addr, info.master_port), "exec");
+    let mut cmd = std::process::Command::new(&a.program[0]);
+    for m in c::MPI_MARKERS {
+        cmd.env_remove(m);
+    }
+    let err = cmd
+        .args(&a.program[1..])
+        .env(c::RANK, info.rank.to_string())
+        .env(c::WORLD_SIZE, info.world_size.to_string())
+        .env(c::LOCAL_RANK, info.local_rank.to_string())
+        .env(c::LOCAL_WORLD_SIZE, info.local_size.to_string())
+        .env(c::NODE_RANK, info.node_rank.to_string())
+        .env(c::MASTER_ADDR, &info.master_addr)
+        .env(c::MASTER_PORT, info.master_port.to_string())
+        .exec();
+    Err((
+        Some(console),
+        Fatal::invalid(anyhow::anyhow!("cannot run {:?}: {err}", a.program[0])),
+    ))
+}

@@ -1,0 +1,285 @@
+//! A rank's start and end, shared by every command: who it is (`bootstrap`), its device and
+//! backend, rank 0's job locks, the driver log, joining the store and the process group; the
+//! fatal error with the exit code and failure kind it ends with; leaving the job.
+use crate::comm::{bootstrap, pg};
+use crate::rank::driver_log;
+use crate::train::TrainError;
+use anyhow::Context;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tchrun::driver_log::FailureKind;
+use tchrun::exit::ErrorKind;
+use tchrun::flags::{Backend, Device as DeviceFlag, RankFlags};
+
+/// A rank's failure with the kind that decides its exit code.
+pub struct Fatal {
+    pub kind: ErrorKind,
+    pub err: anyhow::Error,
+}
+
+impl Fatal {
+    pub fn invalid(err: anyhow::Error) -> Fatal {
+        Fatal {
+            kind: ErrorKind::InvalidInput,
+            err,
+        }
+    }
+    pub fn rank(err: anyhow::Error) -> Fatal {
+        Fatal {
+            kind: ErrorKind::RankFailed,
+            err,
+        }
+    }
+}
+
+/// What a command returns: the console to report on (once the driver log is open) and the
+/// failure.
+pub type RankResult = Result<(), (Option<driver_log::Console>, Fatal)>;
+
+/// The failure record's kind of a rank's fatal error, from its type (the launcher classifies
+/// by it). libtorch's own messages say more (memory, CUDA) than their types.
+pub fn failure_kind(f: &Fatal) -> FailureKind {
+    use TrainError as T;
+    let by_exit = FailureKind::from_error_kind(f.kind);
+    for cause in f.err.chain() {
+        if let Some(e) = cause.downcast_ref::<T>() {
+            return match e {
+                T::Invalid(_) | T::Preflight(_) => FailureKind::InvalidInput,
+                T::Data(_) => FailureKind::Data,
+                T::Diverged { .. } => FailureKind::Diverged,
+                T::Comm(c) => {
+                    driver_log::torch_failure_kind(&c.to_string(), FailureKind::Communication)
+                }
+                T::Replicas(_) => FailureKind::Internal,
+                T::Checkpoint(_) | T::Output(_) => FailureKind::Io,
+                T::Stopped(_) => FailureKind::Interrupted,
+                T::Torch(t) => driver_log::torch_failure_kind(&t.to_string(), by_exit),
+            };
+        }
+        if let Some(c) = cause.downcast_ref::<pg::C10dError>() {
+            return driver_log::torch_failure_kind(&c.to_string(), FailureKind::Communication);
+        }
+        if let Some(t) = cause.downcast_ref::<tch::TchError>() {
+            return driver_log::torch_failure_kind(&t.to_string(), by_exit);
+        }
+        if cause.downcast_ref::<tchrun::data::DatasetError>().is_some() {
+            return FailureKind::Data;
+        }
+        if cause.downcast_ref::<std::io::Error>().is_some() {
+            return FailureKind::Io;
+        }
+    }
+    by_exit
+}
+
+/// Leaves the job. After success: the process group is destroyed and MPI finalized. After a
+/// failure neither: MPI_Finalize and c10d's destructors wait for peers that may be dead or
+/// unreachable (a network cut hangs them); the rank must exit now, and mpirun or tchrun
+/// stops the rest.
+pub fn leave(pg: pg::ProcessGroup, joined: bootstrap::Joined, ok: bool) {
+    if ok {
+        drop(pg);
+        drop(joined);
+    } else {
+        std::mem::forget(pg);
+        std::mem::forget(joined);
+    }
+}
+
+/// The CUDA devices this rank can use: `TCHRUN_TEST_CUDA_DEVICES` when set (tests; nothing
+/// touches CUDA to count them), else torch's device count (`CUDA_VISIBLE_DEVICES` respected).
+pub fn cuda_devices() -> Result<usize, Fatal> {
+    match tchrun::env::test_cuda_devices(&|k| std::env::var(k).ok()) {
+        Ok(Some(n)) => Ok(n),
+        Ok(None) if tch::Cuda::is_available() => Ok(tch::Cuda::device_count().max(0) as usize),
+        Ok(None) => Ok(0),
+        Err(e) => Err(Fatal::invalid(e.into())),
+    }
+}
+
+/// Device and backend after `auto` is resolved. One rank per GPU: local rank `i` uses
+/// `cuda:i`, and a host with more ranks than GPUs is refused here, before the process group
+/// exists (NCCL would fail later with "Duplicate GPU detected").
+fn resolve(
+    flags: &RankFlags,
+    local_rank: usize,
+    local_size: usize,
+    host: &str,
+) -> Result<(tch::Device, pg::BackendKind), Fatal> {
+    let gpus = match flags.device {
+        DeviceFlag::Cpu => 0,
+        DeviceFlag::Auto | DeviceFlag::Cuda => cuda_devices()?,
+    };
+    let device = match flags.device {
+        DeviceFlag::Cpu => tch::Device::Cpu,
+        DeviceFlag::Auto if gpus == 0 => tch::Device::Cpu,
+        DeviceFlag::Cuda if gpus == 0 => {
+            return Err(Fatal::invalid(anyhow::anyhow!(
+                "--device cuda: no CUDA device is visible on {host}; use --device cpu or check CUDA_VISIBLE_DEVICES"
+            )))
+        }
+        DeviceFlag::Auto | DeviceFlag::Cuda => {
+            if local_size > gpus || local_rank >= gpus {
+                return Err(Fatal::invalid(anyhow::anyhow!(
+                    "{}",
+                    tchrun::env::too_many_ranks_for_gpus(local_size.max(local_rank + 1), gpus, host)
+                )));
+            }
+            if !tch::Cuda::is_available() {
+                return Err(Fatal::invalid(anyhow::anyhow!(
+                    "{}={gpus} claims CUDA devices but CUDA is not available on {host}; unset it (it is for tests)",
+                    tchrun::env::TCHRUN_TEST_CUDA_DEVICES
+                )));
+            }
+            tch::Device::Cuda(local_rank)
+        }
+    };
+    let backend = match (flags.backend, device.is_cuda()) {
+        (Backend::Auto, true) => pg::BackendKind::Nccl,
+        (Backend::Auto, false) | (Backend::Gloo, _) => pg::BackendKind::Gloo,
+        (Backend::Nccl, true) => pg::BackendKind::Nccl,
+        (Backend::Nccl, false) => {
+            return Err(Fatal::invalid(anyhow::anyhow!(
+            "--backend nccl needs CUDA tensors but the device is cpu; use --backend gloo (or auto)"
+        )))
+        }
+    };
+    Ok((device, backend))
+}
+
+/// Intra-op threads: the host's cores shared among the ranks on it (no oversubscription).
+fn set_threads(local_size: usize) {
+    let n = std::env::var(tchrun::env::TCHRUN_THREADS)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| tchrun::env::threads_per_rank(local_size));
+    tch::set_num_threads(n as i32);
+}
+
+/// Identify the rank, open its driver log, join the store and build the process group.
+pub struct Rank {
+    pub joined: bootstrap::Joined,
+    pub pg: pg::ProcessGroup,
+    pub device: tch::Device,
+    pub console: driver_log::Console,
+    /// Rank 0's job locks (those the launcher does not hold), for the rank's whole life.
+    _locks: Vec<tchrun::lock::JobLock>,
+}
+
+/// Rank 0 of ranks started without the launcher (`mpirun tchrun-worker train ...` by hand, a
+/// batch script) takes the job locks of `dirs` itself (`tchrun::lock`); the launcher's own
+/// ranks find them in `TCHRUN_LOCK_HELD`. A directory another job holds is refused (exit 2).
+fn lock_as_rank0(
+    rank: usize,
+    dirs: &[(&'static str, PathBuf)],
+    command: &str,
+) -> Result<Vec<tchrun::lock::JobLock>, (Option<driver_log::Console>, Fatal)> {
+    if rank != 0 {
+        return Ok(Vec::new());
+    }
+    let held = std::env::var(tchrun::env::TCHRUN_LOCK_HELD).ok();
+    let info = tchrun::lock::LockInfo::here(command);
+    let mut locks = Vec::new();
+    for (flag, dir) in dirs {
+        if tchrun::lock::held_by_launcher(held.as_deref(), dir) {
+            continue;
+        }
+        let taken = tchrun::lock::acquire(flag, dir, &info)
+            .map_err(|e| (None, Fatal::invalid(e.into())))?;
+        if let Some(note) = taken.note() {
+            eprintln!("tchrun-worker: {note}");
+        }
+        locks.push(taken.lock);
+    }
+    Ok(locks)
+}
+
+/// Starts the rank: identity, rank 0's locks, device, driver log, store, process group.
+pub fn start_rank(
+    flags: &RankFlags,
+    default_log_dir: PathBuf,
+    command: &str,
+    lock_dirs: &[(&'static str, PathBuf)],
+) -> Result<Rank, (Option<driver_log::Console>, Fatal)> {
+    let t0 = Instant::now();
+    let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
+    // Before the driver log: a refused rank 0 overwrites nothing of the other job's.
+    let locks = lock_as_rank0(id.rank, lock_dirs, command)?;
+    let (device, backend) =
+        resolve(flags, id.local_rank, id.local_size, &id.host).map_err(|f| (None, f))?;
+    let log_dir = flags.log_dir.clone().unwrap_or(default_log_dir);
+    let header = driver_log::Header {
+        host: &id.host,
+        rank: id.rank,
+        local_rank: id.local_rank,
+        world_size: id.world_size,
+        device: &pg::device_name(device),
+        backend: backend.name(),
+        command,
+        started_by: &format!("{:?}", id.started_by),
+    };
+    let (_path, console) = driver_log::open(&log_dir, &header)
+        .with_context(|| {
+            format!(
+                "cannot write the driver log in {} (check --log-dir)",
+                log_dir.display()
+            )
+        })
+        .map_err(|e| (None, Fatal::rank(e)))?;
+    set_threads(id.local_size);
+    let timeout = Duration::from_secs(flags.timeout);
+    let joined = match id.join(timeout) {
+        Ok(j) => j,
+        Err(e) => {
+            return Err((
+                Some(console),
+                Fatal::rank(anyhow::Error::new(e).context("joining the job")),
+            ))
+        }
+    };
+    let info = &joined.info;
+    tracing::info!(
+        rank = info.rank,
+        world_size = info.world_size,
+        local_rank = info.local_rank,
+        node_rank = info.node_rank,
+        master = %format!("{}:{}", info.master_addr, info.master_port),
+        local_addr = %info.local_addr,
+        "joined the store"
+    );
+    let pg = match pg::ProcessGroup::new(
+        &joined.store,
+        "tchrun/world",
+        backend,
+        info.rank,
+        info.world_size,
+        timeout,
+        &info.local_addr,
+        device,
+    ) {
+        Ok(pg) => pg,
+        Err(e) => {
+            return Err((
+                Some(console),
+                Fatal::rank(anyhow::Error::new(e).context("creating the process group")),
+            ))
+        }
+    };
+    tracing::info!(
+        backend = backend.name(),
+        secs = t0.elapsed().as_secs_f64(),
+        "process group ready"
+    );
+    Ok(Rank {
+        joined,
+        pg,
+        device,
+        console,
+        _locks: locks,
+    })
+}
+
+/// The rank's command line, for its driver log header and lock.
+pub fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}

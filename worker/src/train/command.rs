@@ -1,0 +1,121 @@
+//! `tchrun-worker train` as a rank: outputs checked against inputs, the inputs checked, the
+//! rank started, the job checked against the world size, then `train::train`.
+use crate::rank::start::{command_line, leave, start_rank, Fatal, Rank, RankResult};
+use clap::Args;
+use std::path::PathBuf;
+use tchrun::exit::ErrorKind;
+use tchrun::flags::RankFlags;
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub job: tchrun::flags::TrainJob,
+    #[command(flatten)]
+    pub rank: RankFlags,
+    /// The launcher's copy of the training folder's dataset index, read instead of listing
+    /// the folder when it passes the stamps check on this rank's copy of the data.
+    #[arg(long, hide = true)]
+    pub train_index: Option<PathBuf>,
+    /// The same for the validation folder.
+    #[arg(long, hide = true)]
+    pub valid_index: Option<PathBuf>,
+    /// The launcher leaves the image headers to be checked when each image is first decoded
+    /// (more than `TCHRUN_VERIFY_UPFRONT_MAX` never verified).
+    #[arg(long, hide = true)]
+    pub verify_on_decode: bool,
+}
+
+/// Runs the training job as this rank.
+pub fn run(a: TrainArgs) -> RankResult {
+    let default_logs = a.job.output.join(tchrun::files::DEFAULT_LOG_SUBDIR);
+    // Outputs that would overwrite inputs (as `tchrun train` refuses them).
+    {
+        let log_dir = a
+            .rank
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| default_logs.clone());
+        let (outputs, inputs) = tchrun::overlap::train_job(&a.job, &log_dir);
+        tchrun::overlap::check_disjoint(&outputs, &inputs)
+            .map_err(|e| (None, Fatal::invalid(e.into())))?;
+    }
+    // Input errors need no log directory: report them before anything is written to --output.
+    let indexes = [a.train_index.as_deref(), a.valid_index.as_deref()];
+    let (inputs, verification) =
+        super::check_inputs(&a.job, indexes, a.verify_on_decode).map_err(|e| {
+            (
+                None,
+                Fatal {
+                    kind: e.kind(),
+                    err: e.into(),
+                },
+            )
+        })?;
+    let log_dir = a
+        .rank
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| default_logs.clone());
+    let lock_dirs = tchrun::lock::job_dirs(Some(&a.job.output), &log_dir);
+    let rank = start_rank(&a.rank, default_logs, &command_line(), &lock_dirs)?;
+    let Rank {
+        joined,
+        pg,
+        device,
+        console,
+        ..
+    } = rank;
+    for line in &verification {
+        tracing::info!("{line}");
+    }
+    let is_rank0 = pg.rank() == 0;
+    // The job against the world size (as the launcher's pre-flight; a rank started by hand,
+    // srun or sbatch has had no other check).
+    match tchrun::preflight::check_job(&inputs, &a.job, pg.size()) {
+        Ok(warnings) => {
+            // `tchrun train` (which sets TCHRUN_ATTEMPT) said them already on the console.
+            let said = std::env::var_os(tchrun::env::TCHRUN_ATTEMPT).is_some();
+            for w in warnings {
+                tracing::warn!("{w}");
+                if is_rank0 && !said {
+                    console.err(&w);
+                }
+            }
+        }
+        Err(e) => {
+            leave(pg, joined, false);
+            return Err((
+                Some(console),
+                Fatal {
+                    kind: ErrorKind::InvalidInput,
+                    err: e.into(),
+                },
+            ));
+        }
+    }
+    // User-facing lines: in every driver log, and on rank 0's console.
+    let say = |line: &str| {
+        tracing::info!("{line}");
+        if is_rank0 {
+            console.out(line);
+        }
+    };
+    let ctx = super::RankCtx {
+        pg: &pg,
+        store: &joined.store,
+        device,
+        local_size: joined.info.local_size,
+        say: &say,
+    };
+    let r = super::train(&a.job, inputs, &ctx);
+    leave(pg, joined, r.is_ok());
+    r.map_err(|e| {
+        (
+            Some(console),
+            Fatal {
+                kind: e.kind(),
+                err: e.into(),
+            },
+        )
+    })
+}
