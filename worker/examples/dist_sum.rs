@@ -11,17 +11,17 @@ fn main() {
         }
     };
     // On the group's device: CUDA under NCCL (a CPU tensor there is refused by name).
-    let mut t = tch::Tensor::from_slice(&[d.info.rank as f32 + 1.0; 4]).to_device(d.device());
+    let mut t = tch::Tensor::from_slice(&[d.rank() as f32 + 1.0; 4]).to_device(d.device());
     if let Err(e) = d.pg.all_reduce(&mut [&mut t], ReduceOp::Sum) {
         eprintln!("dist_sum: {e}");
         std::process::exit(4);
     }
-    let n = d.info.world_size as f64;
+    let n = d.world_size() as f64;
     let sum = t.double_value(&[0]);
     println!(
         "rust rank {}/{} all_reduce sum={sum} (expected {})",
-        d.info.rank,
-        d.info.world_size,
+        d.rank(),
+        d.world_size(),
         n * (n + 1.0) / 2.0
     );
     if sum != n * (n + 1.0) / 2.0 {

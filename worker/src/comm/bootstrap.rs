@@ -7,20 +7,27 @@ use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::time::Duration;
 use tchrun::env::{self as contract, EnvError, StartedBy};
 
-/// Where this rank sits and how it reaches rank 0.
+/// Where this rank sits: known before any store exists (so the driver log can be opened
+/// first), and part of every joined rank's `RankInfo`.
 #[derive(Debug, Clone)]
-pub struct RankInfo {
+pub struct Place {
     pub rank: usize,
     pub world_size: usize,
     pub local_rank: usize,
     pub local_size: usize,
     pub node_rank: usize,
     pub host: String,
+    pub started_by: StartedBy,
+}
+
+/// Where this rank sits and how it reaches rank 0.
+#[derive(Debug, Clone)]
+pub struct RankInfo {
+    pub place: Place,
     pub master_addr: String,
     pub master_port: u16,
     /// The address of this rank on the network that reaches rank 0 (Gloo binds it).
     pub local_addr: String,
-    pub started_by: StartedBy,
 }
 
 /// Bootstrapping failed: the rank cannot join the job.
@@ -96,15 +103,9 @@ fn advertised_addr() -> String {
         .unwrap_or_else(hostname)
 }
 
-/// Who this rank is, known before any store exists (so the driver log can be opened first).
+/// Who this rank is, before it joins the store.
 pub struct Identity {
-    pub rank: usize,
-    pub world_size: usize,
-    pub local_rank: usize,
-    pub local_size: usize,
-    pub node_rank: usize,
-    pub host: String,
-    pub started_by: StartedBy,
+    pub place: Place,
     /// Rank 0's store address when the environment names it (torchrun, Slurm, single).
     master: Option<(String, u16)>,
     universe: Option<mpi::environment::Universe>,
@@ -136,13 +137,15 @@ pub fn identify() -> Result<Identity, BootstrapError> {
         env.master_port.unwrap_or(0),
     ));
     Ok(Identity {
-        rank: env.rank,
-        world_size: env.world_size,
-        local_rank: env.local_rank,
-        local_size: env.local_size,
-        node_rank: env.node_rank,
-        host,
-        started_by,
+        place: Place {
+            rank: env.rank,
+            world_size: env.world_size,
+            local_rank: env.local_rank,
+            local_size: env.local_size,
+            node_rank: env.node_rank,
+            host,
+            started_by,
+        },
         master,
         universe: None,
     })
@@ -171,13 +174,15 @@ fn identify_mpi(host: String) -> Result<Identity, BootstrapError> {
         .filter(|&&f| f == 1)
         .count();
     Ok(Identity {
-        rank,
-        world_size,
-        local_rank,
-        local_size,
-        node_rank,
-        host,
-        started_by: StartedBy::Mpi,
+        place: Place {
+            rank,
+            world_size,
+            local_rank,
+            local_size,
+            node_rank,
+            host,
+            started_by: StartedBy::Mpi,
+        },
         master: None,
         universe: Some(universe),
     })
@@ -197,7 +202,7 @@ impl Identity {
                 .master
                 .clone()
                 .unwrap_or_else(|| ("127.0.0.1".into(), 0));
-            if self.rank == 0 {
+            if self.place.rank == 0 {
                 let (v, actual) = serve(&addr, port)?;
                 return Ok((addr, actual, Some(v)));
             }
@@ -207,8 +212,8 @@ impl Identity {
         let mut buf = [0u8; 256];
         let mut served = None;
         let mut failure = None;
-        if self.rank == 0 {
-            let addr = if self.local_size == self.world_size {
+        if self.place.rank == 0 {
+            let addr = if self.place.local_size == self.place.world_size {
                 std::env::var(tchrun::env::TCHRUN_MASTER_ADDR)
                     .unwrap_or_else(|_| "127.0.0.1".into())
             } else {
@@ -245,7 +250,7 @@ impl Identity {
 
     /// Creates (rank 0) or connects to the TCPStore every process group is built on.
     pub fn join(self, timeout: Duration) -> Result<Joined, BootstrapError> {
-        let world_size = self.world_size;
+        let world_size = self.place.world_size;
         let (master_addr, master_port, served) = self.agree_on_master(|addr, port| {
             let s = Store::serve(addr, port, world_size, timeout)?;
             let p = s.port();
@@ -292,16 +297,10 @@ impl Identity {
 
     fn info(&self, master_addr: String, master_port: u16, local_addr: String) -> RankInfo {
         RankInfo {
-            rank: self.rank,
-            world_size: self.world_size,
-            local_rank: self.local_rank,
-            local_size: self.local_size,
-            node_rank: self.node_rank,
-            host: self.host.clone(),
+            place: self.place.clone(),
             master_addr,
             master_port,
             local_addr,
-            started_by: self.started_by,
         }
     }
 }

@@ -6,7 +6,7 @@
 //! ```no_run
 //! let d = tchrun_worker::dist::init().expect("join the job");
 //! // Tensors live on the group's device (CUDA under NCCL).
-//! let mut t = tch::Tensor::from_slice(&[d.info.rank as f32 + 1.0]).to_device(d.device());
+//! let mut t = tch::Tensor::from_slice(&[d.info.place.rank as f32 + 1.0]).to_device(d.device());
 //! d.pg.all_reduce(&mut [&mut t], tchrun_worker::pg::ReduceOp::Sum).expect("all-reduce");
 //! ```
 use crate::comm::bootstrap::{self, BootstrapError, RankInfo};
@@ -36,6 +36,16 @@ impl Dist {
     pub fn device(&self) -> tch::Device {
         self.pg.device()
     }
+
+    /// This rank (0-based).
+    pub fn rank(&self) -> usize {
+        self.info.place.rank
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.info.place.world_size
+    }
 }
 
 /// Joins the job (timeout: `TCHRUN_TIMEOUT` seconds, default 300) and creates the group.
@@ -59,17 +69,17 @@ pub fn init() -> Result<Dist, DistError> {
     let info = joined.info.clone();
     let device = if backend == BackendKind::Nccl {
         let gpus = tch::Cuda::device_count().max(0) as usize;
-        if info.local_size > gpus {
+        if info.place.local_size > gpus {
             return Err(DistError::Group(C10dError {
                 op: "ProcessGroup create",
                 message: format!(
                     "{} ranks on this node but {gpus} GPU(s) visible: NCCL needs one GPU per rank; \
                      start fewer ranks per node or set TCHRUN_BACKEND=gloo",
-                    info.local_size
+                    info.place.local_size
                 ),
             }));
         }
-        tch::Device::Cuda(info.local_rank)
+        tch::Device::Cuda(info.place.local_rank)
     } else {
         tch::Device::Cpu
     };
@@ -77,8 +87,8 @@ pub fn init() -> Result<Dist, DistError> {
         &joined.store,
         "tchrun/dist",
         backend,
-        info.rank,
-        info.world_size,
+        info.place.rank,
+        info.place.world_size,
         timeout,
         &info.local_addr,
         device,

@@ -57,7 +57,7 @@ fn run_inference(
     let compute = score::Compute {
         batch_size: batch_size as usize,
         device,
-        threads: tchrun::env::threads_per_rank(joined.info.local_size),
+        threads: tchrun::env::threads_per_rank(joined.info.place.local_size),
     };
     let is_rank0 = pg.rank() == 0;
     let say = |line: &str| {

@@ -35,33 +35,33 @@ pub fn run(a: ExecArgs) -> RankResult {
                 None,
                 Fatal::invalid(anyhow::anyhow!(
                     "--device cuda: no CUDA device is visible on {}; use --device cpu or check CUDA_VISIBLE_DEVICES",
-                    id.host
+                    id.place.host
                 )),
             ));
         }
-        if gpus > 0 && (id.local_size > gpus || id.local_rank >= gpus) {
+        if gpus > 0 && (id.place.local_size > gpus || id.place.local_rank >= gpus) {
             return Err((
                 None,
                 Fatal::invalid(anyhow::anyhow!(
                     "{}",
                     tchrun::env::too_many_ranks_for_gpus(
-                        id.local_size.max(id.local_rank + 1),
+                        id.place.local_size.max(id.place.local_rank + 1),
                         gpus,
-                        &id.host
+                        &id.place.host
                     )
                 )),
             ));
         }
     }
     let header = driver_log::Header {
-        host: &id.host,
-        rank: id.rank,
-        local_rank: id.local_rank,
-        world_size: id.world_size,
+        host: &id.place.host,
+        rank: id.place.rank,
+        local_rank: id.place.local_rank,
+        world_size: id.place.world_size,
         device: "(program's)",
         backend: "(program's)",
         command: &command_line(),
-        started_by: &format!("{:?}", id.started_by),
+        started_by: &format!("{:?}", id.place.started_by),
     };
     let (_path, console) = driver_log::open(&a.log_dir, &header)
         .with_context(|| {
@@ -83,11 +83,11 @@ pub fn run(a: ExecArgs) -> RankResult {
     }
     let err = cmd
         .args(&a.program[1..])
-        .env(c::RANK, info.rank.to_string())
-        .env(c::WORLD_SIZE, info.world_size.to_string())
-        .env(c::LOCAL_RANK, info.local_rank.to_string())
-        .env(c::LOCAL_WORLD_SIZE, info.local_size.to_string())
-        .env(c::NODE_RANK, info.node_rank.to_string())
+        .env(c::RANK, info.place.rank.to_string())
+        .env(c::WORLD_SIZE, info.place.world_size.to_string())
+        .env(c::LOCAL_RANK, info.place.local_rank.to_string())
+        .env(c::LOCAL_WORLD_SIZE, info.place.local_size.to_string())
+        .env(c::NODE_RANK, info.place.node_rank.to_string())
         .env(c::MASTER_ADDR, &info.master_addr)
         .env(c::MASTER_PORT, info.master_port.to_string())
         .exec();

@@ -204,19 +204,24 @@ pub fn start_rank(
     let t0 = Instant::now();
     let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
     // Before the driver log: a refused rank 0 overwrites nothing of the other job's.
-    let locks = lock_as_rank0(id.rank, lock_dirs, command)?;
-    let (device, backend) =
-        resolve(flags, id.local_rank, id.local_size, &id.host).map_err(|f| (None, f))?;
+    let locks = lock_as_rank0(id.place.rank, lock_dirs, command)?;
+    let (device, backend) = resolve(
+        flags,
+        id.place.local_rank,
+        id.place.local_size,
+        &id.place.host,
+    )
+    .map_err(|f| (None, f))?;
     let log_dir = flags.log_dir.clone().unwrap_or(default_log_dir);
     let header = driver_log::Header {
-        host: &id.host,
-        rank: id.rank,
-        local_rank: id.local_rank,
-        world_size: id.world_size,
+        host: &id.place.host,
+        rank: id.place.rank,
+        local_rank: id.place.local_rank,
+        world_size: id.place.world_size,
         device: &pg::device_name(device),
         backend: backend.name(),
         command,
-        started_by: &format!("{:?}", id.started_by),
+        started_by: &format!("{:?}", id.place.started_by),
     };
     let (_path, console) = driver_log::open(&log_dir, &header)
         .with_context(|| {
@@ -226,7 +231,7 @@ pub fn start_rank(
             )
         })
         .map_err(|e| (None, Fatal::rank(e)))?;
-    set_threads(id.local_size);
+    set_threads(id.place.local_size);
     let timeout = Duration::from_secs(flags.timeout);
     let joined = match id.join(timeout) {
         Ok(j) => j,
@@ -239,10 +244,10 @@ pub fn start_rank(
     };
     let info = &joined.info;
     tracing::info!(
-        rank = info.rank,
-        world_size = info.world_size,
-        local_rank = info.local_rank,
-        node_rank = info.node_rank,
+        rank = info.place.rank,
+        world_size = info.place.world_size,
+        local_rank = info.place.local_rank,
+        node_rank = info.place.node_rank,
         master = %format!("{}:{}", info.master_addr, info.master_port),
         local_addr = %info.local_addr,
         "joined the store"
@@ -251,8 +256,8 @@ pub fn start_rank(
         &joined.store,
         "tchrun/world",
         backend,
-        info.rank,
-        info.world_size,
+        info.place.rank,
+        info.place.world_size,
         timeout,
         &info.local_addr,
         device,

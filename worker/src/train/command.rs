@@ -104,7 +104,7 @@ pub fn run(a: TrainArgs) -> RankResult {
         pg: &pg,
         store: &joined.store,
         device,
-        local_size: joined.info.local_size,
+        local_size: joined.info.place.local_size,
         say: &say,
     };
     let r = super::train(&a.job, inputs, &ctx);
