@@ -6,10 +6,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use tchrun::driver_log::{FailureKind, RankExit};
 use tchrun_worker::checks::{bench_loader, bench_step, command as checks};
+use tchrun_worker::comm::pg;
 use tchrun_worker::infer::{command as infer, logits};
 use tchrun_worker::rank::driver_log;
 use tchrun_worker::rank::exec;
-use tchrun_worker::rank::start::{failure_kind, Fatal};
+use tchrun_worker::rank::start::Fatal;
 use tchrun_worker::train::command as train;
 
 #[derive(Parser, Debug)]
@@ -110,4 +111,28 @@ fn main() -> ExitCode {
             ExitCode::from(code as u8)
         }
     }
+}
+
+/// The failure record's kind of a rank's fatal error, from the first typed cause in its chain
+/// (the launcher classifies by it).
+fn failure_kind(f: &Fatal) -> FailureKind {
+    let by_exit = FailureKind::from_error_kind(f.kind);
+    for cause in f.err.chain() {
+        if let Some(e) = cause.downcast_ref::<tchrun_worker::train::TrainError>() {
+            return e.failure_kind(by_exit);
+        }
+        if let Some(c) = cause.downcast_ref::<pg::C10dError>() {
+            return driver_log::torch_failure_kind(&c.to_string(), FailureKind::Communication);
+        }
+        if let Some(t) = cause.downcast_ref::<tch::TchError>() {
+            return driver_log::torch_failure_kind(&t.to_string(), by_exit);
+        }
+        if cause.downcast_ref::<tchrun::data::DatasetError>().is_some() {
+            return FailureKind::Data;
+        }
+        if cause.downcast_ref::<std::io::Error>().is_some() {
+            return FailureKind::Io;
+        }
+    }
+    by_exit
 }

@@ -1,6 +1,6 @@
 //! One rank's life around its work: `start` (identity, device and backend, job locks, the
 //! driver log, joining the store, the process group; leaving; the fatal error and its exit
-//! code and failure kind), `driver_log` (fd 1/2 captured into `70_driver_log_<rank>`),
+//! code), `driver_log` (fd 1/2 captured into `70_driver_log_<rank>`),
 //! `signals` (stop requests) and `exec` (a program of the user's as the rank). Knows what a
 //! rank is, not what it computes.
 pub mod driver_log;

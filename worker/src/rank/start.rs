@@ -3,11 +3,9 @@
 //! fatal error with the exit code and failure kind it ends with; leaving the job.
 use crate::comm::{bootstrap, pg};
 use crate::rank::driver_log;
-use crate::train::TrainError;
 use anyhow::Context;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tchrun::driver_log::FailureKind;
 use tchrun::exit::ErrorKind;
 use tchrun::flags::{Backend, Device as DeviceFlag, RankFlags};
 
@@ -35,42 +33,6 @@ impl Fatal {
 /// What a command returns: the console to report on (once the driver log is open) and the
 /// failure.
 pub type RankResult = Result<(), (Option<driver_log::Console>, Fatal)>;
-
-/// The failure record's kind of a rank's fatal error, from its type (the launcher classifies
-/// by it). libtorch's own messages say more (memory, CUDA) than their types.
-pub fn failure_kind(f: &Fatal) -> FailureKind {
-    use TrainError as T;
-    let by_exit = FailureKind::from_error_kind(f.kind);
-    for cause in f.err.chain() {
-        if let Some(e) = cause.downcast_ref::<T>() {
-            return match e {
-                T::Invalid(_) | T::Preflight(_) => FailureKind::InvalidInput,
-                T::Data(_) => FailureKind::Data,
-                T::Diverged { .. } => FailureKind::Diverged,
-                T::Comm(c) => {
-                    driver_log::torch_failure_kind(&c.to_string(), FailureKind::Communication)
-                }
-                T::Replicas(_) => FailureKind::Internal,
-                T::Checkpoint(_) | T::Output(_) => FailureKind::Io,
-                T::Stopped(_) => FailureKind::Interrupted,
-                T::Torch(t) => driver_log::torch_failure_kind(&t.to_string(), by_exit),
-            };
-        }
-        if let Some(c) = cause.downcast_ref::<pg::C10dError>() {
-            return driver_log::torch_failure_kind(&c.to_string(), FailureKind::Communication);
-        }
-        if let Some(t) = cause.downcast_ref::<tch::TchError>() {
-            return driver_log::torch_failure_kind(&t.to_string(), by_exit);
-        }
-        if cause.downcast_ref::<tchrun::data::DatasetError>().is_some() {
-            return FailureKind::Data;
-        }
-        if cause.downcast_ref::<std::io::Error>().is_some() {
-            return FailureKind::Io;
-        }
-    }
-    by_exit
-}
 
 /// Leaves the job. After success: the process group is destroyed and MPI finalized. After a
 /// failure neither: MPI_Finalize and c10d's destructors wait for peers that may be dead or

@@ -18,6 +18,7 @@ use crate::comm::pg::{C10dError, ProcessGroup};
 use crate::models;
 use tch::{Device, Kind, Tensor};
 use tchrun::data::{self, DatasetError};
+use tchrun::driver_log::FailureKind;
 use tchrun::exit::ErrorKind;
 use tchrun::flags::TrainJob;
 use trainer::Trainer;
@@ -64,6 +65,22 @@ pub enum TrainError {
 }
 
 impl TrainError {
+    /// The failure record's kind of this error (the launcher classifies by it); libtorch's own
+    /// messages say more (memory, CUDA) than their types. `by_exit`: the kind of the exit code.
+    pub fn failure_kind(&self, by_exit: FailureKind) -> FailureKind {
+        use crate::rank::driver_log::torch_failure_kind;
+        match self {
+            TrainError::Invalid(_) | TrainError::Preflight(_) => FailureKind::InvalidInput,
+            TrainError::Data(_) => FailureKind::Data,
+            TrainError::Diverged { .. } => FailureKind::Diverged,
+            TrainError::Comm(c) => torch_failure_kind(&c.to_string(), FailureKind::Communication),
+            TrainError::Replicas(_) => FailureKind::Internal,
+            TrainError::Checkpoint(_) | TrainError::Output(_) => FailureKind::Io,
+            TrainError::Stopped(_) => FailureKind::Interrupted,
+            TrainError::Torch(t) => torch_failure_kind(&t.to_string(), by_exit),
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             // A hand-started rank's archive extraction interrupted (the partial folder removed).
