@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -21,11 +22,14 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# A machine with its own torch (the GPU machine) points these at its Python and torchrun.
+# A machine with its own torch (the GPU machine) points these at its Python and torchrun
+# (TCHRUN_BENCH_TORCHRUN is a command line: `python3 -m torch.distributed.run` works), and the
+# GPU kit (scripts/gpu-kit.sh) at its own tchrun and tchrun-worker and its commit.
 PY = os.environ.get("TCHRUN_BENCH_PYTHON", os.path.join(ROOT, ".venv", "bin", "python"))
-TORCHRUN = os.environ.get("TCHRUN_BENCH_TORCHRUN", os.path.join(ROOT, ".venv", "bin", "torchrun"))
-TCHRUN = os.path.join(ROOT, "target", "release", "tchrun")
-WORKER = os.path.join(ROOT, "target", "release", "tchrun-worker")
+TORCHRUN = (shlex.split(os.environ["TCHRUN_BENCH_TORCHRUN"]) if os.environ.get("TCHRUN_BENCH_TORCHRUN")
+            else [os.path.join(ROOT, ".venv", "bin", "torchrun")])
+TCHRUN = os.environ.get("TCHRUN_BENCH_TCHRUN", os.path.join(ROOT, "target", "release", "tchrun"))
+WORKER = os.environ.get("TCHRUN_BENCH_WORKER", os.path.join(ROOT, "target", "release", "tchrun-worker"))
 REF = os.path.join(ROOT, "benches", "reference")
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 GPU_BEGIN, GPU_END = "<!-- bench-gpu:begin -->", "<!-- bench-gpu:end -->"
@@ -244,7 +248,7 @@ def train_tchrun(c, data, nproc, work, tag, extra=(), gpu=False):
 def train_ref(c, data, nproc, work, tag, extra=(), gpu=False):
     out = os.path.join(work, f"ref-{tag}")
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
            os.path.join(REF, "train_ddp.py"), "--arch", c["arch"], "--size", str(c["train_size"]),
            "--train", os.path.join(data, "train"), "--valid", os.path.join(data, "valid"),
            "--output", out, "--epochs", str(c["epochs"]), "--batch-size", str(c["batch_size"]),
@@ -272,7 +276,7 @@ def first_step_ref(c, data, nproc, work, tag):
     out = os.path.join(work, f"ref-{tag}")
     shutil.rmtree(out, ignore_errors=True)
     path = out + ".stdout"
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
            os.path.join(REF, "train_ddp.py"), "--arch", c["arch"], "--size", str(c["train_size"]),
            "--train", os.path.join(data, "train"), "--valid", os.path.join(data, "valid"),
            "--output", out, "--epochs", "1", "--batch-size", str(c["batch_size"])]
@@ -344,7 +348,7 @@ def busbw_tchrun(c, nproc, work, tag):
 
 
 def busbw_ref(c, nproc, work, tag):
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
            os.path.join(REF, "allreduce.py"), "--sizes", c["sizes"], "--iters", str(c["iters"])]
     r = run(cmd, is_ref_rank, os.path.join(work, f"refallreduce-{tag}.stdout"))
     return {"busbw": [row["busbw_gbs"] for row in json.loads(result_line(r["text"], "RESULT"))["rows"]]}
@@ -378,6 +382,8 @@ def machine():
 
 
 def git_rev():
+    if os.environ.get("TCHRUN_BENCH_COMMIT"):
+        return os.environ["TCHRUN_BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
