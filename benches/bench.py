@@ -555,11 +555,11 @@ def gpu_main(a) -> int:
     work = os.path.abspath(a.out)
     os.makedirs(work, exist_ok=True)
     try:
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout.strip()
+        device = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
     except Exception:
-        name = ""
-    if not name:
+        device = ""
+    if not device:
         raise SystemExit("--gpu: nvidia-smi lists no GPU on this machine")
     # Decoded JPEGs: the whole trainer (loader, bf16, channels-last) on one GPU.
     data = os.path.join(work, f"data-gpu-{c['train_images']}")
@@ -588,18 +588,23 @@ def gpu_main(a) -> int:
                 log(f"repeat {r + 1}/{c['repeats']} gpu {name} "
                     f"{'tchrun' if tool == 't' else 'reference'}: {json.dumps(res[(name, tool)][-1])}")
     med = lambda name, tool, k: statistics.median(x[k] for x in res[(name, tool)])  # noqa: E731
-    pair = lambda name, k: statistics.median(  # noqa: E731
-        t[k] / r[k] for t, r in zip(res[(name, "t")], res[(name, "r")]) if r[k])
+
+    def pair(name, k):
+        """Median of tchrun / reference over the repeats; None when no reference value (a GPU
+        memory that nvidia-smi did not report)."""
+        v = [t[k] / r[k] for t, r in zip(res[(name, "t")], res[(name, "r")]) if r[k]]
+        return statistics.median(v) if v else None
 
     def rows_for(name, label):
         ratio = pair(name, "ips")
+        mem = pair(name, "gpu_mib")
         return [
             f"| {label}: throughput | images/s | {med(name, 't', 'ips'):.1f} | "
             f"{med(name, 'r', 'ips'):.1f} | {ratio:.2f}x | >= 1.00x | "
             f"{'yes' if ratio >= 1.0 else '**no**'} |",
             f"| {label}: GPU memory per process (nvidia-smi peak) | MiB | "
             f"{med(name, 't', 'gpu_mib'):.0f} | {med(name, 'r', 'gpu_mib'):.0f} | "
-            f"{pair(name, 'gpu_mib'):.2f}x |  |  |",
+            f"{'n/a' if mem is None else f'{mem:.2f}x'} |  |  |",
         ]
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     md = "\n".join([
@@ -607,7 +612,7 @@ def gpu_main(a) -> int:
         f"Command: `{a.command}` (took {(time.time() - t_start) / 60:.1f} min) · date: {when} · "
         f"commit: {git_rev()}",
         "",
-        f"Device: {name}. bf16 autocast, channels-last and cudnn benchmark on both sides. "
+        f"Device: {device}. bf16 autocast, channels-last and cudnn benchmark on both sides. "
         f"Synthetic tensors: {c['step_arch']} at {c['step_size']}x{c['step_size']}, batch "
         f"{c['step_batch']}, {c['step_steps']} timed steps (tchrun-worker bench-step versus "
         f"benches/reference/bench_step.py). Decoded JPEGs: `tchrun train --device cuda --amp bf16` "
