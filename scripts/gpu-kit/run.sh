@@ -206,11 +206,12 @@ left() {
     echo $(( $1 < rest ? $1 : rest ))
 }
 not_run() { SKIPPED=1; row "$1" "not run" "" 0; }
-# timed LIMIT LOG CMD...: CMD bounded by LIMIT (and the budget), output to LOG; SECS set.
+# timed LIMIT LOG CMD...: CMD bounded by LIMIT (and the budget), output to LOG; SECS set; the
+# command shown in checks.log is CMD unless LASTCMD was set before.
 timed() {
     local want=$1 logf=$2 limit t0 rc
     shift 2
-    LASTCMD="$*"
+    LASTCMD="${LASTCMD:-$*}"
     limit="$(left "$want")" || { echo "not run: out of time" >"$logf"; SECS=0; SKIPPED=1; return 124; }
     t0=$(date +%s.%N)
     timeout --kill-after=20 "$limit" "$@" >"$logf" 2>&1
@@ -281,14 +282,15 @@ else
     row "tchrun-worker links libtorch_cuda.so" fail "not NEEDED: CUDA invisible to the worker" 0 "$logf"
 fi
 logf="$WORK/logs/load.log"
-if timed 60 "$logf" bash -c '"$1" --version && "$2" --version && "$3" --version | head -n 1 && KIT="$4" && . "$KIT/env.sh" && ompi_info --path prefix --parsable' \
-        _ "$T" "$W" "$KIT/bin/mpirun" "$KIT"; then
+LASTCMD="tchrun --version; tchrun-worker --version; mpirun --version; ompi_info --path prefix (bin/ wrappers, env.sh)"
+if timed 60 "$logf" bash -c 'set -e -o pipefail; "$1" --version; "$2" --version; "$3" --version | head -n 1
+        KIT="$4"; . "$KIT/env.sh"; ompi_info --path prefix --parsable' _ "$T" "$W" "$KIT/bin/mpirun" "$KIT"; then
     prefix="$(sed -n 's/^path:prefix://p' "$logf")"
-    mpi="$(grep -o 'Open MPI) [0-9.]*' "$logf" | head -n 1)"
-    if [[ "$prefix" == "$KIT/openmpi" ]]; then
-        row "the kit's programs load" pass "$(head -n 1 "$logf"), OpenMPI ${mpi#Open MPI) } at kit/openmpi, libtorch from $TORCH_LIB" "$SECS" "$logf"
+    mpi="$(grep -o '^mpirun (Open MPI) [0-9.]*' "$logf" | head -n 1)"
+    if [[ "$prefix" == "$KIT/openmpi" && -n "$mpi" ]]; then
+        row "the kit's programs load" pass "$(head -n 1 "$logf"), OpenMPI ${mpi#mpirun (Open MPI) } at kit/openmpi, libtorch from $TORCH_LIB" "$SECS" "$logf"
     else
-        row "the kit's programs load" fail "OpenMPI's prefix is '$prefix', not $KIT/openmpi" "$SECS" "$logf"
+        row "the kit's programs load" fail "mpirun --version: '${mpi:-no version}', OpenMPI's prefix: '$prefix' (expected $KIT/openmpi)" "$SECS" "$logf"
     fi
 else
     rc=$?
@@ -365,6 +367,8 @@ logf="$WORK/logs/data.log"
 if [[ -d "$DATA/train" ]] || timed 120 "$logf" "$PY" "$KIT/scripts/make_digits.py" "$DATA"; then
     MODEL="$WORK/untrained"
     rm -rf "$MODEL"
+    LASTCMD=""
+    logf="$WORK/logs/model-init.log"
     if ! timed 120 "$logf" "$T" model init --arch resnet18 --input-size 32 --output "$MODEL"; then
         row "model init (resnet18, 32 px)" fail "$(why "$logf" $?)" "$SECS" "$logf"
         finish
