@@ -205,7 +205,11 @@ fn the_kit_is_built_under_60_mib_and_exits_77_without_a_gpu() {
             "the no-GPU answer must come at once: {:?}",
             r.elapsed
         );
-        assert!(!out.exists(), "no work before the GPU test: {}", r.explain());
+        assert!(
+            !out.exists(),
+            "no work before the GPU test: {}",
+            r.explain()
+        );
     }
     // The CPU path does not ask for a GPU: from the source folder (not a built kit) it goes on
     // to the kit check and is refused there (exit 2), not with 77.
@@ -275,7 +279,11 @@ fn the_kit_runs_its_cpu_path_offline_without_the_system_openmpi_or_the_build_tre
         "| score on CPU | pass |",
         "All 7 checks passed",
     ] {
-        assert!(table.contains(row), "no '{row}' in\n{table}\n{}", r.explain());
+        assert!(
+            table.contains(row),
+            "no '{row}' in\n{table}\n{}",
+            r.explain()
+        );
     }
     // The libraries came from the kit and the other Python, not the build tree.
     assert!(
