@@ -26,7 +26,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 die() { echo "gpu-kit-cpu-test: $*" >&2; exit 2; }
 
 make_python() {
-    local venv=$1 src home base ver site dst stamp e name
+    local venv=$1 src home base ver site dst stamp e name new
     src="$(realpath "$ROOT/.venv")"
     [[ -x "$src/bin/python" ]] || die "no .venv (scripts/setup.sh)"
     home="$(awk -F ' = ' '$1 == "home" { print $2 }' "$src/pyvenv.cfg")"
@@ -39,17 +39,18 @@ make_python() {
         echo "$venv: reused"
         return
     fi
-    rm -rf "$venv" "$venv.partial"
-    "$base" -m venv --without-pip "$venv.partial"
-    dst="$venv.partial/lib/$ver/site-packages"
+    new="$venv.partial.$$"
+    rm -rf "$venv" "$new"
+    "$base" -m venv --without-pip "$new"
+    dst="$new/lib/$ver/site-packages"
     for e in "$site"/*; do
         name="$(basename "$e")"
         case "$name" in sklearn|scikit_learn*) continue ;; esac
         # Hard links where the filesystem allows (same device), a copy otherwise.
         cp -al "$e" "$dst/" 2>/dev/null || cp -a "$e" "$dst/"
     done
-    echo "$stamp" >"$venv.partial/.tchrun-python"
-    mv "$venv.partial" "$venv"
+    echo "$stamp" >"$new/.tchrun-python"
+    mv -T "$new" "$venv" || { rm -rf "$new"; die "cannot move $new to $venv"; }
     echo "$venv: made from $base with $site"
 }
 

@@ -143,8 +143,9 @@ log "OpenMPI: ${#LIB[@]} libraries, ${#PLUGINS[@]} plugins (${#LEFT_OUT[@]} left
 cp -L "$ORTERUN" "$NEW/openmpi/bin/orterun"
 cp -L "$ORTED" "$NEW/openmpi/bin/orted"
 cp -L "$OMPI_INFO" "$NEW/openmpi/bin/ompi_info"
-ln -s orterun "$NEW/openmpi/bin/mpirun"
-ln -s orterun "$NEW/openmpi/bin/mpiexec"
+# Copies, not links (14 KiB each): some ways of carrying a folder keep no links.
+cp "$NEW/openmpi/bin/orterun" "$NEW/openmpi/bin/mpirun"
+cp "$NEW/openmpi/bin/orterun" "$NEW/openmpi/bin/mpiexec"
 for so in "${!LIB[@]}"; do cp -L "${LIB[$so]}" "$NEW/openmpi/lib/$so"; done
 for p in "${PLUGINS[@]}"; do
     case "$p" in

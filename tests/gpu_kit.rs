@@ -30,21 +30,30 @@ fn build_kit(dir: &Path, limit_mib: Option<u32>) -> Run {
     run(&mut c, Duration::from_secs(180))
 }
 
-/// Every file under `dir` with its size (links not followed).
-fn files(dir: &Path) -> Vec<(PathBuf, u64)> {
+/// Every entry under `dir` (links not followed).
+fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
         for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let m = e.path().symlink_metadata().expect("metadata");
-            if m.is_dir() {
+            if e.path().symlink_metadata().expect("metadata").is_dir() {
                 todo.push(e.path());
-            } else if m.is_file() {
-                out.push((e.path(), m.len()));
             }
+            out.push(e.path());
         }
     }
     out
+}
+
+/// Every plain file under `dir` with its size.
+fn files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    walk(dir)
+        .into_iter()
+        .filter_map(|p| {
+            let m = p.symlink_metadata().ok()?;
+            m.is_file().then(|| (p, m.len()))
+        })
+        .collect()
 }
 
 /// A directory holding an `nvidia-smi` that prints `out` and exits `code`.
@@ -120,6 +129,15 @@ fn the_kit_is_built_under_60_mib_and_exits_77_without_a_gpu() {
     ] {
         assert!(kit.join(f).exists(), "the kit lacks {f}\n{}", r.explain());
     }
+    // Plain files only: some ways of carrying a folder keep no links.
+    let links: Vec<_> = walk(&kit)
+        .into_iter()
+        .filter(|p| {
+            p.symlink_metadata()
+                .is_ok_and(|m| m.file_type().is_symlink())
+        })
+        .collect();
+    assert!(links.is_empty(), "links in the kit: {links:?}");
     let all = files(&kit);
     let total: u64 = all.iter().map(|(_, s)| s).sum();
     assert!(

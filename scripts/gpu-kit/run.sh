@@ -260,6 +260,11 @@ for s in secs:
 PY
 }
 finish() {
+    # What comes back from a GPU machine is at most 16 MiB a file: keep checks.log's last 15.
+    if [[ $(stat -c %s "$OUT/checks.log" 2>/dev/null || echo 0) -gt $((15 * 1024 * 1024)) ]]; then
+        tail -c $((15 * 1024 * 1024)) "$OUT/checks.log" >"$WORK/checks.log.tail" \
+            && mv "$WORK/checks.log.tail" "$OUT/checks.log"
+    fi
     table done
     cat "$OUT/gpu-check.md"
     say "work files in $WORK"
