@@ -111,15 +111,17 @@ fi
     || usage "$KIT is not a built kit (no libexec/tchrun): build one with scripts/gpu-kit.sh DIR and run DIR/run.sh"
 command -v "$PY" >/dev/null 2>&1 || usage "no Python '$PY': pass --python PATH (a Python with torch 2.11)"
 PY="$(command -v "$PY")"
+# Four lines after a marker (an import may print warnings first).
 if ! pyinfo="$(timeout 120 "$PY" -c 'import os, sys, torch
+print("tchrun-pyinfo")
 print(torch.__version__)
 print(os.path.join(os.path.dirname(torch.__file__), "lib"))
 print(torch.version.cuda or "none")
-print(sys.version.split()[0])' 2>&1)"; then
+print(sys.version.split()[0])' 2>&1)" || [[ "$pyinfo" != *tchrun-pyinfo* ]]; then
     echo "gpu-check: '$PY' cannot import torch: ${pyinfo##*$'\n'}; pass --python PATH (a Python with torch 2.11)" >&2
     exit 2
 fi
-{ read -r PY_TORCH; read -r TORCH_LIB; read -r PY_CUDA; read -r PY_VERSION; } <<<"$pyinfo"
+{ read -r PY_TORCH; read -r TORCH_LIB; read -r PY_CUDA; read -r PY_VERSION; } <<<"${pyinfo##*tchrun-pyinfo$'\n'}"
 KIT_TORCH="$(awk '/^torch: / { print $2 }' "$KIT/MANIFEST" 2>/dev/null)"
 KIT_COMMIT="$(awk '/^commit: / { print $2 }' "$KIT/MANIFEST" 2>/dev/null)"
 export TCHRUN_KIT_PYTHON="$PY" TCHRUN_KIT_TORCH_LIB="$TORCH_LIB" PYTHONUNBUFFERED=1
