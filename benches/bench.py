@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -21,11 +22,14 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# A machine with its own torch (the GPU machine) points these at its Python and torchrun.
+# A machine with its own torch (the GPU machine) points these at its Python and torchrun
+# (TCHRUN_BENCH_TORCHRUN is a command line: `python3 -m torch.distributed.run` works), and the
+# GPU kit (scripts/gpu-kit.sh) at its own tchrun and tchrun-worker and its commit.
 PY = os.environ.get("TCHRUN_BENCH_PYTHON", os.path.join(ROOT, ".venv", "bin", "python"))
-TORCHRUN = os.environ.get("TCHRUN_BENCH_TORCHRUN", os.path.join(ROOT, ".venv", "bin", "torchrun"))
-TCHRUN = os.path.join(ROOT, "target", "release", "tchrun")
-WORKER = os.path.join(ROOT, "target", "release", "tchrun-worker")
+TORCHRUN = (shlex.split(os.environ["TCHRUN_BENCH_TORCHRUN"]) if os.environ.get("TCHRUN_BENCH_TORCHRUN")
+            else [os.path.join(ROOT, ".venv", "bin", "torchrun")])
+TCHRUN = os.environ.get("TCHRUN_BENCH_TCHRUN", os.path.join(ROOT, "target", "release", "tchrun"))
+WORKER = os.environ.get("TCHRUN_BENCH_WORKER", os.path.join(ROOT, "target", "release", "tchrun-worker"))
 REF = os.path.join(ROOT, "benches", "reference")
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 GPU_BEGIN, GPU_END = "<!-- bench-gpu:begin -->", "<!-- bench-gpu:end -->"
@@ -244,7 +248,7 @@ def train_tchrun(c, data, nproc, work, tag, extra=(), gpu=False):
 def train_ref(c, data, nproc, work, tag, extra=(), gpu=False):
     out = os.path.join(work, f"ref-{tag}")
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
            os.path.join(REF, "train_ddp.py"), "--arch", c["arch"], "--size", str(c["train_size"]),
            "--train", os.path.join(data, "train"), "--valid", os.path.join(data, "valid"),
            "--output", out, "--epochs", str(c["epochs"]), "--batch-size", str(c["batch_size"]),
@@ -272,7 +276,7 @@ def first_step_ref(c, data, nproc, work, tag):
     out = os.path.join(work, f"ref-{tag}")
     shutil.rmtree(out, ignore_errors=True)
     path = out + ".stdout"
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
            os.path.join(REF, "train_ddp.py"), "--arch", c["arch"], "--size", str(c["train_size"]),
            "--train", os.path.join(data, "train"), "--valid", os.path.join(data, "valid"),
            "--output", out, "--epochs", "1", "--batch-size", str(c["batch_size"])]
@@ -344,7 +348,7 @@ def busbw_tchrun(c, nproc, work, tag):
 
 
 def busbw_ref(c, nproc, work, tag):
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
            os.path.join(REF, "allreduce.py"), "--sizes", c["sizes"], "--iters", str(c["iters"])]
     r = run(cmd, is_ref_rank, os.path.join(work, f"refallreduce-{tag}.stdout"))
     return {"busbw": [row["busbw_gbs"] for row in json.loads(result_line(r["text"], "RESULT"))["rows"]]}
@@ -378,6 +382,8 @@ def machine():
 
 
 def git_rev():
+    if os.environ.get("TCHRUN_BENCH_COMMIT"):
+        return os.environ["TCHRUN_BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
@@ -549,11 +555,11 @@ def gpu_main(a) -> int:
     work = os.path.abspath(a.out)
     os.makedirs(work, exist_ok=True)
     try:
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout.strip()
+        device = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
     except Exception:
-        name = ""
-    if not name:
+        device = ""
+    if not device:
         raise SystemExit("--gpu: nvidia-smi lists no GPU on this machine")
     # Decoded JPEGs: the whole trainer (loader, bf16, channels-last) on one GPU.
     data = os.path.join(work, f"data-gpu-{c['train_images']}")
@@ -582,18 +588,23 @@ def gpu_main(a) -> int:
                 log(f"repeat {r + 1}/{c['repeats']} gpu {name} "
                     f"{'tchrun' if tool == 't' else 'reference'}: {json.dumps(res[(name, tool)][-1])}")
     med = lambda name, tool, k: statistics.median(x[k] for x in res[(name, tool)])  # noqa: E731
-    pair = lambda name, k: statistics.median(  # noqa: E731
-        t[k] / r[k] for t, r in zip(res[(name, "t")], res[(name, "r")]) if r[k])
+
+    def pair(name, k):
+        """Median of tchrun / reference over the repeats; None when no reference value (a GPU
+        memory that nvidia-smi did not report)."""
+        v = [t[k] / r[k] for t, r in zip(res[(name, "t")], res[(name, "r")]) if r[k]]
+        return statistics.median(v) if v else None
 
     def rows_for(name, label):
         ratio = pair(name, "ips")
+        mem = pair(name, "gpu_mib")
         return [
             f"| {label}: throughput | images/s | {med(name, 't', 'ips'):.1f} | "
             f"{med(name, 'r', 'ips'):.1f} | {ratio:.2f}x | >= 1.00x | "
             f"{'yes' if ratio >= 1.0 else '**no**'} |",
             f"| {label}: GPU memory per process (nvidia-smi peak) | MiB | "
             f"{med(name, 't', 'gpu_mib'):.0f} | {med(name, 'r', 'gpu_mib'):.0f} | "
-            f"{pair(name, 'gpu_mib'):.2f}x |  |  |",
+            f"{'n/a' if mem is None else f'{mem:.2f}x'} |  |  |",
         ]
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     md = "\n".join([
@@ -601,7 +612,7 @@ def gpu_main(a) -> int:
         f"Command: `{a.command}` (took {(time.time() - t_start) / 60:.1f} min) · date: {when} · "
         f"commit: {git_rev()}",
         "",
-        f"Device: {name}. bf16 autocast, channels-last and cudnn benchmark on both sides. "
+        f"Device: {device}. bf16 autocast, channels-last and cudnn benchmark on both sides. "
         f"Synthetic tensors: {c['step_arch']} at {c['step_size']}x{c['step_size']}, batch "
         f"{c['step_batch']}, {c['step_steps']} timed steps (tchrun-worker bench-step versus "
         f"benches/reference/bench_step.py). Decoded JPEGs: `tchrun train --device cuda --amp bf16` "

@@ -48,7 +48,7 @@ def ref_job(c, data, work, tag):
     out = os.path.join(work, f"ref-{tag}")
     shutil.rmtree(out, ignore_errors=True)
     path = out + ".stdout"
-    cmd = [bench.TORCHRUN, "--standalone", "--nproc-per-node", "2",
+    cmd = [*bench.TORCHRUN, "--standalone", "--nproc-per-node", "2",
            os.path.join(bench.REF, "train_ddp.py"), "--arch", "resnet18", "--size",
            str(c["train_size"]), "--train", os.path.join(data, "train"), "--valid",
            os.path.join(data, "valid"), "--output", out, "--epochs", "1", "--batch-size", "16"]

@@ -5,6 +5,8 @@ scikit-learn's bundled handwritten digits (1797 8x8 images, 10 classes): no down
     scripts/make_digits.py OUT [--size 32] [--valid-fraction 0.2] [--format png|jpg] [--repeat 1]
 
 OUT/train/<digit>/<n>.png and OUT/valid/<digit>/<n>.png. Deterministic (fixed split seed).
+Without scikit-learn (a GPU machine's Python), it reads the same data from a `digits.csv.gz`
+beside this script (scripts/gpu-kit.sh puts scikit-learn's copy there).
 --repeat N writes N jittered copies of every training image (a larger set for benchmarks).
 """
 import argparse
@@ -13,7 +15,20 @@ import sys
 
 import numpy as np
 from PIL import Image
-from sklearn.datasets import load_digits
+
+
+def load_digits():
+    """(images 8x8 in 0..16, labels): scikit-learn's digits, or its CSV beside this script."""
+    try:
+        from sklearn.datasets import load_digits as sk_load
+    except ImportError:
+        csv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.csv.gz")
+        if not os.path.isfile(csv):
+            raise SystemExit("make_digits.py: needs scikit-learn, or its digits.csv.gz beside this script")
+        data = np.loadtxt(csv, delimiter=",")
+        return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+    d = sk_load()
+    return d.images, d.target
 
 
 def main() -> int:
@@ -26,8 +41,7 @@ def main() -> int:
     ap.add_argument("--rgb", action="store_true", help="write RGB instead of grayscale")
     args = ap.parse_args()
 
-    digits = load_digits()
-    images, labels = digits.images, digits.target
+    images, labels = load_digits()
     rng = np.random.default_rng(12345)
     order = rng.permutation(len(labels))
     n_valid = int(round(len(labels) * args.valid_fraction))
