@@ -20,10 +20,11 @@ pub mod metrics;
 pub mod model;
 pub mod overlap;
 pub mod preflight;
-pub mod pth;
 pub mod schedule;
 pub mod tensorboard;
 pub mod weights;
+
+pub use tchrun_pth as pth;
 
 /// tchrun's version, written into every driver log header.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
