@@ -2,11 +2,20 @@
 //! file names, environment variables, error kinds and exit codes, and the on-disk schemas.
 //! Both binaries (`tchrun`, `tchrun-worker`) call these; no name or code is written twice.
 //! Architecture Invariant: this crate links neither libtorch nor MPI.
+//!
+//! The modules below are in two groups. The contracts: what both sides must agree on (a name, a
+//! schema, a decision). The machinery: code both sides run that agrees on nothing by itself (the
+//! image pipeline, TensorBoard event files, the `.pth` reader); it is here only so that both
+//! binaries share one copy. The `.pth` reader is its own crate (`crates/pth`, re-exported as
+//! [`pth`]); `data` and `tensorboard` stay modules of this crate because they write through
+//! [`files::write_atomic`] and the file mode of [`files`], and `data` reads [`env`](mod@env)'s
+//! variables, [`model`]'s `Normalization` and [`interrupt`]'s guard: a crate of their own would
+//! have to take those contracts with it.
 
+// Contracts.
 pub mod checkpoint;
 pub mod counts;
 pub mod csv_out;
-pub mod data;
 pub mod driver_log;
 pub mod env;
 pub mod evaluation;
@@ -21,10 +30,13 @@ pub mod metrics;
 pub mod model;
 pub mod overlap;
 pub mod preflight;
-pub mod pth;
 pub mod schedule;
-pub mod tensorboard;
 pub mod weights;
+
+// Machinery (no contract of its own).
+pub mod data;
+pub mod tensorboard;
+pub use tchrun_pth as pth;
 
 /// tchrun's version, written into every driver log header.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
