@@ -152,11 +152,25 @@ fn functions(text: &str) -> Vec<(String, usize, usize)> {
     done
 }
 
-/// Lines before the file's `#[cfg(test)]` (its unit tests do not count).
+/// The file's lines without its unit tests: an inline `#[cfg(test)] mod tests { ... }` ends the
+/// count (it comes last); a `#[cfg(test)] mod tests;` in another file is two lines skipped.
 fn code_lines(text: &str) -> usize {
-    text.lines()
-        .take_while(|l| l.trim() != "#[cfg(test)]")
-        .count()
+    let lines: Vec<&str> = text.lines().collect();
+    let mut n = 0;
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() == "#[cfg(test)]" {
+            let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
+            if next.starts_with("mod ") && next.ends_with(';') {
+                i += 2;
+                continue;
+            }
+            break;
+        }
+        n += 1;
+        i += 1;
+    }
+    n
 }
 
 #[test]
@@ -169,6 +183,7 @@ fn the_function_finder_measures_what_it_should() {
         "{text}"
     );
     assert_eq!(code_lines("a\nb\n#[cfg(test)]\nmod tests {}\n"), 2);
+    assert_eq!(code_lines("a\n#[cfg(test)]\nmod tests;\nb\n"), 2);
 }
 
 #[test]
