@@ -13,6 +13,7 @@
 //! have to take those contracts with it.
 
 // Contracts.
+pub mod arch;
 pub mod checkpoint;
 pub mod counts;
 pub mod csv_out;

@@ -3,7 +3,7 @@
 //! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
 //! login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration.
-use crate::model::{Arch, Family};
+use crate::arch::{Arch, Family};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
@@ -405,18 +405,17 @@ pub fn safetensors_listing(path: &Path) -> Result<Listing, String> {
 }
 
 /// Checks a model directory's `model.safetensors` against its `model.json` (architecture, and
-/// for a trained model the number of classes): every tensor the architecture has, none more,
+/// for a trained model `classes`, the number of its classes): every tensor the architecture has, none more,
 /// every shape; as Python's `load_state_dict(strict=True)`. On a mismatch, names the
 /// architecture the file does fit, when one does. Reads the header only.
-pub fn check_model_weights(cfg: &crate::model::ModelConfig, path: &Path) -> Result<(), String> {
+pub fn check_model_weights(arch: Arch, classes: Option<usize>, path: &Path) -> Result<(), String> {
     let st = safetensors_listing(path)?;
-    let arch = cfg.arch;
     match head_classes_if(arch, &st) {
-        Ok(classes) if cfg.is_trained() && classes != cfg.class_names.len() => Err(format!(
-            "its classifier has {classes} output(s) but model.json names {} class(es); the \
+        Ok(found) if classes.is_some_and(|n| n != found) => Err(format!(
+            "its classifier has {found} output(s) but model.json names {} class(es); the \
              weights are not this model's: copy model.json and model.safetensors from the same \
              training output",
-            cfg.class_names.len()
+            classes.unwrap_or_default()
         )),
         Ok(_) => Ok(()),
         Err(detail) => {

@@ -1,0 +1,166 @@
+//! The architectures (torchvision names: the model list of Azure ML designer's ResNet and
+//! DenseNet components) and what each is built from (`Family`: torchvision's constructor
+//! arguments), the one description `weights::spec` and the worker's builders read.
+use serde::{Deserialize, Serialize};
+
+/// Smallest and largest accepted input sizes (pixels, square).
+pub const MIN_INPUT_SIZE: u32 = 16;
+pub const MAX_INPUT_SIZE: u32 = 1024;
+
+/// Supported architectures (torchvision names): the model list of Azure ML designer's ResNet and
+/// DenseNet components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    Resnet101,
+    Resnet152,
+    #[serde(rename = "resnext50_32x4d")]
+    #[value(name = "resnext50_32x4d")]
+    Resnext50_32x4d,
+    #[serde(rename = "resnext101_32x8d")]
+    #[value(name = "resnext101_32x8d")]
+    Resnext101_32x8d,
+    #[serde(rename = "resnext101_64x4d")]
+    #[value(name = "resnext101_64x4d")]
+    Resnext101_64x4d,
+    #[serde(rename = "wide_resnet50_2")]
+    #[value(name = "wide_resnet50_2")]
+    WideResnet50_2,
+    #[serde(rename = "wide_resnet101_2")]
+    #[value(name = "wide_resnet101_2")]
+    WideResnet101_2,
+    Densenet121,
+    Densenet161,
+    Densenet169,
+    Densenet201,
+}
+
+/// How torchvision builds an architecture: the numbers its constructor takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `torchvision.models.resnet.ResNet(block, layers, groups, width_per_group)`: a bottleneck's
+    /// 3x3 convolution has `planes * width_per_group / 64 * groups` channels in `groups` groups.
+    Resnet {
+        bottleneck: bool,
+        blocks: [usize; 4],
+        groups: usize,
+        width_per_group: usize,
+    },
+    /// `torchvision.models.densenet.DenseNet(growth_rate, block_config, num_init_features)`
+    /// (bn_size 4).
+    Densenet {
+        init_features: usize,
+        growth: usize,
+        blocks: [usize; 4],
+    },
+}
+
+impl Arch {
+    /// Side of the last feature map (what the final batch-norm layer sees) for a square input
+    /// of `input` pixels: torchvision's strides and paddings (ResNet: conv1, max-pool and three
+    /// stride-2 stages, each ceil(s/2); DenseNet: conv0 and pool0 ceil(s/2), then three 2x2
+    /// average-pool transitions, each floor(s/2)).
+    pub fn last_feature_size(self, input: u32) -> u32 {
+        let half_up = |s: u32| s.div_ceil(2);
+        let s = half_up(half_up(input));
+        if self.is_densenet() {
+            s / 2 / 2 / 2
+        } else {
+            half_up(half_up(half_up(s)))
+        }
+    }
+
+    /// The smallest input size the architecture works at (every feature map at least 1x1).
+    pub fn min_input_size(self) -> u32 {
+        (MIN_INPUT_SIZE..=MAX_INPUT_SIZE)
+            .find(|&i| self.last_feature_size(i) >= 1)
+            .unwrap_or(MAX_INPUT_SIZE)
+    }
+
+    /// The smallest input size at which one image still gives batch norm more than one value
+    /// per channel in every layer.
+    pub fn min_input_for_single_image(self) -> u32 {
+        (1..=4096)
+            .find(|&i| self.last_feature_size(i) >= 2)
+            .unwrap_or(4096)
+    }
+
+    pub const ALL: [Arch; 14] = [
+        Arch::Resnet18,
+        Arch::Resnet34,
+        Arch::Resnet50,
+        Arch::Resnet101,
+        Arch::Resnet152,
+        Arch::Resnext50_32x4d,
+        Arch::Resnext101_32x8d,
+        Arch::Resnext101_64x4d,
+        Arch::WideResnet50_2,
+        Arch::WideResnet101_2,
+        Arch::Densenet121,
+        Arch::Densenet161,
+        Arch::Densenet169,
+        Arch::Densenet201,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Resnet18 => "resnet18",
+            Arch::Resnet34 => "resnet34",
+            Arch::Resnet50 => "resnet50",
+            Arch::Resnet101 => "resnet101",
+            Arch::Resnet152 => "resnet152",
+            Arch::Resnext50_32x4d => "resnext50_32x4d",
+            Arch::Resnext101_32x8d => "resnext101_32x8d",
+            Arch::Resnext101_64x4d => "resnext101_64x4d",
+            Arch::WideResnet50_2 => "wide_resnet50_2",
+            Arch::WideResnet101_2 => "wide_resnet101_2",
+            Arch::Densenet121 => "densenet121",
+            Arch::Densenet161 => "densenet161",
+            Arch::Densenet169 => "densenet169",
+            Arch::Densenet201 => "densenet201",
+        }
+    }
+
+    /// torchvision's constructor arguments for the architecture.
+    pub fn family(self) -> Family {
+        let resnet = |bottleneck, blocks, groups, width_per_group| Family::Resnet {
+            bottleneck,
+            blocks,
+            groups,
+            width_per_group,
+        };
+        let densenet = |init_features, growth, blocks| Family::Densenet {
+            init_features,
+            growth,
+            blocks,
+        };
+        match self {
+            Arch::Resnet18 => resnet(false, [2, 2, 2, 2], 1, 64),
+            Arch::Resnet34 => resnet(false, [3, 4, 6, 3], 1, 64),
+            Arch::Resnet50 => resnet(true, [3, 4, 6, 3], 1, 64),
+            Arch::Resnet101 => resnet(true, [3, 4, 23, 3], 1, 64),
+            Arch::Resnet152 => resnet(true, [3, 8, 36, 3], 1, 64),
+            Arch::Resnext50_32x4d => resnet(true, [3, 4, 6, 3], 32, 4),
+            Arch::Resnext101_32x8d => resnet(true, [3, 4, 23, 3], 32, 8),
+            Arch::Resnext101_64x4d => resnet(true, [3, 4, 23, 3], 64, 4),
+            Arch::WideResnet50_2 => resnet(true, [3, 4, 6, 3], 1, 128),
+            Arch::WideResnet101_2 => resnet(true, [3, 4, 23, 3], 1, 128),
+            Arch::Densenet121 => densenet(64, 32, [6, 12, 24, 16]),
+            Arch::Densenet161 => densenet(96, 48, [6, 12, 36, 24]),
+            Arch::Densenet169 => densenet(64, 32, [6, 12, 32, 32]),
+            Arch::Densenet201 => densenet(64, 32, [6, 12, 48, 32]),
+        }
+    }
+
+    /// DenseNet (no residual blocks; classifier `classifier.`) rather than a ResNet variant.
+    pub fn is_densenet(self) -> bool {
+        matches!(self.family(), Family::Densenet { .. })
+    }
+
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
