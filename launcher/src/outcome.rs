@@ -73,7 +73,7 @@ pub fn conclude(
         Ended::Signal(s) => Some(s),
         Ended::Code(_) => None,
     };
-    let summary = FailureSummary::rank_failure(culprit, code, signal, first.at, kind.exit_code());
+    let summary = report::rank_failure(culprit, code, signal, first.at, kind.exit_code());
     report::write_summary(&plan.log_dir, &summary);
     Err(JobError::RankFailed {
         kind,

@@ -4,20 +4,8 @@
 use crate::launch::{LauncherKind, Plan};
 use crate::report::RankLog;
 use crate::supervise::Outcome;
-use serde::Serialize;
 use tchrun::files;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RankRow {
-    /// The attempt of the job this row belongs to (1 unless it restarted: `--max-restarts`).
-    pub attempt: u32,
-    pub rank: u32,
-    pub host: String,
-    pub local_rank: u32,
-    pub device: String,
-    pub log: String,
-    pub status: String,
-}
+use tchrun::job_record::{ranks, RankRow};
 
 fn planned(plan: &Plan) -> Vec<RankRow> {
     let local = hostname::get()
@@ -64,10 +52,8 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
 }
 
 fn write(plan: &Plan, rows: &[RankRow]) {
-    if let Ok(text) = serde_json::to_string_pretty(rows) {
-        // Best effort: the table is also printed.
-        let _ = files::write_atomic(&plan.log_dir.join(files::RANKS_JSON), text.as_bytes());
-    }
+    // Best effort: the table is also printed.
+    let _ = ranks::write(&plan.log_dir, rows);
 }
 
 /// Writes and prints the planned table.

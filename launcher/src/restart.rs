@@ -10,12 +10,12 @@
 //! fewer ranks), as long as `--min-nodes` remain.
 use crate::error::JobError;
 use crate::launch::{LaunchArgs, Plan};
-use crate::report::{FailureSummary, RankLog};
-use serde::{Deserialize, Serialize};
+use crate::report::RankLog;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tchrun::files;
+pub use tchrun::job_record::{Attempt, DroppedHost, FailureSummary};
 
 /// Restart policy flags of `tchrun train`.
 #[derive(clap::Args, Debug, Clone)]
@@ -68,46 +68,6 @@ pub const FAILURES_TO_DROP: usize = 2;
 /// The hostfile of the hosts left after `--exclude-failed-hosts` dropped some (in the log
 /// directory; the next attempts' mpirun reads it instead of `--hostfile`).
 pub const REMAINING_HOSTFILE: &str = "hostfile.remaining";
-
-/// A host left out of the next attempts (`--exclude-failed-hosts`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DroppedHost {
-    pub host: String,
-    /// The attempts its ranks failed in, and why (the first failing rank's cause).
-    pub failed_in: Vec<u32>,
-    pub causes: Vec<String>,
-    /// What the job goes on with.
-    pub nodes_left: u32,
-    pub ranks_left: u32,
-}
-
-impl DroppedHost {
-    /// `its ranks failed in attempts 1 and 2 (cause)`.
-    fn why(&self) -> String {
-        let attempts: Vec<String> = self.failed_in.iter().map(u32::to_string).collect();
-        let attempts = match attempts.split_last() {
-            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
-            _ => attempts.join(""),
-        };
-        let mut causes = self.causes.clone();
-        causes.dedup();
-        format!(
-            "its ranks failed in attempts {attempts} ({})",
-            causes.join("; ")
-        )
-    }
-
-    /// The console line of the drop.
-    pub fn line(&self) -> String {
-        format!(
-            "dropping host {}: {}; continuing on {} node(s), {} rank(s)",
-            self.host,
-            self.why(),
-            self.nodes_left,
-            self.ranks_left
-        )
-    }
-}
 
 /// The failures counted against each host across attempts (`--exclude-failed-hosts`).
 #[derive(Debug, Default)]
@@ -276,49 +236,6 @@ pub fn without_hosts(plan: &Plan, dropped: &[DroppedHost]) -> Result<Plan, JobEr
     Ok(next)
 }
 
-/// One attempt that failed and was restarted, as `restarts.json` and `failure.json` record it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Attempt {
-    /// 1 for the first attempt.
-    pub attempt: u32,
-    /// The first failing rank, its host, and why it failed.
-    pub rank: Option<usize>,
-    pub host: Option<String>,
-    pub classification: String,
-    pub cause: String,
-    /// tchrun's exit status had it not restarted.
-    pub exit_status: i32,
-    /// The optimizer step of the checkpoint the next attempt resumed from.
-    pub resumed_from_step: Option<u64>,
-    /// Where this attempt's logs were moved.
-    pub logs: PathBuf,
-    /// `--exclude-failed-hosts`: the host(s) this failure counts against, and those left out
-    /// of the next attempts after it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub failed_hosts: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub dropped_hosts: Vec<DroppedHost>,
-}
-
-impl Attempt {
-    /// One line for the console and the run report.
-    pub fn line(&self) -> String {
-        let who = match (self.rank, &self.host) {
-            (Some(r), Some(h)) => format!("rank {r} ({h})"),
-            (Some(r), None) => format!("rank {r}"),
-            _ => "the job".to_string(),
-        };
-        let mut line = format!(
-            "attempt {}: {who} failed: {} ({})",
-            self.attempt, self.cause, self.classification
-        );
-        for d in &self.dropped_hosts {
-            line.push_str(&format!("; host {} dropped", d.host));
-        }
-        line
-    }
-}
-
 /// The optimizer step of the last complete checkpoint in `output`, if any.
 pub fn checkpoint_step(output: &Path) -> Option<u64> {
     tchrun::checkpoint::read(output)
@@ -329,8 +246,7 @@ pub fn checkpoint_step(output: &Path) -> Option<u64> {
 
 /// The failure summary the attempt left in `log_dir`.
 pub fn read_summary(log_dir: &Path) -> Option<FailureSummary> {
-    let text = std::fs::read_to_string(log_dir.join(files::FAILURE_JSON)).ok()?;
-    serde_json::from_str(&text).ok()
+    FailureSummary::read(log_dir).ok().flatten()
 }
 
 /// Moves the attempt's driver logs, launch log, rank table and failure summary from `log_dir`
@@ -390,9 +306,7 @@ pub fn wait_interruptibly(d: Duration) -> std::io::Result<Option<i32>> {
 
 /// Writes `restarts.json` (every attempt that was restarted, oldest first).
 pub fn write_history(log_dir: &Path, history: &[Attempt]) {
-    if let Ok(text) = serde_json::to_string_pretty(history) {
-        let _ = files::write_atomic(&log_dir.join(files::RESTARTS_JSON), text.as_bytes());
-    }
+    let _ = tchrun::job_record::restarts::write(log_dir, history);
 }
 
 /// The last attempt failed too: its `failure.json` gets the earlier attempts and why tchrun
@@ -459,26 +373,6 @@ mod tests {
         assert!(
             l.join("verified_inputs.json").exists(),
             "the job's own files stay"
-        );
-    }
-
-    #[test]
-    fn an_attempt_reads_as_one_line() {
-        let a = Attempt {
-            attempt: 1,
-            rank: Some(1),
-            host: Some("vm".into()),
-            classification: "killed by signal".into(),
-            cause: "killed by signal 9".into(),
-            exit_status: 4,
-            resumed_from_step: Some(12),
-            logs: PathBuf::from("/o/logs/attempt-1"),
-            failed_hosts: Vec::new(),
-            dropped_hosts: Vec::new(),
-        };
-        assert_eq!(
-            a.line(),
-            "attempt 1: rank 1 (vm) failed: killed by signal 9 (killed by signal)"
         );
     }
 

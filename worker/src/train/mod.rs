@@ -285,11 +285,10 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         (ctx.say)(&note);
         // Only rank 0 writes model.json: the others need not read the file again to hash it.
         if cfg.is_trained() && rank == 0 {
-            initial_weights = Some(serde_json::json!({
-                "file": weights_file.display().to_string(),
-                "sha256": tchrun::weights::sha256_file(&weights_file).unwrap_or_default(),
-                "trained_model": true,
-            }));
+            initial_weights = Some(tchrun::model::InitialWeights::from_trained_model(
+                weights_file.display().to_string(),
+                tchrun::weights::sha256_file(&weights_file).unwrap_or_default(),
+            ));
         }
     } else {
         tracing::info!("initial weights: random, from --seed {}", p.seed);
