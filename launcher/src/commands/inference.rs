@@ -3,10 +3,10 @@
 //! run `tchrun-worker score|evaluate` like any job (launch flags, GPU pre-flight, driver logs,
 //! fail-fast). The ranks split the images by whole batches and rank 0 writes the output.
 use crate::error::JobError;
-use crate::gpus::GpuUse;
-use crate::job::run_planned;
-use crate::launch::{LaunchArgs, Plan};
-use crate::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
+use crate::plan::gpus::GpuUse;
+use crate::plan::launch::{LaunchArgs, Plan};
+use crate::plan::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
+use crate::run::run_planned;
 use std::path::{Path, PathBuf};
 use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
 use tchrun::overlap::Named;

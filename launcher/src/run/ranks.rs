@@ -1,9 +1,9 @@
 //! The rank table (`<log-dir>/ranks.json`): rank → host, local rank, device, driver log;
 //! written when the job starts (from the launch plan) and completed with what each rank
 //! reported (its host and device from the driver-log header, its exit) when it ends.
-use crate::launch::{LauncherKind, Plan};
+use crate::plan::launch::{LauncherKind, Plan};
 use crate::report::RankLog;
-use crate::supervise::Outcome;
+use crate::run::supervise::Outcome;
 use tchrun::files;
 use tchrun::job_record::{ranks, RankRow};
 
@@ -12,8 +12,8 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
     // This host's GPUs only when the ranks start here (see gpus.rs).
-    let gpus = match crate::gpus::ranks_start_elsewhere(plan, &|k| std::env::var(k).ok()) {
-        None => crate::gpus::visible_gpus().ok(),
+    let gpus = match crate::plan::gpus::ranks_start_elsewhere(plan, &|k| std::env::var(k).ok()) {
+        None => crate::plan::gpus::visible_gpus().ok(),
         Some(_) => None,
     };
     let attempt = std::env::var(tchrun::env::TCHRUN_ATTEMPT)

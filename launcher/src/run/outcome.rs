@@ -3,9 +3,9 @@
 //! one, from the driver logs and mpirun's output). Failures become `JobError`s, printed by
 //! `main`; the failure summary is also written to `failure.json`.
 use crate::error::JobError;
-use crate::launch::{LaunchArgs, LauncherKind, Plan};
+use crate::plan::launch::{LaunchArgs, LauncherKind, Plan};
 use crate::report::{self, FailureSummary};
-use crate::supervise::{Ended, Ending, Outcome};
+use crate::run::supervise::{Ended, Ending, Outcome};
 use std::path::Path;
 use tchrun::exit::ErrorKind;
 

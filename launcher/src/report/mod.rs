@@ -1,6 +1,7 @@
 //! A failure is data: reads the driver logs of a log directory, decides which rank failed
 //! first and why, and renders the summary (terminal and `failure.json`); also the per-rank
-//! overview of `tchrun logs DIR`.
+//! overview of `tchrun logs DIR` and the end-of-run reports. Must not know how the ranks were
+//! planned, started or supervised, nor the restart policy.
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tchrun::driver_log::{self, FailureRecord, RankExit};

@@ -9,7 +9,7 @@
 //! the next one, which runs on the remaining hosts (a rewritten hostfile in the log directory,
 //! fewer ranks), as long as `--min-nodes` remain.
 use crate::error::JobError;
-use crate::launch::{LaunchArgs, Plan};
+use crate::plan::launch::{LaunchArgs, Plan};
 use crate::report::RankLog;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -206,7 +206,7 @@ pub fn without_hosts(plan: &Plan, dropped: &[DroppedHost]) -> Result<Plan, JobEr
     };
     let text = std::fs::read_to_string(hostfile)
         .map_err(|e| JobError::input_io(format!("--hostfile {}", hostfile.display()), e))?;
-    let hosts = crate::launch::parse_hostfile(hostfile, &text)
+    let hosts = crate::plan::launch::parse_hostfile(hostfile, &text)
         .map_err(|e| JobError::invalid(format!("--hostfile {e}")))?;
     let gone = |h: &str| dropped.iter().any(|d| d.host == h);
     let mut out = format!(
@@ -378,7 +378,7 @@ mod tests {
 
     fn plan(log_dir: &Path, hostfile: Option<PathBuf>, names: &[&str], nodes: u32) -> Plan {
         Plan {
-            kind: crate::launch::LauncherKind::Mpirun,
+            kind: crate::plan::launch::LauncherKind::Mpirun,
             node_names: names.iter().map(|n| n.to_string()).collect(),
             nodes,
             procs_per_node: 2,
@@ -515,7 +515,7 @@ mod tests {
         let path = t.path().join(REMAINING_HOSTFILE);
         assert_eq!(next.hostfile.as_deref(), Some(path.as_path()));
         let text = std::fs::read_to_string(&path).unwrap();
-        let hosts = crate::launch::parse_hostfile(&path, &text).unwrap();
+        let hosts = crate::plan::launch::parse_hostfile(&path, &text).unwrap();
         let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
         assert_eq!(names, vec!["a", "c"]);
         assert_eq!(hosts[0].slots, Some(2));

@@ -3,8 +3,8 @@
 //! its `Plan` here (`validate`; `batch_plan` for `tchrun sbatch`), so the same checks apply to
 //! all of them.
 use crate::error::JobError;
-use crate::gpus::{self, GpuUse};
-use crate::launch::{self, LaunchArgs, LauncherKind, Plan};
+use crate::plan::gpus::{self, GpuUse};
+use crate::plan::launch::{self, LaunchArgs, LauncherKind, Plan};
 use std::path::{Path, PathBuf};
 
 /// `p` made absolute against the current directory (ranks may run elsewhere).

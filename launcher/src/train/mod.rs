@@ -1,11 +1,15 @@
 //! `tchrun train`: the trainer's input checks (every image header, before anything is
-//! written), the launch pre-flight, then the job.
+//! written), the launch pre-flight, then the job's attempts; with `--max-restarts`, the
+//! restart policy (`restart.rs`). Owns what one attempt hands the next (the history, the hosts
+//! left out); must not know how ranks are spawned or supervised (that is `run`'s).
+pub mod restart;
+
 use crate::error::JobError;
-use crate::gpus::GpuUse;
-use crate::job::run_planned;
-use crate::launch::LaunchArgs;
-use crate::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
-use crate::restart::{self, Attempt, RestartArgs};
+use crate::plan::gpus::GpuUse;
+use crate::plan::launch::LaunchArgs;
+use crate::plan::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
+use crate::run::run_planned;
+use restart::{Attempt, RestartArgs};
 use tchrun::files;
 
 /// `tchrun train`: the trainer's input checks, then the job.

@@ -2,7 +2,7 @@
 //! own process group and ended if tchrun dies (PDEATHSIG); tees their output to the terminal
 //! and `70_mpi_log`; forwards SIGINT/SIGTERM; stops the rest when one fails (local ranks).
 //! Every wait is bounded: a grace period, then SIGKILL.
-use crate::launch::CommandSpec;
+use crate::plan::launch::CommandSpec;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::fs::File;

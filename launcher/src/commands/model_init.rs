@@ -55,7 +55,7 @@ pub struct InitArgs {
 
 pub fn run(a: &InitArgs) -> Result<(), JobError> {
     if let Some(w) = &a.weights {
-        crate::preflight::check_disjoint(
+        crate::plan::preflight::check_disjoint(
             &[Named::new("--output", "the model directory", &a.output)],
             vec![Named::new("--weights", "the initial weights file", w)],
             None,

@@ -1,13 +1,19 @@
-//! One job from a validated plan to its outcome: the commands, the dry run, the log
-//! directory, supervision (`supervise.rs`), then `outcome::conclude`.
+//! Running one attempt of a job, from a validated plan to what it came to: the commands, the
+//! dry run, the log directory, supervision (`supervise.rs`), the rank table (`ranks.rs`) and
+//! the outcome (`outcome.rs`). Must not know the restart policy, a command's inputs, or how a
+//! failure summary is worded (that is `report`'s).
+pub mod outcome;
+pub mod ranks;
+pub mod supervise;
+
 use crate::error::JobError;
-use crate::gpus::GpuUse;
-use crate::launch::{self, CommandSpec, LaunchArgs, LauncherKind, Plan};
+use crate::plan::gpus::GpuUse;
+use crate::plan::launch::{self, CommandSpec, LaunchArgs, LauncherKind, Plan};
 use crate::report;
-use crate::supervise::{self, Settings};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use supervise::Settings;
 use tchrun::files;
 
 fn free_port() -> std::io::Result<u16> {
@@ -114,7 +120,7 @@ pub fn run_job(
     worker_args: Vec<String>,
     usage: GpuUse,
 ) -> Result<i32, JobError> {
-    let plan = crate::preflight::validate(args, log_dir, usage)?;
+    let plan = crate::plan::preflight::validate(args, log_dir, usage)?;
     run_planned(args, &plan, worker_args)
 }
 
@@ -161,9 +167,9 @@ pub fn run_planned(
         })),
         rank_failed: Some(Box::new(move || report::any_rank_failed(&log_dir_probe))),
     };
-    crate::ranks::write_table(plan);
+    crate::run::ranks::write_table(plan);
     let outcome = supervise::run(&specs, mpi_log, &settings)
         .map_err(|e| JobError::launch(format!("{e} (see {})", mpi_log_path.display())))?;
-    crate::ranks::finish(plan, &report::read_driver_logs(&plan.log_dir), &outcome);
-    crate::outcome::conclude(args, plan, &outcome, &mpi_log_path)
+    crate::run::ranks::finish(plan, &report::read_driver_logs(&plan.log_dir), &outcome);
+    crate::run::outcome::conclude(args, plan, &outcome, &mpi_log_path)
 }
