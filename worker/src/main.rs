@@ -55,17 +55,9 @@ struct TrainArgs {
     job: tchrun::flags::TrainJob,
     #[command(flatten)]
     rank: RankFlags,
-    /// The launcher's copy of the training folder's dataset index, read instead of listing
-    /// the folder when it passes the stamps check on this rank's copy of the data.
-    #[arg(long, hide = true)]
-    train_index: Option<PathBuf>,
-    /// The same for the validation folder.
-    #[arg(long, hide = true)]
-    valid_index: Option<PathBuf>,
-    /// The launcher leaves the image headers to be checked when each image is first decoded
-    /// (more than `TCHRUN_VERIFY_UPFRONT_MAX` never verified).
-    #[arg(long, hide = true)]
-    verify_on_decode: bool,
+    /// The launcher's hidden flags (dataset index copies, headers checked on decode).
+    #[command(flatten)]
+    handoff: tchrun::flags::TrainHandoff,
 }
 
 #[derive(Args, Debug)]
@@ -602,9 +594,10 @@ fn run_train(a: TrainArgs) -> RankResult {
             .map_err(|e| (None, Fatal::invalid(e.into())))?;
     }
     // Input errors need no log directory: report them before anything is written to --output.
-    let indexes = [a.train_index.as_deref(), a.valid_index.as_deref()];
+    let h = &a.handoff;
+    let indexes = [h.train_index.as_deref(), h.valid_index.as_deref()];
     let (inputs, verification) =
-        train::check_inputs(&a.job, indexes, a.verify_on_decode).map_err(|e| {
+        train::check_inputs(&a.job, indexes, h.verify_on_decode).map_err(|e| {
             (
                 None,
                 Fatal {

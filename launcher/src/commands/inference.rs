@@ -6,7 +6,7 @@ use crate::error::JobError;
 use crate::plan::gpus::GpuUse;
 use crate::plan::launch::{LaunchArgs, Plan};
 use crate::plan::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
-use crate::run::run_planned;
+use crate::run::{run_planned, RankEnv};
 use std::path::{Path, PathBuf};
 use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
 use tchrun::overlap::Named;
@@ -101,7 +101,7 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
     }
     // One job at a time on the log directory (scores written into one folder share it); a
     // CSV's folder may hold other jobs' files, so it is not locked itself.
-    let _locks = if launch.dry_run {
+    let locks = if launch.dry_run {
         Vec::new()
     } else {
         lock_job(&tchrun::lock::job_dirs(None, &plan.log_dir))?
@@ -114,7 +114,7 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
     let mut args = vec!["score".to_string()];
     args.extend(job.to_args());
     args.extend(rank.to_args());
-    run_planned(launch, &plan, args)
+    run_planned(launch, &plan, args, &RankEnv::holding(&locks))
 }
 
 /// `tchrun evaluate`: the labeled folder's class folders must all be classes of the model.
@@ -149,7 +149,7 @@ pub fn run_evaluate(
             job.output.display()
         )));
     }
-    let _locks = if launch.dry_run {
+    let locks = if launch.dry_run {
         Vec::new()
     } else {
         lock_job(&tchrun::lock::job_dirs(Some(&job.output), &plan.log_dir))?
@@ -160,5 +160,5 @@ pub fn run_evaluate(
     let mut args = vec!["evaluate".to_string()];
     args.extend(job.to_args());
     args.extend(rank.to_args());
-    run_planned(launch, &plan, args)
+    run_planned(launch, &plan, args, &RankEnv::holding(&locks))
 }

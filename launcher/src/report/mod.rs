@@ -381,8 +381,7 @@ pub fn skipped_images(logs: &[RankLog]) -> usize {
 }
 
 /// The end-of-run report from the ranks' summaries: throughput, slowest rank, LR used.
-pub fn run_report(dir: &Path) {
-    let logs = read_driver_logs(dir);
+pub fn run_report(logs: &[RankLog]) {
     let with: Vec<&RankLog> = logs.iter().filter(|l| l.summary.is_some()).collect();
     if with.is_empty() {
         return;
@@ -422,7 +421,7 @@ pub fn run_report(dir: &Path) {
     if let Some(lr) = lr {
         line.push_str(&format!("; effective LR {lr}"));
     }
-    let skipped = skipped_images(&logs);
+    let skipped = skipped_images(logs);
     if skipped > 0 {
         line.push_str(&format!(
             "; {skipped} bad image(s) skipped (--skip-bad-images), named in the driver logs"

@@ -7,7 +7,7 @@ use crate::run::supervise::Outcome;
 use tchrun::files;
 use tchrun::job_record::{ranks, RankRow};
 
-fn planned(plan: &Plan) -> Vec<RankRow> {
+fn planned(plan: &Plan, attempt: u32) -> Vec<RankRow> {
     let local = hostname::get()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
@@ -16,10 +16,6 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
         None => crate::plan::gpus::visible_gpus().ok(),
         Some(_) => None,
     };
-    let attempt = std::env::var(tchrun::env::TCHRUN_ATTEMPT)
-        .ok()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(1);
     (0..plan.world_size())
         .map(|rank| {
             let node = (rank / plan.procs_per_node) as usize;
@@ -56,9 +52,9 @@ fn write(plan: &Plan, rows: &[RankRow]) {
     let _ = ranks::write(&plan.log_dir, rows);
 }
 
-/// Writes and prints the planned table.
-pub fn write_table(plan: &Plan) {
-    let rows = planned(plan);
+/// Writes and prints the planned table of attempt `attempt`.
+pub fn write_table(plan: &Plan, attempt: u32) {
+    let rows = planned(plan, attempt);
     write(plan, &rows);
     const SHOWN: usize = 16;
     for r in rows.iter().take(SHOWN) {
@@ -81,8 +77,8 @@ pub fn write_table(plan: &Plan) {
 }
 
 /// Completes the table with what the ranks reported.
-pub fn finish(plan: &Plan, logs: &[RankLog], outcome: &Outcome) {
-    let mut rows = planned(plan);
+pub fn finish(plan: &Plan, attempt: u32, logs: &[RankLog], outcome: &Outcome) {
+    let mut rows = planned(plan, attempt);
     for row in &mut rows {
         match logs.iter().find(|l| l.rank == row.rank as usize) {
             Some(l) => {
