@@ -5,7 +5,7 @@ use super::restarts::Attempt;
 use crate::exit::ErrorKind;
 use crate::files;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Lines of the launcher's output a launch failure keeps.
 const LAUNCH_TAIL: usize = 15;
@@ -83,26 +83,12 @@ impl FailureSummary {
             not_restarted: None,
         }
     }
-
-    /// `<log_dir>/failure.json`.
-    pub fn path(log_dir: &Path) -> PathBuf {
-        log_dir.join(files::FAILURE_JSON)
-    }
-
-    /// The summary a job left in `log_dir`, if any.
-    pub fn read(log_dir: &Path) -> Result<Option<FailureSummary>, super::RecordError> {
-        super::read(&Self::path(log_dir))
-    }
-
-    /// Writes `<log_dir>/failure.json`.
-    pub fn write(&self, log_dir: &Path) -> Result<(), files::AtomicWriteError> {
-        super::write(&Self::path(log_dir), self)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job_record::{Record, RecordError};
 
     #[test]
     fn the_summary_keeps_its_documented_shape_and_reads_back() {
@@ -140,7 +126,7 @@ mod tests {
         std::fs::write(t.path().join("failure.json"), "{").unwrap();
         assert!(matches!(
             FailureSummary::read(t.path()),
-            Err(super::super::RecordError::Parse { .. })
+            Err(RecordError::Parse { .. })
         ));
     }
 }

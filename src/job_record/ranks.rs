@@ -1,8 +1,6 @@
 //! `ranks.json`: the rank table (rank → host, local rank, device, driver log, status), written
 //! by the launcher when a job starts and completed when it ends; each row names its attempt.
-use crate::files;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
 
 /// One rank of the table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,24 +15,10 @@ pub struct RankRow {
     pub status: String,
 }
 
-/// `<log_dir>/ranks.json`.
-pub fn path(log_dir: &Path) -> PathBuf {
-    log_dir.join(files::RANKS_JSON)
-}
-
-/// The rank table a job left in `log_dir`, if any.
-pub fn read(log_dir: &Path) -> Result<Option<Vec<RankRow>>, super::RecordError> {
-    super::read(&path(log_dir))
-}
-
-/// Writes `<log_dir>/ranks.json`.
-pub fn write(log_dir: &Path, rows: &[RankRow]) -> Result<(), files::AtomicWriteError> {
-    super::write(&path(log_dir), rows)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job_record::Record;
 
     #[test]
     fn the_table_reads_back_as_written() {
@@ -48,12 +32,12 @@ mod tests {
             log: "/o/logs/70_driver_log_0".into(),
             status: "exited 0".into(),
         }];
-        write(t.path(), &rows).unwrap();
+        rows.write(t.path()).unwrap();
         let text = std::fs::read_to_string(t.path().join("ranks.json")).unwrap();
         assert!(
             text.starts_with("[\n  {\n    \"attempt\": 2,\n    \"rank\": 0,"),
             "{text}"
         );
-        assert_eq!(read(t.path()).unwrap(), Some(rows));
+        assert_eq!(Vec::<RankRow>::read(t.path()).unwrap(), Some(rows));
     }
 }

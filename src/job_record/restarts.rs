@@ -2,9 +2,8 @@
 //! with why it failed, where its logs went and the hosts `--exclude-failed-hosts` left out;
 //! written by the launcher after every restart. The same [`Attempt`]s are `failure.json`'s
 //! `earlier_attempts` when the last attempt fails too.
-use crate::files;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// A host left out of the next attempts (`--exclude-failed-hosts`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -89,24 +88,10 @@ impl Attempt {
     }
 }
 
-/// `<log_dir>/restarts.json`.
-pub fn path(log_dir: &Path) -> PathBuf {
-    log_dir.join(files::RESTARTS_JSON)
-}
-
-/// The attempts a restarted job recorded in `log_dir`, if any.
-pub fn read(log_dir: &Path) -> Result<Option<Vec<Attempt>>, super::RecordError> {
-    super::read(&path(log_dir))
-}
-
-/// Writes `<log_dir>/restarts.json` (every attempt that was restarted, oldest first).
-pub fn write(log_dir: &Path, history: &[Attempt]) -> Result<(), files::AtomicWriteError> {
-    super::write(&path(log_dir), history)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job_record::Record;
 
     fn attempt() -> Attempt {
         Attempt {
@@ -134,7 +119,7 @@ mod tests {
     #[test]
     fn the_history_reads_back_and_leaves_out_empty_host_lists() {
         let t = tempfile::tempdir().unwrap();
-        assert!(read(t.path()).unwrap().is_none());
+        assert!(Vec::<Attempt>::read(t.path()).unwrap().is_none());
         let mut second = attempt();
         second.attempt = 2;
         second.failed_hosts = vec!["vm".into()];
@@ -146,11 +131,12 @@ mod tests {
             ranks_left: 2,
         }];
         let history = vec![attempt(), second];
-        write(t.path(), &history).unwrap();
+        history.write(t.path()).unwrap();
         let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path(t.path())).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(Vec::<Attempt>::path(t.path())).unwrap())
+                .unwrap();
         assert!(v[0].get("failed_hosts").is_none() && v[0].get("dropped_hosts").is_none());
         assert_eq!(v[1]["dropped_hosts"][0]["ranks_left"], 2);
-        assert_eq!(read(t.path()).unwrap(), Some(history));
+        assert_eq!(Vec::<Attempt>::read(t.path()).unwrap(), Some(history));
     }
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use tchrun::driver_log::{self, FailureRecord, RankExit};
 use tchrun::files;
 pub use tchrun::job_record::FailureSummary;
+use tchrun::job_record::Record;
 
 /// What a driver log says about its rank (read with `tchrun::driver_log`).
 #[derive(Debug, Clone, Serialize, Deserialize)]

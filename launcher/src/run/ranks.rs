@@ -5,7 +5,7 @@ use crate::plan::launch::{LauncherKind, Plan};
 use crate::report::RankLog;
 use crate::run::supervise::Outcome;
 use tchrun::files;
-use tchrun::job_record::{ranks, RankRow};
+use tchrun::job_record::{RankRow, Record};
 
 fn planned(plan: &Plan, attempt: u32) -> Vec<RankRow> {
     let local = hostname::get()
@@ -47,15 +47,11 @@ fn planned(plan: &Plan, attempt: u32) -> Vec<RankRow> {
         .collect()
 }
 
-fn write(plan: &Plan, rows: &[RankRow]) {
-    // Best effort: the table is also printed.
-    let _ = ranks::write(&plan.log_dir, rows);
-}
-
 /// Writes and prints the planned table of attempt `attempt`.
 pub fn write_table(plan: &Plan, attempt: u32) {
     let rows = planned(plan, attempt);
-    write(plan, &rows);
+    // Best effort: the table is also printed.
+    let _ = rows.write(&plan.log_dir);
     const SHOWN: usize = 16;
     for r in rows.iter().take(SHOWN) {
         outln!(
@@ -71,7 +67,7 @@ pub fn write_table(plan: &Plan, attempt: u32) {
         outln!(
             "tchrun: ... {} more ranks in {}",
             rows.len() - SHOWN,
-            plan.log_dir.join(files::RANKS_JSON).display()
+            Vec::<RankRow>::path(&plan.log_dir).display()
         );
     }
 }
@@ -103,5 +99,6 @@ pub fn finish(plan: &Plan, attempt: u32, logs: &[RankLog], outcome: &Outcome) {
             None => row.status = "never started (no driver log)".into(),
         }
     }
-    write(plan, &rows);
+    // Best effort: the table is also printed.
+    let _ = rows.write(&plan.log_dir);
 }

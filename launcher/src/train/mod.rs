@@ -14,7 +14,7 @@ use restart::{Attempts, Ended, RestartArgs};
 use std::path::Path;
 use tchrun::files;
 use tchrun::flags::{RankFlags, TrainHandoff, TrainJob};
-use tchrun::job_record::Attempt;
+use tchrun::job_record::{Attempt, Record};
 
 /// A training job that passed every check before its first attempt.
 struct Ready {
@@ -201,7 +201,7 @@ fn say_end(
                 .map(Attempt::line)
                 .collect::<Vec<_>>()
                 .join("; "),
-            log_dir.join(files::RESTARTS_JSON).display()
+            Vec::<Attempt>::path(log_dir).display()
         );
     }
     if code == 0 && !launch.dry_run {

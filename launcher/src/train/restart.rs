@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tchrun::files;
 use tchrun::flags::TrainJob;
-use tchrun::job_record::Attempt;
+use tchrun::job_record::{Attempt, Record};
 
 /// Restart policy flags of `tchrun train`.
 #[derive(clap::Args, Debug, Clone)]
@@ -200,7 +200,8 @@ impl Attempts<'_> {
                 record.logs.display()
             );
             history.push(record);
-            write_history(&log_dir, &history);
+            // `restarts.json` (best effort: each attempt is also said on the console).
+            let _ = history.write(&log_dir);
             if let Some(sig) = wait_interruptibly(wait)
                 .map_err(|e| JobError::launch(format!("cannot wait for the restart: {e}")))?
             {
@@ -294,11 +295,6 @@ pub fn wait_interruptibly(d: Duration) -> std::io::Result<Option<i32>> {
         signal_hook::low_level::unregister(id);
     }
     Ok(got)
-}
-
-/// Writes `restarts.json` (every attempt that was restarted, oldest first).
-pub fn write_history(log_dir: &Path, history: &[Attempt]) {
-    let _ = tchrun::job_record::restarts::write(log_dir, history);
 }
 
 #[cfg(test)]
