@@ -240,7 +240,7 @@ fn failed_at(l: &RankLog) -> Option<std::time::SystemTime> {
 
 /// Picks the first failing rank: the earliest failure (record or first ERROR) among the logs,
 /// else `hint_rank` (what mpirun or the supervisor saw exit first).
-pub fn first_failing<'a>(logs: &'a [RankLog], hint_rank: Option<usize>) -> Option<&'a RankLog> {
+pub fn first_failing(logs: &[RankLog], hint_rank: Option<usize>) -> Option<&RankLog> {
     let failed = |l: &RankLog| l.failure.is_some() || l.first_error.is_some();
     let by_error = logs
         .iter()
