@@ -175,6 +175,33 @@ mod tests {
         assert_eq!(c.p.lr, 0.001);
     }
 
+    #[derive(Parser, Debug)]
+    struct Handed {
+        #[command(flatten)]
+        h: TrainHandoff,
+    }
+
+    #[test]
+    fn the_launchers_handoff_is_what_the_worker_parses() {
+        assert!(TrainHandoff::default().to_args().is_empty());
+        let mut h = TrainHandoff {
+            verify_on_decode: true,
+            ..TrainHandoff::default()
+        };
+        *h.indexes_mut()[1] = Some(PathBuf::from("/o/logs/dataset-index-valid.v1"));
+        let args = h.to_args();
+        assert_eq!(
+            args,
+            [
+                "--verify-on-decode",
+                "--valid-index=/o/logs/dataset-index-valid.v1"
+            ]
+        );
+        let parsed = Handed::try_parse_from(std::iter::once("x".to_string()).chain(args))
+            .expect("the worker parses what the launcher writes");
+        assert_eq!(parsed.h, h);
+    }
+
     #[test]
     fn ranges_are_enforced() {
         for bad in [
@@ -469,6 +496,46 @@ impl TrainJob {
         v.extend(self.params.to_args());
         v.extend(self.options.to_args());
         v
+    }
+}
+
+/// What the launcher's pre-flight hands the ranks of `tchrun-worker train`, as hidden flags
+/// (one definition for both binaries: the launcher writes them with `to_args`, the worker
+/// parses them). A rank started without them (srun, sbatch, by hand) checks everything itself.
+#[derive(Args, Debug, Clone, Default, PartialEq)]
+pub struct TrainHandoff {
+    /// The launcher leaves the image headers to be checked when each image is first decoded
+    /// (more than `TCHRUN_VERIFY_UPFRONT_MAX` never verified).
+    #[arg(long, hide = true)]
+    pub verify_on_decode: bool,
+    /// The launcher's copy of the training folder's dataset index, read instead of listing
+    /// the folder when it passes the stamps check on this rank's copy of the data.
+    #[arg(long, hide = true)]
+    pub train_index: Option<PathBuf>,
+    /// The same for the validation folder.
+    #[arg(long, hide = true)]
+    pub valid_index: Option<PathBuf>,
+}
+
+impl TrainHandoff {
+    /// The flags as command-line arguments for a rank (only those set).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.verify_on_decode {
+            v.push("--verify-on-decode".into());
+        }
+        if let Some(p) = &self.train_index {
+            v.push(format!("--train-index={}", p.display()));
+        }
+        if let Some(p) = &self.valid_index {
+            v.push(format!("--valid-index={}", p.display()));
+        }
+        v
+    }
+
+    /// The index copies of train and valid, in that order (`files::DATASET_INDEX_COPIES`'s).
+    pub fn indexes_mut(&mut self) -> [&mut Option<PathBuf>; 2] {
+        [&mut self.train_index, &mut self.valid_index]
     }
 }
 

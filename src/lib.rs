@@ -26,6 +26,7 @@ pub mod files;
 pub mod flags;
 pub mod hostfile;
 pub mod interrupt;
+pub mod job_record;
 pub mod lock;
 pub mod metrics;
 pub mod model;

@@ -75,6 +75,60 @@ fn one() -> f64 {
     1.0
 }
 
+/// `model.json`'s `initial_weights`: where a model's first weights came from. Two writers, one
+/// shape: `tchrun model init --weights` (the file's name, sha256, format, its classifier's
+/// classes and tensor count) and a training job started from a trained model directory (the
+/// weights file's path, its sha256, `trained_model`). Fields are kept in the order written
+/// (alphabetical, as the untyped map before was), each absent one left out; models written
+/// before `format` existed still load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitialWeights {
+    /// `model init`: the file name given to `--weights`; training: the trained model's weights
+    /// file (its path).
+    pub file: String,
+    /// How the file was stored (`model init`); absent in models written before `.pth` support.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<crate::weights::Format>,
+    /// Output classes of the file's classifier (`model init`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_classes: Option<usize>,
+    /// sha256 of the file given (not of a conversion).
+    #[serde(default)]
+    pub sha256: String,
+    /// Tensors in the file (`model init`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<usize>,
+    /// The weights were a trained model's (its directory given to `--model`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trained_model: bool,
+}
+
+impl InitialWeights {
+    /// As `tchrun model init --weights FILE` records a checked file.
+    pub fn from_file(file: String, sha256: String, info: &crate::weights::WeightsInfo) -> Self {
+        InitialWeights {
+            file,
+            format: Some(info.format),
+            head_classes: Some(info.head_classes),
+            sha256,
+            tensors: Some(info.tensors),
+            trained_model: false,
+        }
+    }
+
+    /// As training records a start from a trained model's weights file.
+    pub fn from_trained_model(file: String, sha256: String) -> Self {
+        InitialWeights {
+            file,
+            format: None,
+            head_classes: None,
+            sha256,
+            tensors: None,
+            trained_model: true,
+        }
+    }
+}
+
 /// Contents of `model.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -92,10 +146,10 @@ pub struct ModelConfig {
     /// Final metrics (trained models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<serde_json::Value>,
-    /// Where the initial weights came from (`model init --weights`): file name, sha256, the
-    /// classes of its classifier. Kept through training, so a trained model says how it began.
+    /// Where the initial weights came from (`model init --weights`, or a trained model given
+    /// to `--model`). Kept through training, so a trained model says how it began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial_weights: Option<serde_json::Value>,
+    pub initial_weights: Option<InitialWeights>,
     /// ResNet: the last batch-norm weight of every residual block starts at zero (torchvision's
     /// `zero_init_residual=True`), so each block starts as the identity.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -345,6 +399,38 @@ mod tests {
         assert!(!r.freeze_backbone);
         assert_eq!(r.backbone_lr_scale, 1.0);
         assert_eq!(r.world_size, 2);
+    }
+
+    /// Both writers' `initial_weights`, byte for byte as the untyped maps wrote them, and the
+    /// shape of models written before `format` existed.
+    #[test]
+    fn initial_weights_keep_both_writers_shapes() {
+        let info = crate::weights::WeightsInfo {
+            head_classes: 1000,
+            tensors: 122,
+            format: crate::weights::Format::Pth,
+        };
+        let init = InitialWeights::from_file("r18.pth".into(), "ab".into(), &info);
+        assert_eq!(
+            serde_json::to_string(&init).unwrap(),
+            r#"{"file":"r18.pth","format":"pth","head_classes":1000,"sha256":"ab","tensors":122}"#
+        );
+        let trained =
+            InitialWeights::from_trained_model("/m/model.safetensors".into(), "cd".into());
+        assert_eq!(
+            serde_json::to_string(&trained).unwrap(),
+            r#"{"file":"/m/model.safetensors","sha256":"cd","trained_model":true}"#
+        );
+        for w in [&init, &trained] {
+            let back: InitialWeights =
+                serde_json::from_str(&serde_json::to_string(w).unwrap()).unwrap();
+            assert_eq!(&back, w);
+        }
+        let older: InitialWeights = serde_json::from_str(
+            r#"{"file": "r18.safetensors", "head_classes": 1000, "sha256": "ef", "tensors": 122}"#,
+        )
+        .expect("a model written before .pth support loads");
+        assert_eq!((older.format, older.head_classes), (None, Some(1000)));
     }
 
     fn write(dir: &Path, text: &str) {

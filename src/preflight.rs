@@ -119,10 +119,14 @@ struct Listed {
     path: Option<PathBuf>,
 }
 
-pub fn check_train_job_with(
-    job: &TrainJob,
-    verification: Verification,
-) -> Result<Checked, PreflightError> {
+/// The flag's dataset error.
+fn ds(flag: &'static str) -> impl Fn(DatasetError) -> PreflightError {
+    move |error| PreflightError::Dataset { flag, error }
+}
+
+/// The model directory (with its weights, if any) and `--output`, and a batch size the model
+/// can train with.
+fn check_model(job: &TrainJob) -> Result<ModelConfig, PreflightError> {
     let cfg = model::load(&job.model, false).map_err(PreflightError::Model)?;
     check_output(&job.output, job.options.resume, job.options.overwrite)?;
     let weights = job.model.join(crate::files::MODEL_WEIGHTS);
@@ -148,7 +152,99 @@ pub fn check_train_job_with(
             cfg.arch.min_input_for_single_image()
         )));
     }
-    let ds = |flag: &'static str| move |error| PreflightError::Dataset { flag, error };
+    Ok(cfg)
+}
+
+/// One folder, listed or taken from its index as `verification` says; where its list came
+/// from goes to `notes`.
+fn list(
+    verification: Verification,
+    flag: &'static str,
+    root: &Path,
+    copy: Option<&Path>,
+    notes: &mut Vec<String>,
+) -> Result<Listed, PreflightError> {
+    let scanned = || -> Result<Listed, PreflightError> {
+        Ok(Listed {
+            folder: ImageFolder::scan(root).map_err(ds(flag))?,
+            index: None,
+            path: None,
+        })
+    };
+    // A packed directory has its own index (`tchrun-pack.json`): nothing to list.
+    if crate::data::pack::is_pack(root) {
+        return scanned();
+    }
+    match verification {
+        Verification::None => scanned(),
+        Verification::Launcher { .. } => {
+            let opened = index::open(root).map_err(ds(flag))?;
+            notes.push(format!("{flag}: {}", opened.note));
+            let indexed = opened.path.is_some() || !opened.index.classes.is_empty();
+            Ok(Listed {
+                folder: opened.folder,
+                index: indexed.then_some(opened.index),
+                path: opened.path,
+            })
+        }
+        Verification::Rank { .. } => match index::load_for_rank(root, copy) {
+            Ok((ix, path)) => {
+                notes.push(format!(
+                    "{flag}: dataset index {} ({} images; not listed here)",
+                    path.display(),
+                    ix.len()
+                ));
+                Ok(Listed {
+                    folder: ix.folder(root),
+                    index: Some(ix),
+                    path: None,
+                })
+            }
+            Err(why) => {
+                notes.push(format!(
+                    "{flag}: listed here (no usable dataset index: {why})"
+                ));
+                scanned()
+            }
+        },
+    }
+}
+
+/// Every header of both folders verified (those the index already verified with `max` are
+/// taken from it; new verifications recorded in the launcher's index); the bad images
+/// skipped under `skip`.
+fn verify_headers(
+    folders: [(&'static str, &mut Listed); 2],
+    skip: bool,
+    max: u64,
+) -> Result<Vec<(PathBuf, String)>, PreflightError> {
+    let mut skipped = Vec::new();
+    for (flag, l) in folders {
+        match &mut l.index {
+            Some(ix) => {
+                if ix.headers_for(max).is_none() {
+                    ix.verify_headers(&l.folder, max);
+                    if let Some(p) = &l.path {
+                        // Only a shortcut for the next job.
+                        let _ = index::store(ix, p);
+                    }
+                }
+                let h = ix.headers_for(max).cloned();
+                if let Some(h) = h {
+                    skipped.extend(h.apply(&mut l.folder, skip).map_err(ds(flag))?);
+                }
+            }
+            None => skipped.extend(l.folder.verify(skip, max).map_err(ds(flag))?),
+        }
+    }
+    Ok(skipped)
+}
+
+pub fn check_train_job_with(
+    job: &TrainJob,
+    verification: Verification,
+) -> Result<Checked, PreflightError> {
+    let cfg = check_model(job)?;
     // Archives become their extracted folders (once, cached next to --output).
     let cache = crate::data::archive::cache_root(&job.output);
     let mut extracted = Vec::new();
@@ -167,63 +263,12 @@ pub fn check_train_job_with(
         folder("--valid", &job.valid)?,
     );
     let mut notes = Vec::new();
-    let mut list =
-        |flag: &'static str, root: &Path, copy: Option<&Path>| -> Result<Listed, PreflightError> {
-            // A packed directory has its own index (`tchrun-pack.json`): nothing to list.
-            let packed = crate::data::pack::is_pack(root);
-            match verification {
-                _ if packed => Ok(Listed {
-                    folder: ImageFolder::scan(root).map_err(ds(flag))?,
-                    index: None,
-                    path: None,
-                }),
-                Verification::None => Ok(Listed {
-                    folder: ImageFolder::scan(root).map_err(ds(flag))?,
-                    index: None,
-                    path: None,
-                }),
-                Verification::Launcher { .. } => {
-                    let opened = index::open(root).map_err(ds(flag))?;
-                    notes.push(format!("{flag}: {}", opened.note));
-                    let indexed = opened.path.is_some() || !opened.index.classes.is_empty();
-                    Ok(Listed {
-                        folder: opened.folder,
-                        index: indexed.then_some(opened.index),
-                        path: opened.path,
-                    })
-                }
-                Verification::Rank { .. } => match index::load_for_rank(root, copy) {
-                    Ok((ix, path)) => {
-                        notes.push(format!(
-                            "{flag}: dataset index {} ({} images; not listed here)",
-                            path.display(),
-                            ix.len()
-                        ));
-                        Ok(Listed {
-                            folder: ix.folder(root),
-                            index: Some(ix),
-                            path: None,
-                        })
-                    }
-                    Err(why) => {
-                        notes.push(format!(
-                            "{flag}: listed here (no usable dataset index: {why})"
-                        ));
-                        Ok(Listed {
-                            folder: ImageFolder::scan(root).map_err(ds(flag))?,
-                            index: None,
-                            path: None,
-                        })
-                    }
-                },
-            }
-        };
     let (tcopy, vcopy) = match verification {
         Verification::Rank { train, valid, .. } => (train, valid),
         _ => (None, None),
     };
-    let mut train = list("--train", &train_dir, tcopy)?;
-    let mut valid = list("--valid", &valid_dir, vcopy)?;
+    let mut train = list(verification, "--train", &train_dir, tcopy, &mut notes)?;
+    let mut valid = list(verification, "--valid", &valid_dir, vcopy, &mut notes)?;
     ImageFolder::check_same_classes(&train.folder, &valid.folder).map_err(ds("--train/--valid"))?;
     let (skip, max) = (job.options.skip_bad_images, job.options.max_image_pixels);
     let limit = match verification {
@@ -251,24 +296,11 @@ pub fn check_train_job_with(
     };
     let mut skipped = Vec::new();
     if let Headers::Verified { .. } = headers {
-        for (flag, l) in [("--train", &mut train), ("--valid", &mut valid)] {
-            match &mut l.index {
-                Some(ix) => {
-                    if ix.headers_for(max).is_none() {
-                        ix.verify_headers(&l.folder, max);
-                        if let Some(p) = &l.path {
-                            // Only a shortcut for the next job.
-                            let _ = index::store(ix, p);
-                        }
-                    }
-                    let h = ix.headers_for(max).cloned();
-                    if let Some(h) = h {
-                        skipped.extend(h.apply(&mut l.folder, skip).map_err(ds(flag))?);
-                    }
-                }
-                None => skipped.extend(l.folder.verify(skip, max).map_err(ds(flag))?),
-            }
-        }
+        skipped = verify_headers(
+            [("--train", &mut train), ("--valid", &mut valid)],
+            skip,
+            max,
+        )?;
     }
     match headers {
         Headers::Unchecked => {}

@@ -139,8 +139,10 @@ pub struct WeightsInfo {
     pub format: Format,
 }
 
-/// The format of a weights file, told by its content (not its name).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The format of a weights file, told by its content (not its name); `model.json` records it
+/// by [`Format::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Format {
     Safetensors,
     /// `torch.save`'s zip archive (`.pth`, `.pt`).

@@ -19,21 +19,15 @@ macro_rules! errln {
     }};
 }
 
-mod data_cmd;
+mod commands;
 mod error;
-mod gpus;
-mod inference;
-mod job;
-mod launch;
-mod model_init;
-mod outcome;
-mod preflight;
-mod ranks;
+mod plan;
 mod report;
-mod restart;
-mod sbatch;
-mod supervise;
+mod run;
 mod train;
+
+use commands::{data as data_cmd, inference, model_init, sbatch};
+use plan::{gpus, launch, preflight};
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -102,7 +96,7 @@ struct TrainArgs {
     #[command(flatten)]
     rank: RankFlags,
     #[command(flatten)]
-    restarts: restart::RestartArgs,
+    restarts: train::restart::RestartArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -168,7 +162,7 @@ fn main() -> ExitCode {
             if let Some(i) = a.iters {
                 args.push(format!("--iters={i}"));
             }
-            job::run_job(&a.launch, log_dir, args, gpus::GpuUse::Ranks(a.rank.device))
+            run::run_job(&a.launch, log_dir, args, gpus::GpuUse::Ranks(a.rank.device))
         }
         Cmd::Exec(a) => {
             let log_dir = preflight::absolute(
@@ -187,7 +181,7 @@ fn main() -> ExitCode {
             args.push("--".into());
             args.extend(a.program.iter().cloned());
             let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
-            job::run_job(&a.launch, log_dir, args, usage)
+            run::run_job(&a.launch, log_dir, args, usage)
         }
         Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank, &a.restarts),
         Cmd::Sbatch(a) => sbatch::run(&a),

@@ -2,7 +2,6 @@
 //! rank started, the job checked against the world size, then `train::train`.
 use crate::rank::start::{command_line, leave, start_rank, Fatal, Rank, RankResult};
 use clap::Args;
-use std::path::PathBuf;
 use tchrun::exit::ErrorKind;
 use tchrun::flags::RankFlags;
 
@@ -12,17 +11,9 @@ pub struct TrainArgs {
     pub job: tchrun::flags::TrainJob,
     #[command(flatten)]
     pub rank: RankFlags,
-    /// The launcher's copy of the training folder's dataset index, read instead of listing
-    /// the folder when it passes the stamps check on this rank's copy of the data.
-    #[arg(long, hide = true)]
-    pub train_index: Option<PathBuf>,
-    /// The same for the validation folder.
-    #[arg(long, hide = true)]
-    pub valid_index: Option<PathBuf>,
-    /// The launcher leaves the image headers to be checked when each image is first decoded
-    /// (more than `TCHRUN_VERIFY_UPFRONT_MAX` never verified).
-    #[arg(long, hide = true)]
-    pub verify_on_decode: bool,
+    /// The launcher's hidden flags (dataset index copies, headers checked on decode).
+    #[command(flatten)]
+    pub handoff: tchrun::flags::TrainHandoff,
 }
 
 /// Runs the training job as this rank.
@@ -40,9 +31,10 @@ pub fn run(a: TrainArgs) -> RankResult {
             .map_err(|e| (None, Fatal::invalid(e.into())))?;
     }
     // Input errors need no log directory: report them before anything is written to --output.
-    let indexes = [a.train_index.as_deref(), a.valid_index.as_deref()];
+    let h = &a.handoff;
+    let indexes = [h.train_index.as_deref(), h.valid_index.as_deref()];
     let (inputs, verification) =
-        super::check_inputs(&a.job, indexes, a.verify_on_decode).map_err(|e| {
+        super::check_inputs(&a.job, indexes, h.verify_on_decode).map_err(|e| {
             (
                 None,
                 Fatal {

@@ -25,7 +25,7 @@ use tchrun::schedule::{EarlyStopping, LrSchedule};
 struct Built {
     vs: nn::VarStore,
     net: Box<dyn nn::ModuleT>,
-    initial_weights: Option<serde_json::Value>,
+    initial_weights: Option<tchrun::model::InitialWeights>,
     /// The model directory holds weights (`model init --weights`, or a trained model).
     has_weights_file: bool,
 }
@@ -263,11 +263,10 @@ fn build_model(
         (ctx.say)(&note);
         // Only rank 0 writes model.json: the others need not read the file again to hash it.
         if cfg.is_trained() && ctx.pg.rank() == 0 {
-            initial_weights = Some(serde_json::json!({
-                "file": weights_file.display().to_string(),
-                "sha256": tchrun::weights::sha256_file(&weights_file).unwrap_or_default(),
-                "trained_model": true,
-            }));
+            initial_weights = Some(tchrun::model::InitialWeights::from_trained_model(
+                weights_file.display().to_string(),
+                tchrun::weights::sha256_file(&weights_file).unwrap_or_default(),
+            ));
         }
     } else {
         tracing::info!("initial weights: random, from --seed {}", job.params.seed);

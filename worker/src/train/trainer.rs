@@ -103,7 +103,7 @@ pub(super) struct Trainer<'a> {
     pub(super) replicas: Replicator,
     pub(super) opt: Sgd,
     pub(super) plan: Plan,
-    pub(super) initial_weights: Option<serde_json::Value>,
+    pub(super) initial_weights: Option<tchrun::model::InitialWeights>,
     pub(super) faults: FaultPlan,
     pub(super) run_record: checkpoint::RunRecord,
     pub(super) threads: usize,

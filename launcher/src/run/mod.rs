@@ -1,13 +1,20 @@
-//! One job from a validated plan to its outcome: the commands, the dry run, the log
-//! directory, supervision (`supervise.rs`), then `outcome::conclude`.
+//! Running one attempt of a job, from a validated plan to what it came to: the commands, the
+//! dry run, the log directory, supervision (`supervise.rs`), the rank table (`ranks.rs`) and
+//! the outcome (`outcome.rs`). Must not know the restart policy, a command's inputs, or how a
+//! failure summary is worded (that is `report`'s).
+pub mod outcome;
+pub mod ranks;
+pub mod supervise;
+
 use crate::error::JobError;
-use crate::gpus::GpuUse;
-use crate::launch::{self, CommandSpec, LaunchArgs, LauncherKind, Plan};
+use crate::plan::gpus::GpuUse;
+use crate::plan::launch::{self, CommandSpec, LaunchArgs, LauncherKind, Plan};
 use crate::report;
-use crate::supervise::{self, Settings};
 use nix::sys::signal::Signal;
+pub use outcome::AttemptOutcome;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use supervise::Settings;
 use tchrun::files;
 
 fn free_port() -> std::io::Result<u16> {
@@ -16,9 +23,57 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
+/// What tchrun tells the processes of one attempt through their environment: set on each
+/// command it spawns (mpirun `-x` and srun `--export=ALL` pass it on to the ranks), never on
+/// tchrun's own environment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankEnv {
+    /// `TCHRUN_ATTEMPT`: which attempt of a `tchrun train` job this is (1, 2, ...); also the
+    /// `attempt` of the rows of `ranks.json` (1 when unset).
+    pub attempt: Option<u32>,
+    /// `TCHRUN_LOCK_HELD`: the job locks tchrun holds for the ranks (`tchrun::lock`).
+    pub locks_held: Option<String>,
+}
+
+impl RankEnv {
+    /// The environment of a job that holds `locks` (none for a dry run: nothing is said).
+    pub fn holding(locks: &[tchrun::lock::JobLock]) -> RankEnv {
+        RankEnv {
+            attempt: None,
+            locks_held: (!locks.is_empty()).then(|| tchrun::lock::held_value(locks)),
+        }
+    }
+
+    /// The variables, set on every command of the attempt.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        let mut v = Vec::new();
+        if let Some(a) = self.attempt {
+            v.push((tchrun::env::TCHRUN_ATTEMPT.to_string(), a.to_string()));
+        }
+        if let Some(h) = &self.locks_held {
+            v.push((tchrun::env::TCHRUN_LOCK_HELD.to_string(), h.clone()));
+        }
+        v
+    }
+}
+
+/// The variables forwarded to remote ranks: those of tchrun's environment that are forwarded
+/// and the attempt's own (`env`).
+fn forwarded(env: &[(String, String)]) -> Vec<String> {
+    launch::forwarded_vars(
+        std::env::vars()
+            .map(|(k, _)| k)
+            .chain(env.iter().map(|(k, _)| k.clone())),
+    )
+}
+
 /// The commands for a plan.
-fn commands(plan: &Plan, worker_args: &[String]) -> Result<Vec<CommandSpec>, JobError> {
-    let forward = launch::forwarded_vars(std::env::vars().map(|(k, _)| k));
+fn commands(
+    plan: &Plan,
+    worker_args: &[String],
+    env: &[(String, String)],
+) -> Result<Vec<CommandSpec>, JobError> {
+    let forward = forwarded(env);
     Ok(match plan.kind {
         LauncherKind::Mpirun | LauncherKind::Auto => {
             vec![launch::mpirun_command(plan, worker_args, &forward)]
@@ -32,7 +87,7 @@ fn commands(plan: &Plan, worker_args: &[String]) -> Result<Vec<CommandSpec>, Job
     })
 }
 
-fn print_dry_run(plan: &Plan, specs: &[CommandSpec]) {
+fn print_dry_run(plan: &Plan, specs: &[CommandSpec], env: &[(String, String)]) {
     outln!(
         "# launcher: {:?}, {} rank(s): {} node(s) x {} per node",
         plan.kind,
@@ -41,11 +96,16 @@ fn print_dry_run(plan: &Plan, specs: &[CommandSpec]) {
         plan.procs_per_node
     );
     outln!("# log directory: {}", plan.log_dir.display());
-    let forward = launch::forwarded_vars(std::env::vars().map(|(k, _)| k));
+    let forward = forwarded(env);
     if !forward.is_empty() {
         outln!("# environment forwarded to the ranks:");
         for k in &forward {
-            let v = std::env::var(k).unwrap_or_default();
+            let v = env
+                .iter()
+                .find(|(name, _)| name == k)
+                .map(|(_, v)| v.clone())
+                .or_else(|| std::env::var(k).ok())
+                .unwrap_or_default();
             let shown = if launch::is_secret(k) {
                 "<redacted>".to_string()
             } else {
@@ -114,20 +174,35 @@ pub fn run_job(
     worker_args: Vec<String>,
     usage: GpuUse,
 ) -> Result<i32, JobError> {
-    let plan = crate::preflight::validate(args, log_dir, usage)?;
-    run_planned(args, &plan, worker_args)
+    let plan = crate::plan::preflight::validate(args, log_dir, usage)?;
+    run_planned(args, &plan, worker_args, &RankEnv::default())
 }
 
-/// Runs a job whose plan passed its pre-flight; returns the exit code.
+/// Runs a job whose plan passed its pre-flight in one attempt (its failure summary written);
+/// returns the exit code.
 pub fn run_planned(
     args: &LaunchArgs,
     plan: &Plan,
     worker_args: Vec<String>,
+    env: &RankEnv,
 ) -> Result<i32, JobError> {
-    let specs = commands(plan, &worker_args)?;
+    run_attempt(args, plan, worker_args, env)?.finish(&plan.log_dir)
+}
+
+/// Runs one attempt of a job whose plan passed its pre-flight: its commands, supervised to
+/// the end, then what it came to. An error here means nothing ran (or could not be watched);
+/// everything after the start is in the outcome, whose failure summary is not written yet.
+pub fn run_attempt(
+    args: &LaunchArgs,
+    plan: &Plan,
+    worker_args: Vec<String>,
+    env: &RankEnv,
+) -> Result<AttemptOutcome, JobError> {
+    let vars = env.vars();
+    let specs = commands(plan, &worker_args, &vars)?;
     if args.dry_run {
-        print_dry_run(plan, &specs);
-        return Ok(0);
+        print_dry_run(plan, &specs, &vars);
+        return Ok(AttemptOutcome::ended(0));
     }
     std::fs::create_dir_all(&plan.log_dir).map_err(|e| {
         JobError::invalid(format!(
@@ -145,8 +220,26 @@ pub fn run_planned(
             let _ = writeln!(mpi_log, "# {}", s.display());
         }
     }
+    let settings = settings(args, plan, vars);
+    let attempt = env.attempt.unwrap_or(1);
+    ranks::write_table(plan, attempt);
+    let supervised = supervise::run(&specs, mpi_log, &settings)
+        .map_err(|e| JobError::launch(format!("{e} (see {})", mpi_log_path.display())))?;
+    let logs = report::read_driver_logs(&plan.log_dir);
+    ranks::finish(plan, attempt, &logs, &supervised);
+    Ok(outcome::conclude(
+        args,
+        plan,
+        &supervised,
+        logs,
+        &mpi_log_path,
+    ))
+}
+
+/// How the attempt's processes are supervised.
+fn settings(args: &LaunchArgs, plan: &Plan, env: Vec<(String, String)>) -> Settings {
     let log_dir_probe = plan.log_dir.clone();
-    let settings = Settings {
+    Settings {
         fail_fast: plan.kind == LauncherKind::Local,
         grace: Duration::from_secs(args.grace_period),
         graceful: if plan.kind == LauncherKind::Local {
@@ -160,10 +253,6 @@ pub fn run_planned(
             move || report::last_progress(&d)
         })),
         rank_failed: Some(Box::new(move || report::any_rank_failed(&log_dir_probe))),
-    };
-    crate::ranks::write_table(plan);
-    let outcome = supervise::run(&specs, mpi_log, &settings)
-        .map_err(|e| JobError::launch(format!("{e} (see {})", mpi_log_path.display())))?;
-    crate::ranks::finish(plan, &report::read_driver_logs(&plan.log_dir), &outcome);
-    crate::outcome::conclude(args, plan, &outcome, &mpi_log_path)
+        env,
+    }
 }

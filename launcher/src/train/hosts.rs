@@ -1,66 +1,13 @@
-//! `tchrun train --max-restarts N`: a job that recovers without a human. When a rank fails
-//! after the job made progress in this attempt (a newer checkpoint than the one it started
-//! from), the attempt's logs move to `<log-dir>/attempt-<n>/`, and after a short bounded
-//! back-off every rank starts again with `--resume`. A failure before any progress is not
-//! retried (no loop of failing starts); the budget counts restarts of the whole job.
-//!
-//! With `--exclude-failed-hosts` (and `--hostfile`) each failure also counts against the
-//! host(s) it happened on; a host that failed in [`FAILURES_TO_DROP`] attempts is left out of
-//! the next one, which runs on the remaining hosts (a rewritten hostfile in the log directory,
-//! fewer ranks), as long as `--min-nodes` remain.
+//! `--exclude-failed-hosts` (with `--hostfile`): each failure counts against the host(s) it
+//! happened on; a host that failed in [`FAILURES_TO_DROP`] attempts is left out of the next
+//! one, which runs on the remaining hosts (a rewritten hostfile in the log directory, fewer
+//! ranks), as long as `--min-nodes` remain.
 use crate::error::JobError;
-use crate::launch::{LaunchArgs, Plan};
+use crate::plan::launch::Plan;
 use crate::report::{FailureSummary, RankLog};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 use tchrun::files;
-
-/// Restart policy flags of `tchrun train`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct RestartArgs {
-    /// Restarts of the whole job after a rank failure, each resuming from the last complete
-    /// checkpoint (only when the failed attempt wrote a newer one: a job that fails before
-    /// making progress is not retried). 0: fail as soon as a rank fails.
-    #[arg(long, env = "TCHRUN_MAX_RESTARTS", default_value_t = 0)]
-    pub max_restarts: u32,
-    /// Leave out a host whose ranks failed in two attempts: the next attempt runs on the
-    /// remaining hosts of --hostfile with fewer ranks, resuming from the checkpoint (needs
-    /// --hostfile and --max-restarts).
-    #[arg(long, env = "TCHRUN_EXCLUDE_FAILED_HOSTS")]
-    pub exclude_failed_hosts: bool,
-    /// With --exclude-failed-hosts: the fewest nodes the job goes on with; when leaving out a
-    /// failing host would leave fewer, the job stops (exit 4).
-    #[arg(long, env = "TCHRUN_MIN_NODES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true, requires = "exclude_failed_hosts")]
-    pub min_nodes: u32,
-}
-
-impl RestartArgs {
-    /// Pre-flight of the restart flags against the launch flags.
-    pub fn check(&self, launch: &LaunchArgs) -> Result<(), JobError> {
-        if !self.exclude_failed_hosts {
-            return Ok(());
-        }
-        if launch.hostfile.is_none() {
-            return Err(JobError::invalid(
-                "--exclude-failed-hosts needs --hostfile FILE: the hosts a failing one is left out of",
-            ));
-        }
-        if self.max_restarts == 0 {
-            return Err(JobError::invalid(
-                "--exclude-failed-hosts needs --max-restarts N (N > 0): a failing host is left out of the next attempt, and without restarts there is none",
-            ));
-        }
-        if self.min_nodes > launch.nodes {
-            return Err(JobError::invalid(format!(
-                "--min-nodes {} is more than --nodes {}: the job could not go on without any host; lower --min-nodes",
-                self.min_nodes, launch.nodes
-            )));
-        }
-        Ok(())
-    }
-}
+use tchrun::job_record::DroppedHost;
 
 /// Attempts a host's ranks failed in before `--exclude-failed-hosts` leaves it out.
 pub const FAILURES_TO_DROP: usize = 2;
@@ -68,46 +15,6 @@ pub const FAILURES_TO_DROP: usize = 2;
 /// The hostfile of the hosts left after `--exclude-failed-hosts` dropped some (in the log
 /// directory; the next attempts' mpirun reads it instead of `--hostfile`).
 pub const REMAINING_HOSTFILE: &str = "hostfile.remaining";
-
-/// A host left out of the next attempts (`--exclude-failed-hosts`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DroppedHost {
-    pub host: String,
-    /// The attempts its ranks failed in, and why (the first failing rank's cause).
-    pub failed_in: Vec<u32>,
-    pub causes: Vec<String>,
-    /// What the job goes on with.
-    pub nodes_left: u32,
-    pub ranks_left: u32,
-}
-
-impl DroppedHost {
-    /// `its ranks failed in attempts 1 and 2 (cause)`.
-    fn why(&self) -> String {
-        let attempts: Vec<String> = self.failed_in.iter().map(u32::to_string).collect();
-        let attempts = match attempts.split_last() {
-            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
-            _ => attempts.join(""),
-        };
-        let mut causes = self.causes.clone();
-        causes.dedup();
-        format!(
-            "its ranks failed in attempts {attempts} ({})",
-            causes.join("; ")
-        )
-    }
-
-    /// The console line of the drop.
-    pub fn line(&self) -> String {
-        format!(
-            "dropping host {}: {}; continuing on {} node(s), {} rank(s)",
-            self.host,
-            self.why(),
-            self.nodes_left,
-            self.ranks_left
-        )
-    }
-}
 
 /// The failures counted against each host across attempts (`--exclude-failed-hosts`).
 #[derive(Debug, Default)]
@@ -246,7 +153,7 @@ pub fn without_hosts(plan: &Plan, dropped: &[DroppedHost]) -> Result<Plan, JobEr
     };
     let text = std::fs::read_to_string(hostfile)
         .map_err(|e| JobError::input_io(format!("--hostfile {}", hostfile.display()), e))?;
-    let hosts = crate::launch::parse_hostfile(hostfile, &text)
+    let hosts = crate::plan::launch::parse_hostfile(hostfile, &text)
         .map_err(|e| JobError::invalid(format!("--hostfile {e}")))?;
     let gone = |h: &str| dropped.iter().any(|d| d.host == h);
     let mut out = format!(
@@ -276,215 +183,14 @@ pub fn without_hosts(plan: &Plan, dropped: &[DroppedHost]) -> Result<Plan, JobEr
     Ok(next)
 }
 
-/// One attempt that failed and was restarted, as `restarts.json` and `failure.json` record it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Attempt {
-    /// 1 for the first attempt.
-    pub attempt: u32,
-    /// The first failing rank, its host, and why it failed.
-    pub rank: Option<usize>,
-    pub host: Option<String>,
-    pub classification: String,
-    pub cause: String,
-    /// tchrun's exit status had it not restarted.
-    pub exit_status: i32,
-    /// The optimizer step of the checkpoint the next attempt resumed from.
-    pub resumed_from_step: Option<u64>,
-    /// Where this attempt's logs were moved.
-    pub logs: PathBuf,
-    /// `--exclude-failed-hosts`: the host(s) this failure counts against, and those left out
-    /// of the next attempts after it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub failed_hosts: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub dropped_hosts: Vec<DroppedHost>,
-}
-
-impl Attempt {
-    /// One line for the console and the run report.
-    pub fn line(&self) -> String {
-        let who = match (self.rank, &self.host) {
-            (Some(r), Some(h)) => format!("rank {r} ({h})"),
-            (Some(r), None) => format!("rank {r}"),
-            _ => "the job".to_string(),
-        };
-        let mut line = format!(
-            "attempt {}: {who} failed: {} ({})",
-            self.attempt, self.cause, self.classification
-        );
-        for d in &self.dropped_hosts {
-            line.push_str(&format!("; host {} dropped", d.host));
-        }
-        line
-    }
-}
-
-/// The optimizer step of the last complete checkpoint in `output`, if any.
-pub fn checkpoint_step(output: &Path) -> Option<u64> {
-    tchrun::checkpoint::read(output)
-        .ok()
-        .flatten()
-        .map(|l| l.step)
-}
-
-/// The failure summary the attempt left in `log_dir`.
-pub fn read_summary(log_dir: &Path) -> Option<FailureSummary> {
-    let text = std::fs::read_to_string(log_dir.join(files::FAILURE_JSON)).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-/// Moves the attempt's driver logs, launch log, rank table and failure summary from `log_dir`
-/// into `<log_dir>/attempt-<n>/`; returns that directory.
-pub fn archive(log_dir: &Path, attempt: u32) -> Result<PathBuf, JobError> {
-    let dir = files::attempt_dir(log_dir, attempt);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| JobError::input_io(format!("--log-dir {}", dir.display()), e))?;
-    let rd = std::fs::read_dir(log_dir)
-        .map_err(|e| JobError::input_io(format!("--log-dir {}", log_dir.display()), e))?;
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        let ours = files::driver_log_rank(&name).is_some()
-            || [files::MPI_LOG, files::RANKS_JSON, files::FAILURE_JSON].contains(&name.as_str());
-        if ours {
-            std::fs::rename(e.path(), dir.join(&name)).map_err(|err| {
-                JobError::input_io(format!("moving {} to {}", name, dir.display()), err)
-            })?;
-        }
-    }
-    Ok(dir)
-}
-
-/// The wait before restart `n` (1-based): 1 s, 2 s, 4 s, ... at most 16 s.
-pub fn backoff(n: u32) -> Duration {
-    Duration::from_secs(1u64 << n.saturating_sub(1).min(4))
-}
-
-/// Waits `d`, or less when tchrun receives SIGINT/SIGTERM: then that signal's number.
-pub fn wait_interruptibly(d: Duration) -> std::io::Result<Option<i32>> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    let flag = Arc::new(AtomicUsize::new(0));
-    let mut ids = Vec::new();
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        ids.push(signal_hook::flag::register_usize(
-            sig,
-            Arc::clone(&flag),
-            sig as usize,
-        )?);
-    }
-    let end = Instant::now() + d;
-    let mut got = None;
-    while Instant::now() < end {
-        let s = flag.load(Ordering::SeqCst);
-        if s != 0 {
-            got = Some(s as i32);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for id in ids {
-        signal_hook::low_level::unregister(id);
-    }
-    Ok(got)
-}
-
-/// Writes `restarts.json` (every attempt that was restarted, oldest first).
-pub fn write_history(log_dir: &Path, history: &[Attempt]) {
-    if let Ok(text) = serde_json::to_string_pretty(history) {
-        let _ = files::write_atomic(&log_dir.join(files::RESTARTS_JSON), text.as_bytes());
-    }
-}
-
-/// The last attempt failed too: its `failure.json` gets the earlier attempts and why tchrun
-/// did not restart it (when it could have).
-pub fn add_history_to_summary(log_dir: &Path, history: &[Attempt], not_restarted: Option<String>) {
-    if history.is_empty() && not_restarted.is_none() {
-        return;
-    }
-    if let Some(mut s) = read_summary(log_dir) {
-        s.earlier_attempts = history.to_vec();
-        s.not_restarted = not_restarted;
-        crate::report::write_summary(log_dir, &s);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_is_short_and_bounded() {
-        let secs: Vec<u64> = (1..=8).map(|n| backoff(n).as_secs()).collect();
-        assert_eq!(secs, vec![1, 2, 4, 8, 16, 16, 16, 16]);
-    }
-
-    #[test]
-    fn the_checkpoint_step_comes_from_last_json() {
-        let t = tempfile::tempdir().unwrap();
-        assert_eq!(checkpoint_step(t.path()), None);
-        let d = t.path().join(files::CHECKPOINT_DIR);
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(
-            d.join(files::CHECKPOINT_LAST),
-            r#"{"format_version": 1, "epoch": 1, "batches_done": 0, "step": 42, "world_size": 2,
-                "seed": 1, "best_loss": null, "best_epoch": null, "since_best": 0, "history": [],
-                "partial": [0, 0, 0], "loss_scale": 1, "finished": false,
-                "tensors": "last-42.safetensors"}"#,
-        )
-        .unwrap();
-        assert_eq!(checkpoint_step(t.path()), Some(42));
-    }
-
-    #[test]
-    fn archive_moves_only_the_attempts_files() {
-        let t = tempfile::tempdir().unwrap();
-        let l = t.path();
-        for f in [
-            "70_driver_log_0",
-            "70_driver_log_1",
-            "70_mpi_log",
-            "ranks.json",
-            "failure.json",
-        ] {
-            std::fs::write(l.join(f), f).unwrap();
-        }
-        std::fs::write(l.join("verified_inputs.json"), "{}").unwrap();
-        let d = archive(l, 1).unwrap();
-        assert_eq!(d, l.join("attempt-1"));
-        assert_eq!(
-            std::fs::read_to_string(d.join("70_driver_log_1")).unwrap(),
-            "70_driver_log_1"
-        );
-        assert!(!l.join("70_driver_log_0").exists() && !l.join("failure.json").exists());
-        assert!(
-            l.join("verified_inputs.json").exists(),
-            "the job's own files stay"
-        );
-    }
-
-    #[test]
-    fn an_attempt_reads_as_one_line() {
-        let a = Attempt {
-            attempt: 1,
-            rank: Some(1),
-            host: Some("vm".into()),
-            classification: "killed by signal".into(),
-            cause: "killed by signal 9".into(),
-            exit_status: 4,
-            resumed_from_step: Some(12),
-            logs: PathBuf::from("/o/logs/attempt-1"),
-            failed_hosts: Vec::new(),
-            dropped_hosts: Vec::new(),
-        };
-        assert_eq!(
-            a.line(),
-            "attempt 1: rank 1 (vm) failed: killed by signal 9 (killed by signal)"
-        );
-    }
+    use std::path::{Path, PathBuf};
 
     fn plan(log_dir: &Path, hostfile: Option<PathBuf>, names: &[&str], nodes: u32) -> Plan {
         Plan {
-            kind: crate::launch::LauncherKind::Mpirun,
+            kind: crate::plan::launch::LauncherKind::Mpirun,
             node_names: names.iter().map(|n| n.to_string()).collect(),
             nodes,
             procs_per_node: 2,
@@ -621,7 +327,7 @@ mod tests {
         let path = t.path().join(REMAINING_HOSTFILE);
         assert_eq!(next.hostfile.as_deref(), Some(path.as_path()));
         let text = std::fs::read_to_string(&path).unwrap();
-        let hosts = crate::launch::parse_hostfile(&path, &text).unwrap();
+        let hosts = crate::plan::launch::parse_hostfile(&path, &text).unwrap();
         let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
         assert_eq!(names, vec!["a", "c"]);
         assert_eq!(hosts[0].slots, Some(2));

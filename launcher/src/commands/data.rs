@@ -3,7 +3,7 @@
 //! here the flags, archive sources and the report. `index`: the dataset index
 //! (`tchrun::data::index`) made and every header verified once for every later job.
 use crate::error::JobError;
-use crate::preflight::{absolute, check_disjoint};
+use crate::plan::preflight::{absolute, check_disjoint};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use tchrun::data::pack;

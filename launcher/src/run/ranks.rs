@@ -1,37 +1,21 @@
 //! The rank table (`<log-dir>/ranks.json`): rank → host, local rank, device, driver log;
 //! written when the job starts (from the launch plan) and completed with what each rank
 //! reported (its host and device from the driver-log header, its exit) when it ends.
-use crate::launch::{LauncherKind, Plan};
+use crate::plan::launch::{LauncherKind, Plan};
 use crate::report::RankLog;
-use crate::supervise::Outcome;
-use serde::Serialize;
+use crate::run::supervise::Outcome;
 use tchrun::files;
+use tchrun::job_record::{RankRow, Record};
 
-#[derive(Debug, Clone, Serialize)]
-pub struct RankRow {
-    /// The attempt of the job this row belongs to (1 unless it restarted: `--max-restarts`).
-    pub attempt: u32,
-    pub rank: u32,
-    pub host: String,
-    pub local_rank: u32,
-    pub device: String,
-    pub log: String,
-    pub status: String,
-}
-
-fn planned(plan: &Plan) -> Vec<RankRow> {
+fn planned(plan: &Plan, attempt: u32) -> Vec<RankRow> {
     let local = hostname::get()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
     // This host's GPUs only when the ranks start here (see gpus.rs).
-    let gpus = match crate::gpus::ranks_start_elsewhere(plan, &|k| std::env::var(k).ok()) {
-        None => crate::gpus::visible_gpus().ok(),
+    let gpus = match crate::plan::gpus::ranks_start_elsewhere(plan, &|k| std::env::var(k).ok()) {
+        None => crate::plan::gpus::visible_gpus().ok(),
         Some(_) => None,
     };
-    let attempt = std::env::var(tchrun::env::TCHRUN_ATTEMPT)
-        .ok()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(1);
     (0..plan.world_size())
         .map(|rank| {
             let node = (rank / plan.procs_per_node) as usize;
@@ -63,17 +47,11 @@ fn planned(plan: &Plan) -> Vec<RankRow> {
         .collect()
 }
 
-fn write(plan: &Plan, rows: &[RankRow]) {
-    if let Ok(text) = serde_json::to_string_pretty(rows) {
-        // Best effort: the table is also printed.
-        let _ = files::write_atomic(&plan.log_dir.join(files::RANKS_JSON), text.as_bytes());
-    }
-}
-
-/// Writes and prints the planned table.
-pub fn write_table(plan: &Plan) {
-    let rows = planned(plan);
-    write(plan, &rows);
+/// Writes and prints the planned table of attempt `attempt`.
+pub fn write_table(plan: &Plan, attempt: u32) {
+    let rows = planned(plan, attempt);
+    // Best effort: the table is also printed.
+    let _ = rows.write(&plan.log_dir);
     const SHOWN: usize = 16;
     for r in rows.iter().take(SHOWN) {
         outln!(
@@ -89,14 +67,14 @@ pub fn write_table(plan: &Plan) {
         outln!(
             "tchrun: ... {} more ranks in {}",
             rows.len() - SHOWN,
-            plan.log_dir.join(files::RANKS_JSON).display()
+            Vec::<RankRow>::path(&plan.log_dir).display()
         );
     }
 }
 
 /// Completes the table with what the ranks reported.
-pub fn finish(plan: &Plan, logs: &[RankLog], outcome: &Outcome) {
-    let mut rows = planned(plan);
+pub fn finish(plan: &Plan, attempt: u32, logs: &[RankLog], outcome: &Outcome) {
+    let mut rows = planned(plan, attempt);
     for row in &mut rows {
         match logs.iter().find(|l| l.rank == row.rank as usize) {
             Some(l) => {
@@ -121,5 +99,6 @@ pub fn finish(plan: &Plan, logs: &[RankLog], outcome: &Outcome) {
             None => row.status = "never started (no driver log)".into(),
         }
     }
-    write(plan, &rows);
+    // Best effort: the table is also printed.
+    let _ = rows.write(&plan.log_dir);
 }

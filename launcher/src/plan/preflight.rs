@@ -3,8 +3,8 @@
 //! its `Plan` here (`validate`; `batch_plan` for `tchrun sbatch`), so the same checks apply to
 //! all of them.
 use crate::error::JobError;
-use crate::gpus::{self, GpuUse};
-use crate::launch::{self, LaunchArgs, LauncherKind, Plan};
+use crate::plan::gpus::{self, GpuUse};
+use crate::plan::launch::{self, LaunchArgs, LauncherKind, Plan};
 use std::path::{Path, PathBuf};
 
 /// `p` made absolute against the current directory (ranks may run elsewhere).
@@ -246,7 +246,7 @@ pub fn check_disjoint(
 
 /// Takes the job locks of `dirs` (`tchrun::lock`) for this process's whole life: a directory
 /// another job holds is refused; a stale lock is taken over with a note. The ranks learn
-/// through `TCHRUN_LOCK_HELD` that they need not take them.
+/// through `TCHRUN_LOCK_HELD` that they need not take them (`run::RankEnv::holding`).
 pub fn lock_job(dirs: &[(&str, PathBuf)]) -> Result<Vec<tchrun::lock::JobLock>, JobError> {
     let info = tchrun::lock::LockInfo::here(&tchrun::lock::LockInfo::command_line());
     let mut locks = Vec::new();
@@ -259,9 +259,5 @@ pub fn lock_job(dirs: &[(&str, PathBuf)]) -> Result<Vec<tchrun::lock::JobLock>, 
         }
         locks.push(taken.lock);
     }
-    std::env::set_var(
-        tchrun::env::TCHRUN_LOCK_HELD,
-        tchrun::lock::held_value(&locks),
-    );
     Ok(locks)
 }

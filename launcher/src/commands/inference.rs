@@ -3,10 +3,10 @@
 //! run `tchrun-worker score|evaluate` like any job (launch flags, GPU pre-flight, driver logs,
 //! fail-fast). The ranks split the images by whole batches and rank 0 writes the output.
 use crate::error::JobError;
-use crate::gpus::GpuUse;
-use crate::job::run_planned;
-use crate::launch::{LaunchArgs, Plan};
-use crate::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
+use crate::plan::gpus::GpuUse;
+use crate::plan::launch::{LaunchArgs, Plan};
+use crate::plan::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
+use crate::run::{run_planned, RankEnv};
 use std::path::{Path, PathBuf};
 use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
 use tchrun::overlap::Named;
@@ -18,12 +18,25 @@ fn check_model(model: &Path, batch_size: u32) -> Result<tchrun::model::ModelConf
     Ok(cfg)
 }
 
-/// The inputs of `score` and `evaluate`.
-fn inference_inputs(model: &Path, images: &Path) -> Vec<Named> {
-    vec![
-        Named::new("--model", "the trained model directory", model),
-        Named::new("--images", "the images", images),
-    ]
+/// `--output` (`output_is` says what it is) and the log directory must not be, contain or
+/// lie inside `--model` or `--images` (`paths`: model, images, output).
+fn check_outputs(
+    launch: &LaunchArgs,
+    plan: &Plan,
+    [model, images, output]: [&Path; 3],
+    output_is: &'static str,
+) -> Result<(), JobError> {
+    check_disjoint(
+        &[
+            Named::new("--output", output_is, output),
+            Named::new("--log-dir", "the job's logs", &plan.log_dir),
+        ],
+        vec![
+            Named::new("--model", "the trained model directory", model),
+            Named::new("--images", "the images", images),
+        ],
+        Some(launch),
+    )
 }
 
 /// `--images` as a folder: an archive becomes its extracted folder (cached in `cache_parent`'s
@@ -79,13 +92,11 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
     job.images = absolute(job.images);
     job.output = absolute(job.output);
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
-    check_disjoint(
-        &[
-            Named::new("--output", "the scores CSV", &job.output),
-            Named::new("--log-dir", "the job's logs", &plan.log_dir),
-        ],
-        inference_inputs(&job.model, &job.images),
-        Some(launch),
+    check_outputs(
+        launch,
+        &plan,
+        [job.model.as_path(), &job.images, &job.output],
+        "the scores CSV",
     )?;
     check_model(&job.model, job.batch_size)?;
     if let Some(parent) = job.output.parent() {
@@ -101,7 +112,7 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
     }
     // One job at a time on the log directory (scores written into one folder share it); a
     // CSV's folder may hold other jobs' files, so it is not locked itself.
-    let _locks = if launch.dry_run {
+    let locks = if launch.dry_run {
         Vec::new()
     } else {
         lock_job(&tchrun::lock::job_dirs(None, &plan.log_dir))?
@@ -114,7 +125,7 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
     let mut args = vec!["score".to_string()];
     args.extend(job.to_args());
     args.extend(rank.to_args());
-    run_planned(launch, &plan, args)
+    run_planned(launch, &plan, args, &RankEnv::holding(&locks))
 }
 
 /// `tchrun evaluate`: the labeled folder's class folders must all be classes of the model.
@@ -128,14 +139,8 @@ pub fn run_evaluate(
     job.images = absolute(job.images);
     job.output = absolute(job.output);
     let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
-    check_disjoint(
-        &[
-            Named::new("--output", "the evaluation directory", &job.output),
-            Named::new("--log-dir", "the job's logs", &plan.log_dir),
-        ],
-        inference_inputs(&job.model, &job.images),
-        Some(launch),
-    )?;
+    let paths = [job.model.as_path(), &job.images, &job.output];
+    check_outputs(launch, &plan, paths, "the evaluation directory")?;
     let cfg = check_model(&job.model, job.batch_size)?;
     job.images = images_folder(&job.images, &job.output)?;
     check_images_dir(&job.images)?;
@@ -149,7 +154,7 @@ pub fn run_evaluate(
             job.output.display()
         )));
     }
-    let _locks = if launch.dry_run {
+    let locks = if launch.dry_run {
         Vec::new()
     } else {
         lock_job(&tchrun::lock::job_dirs(Some(&job.output), &plan.log_dir))?
@@ -160,5 +165,5 @@ pub fn run_evaluate(
     let mut args = vec!["evaluate".to_string()];
     args.extend(job.to_args());
     args.extend(rank.to_args());
-    run_planned(launch, &plan, args)
+    run_planned(launch, &plan, args, &RankEnv::holding(&locks))
 }

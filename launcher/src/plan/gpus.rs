@@ -5,7 +5,7 @@
 //! each rank checks its own node before it creates the process group (tchrun-worker's
 //! `resolve`). No CUDA here: the launcher never links libtorch.
 use crate::error::JobError;
-use crate::launch::{LauncherKind, Plan};
+use crate::plan::launch::{LauncherKind, Plan};
 use tchrun::flags::Device;
 
 /// What the ranks will run on the GPUs.
@@ -158,7 +158,7 @@ mod tests {
             procs_per_node: 2,
             hosts: hosts
                 .iter()
-                .map(|h| crate::launch::Host {
+                .map(|h| crate::plan::launch::Host {
                     name: h.to_string(),
                     slots: None,
                 })

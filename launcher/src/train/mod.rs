@@ -1,21 +1,80 @@
 //! `tchrun train`: the trainer's input checks (every image header, before anything is
-//! written), the launch pre-flight, then the job.
+//! written), the launch pre-flight, then the job's attempts; with `--max-restarts`, the
+//! restart policy (`restart.rs`). Owns what one attempt hands the next (the history, the hosts
+//! left out); must not know how ranks are spawned or supervised (that is `run`'s).
+pub mod hosts;
+pub mod restart;
+
 use crate::error::JobError;
-use crate::gpus::GpuUse;
-use crate::job::run_planned;
-use crate::launch::LaunchArgs;
-use crate::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
-use crate::restart::{self, Attempt, RestartArgs};
+use crate::plan::gpus::GpuUse;
+use crate::plan::launch::{LaunchArgs, Plan};
+use crate::plan::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
+use crate::run::RankEnv;
+use restart::{Attempts, Ended, RestartArgs};
+use std::path::Path;
 use tchrun::files;
+use tchrun::flags::{RankFlags, TrainHandoff, TrainJob};
+use tchrun::job_record::{Attempt, Record};
+
+/// A training job that passed every check before its first attempt.
+struct Ready {
+    /// The job as the ranks get it: absolute paths, archives replaced by their folders.
+    job: TrainJob,
+    plan: Plan,
+    rank: RankFlags,
+    /// What the pre-flight hands the ranks (the dataset index copies, headers on decode).
+    handoff: TrainHandoff,
+    /// The job locks of `--output` and `--log-dir`, held until tchrun ends (none for a dry
+    /// run).
+    locks: Vec<tchrun::lock::JobLock>,
+}
 
 /// `tchrun train`: the trainer's input checks, then the job.
 pub fn run_train(
-    job: &tchrun::flags::TrainJob,
+    job: &TrainJob,
     launch: &LaunchArgs,
-    rank: &tchrun::flags::RankFlags,
+    rank: &RankFlags,
     restarts: &RestartArgs,
 ) -> Result<i32, JobError> {
     restarts.check(launch)?;
+    let Some(ready) = prepare(job, launch, rank)? else {
+        return Ok(0);
+    };
+    let Ready {
+        mut job,
+        mut plan,
+        rank,
+        handoff,
+        locks,
+    } = ready;
+    let log_dir = plan.log_dir.clone();
+    let worker_args = |job: &TrainJob| {
+        let mut args = vec!["train".to_string()];
+        args.extend(job.to_args());
+        args.extend(rank.to_args());
+        args.extend(handoff.to_args());
+        args
+    };
+    let attempts = Attempts {
+        launch,
+        restarts,
+        env: RankEnv::holding(&locks),
+        worker_args: &worker_args,
+    };
+    let (code, restarted) = match attempts.run(&mut plan, &mut job)? {
+        Ended::Ran { code, restarted } => (code, restarted),
+        Ended::StoppedBeforeRestart(code) => return Ok(code),
+    };
+    Ok(say_end(&job, launch, &log_dir, code, &restarted))
+}
+
+/// The trainer's input checks and the launch pre-flight, before the first attempt: the job
+/// ready to run, or `None` when there is nothing to do (its training is complete).
+fn prepare(
+    job: &TrainJob,
+    launch: &LaunchArgs,
+    rank: &RankFlags,
+) -> Result<Option<Ready>, JobError> {
     let mut job = job.clone();
     job.model = absolute(job.model);
     job.train = absolute(job.train);
@@ -46,7 +105,7 @@ pub fn run_train(
         tchrun::checkpoint::check(&job, &checked.inputs.cfg, &checked.inputs.train.classes)
             .map_err(|e| JobError::invalid(e.to_string()))?;
     if say_decision(&job, &decision) {
-        return Ok(0);
+        return Ok(None);
     }
     // Archives: the ranks get the extracted folders.
     for x in &checked.extracted {
@@ -59,14 +118,14 @@ pub fn run_train(
         checked.inputs.train.root.clone(),
         checked.inputs.valid.root.clone(),
     );
-    let mut plan = validate(launch, log_dir.clone(), GpuUse::Ranks(rank.device))?;
+    let plan = validate(launch, log_dir.clone(), GpuUse::Ranks(rank.device))?;
     if let Some(g) = job.options.global_batch_size {
         // Each rank accumulates a whole number of micro-batches: refused before any rank starts.
         tchrun::schedule::accumulation_steps(g, job.params.batch_size, plan.world_size() as usize)
             .map_err(JobError::invalid)?;
     }
     // One job at a time on --output (and --log-dir), for every attempt; none for a dry run.
-    let _locks = if launch.dry_run {
+    let locks = if launch.dry_run {
         Vec::new()
     } else {
         lock_job(&tchrun::lock::job_dirs(Some(&job.output), &log_dir))?
@@ -80,153 +139,69 @@ pub fn run_train(
         check_writable(&job.output)?;
     }
     rank.log_dir = Some(log_dir.clone());
-    let mut verified = Vec::new();
-    if let tchrun::preflight::Headers::OnDecode { .. } = checked.headers {
-        verified.push("--verify-on-decode".to_string());
-    }
+    let mut handoff = TrainHandoff {
+        verify_on_decode: matches!(checked.headers, tchrun::preflight::Headers::OnDecode { .. }),
+        ..TrainHandoff::default()
+    };
     if !launch.dry_run {
-        for ((index, name), flag) in checked
-            .indexes
-            .iter()
-            .zip(files::DATASET_INDEX_COPIES)
-            .zip(["--train-index", "--valid-index"])
-        {
-            let Some(index) = index else { continue };
-            let path = log_dir.join(name);
-            match std::fs::create_dir_all(&log_dir).and_then(|_| index.write(&path)) {
-                Ok(()) => verified.push(format!("{flag}={}", path.display())),
-                // Only a shortcut: the ranks then list the folder themselves.
-                Err(e) => errln!("tchrun: warning: cannot write {}: {e}", path.display()),
-            }
+        hand_over_indexes(&checked.indexes, &log_dir, &mut handoff);
+    }
+    Ok(Some(Ready {
+        job,
+        plan,
+        rank,
+        handoff,
+        locks,
+    }))
+}
+
+/// The dataset indexes, copied into the log directory for the ranks (only a shortcut: where a
+/// copy cannot be written, the ranks list the folder themselves).
+fn hand_over_indexes(
+    indexes: &[Option<tchrun::data::index::DatasetIndex>; 2],
+    log_dir: &Path,
+    handoff: &mut TrainHandoff,
+) {
+    for ((index, name), slot) in indexes
+        .iter()
+        .zip(files::DATASET_INDEX_COPIES)
+        .zip(handoff.indexes_mut())
+    {
+        let Some(index) = index else { continue };
+        let path = log_dir.join(name);
+        match std::fs::create_dir_all(log_dir).and_then(|_| index.write(&path)) {
+            Ok(()) => *slot = Some(path),
+            Err(e) => errln!("tchrun: warning: cannot write {}: {e}", path.display()),
         }
     }
-    let worker_args = |job: &tchrun::flags::TrainJob| {
-        let mut args = vec!["train".to_string()];
-        args.extend(job.to_args());
-        args.extend(rank.to_args());
-        args.extend(verified.clone());
-        args
-    };
-    let mut history: Vec<Attempt> = Vec::new();
-    let mut host_failures = restart::HostFailures::default();
-    let code = loop {
-        let attempt = history.len() as u32 + 1;
-        // The ranks of this attempt (and ranks.json) see its number.
-        std::env::set_var(tchrun::env::TCHRUN_ATTEMPT, attempt.to_string());
-        let started_from = restart::checkpoint_step(&job.output);
-        let failure = match run_planned(launch, &plan, worker_args(&job)) {
-            Ok(code) => break code,
-            Err(e @ (JobError::RankFailed { .. } | JobError::Hung(_))) => e,
-            Err(e) => return Err(e),
-        };
-        let now = restart::checkpoint_step(&job.output);
-        let progressed = now.is_some() && now > started_from;
-        if history.len() as u32 >= restarts.max_restarts || launch.dry_run || !progressed {
-            let mut why = None;
-            if restarts.max_restarts > 0 && !progressed {
-                let w = format!(
-                    "not restarting: attempt {attempt} wrote no checkpoint (it failed before making progress; a restart would fail the same way)"
-                );
-                errln!("tchrun: {w}");
-                why = Some(w);
-            }
-            restart::add_history_to_summary(&log_dir, &history, why);
-            return Err(failure);
-        }
-        let summary = restart::read_summary(&log_dir);
-        let cause = summary
-            .as_ref()
-            .map(|s| s.message.lines().next().unwrap_or_default().to_string())
-            .unwrap_or_else(|| failure.to_string());
-        // `--exclude-failed-hosts`: the failure counts against its host(s); one that failed
-        // in two attempts is left out of the next.
-        let (mut failed_hosts, mut dropped_hosts) = (Vec::new(), Vec::new());
-        if restarts.exclude_failed_hosts {
-            let logs = crate::report::read_driver_logs(&log_dir);
-            failed_hosts = restart::failed_hosts(
-                summary.as_ref(),
-                &logs,
-                &plan.node_names,
-                plan.procs_per_node,
-            );
-            host_failures.record(attempt, &failed_hosts, &cause);
-            match host_failures.decide(&plan, restarts.min_nodes) {
-                restart::HostDecision::Keep => {}
-                restart::HostDecision::Stop(why) => {
-                    errln!("tchrun: {why}");
-                    restart::add_history_to_summary(&log_dir, &history, Some(why));
-                    return Err(failure);
-                }
-                restart::HostDecision::Drop(d) => dropped_hosts = d,
-            }
-        }
-        // This attempt's failure summary, then the restart.
-        {
-            use std::io::Write as _;
-            let _ = write!(std::io::stderr(), "{}", failure.render());
-        }
-        if !dropped_hosts.is_empty() {
-            plan = restart::without_hosts(&plan, &dropped_hosts)?;
-            for d in &dropped_hosts {
-                errln!("tchrun: {}", d.line());
-            }
-        }
-        let logs = restart::archive(&log_dir, attempt)?;
-        let record = Attempt {
-            attempt,
-            rank: summary.as_ref().and_then(|s| s.rank),
-            host: summary.as_ref().and_then(|s| s.host.clone()),
-            classification: summary
-                .as_ref()
-                .map(|s| s.classification.clone())
-                .unwrap_or_else(|| "error".into()),
-            cause,
-            exit_status: failure.kind().exit_code(),
-            resumed_from_step: now,
-            logs,
-            failed_hosts,
-            dropped_hosts,
-        };
-        let wait = restart::backoff(attempt);
-        errln!(
-            "tchrun: {}; restarting all ranks in {} s from the checkpoint at step {} (restart {attempt} of at most {}; logs of attempt {attempt} in {})",
-            record.line(),
-            wait.as_secs(),
-            now.unwrap_or(0),
-            restarts.max_restarts,
-            record.logs.display()
-        );
-        history.push(record);
-        restart::write_history(&log_dir, &history);
-        if let Some(sig) = restart::wait_interruptibly(wait)
-            .map_err(|e| JobError::launch(format!("cannot wait for the restart: {e}")))?
-        {
-            errln!("tchrun: interrupted before the restart; nothing is running");
-            return Ok(if sig == signal_hook::consts::SIGINT {
-                tchrun::exit::ErrorKind::InterruptedInt.exit_code()
-            } else {
-                tchrun::exit::ErrorKind::InterruptedTerm.exit_code()
-            });
-        }
-        job.options.resume = true;
-    };
+}
+
+/// The end of a job whose last attempt ran: after a stop, what it left; after a success, the
+/// restarts it took, the model and the training report. Returns tchrun's exit code.
+fn say_end(
+    job: &TrainJob,
+    launch: &LaunchArgs,
+    log_dir: &Path,
+    code: i32,
+    restarted: &[Attempt],
+) -> i32 {
     let interrupted = [
         tchrun::exit::ErrorKind::InterruptedInt.exit_code(),
         tchrun::exit::ErrorKind::InterruptedTerm.exit_code(),
     ];
     if interrupted.contains(&code) && !launch.dry_run && stop_left_a_model(&job.output) {
-        return Ok(0);
+        return 0;
     }
-    if code == 0 && !history.is_empty() {
+    if code == 0 && !restarted.is_empty() {
         outln!(
             "tchrun: recovered after {} restart(s) ({}); history in {}",
-            history.len(),
-            history
+            restarted.len(),
+            restarted
                 .iter()
                 .map(Attempt::line)
                 .collect::<Vec<_>>()
                 .join("; "),
-            log_dir.join(files::RESTARTS_JSON).display()
+            Vec::<Attempt>::path(log_dir).display()
         );
     }
     if code == 0 && !launch.dry_run {
@@ -243,12 +218,12 @@ pub fn run_train(
             .iter()
             .for_each(|l| outln!("{l}"));
     }
-    Ok(code)
+    code
 }
 
 /// Says on the console what the job does with `--output`'s checkpoint; true when there is
 /// nothing to do (a finished run resumed with the same `--epochs`).
-fn say_decision(job: &tchrun::flags::TrainJob, decision: &tchrun::checkpoint::Decision) -> bool {
+fn say_decision(job: &TrainJob, decision: &tchrun::checkpoint::Decision) -> bool {
     use tchrun::checkpoint::Decision;
     match decision {
         Decision::Complete { last } => {
@@ -289,7 +264,7 @@ fn say_decision(job: &tchrun::flags::TrainJob, decision: &tchrun::checkpoint::De
 
 /// After a stop: what it left, said on the console. True when the stop came after the last
 /// training step and the model is complete (the job then ends with 0).
-fn stop_left_a_model(output: &std::path::Path) -> bool {
+fn stop_left_a_model(output: &Path) -> bool {
     match tchrun::checkpoint::read(output) {
         Ok(Some(last)) if last.finished && output.join(files::MODEL_JSON).is_file() => {
             outln!(

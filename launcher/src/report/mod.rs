@@ -1,11 +1,13 @@
 //! A failure is data: reads the driver logs of a log directory, decides which rank failed
 //! first and why, and renders the summary (terminal and `failure.json`); also the per-rank
-//! overview of `tchrun logs DIR`.
+//! overview of `tchrun logs DIR` and the end-of-run reports. Must not know how the ranks were
+//! planned, started or supervised, nor the restart policy.
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tchrun::driver_log::{self, FailureRecord, RankExit};
-use tchrun::exit::ErrorKind;
 use tchrun::files;
+pub use tchrun::job_record::FailureSummary;
+use tchrun::job_record::Record;
 
 /// What a driver log says about its rank (read with `tchrun::driver_log`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -186,112 +188,43 @@ pub fn guess(text: &str) -> &'static str {
     }
 }
 
-/// The failure summary of a job.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FailureSummary {
-    pub rank: Option<usize>,
-    pub host: Option<String>,
-    pub local_rank: Option<usize>,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub time: Option<String>,
-    pub classification: String,
-    pub message: String,
-    pub log: Option<PathBuf>,
-    pub tail: Vec<String>,
-    pub exit_status: i32,
-    /// Earlier attempts of a job that restarted (`--max-restarts`), oldest first; the fields
-    /// above describe the last attempt.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub earlier_attempts: Vec<crate::restart::Attempt>,
-    /// Why tchrun did not restart after this attempt although `--max-restarts` had restarts
-    /// left (no progress, or `--min-nodes`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub not_restarted: Option<String>,
-}
-
-impl FailureSummary {
-    /// No rank made progress for `--hang-timeout`: the job was stopped (exit 4).
-    pub fn hang(message: String) -> FailureSummary {
-        FailureSummary {
-            rank: None,
-            host: None,
-            local_rank: None,
-            exit_code: None,
-            signal: None,
-            time: Some(tchrun::files::timestamp_now()),
-            classification: "hang".into(),
-            message,
-            log: None,
-            tail: Vec::new(),
-            exit_status: ErrorKind::RankFailed.exit_code(),
-            earlier_attempts: Vec::new(),
-            not_restarted: None,
-        }
-    }
-
-    /// The ranks never started (no driver log): mpirun/srun's exit code and the last lines of
-    /// its output (exit 3).
-    pub fn launch_failure(
-        message: String,
-        launcher_code: i32,
-        output: &[String],
-    ) -> FailureSummary {
-        FailureSummary {
-            rank: None,
-            host: None,
-            local_rank: None,
-            exit_code: Some(launcher_code),
-            signal: None,
-            time: None,
-            classification: "launch error".into(),
-            message,
-            log: None,
-            tail: output.iter().rev().take(15).rev().cloned().collect(),
-            exit_status: ErrorKind::LaunchFailed.exit_code(),
-            earlier_attempts: Vec::new(),
-            not_restarted: None,
-        }
-    }
-
-    /// A rank failed first: `culprit`'s log when there is one (its cause, time and tail), else
-    /// what its process's end says. `code` is the rank's exit code, `exit_status` tchrun's.
-    pub fn rank_failure(
-        culprit: Option<&RankLog>,
-        code: i32,
-        signal: Option<i32>,
-        at: std::time::SystemTime,
-        exit_status: i32,
-    ) -> FailureSummary {
-        let cause = culprit.and_then(classify);
-        let (message, classification) = match &cause {
-            Some((_, class, msg)) => (msg.clone(), class.clone()),
-            None => match signal {
-                Some(s) => (format!("killed by signal {s}"), "killed by signal".into()),
-                None if code > 128 => (
-                    format!("killed by signal {}", code - 128),
-                    "killed by signal".into(),
-                ),
-                None => (format!("exited with code {code}"), "error".into()),
-            },
-        };
-        FailureSummary {
-            rank: culprit.map(|c| c.rank),
-            host: culprit.map(|c| c.host.clone()),
-            local_rank: culprit.and_then(|c| c.local_rank),
-            exit_code: Some(code),
-            signal,
-            time: cause
-                .map(|c| c.0)
-                .or_else(|| Some(humantime::format_rfc3339_millis(at).to_string())),
-            classification,
-            message,
-            log: culprit.map(|c| c.path.clone()),
-            tail: culprit.map(|c| c.tail.clone()).unwrap_or_default(),
-            exit_status,
-            earlier_attempts: Vec::new(),
-            not_restarted: None,
-        }
+/// A rank failed first: `culprit`'s log when there is one (its cause, time and tail), else
+/// what its process's end says. `code` is the rank's exit code, `exit_status` tchrun's.
+pub fn rank_failure(
+    culprit: Option<&RankLog>,
+    code: i32,
+    signal: Option<i32>,
+    at: std::time::SystemTime,
+    exit_status: i32,
+) -> FailureSummary {
+    let cause = culprit.and_then(classify);
+    let (message, classification) = match &cause {
+        Some((_, class, msg)) => (msg.clone(), class.clone()),
+        None => match signal {
+            Some(s) => (format!("killed by signal {s}"), "killed by signal".into()),
+            None if code > 128 => (
+                format!("killed by signal {}", code - 128),
+                "killed by signal".into(),
+            ),
+            None => (format!("exited with code {code}"), "error".into()),
+        },
+    };
+    FailureSummary {
+        rank: culprit.map(|c| c.rank),
+        host: culprit.map(|c| c.host.clone()),
+        local_rank: culprit.and_then(|c| c.local_rank),
+        exit_code: Some(code),
+        signal,
+        time: cause
+            .map(|c| c.0)
+            .or_else(|| Some(humantime::format_rfc3339_millis(at).to_string())),
+        classification,
+        message,
+        log: culprit.map(|c| c.path.clone()),
+        tail: culprit.map(|c| c.tail.clone()).unwrap_or_default(),
+        exit_status,
+        earlier_attempts: Vec::new(),
+        not_restarted: None,
     }
 }
 
@@ -307,7 +240,7 @@ fn failed_at(l: &RankLog) -> Option<std::time::SystemTime> {
 
 /// Picks the first failing rank: the earliest failure (record or first ERROR) among the logs,
 /// else `hint_rank` (what mpirun or the supervisor saw exit first).
-pub fn first_failing<'a>(logs: &'a [RankLog], hint_rank: Option<usize>) -> Option<&'a RankLog> {
+pub fn first_failing(logs: &[RankLog], hint_rank: Option<usize>) -> Option<&RankLog> {
     let failed = |l: &RankLog| l.failure.is_some() || l.first_error.is_some();
     let by_error = logs
         .iter()
@@ -372,9 +305,7 @@ pub fn render(s: &FailureSummary, log_dir: &Path) -> String {
 
 /// Writes `failure.json` (best effort: the summary is also printed).
 pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
-    if let Ok(text) = serde_json::to_string_pretty(s) {
-        let _ = files::write_atomic(&log_dir.join(files::FAILURE_JSON), text.as_bytes());
-    }
+    let _ = s.write(log_dir);
 }
 
 /// `tchrun logs DIR`: the stored failure summary, or a per-rank overview.
@@ -402,10 +333,8 @@ pub fn logs_command(dir: &Path) -> Result<String, String> {
     } else {
         (dir, String::new())
     };
-    if let Ok(text) = std::fs::read_to_string(dir.join(files::FAILURE_JSON)) {
-        if let Ok(s) = serde_json::from_str::<FailureSummary>(&text) {
-            return Ok(format!("{note}{}", render(&s, dir)));
-        }
+    if let Ok(Some(s)) = FailureSummary::read(dir) {
+        return Ok(format!("{note}{}", render(&s, dir)));
     }
     let logs = read_driver_logs(dir);
     if logs.is_empty() {
@@ -453,8 +382,7 @@ pub fn skipped_images(logs: &[RankLog]) -> usize {
 }
 
 /// The end-of-run report from the ranks' summaries: throughput, slowest rank, LR used.
-pub fn run_report(dir: &Path) {
-    let logs = read_driver_logs(dir);
+pub fn run_report(logs: &[RankLog]) {
     let with: Vec<&RankLog> = logs.iter().filter(|l| l.summary.is_some()).collect();
     if with.is_empty() {
         return;
@@ -494,7 +422,7 @@ pub fn run_report(dir: &Path) {
     if let Some(lr) = lr {
         line.push_str(&format!("; effective LR {lr}"));
     }
-    let skipped = skipped_images(&logs);
+    let skipped = skipped_images(logs);
     if skipped > 0 {
         line.push_str(&format!(
             "; {skipped} bad image(s) skipped (--skip-bad-images), named in the driver logs"

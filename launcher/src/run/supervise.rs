@@ -2,7 +2,7 @@
 //! own process group and ended if tchrun dies (PDEATHSIG); tees their output to the terminal
 //! and `70_mpi_log`; forwards SIGINT/SIGTERM; stops the rest when one fails (local ranks).
 //! Every wait is bounded: a grace period, then SIGKILL.
-use crate::launch::CommandSpec;
+use crate::plan::launch::CommandSpec;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::fs::File;
@@ -191,6 +191,9 @@ pub struct Settings {
     /// Whether some rank reported that it failed. mpirun/srun normally end the job then; if
     /// they have not within `RANK_FAILED_GRACE` (a node they cannot reach), tchrun stops them.
     pub rank_failed: Option<Box<dyn Fn() -> bool>>,
+    /// Variables set on every process spawned (the attempt's `RankEnv`), on top of tchrun's
+    /// own environment and under each command's own.
+    pub env: Vec<(String, String)>,
 }
 
 /// How long mpirun/srun get to end the job after a rank reported its failure.
@@ -367,9 +370,10 @@ impl Phase {
     }
 }
 
-fn spawn(spec: &CommandSpec) -> std::io::Result<Child> {
+fn spawn(spec: &CommandSpec, env: &[(String, String)]) -> std::io::Result<Child> {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
+        .envs(env.iter().cloned())
         .envs(spec.env.iter().cloned())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -397,6 +401,62 @@ fn signal_group(child: &Child, sig: Signal) {
     let _ = killpg(Pid::from_raw(child.id() as i32), sig);
 }
 
+/// The processes of a run, their pipes' reader threads, and the tee they write to.
+struct Spawned {
+    children: Vec<Option<Child>>,
+    /// Every process group started (each child leads its own).
+    pids: Vec<u32>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Starts every command, each pipe read by a thread into `sink`. If one cannot start, those
+/// already started are killed.
+fn spawn_all(
+    specs: &[CommandSpec],
+    env: &[(String, String)],
+    sink: &Arc<Tee>,
+) -> std::io::Result<Spawned> {
+    let mut spawned = Spawned {
+        children: Vec::new(),
+        pids: Vec::new(),
+        readers: Vec::new(),
+    };
+    for spec in specs {
+        let mut child = match spawn(spec, env) {
+            Ok(c) => c,
+            Err(e) => {
+                for c in spawned.children.iter_mut().flatten() {
+                    signal_group(c, Signal::SIGKILL);
+                    let _ = c.wait();
+                }
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot start {}: {e}", spec.program),
+                ));
+            }
+        };
+        if let Some(out) = child.stdout.take() {
+            let s = Arc::clone(sink);
+            spawned.readers.push(std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    s.line(&line, false);
+                }
+            }));
+        }
+        if let Some(err) = child.stderr.take() {
+            let s = Arc::clone(sink);
+            spawned.readers.push(std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    s.line(&line, true);
+                }
+            }));
+        }
+        spawned.pids.push(child.id());
+        spawned.children.push(Some(child));
+    }
+    Ok(spawned)
+}
+
 /// Runs `specs` to the end. `mpi_log` receives everything they print.
 pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io::Result<Outcome> {
     let signal = Arc::new(AtomicUsize::new(0));
@@ -417,43 +477,46 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         console,
         quiet: std::sync::atomic::AtomicBool::new(false),
     });
-    let mut children: Vec<Option<Child>> = Vec::new();
-    let mut pids: Vec<u32> = Vec::new();
-    let mut readers = Vec::new();
-    for spec in specs {
-        let mut child = match spawn(spec) {
-            Ok(c) => c,
-            Err(e) => {
-                for c in children.iter_mut().flatten() {
-                    signal_group(c, Signal::SIGKILL);
-                    let _ = c.wait();
-                }
-                return Err(std::io::Error::new(
-                    e.kind(),
-                    format!("cannot start {}: {e}", spec.program),
-                ));
-            }
-        };
-        if let Some(out) = child.stdout.take() {
-            let s = Arc::clone(&sink);
-            readers.push(std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    s.line(&line, false);
-                }
-            }));
+    let mut spawned = spawn_all(specs, &settings.env, &sink)?;
+    let phase = watch(&mut spawned.children, &signal, settings, &sink);
+    // Reader threads end when the pipes close; anything a grandchild kept open is abandoned
+    // after a bound rather than waited for.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for r in spawned.readers {
+        while !r.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
         }
-        if let Some(err) = child.stderr.take() {
-            let s = Arc::clone(&sink);
-            readers.push(std::thread::spawn(move || {
-                for line in BufReader::new(err).lines().map_while(Result::ok) {
-                    s.line(&line, true);
-                }
-            }));
+        if r.is_finished() {
+            let _ = r.join();
         }
-        pids.push(child.id());
-        children.push(Some(child));
     }
+    sink.console.finish();
+    let tail = sink
+        .tail
+        .lock()
+        .map(|t| t.iter().cloned().collect())
+        .unwrap_or_default();
+    if let Ok(mut f) = sink.log.lock() {
+        let _ = f.flush();
+    }
+    // Nothing of the job outlives it: whatever a rank left in its process group goes too.
+    for pid in &spawned.pids {
+        let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+    }
+    Ok(Outcome {
+        ending: phase.ending(),
+        tail,
+    })
+}
 
+/// Watches the processes until every one has ended: reaps them, forwards tchrun's signals,
+/// fails fast, stops a job whose rank reported a failure or that hangs, escalates a stop.
+fn watch(
+    children: &mut [Option<Child>],
+    signal: &AtomicUsize,
+    settings: &Settings,
+    sink: &Tee,
+) -> Phase {
     let mut phase = Phase::Running {
         failed: None,
         reported: None,
@@ -477,7 +540,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         }
         let running: Vec<&Child> = children.iter().flatten().collect();
         if running.is_empty() {
-            break;
+            return phase;
         }
         // Signals to tchrun: ask the ranks to stop cleanly, then escalate; a second one kills.
         let sig = signal.swap(0, Ordering::SeqCst);
@@ -532,34 +595,6 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Reader threads end when the pipes close; anything a grandchild kept open is abandoned
-    // after a bound rather than waited for.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    for r in readers {
-        while !r.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if r.is_finished() {
-            let _ = r.join();
-        }
-    }
-    sink.console.finish();
-    let tail = sink
-        .tail
-        .lock()
-        .map(|t| t.iter().cloned().collect())
-        .unwrap_or_default();
-    if let Ok(mut f) = sink.log.lock() {
-        let _ = f.flush();
-    }
-    // Nothing of the job outlives it: whatever a rank left in its process group goes too.
-    for pid in &pids {
-        let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
-    }
-    Ok(Outcome {
-        ending: phase.ending(),
-        tail,
-    })
 }
 
 #[cfg(test)]

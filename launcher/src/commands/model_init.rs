@@ -55,7 +55,7 @@ pub struct InitArgs {
 
 pub fn run(a: &InitArgs) -> Result<(), JobError> {
     if let Some(w) = &a.weights {
-        crate::preflight::check_disjoint(
+        crate::plan::preflight::check_disjoint(
             &[Named::new("--output", "the model directory", &a.output)],
             vec![Named::new("--weights", "the initial weights file", w)],
             None,
@@ -113,13 +113,13 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
         tchrun::files::write_atomic(&weights_target, &loaded.safetensors).map_err(|e| {
             JobError::invalid(format!("--output {}: {}", a.output.display(), e.source))
         })?;
-        cfg.initial_weights = Some(serde_json::json!({
-            "file": w.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-            "sha256": loaded.sha256,
-            "format": loaded.info.format.name(),
-            "head_classes": loaded.info.head_classes,
-            "tensors": loaded.info.tensors,
-        }));
+        cfg.initial_weights = Some(model::InitialWeights::from_file(
+            w.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            loaded.sha256,
+            &loaded.info,
+        ));
     } else if weights_target.exists() {
         // --force over a directory with weights: without --weights it starts from the seed.
         std::fs::remove_file(&weights_target).map_err(|e| {

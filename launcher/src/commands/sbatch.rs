@@ -2,8 +2,8 @@
 //! paths, graceful preemption, requeue) whose body runs `srun --mpi=pmix tchrun-worker train`,
 //! and with `--submit` its submission. The script text is a pure function, unit-tested.
 use crate::error::JobError;
-use crate::launch::{self, LaunchArgs, LauncherKind};
-use crate::preflight::{absolute, batch_plan};
+use crate::plan::launch::{self, LaunchArgs, LauncherKind};
+use crate::plan::preflight::{absolute, batch_plan};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use tchrun::files;
@@ -167,7 +167,7 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
             absolute(s.clone()),
         ));
     }
-    crate::preflight::check_disjoint(&outputs, inputs, Some(&a.launch))?;
+    crate::plan::preflight::check_disjoint(&outputs, inputs, Some(&a.launch))?;
     let inputs = tchrun::preflight::check_train_job(&tj, false)?;
     let world = tchrun::counts::world_size(a.launch.nodes, a.launch.procs_per_node)
         .map_err(|e| JobError::invalid(e.0))?;

@@ -1,25 +1,76 @@
-//! The outcome of a supervised job: success (the run report), interrupted, hung, a launch
+//! The outcome of a supervised attempt: success (the run report), interrupted, hung, a launch
 //! that failed (no rank started: mpirun's own words say why), or a rank that failed (the first
-//! one, from the driver logs and mpirun's output). Failures become `JobError`s, printed by
-//! `main`; the failure summary is also written to `failure.json`.
+//! one, from the driver logs and mpirun's output). What the attempt came to is a value
+//! (`AttemptOutcome`): the result, the failure summary and the ranks' logs; the summary is
+//! written to `failure.json` from it (`finish`), and `main` prints the failure.
 use crate::error::JobError;
-use crate::launch::{LaunchArgs, LauncherKind, Plan};
-use crate::report::{self, FailureSummary};
-use crate::supervise::{Ended, Ending, Outcome};
+use crate::plan::launch::{LaunchArgs, LauncherKind, Plan};
+use crate::report::{self, FailureSummary, RankLog};
+use crate::run::supervise::{Ended, Ending, Outcome};
 use std::path::Path;
 use tchrun::exit::ErrorKind;
 
-/// What a job that ran comes to: its exit code, or the failure.
+/// What one attempt came to.
+#[derive(Debug)]
+pub struct AttemptOutcome {
+    /// tchrun's exit code (0, or 130/143 after a stop), or why the attempt failed.
+    pub result: Result<i32, JobError>,
+    /// `failure.json`'s content when the attempt failed with one (a rank failed, the job hung,
+    /// the ranks could not start); not written yet.
+    pub summary: Option<FailureSummary>,
+    /// The ranks' driver logs as the attempt left them.
+    pub logs: Vec<RankLog>,
+}
+
+impl AttemptOutcome {
+    /// An attempt that ended with `code` and left nothing to report.
+    pub fn ended(code: i32) -> AttemptOutcome {
+        AttemptOutcome {
+            result: Ok(code),
+            summary: None,
+            logs: Vec::new(),
+        }
+    }
+
+    fn failed(error: JobError, summary: Option<FailureSummary>, logs: Vec<RankLog>) -> Self {
+        AttemptOutcome {
+            result: Err(error),
+            summary,
+            logs,
+        }
+    }
+
+    /// Whether a restart could recover it: a rank failed or the job hung (not a refused input,
+    /// a launch that failed, a stop).
+    pub fn restartable(&self) -> bool {
+        matches!(
+            self.result,
+            Err(JobError::RankFailed { .. } | JobError::Hung(_))
+        )
+    }
+
+    /// The end of the job: the failure summary written to `<log_dir>/failure.json` (best
+    /// effort: it is also printed), then the exit code or the failure.
+    pub fn finish(self, log_dir: &Path) -> Result<i32, JobError> {
+        if let Some(s) = &self.summary {
+            report::write_summary(log_dir, s);
+        }
+        self.result
+    }
+}
+
+/// What an attempt that ran comes to: its exit code, or the failure with its summary.
 pub fn conclude(
     args: &LaunchArgs,
     plan: &Plan,
     outcome: &Outcome,
+    logs: Vec<RankLog>,
     mpi_log_path: &Path,
-) -> Result<i32, JobError> {
+) -> AttemptOutcome {
     let first = match &outcome.ending {
         Ending::Succeeded => {
-            report::run_report(&plan.log_dir);
-            return Ok(0);
+            report::run_report(&logs);
+            return AttemptOutcome::ended(0);
         }
         Ending::Failed(first) => first.clone(),
         Ending::Interrupted(sig) => {
@@ -38,11 +89,13 @@ pub fn conclude(
                 plan.log_dir.display(),
                 mpi_log_path.display()
             );
-            return Ok(kind.exit_code());
+            return AttemptOutcome::ended(kind.exit_code());
         }
-        Ending::Hung => return Err(hung(args, plan)),
+        Ending::Hung => {
+            let (error, summary) = hung(args, &logs);
+            return AttemptOutcome::failed(error, Some(summary), logs);
+        }
     };
-    let logs = report::read_driver_logs(&plan.log_dir);
     let (hint_rank, hint_code) = match plan.kind {
         LauncherKind::Local => (Some(first.index), Some(first.ended.as_code())),
         _ => mpirun_first_failure(&outcome.tail),
@@ -51,20 +104,21 @@ pub fn conclude(
     // A rank that refused its input exits 2 before it opens a driver log: its message is
     // already on the terminal; that is invalid input, not a failed launch.
     if logs.is_empty() && code == ErrorKind::InvalidInput.exit_code() {
-        return Err(JobError::invalid(format!(
+        let error = JobError::invalid(format!(
             "the ranks refused the input (see their message above and {})",
             mpi_log_path.display()
-        )));
+        ));
+        return AttemptOutcome::failed(error, None, logs);
     }
     if logs.is_empty() {
         let message = launch_failure_message(plan, &outcome.tail);
         let summary =
             FailureSummary::launch_failure(message.clone(), first.ended.as_code(), &outcome.tail);
-        report::write_summary(&plan.log_dir, &summary);
-        return Err(JobError::launch(format!(
+        let error = JobError::launch(format!(
             "{message}\n  launcher output: {}",
             mpi_log_path.display()
-        )));
+        ));
+        return AttemptOutcome::failed(error, Some(summary), logs);
     }
     // Which rank: local ranks are one process each; mpirun names the first one.
     let kind = ErrorKind::from_worker_exit(code).unwrap_or(ErrorKind::RankFailed);
@@ -73,22 +127,21 @@ pub fn conclude(
         Ended::Signal(s) => Some(s),
         Ended::Code(_) => None,
     };
-    let summary = FailureSummary::rank_failure(culprit, code, signal, first.at, kind.exit_code());
-    report::write_summary(&plan.log_dir, &summary);
-    Err(JobError::RankFailed {
+    let summary = report::rank_failure(culprit, code, signal, first.at, kind.exit_code());
+    let error = JobError::RankFailed {
         kind,
         report: report::render(&summary, &plan.log_dir),
-    })
+    };
+    AttemptOutcome::failed(error, Some(summary), logs)
 }
 
-/// The hang watchdog stopped the job: the last line of each rank, written to `failure.json`.
-fn hung(args: &LaunchArgs, plan: &Plan) -> JobError {
-    let logs = report::read_driver_logs(&plan.log_dir);
+/// The hang watchdog stopped the job: the last line of each rank, for `failure.json`.
+fn hung(args: &LaunchArgs, logs: &[RankLog]) -> (JobError, FailureSummary) {
     let mut msg = format!(
         "no rank made progress for {} s (--hang-timeout); the job was stopped. Last line of each rank:",
         args.hang_timeout
     );
-    for l in &logs {
+    for l in logs {
         msg.push_str(&format!(
             "\n  rank {} ({}): {}",
             l.rank,
@@ -97,8 +150,7 @@ fn hung(args: &LaunchArgs, plan: &Plan) -> JobError {
         ));
     }
     let summary = FailureSummary::hang(msg.clone());
-    report::write_summary(&plan.log_dir, &summary);
-    JobError::Hung(msg)
+    (JobError::Hung(msg), summary)
 }
 
 /// mpirun's "Process name: [[job,1],R] ... Exit code: C" of the first failing rank.

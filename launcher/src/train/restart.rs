@@ -1,0 +1,353 @@
+//! `tchrun train --max-restarts N`: a job that recovers without a human. When a rank fails
+//! after the job made progress in this attempt (a newer checkpoint than the one it started
+//! from), the attempt's logs move to `<log-dir>/attempt-<n>/`, and after a short bounded
+//! back-off every rank starts again with `--resume`. A failure before any progress is not
+//! retried (no loop of failing starts); the budget counts restarts of the whole job. Each
+//! attempt's outcome comes back as a value (`run::AttemptOutcome`): its failure summary and
+//! its ranks' logs decide the restart, and `failure.json` is written from it.
+//!
+//! With `--exclude-failed-hosts` the hosts of the failures are counted and a failing one left
+//! out (`hosts.rs`).
+use super::hosts::{self, HostDecision, HostFailures};
+use crate::error::JobError;
+use crate::plan::launch::{LaunchArgs, Plan};
+use crate::report::{self, FailureSummary};
+use crate::run::{self, AttemptOutcome, RankEnv};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tchrun::files;
+use tchrun::flags::TrainJob;
+use tchrun::job_record::{Attempt, Record};
+
+/// Restart policy flags of `tchrun train`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RestartArgs {
+    /// Restarts of the whole job after a rank failure, each resuming from the last complete
+    /// checkpoint (only when the failed attempt wrote a newer one: a job that fails before
+    /// making progress is not retried). 0: fail as soon as a rank fails.
+    #[arg(long, env = "TCHRUN_MAX_RESTARTS", default_value_t = 0)]
+    pub max_restarts: u32,
+    /// Leave out a host whose ranks failed in two attempts: the next attempt runs on the
+    /// remaining hosts of --hostfile with fewer ranks, resuming from the checkpoint (needs
+    /// --hostfile and --max-restarts).
+    #[arg(long, env = "TCHRUN_EXCLUDE_FAILED_HOSTS")]
+    pub exclude_failed_hosts: bool,
+    /// With --exclude-failed-hosts: the fewest nodes the job goes on with; when leaving out a
+    /// failing host would leave fewer, the job stops (exit 4).
+    #[arg(long, env = "TCHRUN_MIN_NODES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true, requires = "exclude_failed_hosts")]
+    pub min_nodes: u32,
+}
+
+impl RestartArgs {
+    /// Pre-flight of the restart flags against the launch flags.
+    pub fn check(&self, launch: &LaunchArgs) -> Result<(), JobError> {
+        if !self.exclude_failed_hosts {
+            return Ok(());
+        }
+        if launch.hostfile.is_none() {
+            return Err(JobError::invalid(
+                "--exclude-failed-hosts needs --hostfile FILE: the hosts a failing one is left out of",
+            ));
+        }
+        if self.max_restarts == 0 {
+            return Err(JobError::invalid(
+                "--exclude-failed-hosts needs --max-restarts N (N > 0): a failing host is left out of the next attempt, and without restarts there is none",
+            ));
+        }
+        if self.min_nodes > launch.nodes {
+            return Err(JobError::invalid(format!(
+                "--min-nodes {} is more than --nodes {}: the job could not go on without any host; lower --min-nodes",
+                self.min_nodes, launch.nodes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How a job's attempts ended, short of a failure.
+#[derive(Debug)]
+pub enum Ended {
+    /// The last attempt ended with `code` (0, or 130/143 after a stop); `restarted`: the
+    /// attempts before it, oldest first.
+    Ran { code: i32, restarted: Vec<Attempt> },
+    /// tchrun was stopped while it waited to restart: nothing runs; its exit code.
+    StoppedBeforeRestart(i32),
+}
+
+/// What the attempts of one job share.
+pub struct Attempts<'a> {
+    pub launch: &'a LaunchArgs,
+    pub restarts: &'a RestartArgs,
+    /// The environment of every attempt (the locks tchrun holds); each adds its number.
+    pub env: RankEnv,
+    /// The worker's arguments for the job as it stands (`--resume` after the first attempt).
+    pub worker_args: &'a dyn Fn(&TrainJob) -> Vec<String>,
+}
+
+impl Attempts<'_> {
+    /// Runs the job's attempts: the first, and after a failure that made progress a restart
+    /// (`--max-restarts`), resuming from the checkpoint on the hosts left. The last attempt's
+    /// failure comes back as the error, its `failure.json` written with the earlier attempts.
+    pub fn run(&self, plan: &mut Plan, job: &mut TrainJob) -> Result<Ended, JobError> {
+        let (launch, restarts) = (self.launch, self.restarts);
+        let log_dir = plan.log_dir.clone();
+        let mut history: Vec<Attempt> = Vec::new();
+        let mut host_failures = HostFailures::default();
+        loop {
+            let attempt = history.len() as u32 + 1;
+            let env = RankEnv {
+                attempt: Some(attempt),
+                ..self.env.clone()
+            };
+            let started_from = checkpoint_step(&job.output);
+            let outcome = run::run_attempt(launch, plan, (self.worker_args)(job), &env)?;
+            if !outcome.restartable() {
+                let code = outcome.finish(&log_dir)?;
+                return Ok(Ended::Ran {
+                    code,
+                    restarted: history,
+                });
+            }
+            let AttemptOutcome {
+                result,
+                summary,
+                logs,
+            } = outcome;
+            let failure = match result {
+                Err(e) => e,
+                Ok(code) => {
+                    return Ok(Ended::Ran {
+                        code,
+                        restarted: history,
+                    })
+                }
+            };
+            let now = checkpoint_step(&job.output);
+            let progressed = now.is_some() && now > started_from;
+            if history.len() as u32 >= restarts.max_restarts || launch.dry_run || !progressed {
+                let mut why = None;
+                if restarts.max_restarts > 0 && !progressed {
+                    let w = format!(
+                        "not restarting: attempt {attempt} wrote no checkpoint (it failed before making progress; a restart would fail the same way)"
+                    );
+                    errln!("tchrun: {w}");
+                    why = Some(w);
+                }
+                give_up(&log_dir, summary, &history, why);
+                return Err(failure);
+            }
+            let cause = summary
+                .as_ref()
+                .map(|s| s.message.lines().next().unwrap_or_default().to_string())
+                .unwrap_or_else(|| failure.to_string());
+            // `--exclude-failed-hosts`: the failure counts against its host(s); one that
+            // failed in two attempts is left out of the next.
+            let (mut failed_hosts, mut dropped_hosts) = (Vec::new(), Vec::new());
+            if restarts.exclude_failed_hosts {
+                failed_hosts = hosts::failed_hosts(
+                    summary.as_ref(),
+                    &logs,
+                    &plan.node_names,
+                    plan.procs_per_node,
+                );
+                host_failures.record(attempt, &failed_hosts, &cause);
+                match host_failures.decide(plan, restarts.min_nodes) {
+                    HostDecision::Keep => {}
+                    HostDecision::Stop(why) => {
+                        errln!("tchrun: {why}");
+                        give_up(&log_dir, summary, &history, Some(why));
+                        return Err(failure);
+                    }
+                    HostDecision::Drop(d) => dropped_hosts = d,
+                }
+            }
+            // This attempt's failure summary (kept with its logs), then the restart.
+            if let Some(s) = &summary {
+                report::write_summary(&log_dir, s);
+            }
+            {
+                use std::io::Write as _;
+                let _ = write!(std::io::stderr(), "{}", failure.render());
+            }
+            if !dropped_hosts.is_empty() {
+                *plan = hosts::without_hosts(plan, &dropped_hosts)?;
+                for d in &dropped_hosts {
+                    errln!("tchrun: {}", d.line());
+                }
+            }
+            let record = Attempt {
+                attempt,
+                rank: summary.as_ref().and_then(|s| s.rank),
+                host: summary.as_ref().and_then(|s| s.host.clone()),
+                classification: summary
+                    .as_ref()
+                    .map(|s| s.classification.clone())
+                    .unwrap_or_else(|| "error".into()),
+                cause,
+                exit_status: failure.kind().exit_code(),
+                resumed_from_step: now,
+                logs: archive(&log_dir, attempt)?,
+                failed_hosts,
+                dropped_hosts,
+            };
+            let wait = backoff(attempt);
+            errln!(
+                "tchrun: {}; restarting all ranks in {} s from the checkpoint at step {} (restart {attempt} of at most {}; logs of attempt {attempt} in {})",
+                record.line(),
+                wait.as_secs(),
+                now.unwrap_or(0),
+                restarts.max_restarts,
+                record.logs.display()
+            );
+            history.push(record);
+            // `restarts.json` (best effort: each attempt is also said on the console).
+            let _ = history.write(&log_dir);
+            if let Some(sig) = wait_interruptibly(wait)
+                .map_err(|e| JobError::launch(format!("cannot wait for the restart: {e}")))?
+            {
+                errln!("tchrun: interrupted before the restart; nothing is running");
+                return Ok(Ended::StoppedBeforeRestart(
+                    if sig == signal_hook::consts::SIGINT {
+                        tchrun::exit::ErrorKind::InterruptedInt.exit_code()
+                    } else {
+                        tchrun::exit::ErrorKind::InterruptedTerm.exit_code()
+                    },
+                ));
+            }
+            job.options.resume = true;
+        }
+    }
+}
+
+/// The last attempt failed too and is not restarted: its `failure.json` gets the earlier
+/// attempts and why tchrun did not restart it (when it could have).
+fn give_up(
+    log_dir: &Path,
+    summary: Option<FailureSummary>,
+    history: &[Attempt],
+    not_restarted: Option<String>,
+) {
+    if let Some(mut s) = summary {
+        s.earlier_attempts = history.to_vec();
+        s.not_restarted = not_restarted;
+        report::write_summary(log_dir, &s);
+    }
+}
+
+/// The optimizer step of the last complete checkpoint in `output`, if any.
+pub fn checkpoint_step(output: &Path) -> Option<u64> {
+    tchrun::checkpoint::read(output)
+        .ok()
+        .flatten()
+        .map(|l| l.step)
+}
+
+/// Moves the attempt's driver logs, launch log, rank table and failure summary from `log_dir`
+/// into `<log_dir>/attempt-<n>/`; returns that directory.
+pub fn archive(log_dir: &Path, attempt: u32) -> Result<PathBuf, JobError> {
+    let dir = files::attempt_dir(log_dir, attempt);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| JobError::input_io(format!("--log-dir {}", dir.display()), e))?;
+    let rd = std::fs::read_dir(log_dir)
+        .map_err(|e| JobError::input_io(format!("--log-dir {}", log_dir.display()), e))?;
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let ours = files::driver_log_rank(&name).is_some()
+            || [files::MPI_LOG, files::RANKS_JSON, files::FAILURE_JSON].contains(&name.as_str());
+        if ours {
+            std::fs::rename(e.path(), dir.join(&name)).map_err(|err| {
+                JobError::input_io(format!("moving {} to {}", name, dir.display()), err)
+            })?;
+        }
+    }
+    Ok(dir)
+}
+
+/// The wait before restart `n` (1-based): 1 s, 2 s, 4 s, ... at most 16 s.
+pub fn backoff(n: u32) -> Duration {
+    Duration::from_secs(1u64 << n.saturating_sub(1).min(4))
+}
+
+/// Waits `d`, or less when tchrun receives SIGINT/SIGTERM: then that signal's number.
+pub fn wait_interruptibly(d: Duration) -> std::io::Result<Option<i32>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let flag = Arc::new(AtomicUsize::new(0));
+    let mut ids = Vec::new();
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        ids.push(signal_hook::flag::register_usize(
+            sig,
+            Arc::clone(&flag),
+            sig as usize,
+        )?);
+    }
+    let end = Instant::now() + d;
+    let mut got = None;
+    while Instant::now() < end {
+        let s = flag.load(Ordering::SeqCst);
+        if s != 0 {
+            got = Some(s as i32);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for id in ids {
+        signal_hook::low_level::unregister(id);
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_short_and_bounded() {
+        let secs: Vec<u64> = (1..=8).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![1, 2, 4, 8, 16, 16, 16, 16]);
+    }
+
+    #[test]
+    fn the_checkpoint_step_comes_from_last_json() {
+        let t = tempfile::tempdir().unwrap();
+        assert_eq!(checkpoint_step(t.path()), None);
+        let d = t.path().join(files::CHECKPOINT_DIR);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join(files::CHECKPOINT_LAST),
+            r#"{"format_version": 1, "epoch": 1, "batches_done": 0, "step": 42, "world_size": 2,
+                "seed": 1, "best_loss": null, "best_epoch": null, "since_best": 0, "history": [],
+                "partial": [0, 0, 0], "loss_scale": 1, "finished": false,
+                "tensors": "last-42.safetensors"}"#,
+        )
+        .unwrap();
+        assert_eq!(checkpoint_step(t.path()), Some(42));
+    }
+
+    #[test]
+    fn archive_moves_only_the_attempts_files() {
+        let t = tempfile::tempdir().unwrap();
+        let l = t.path();
+        for f in [
+            "70_driver_log_0",
+            "70_driver_log_1",
+            "70_mpi_log",
+            "ranks.json",
+            "failure.json",
+        ] {
+            std::fs::write(l.join(f), f).unwrap();
+        }
+        std::fs::write(l.join("verified_inputs.json"), "{}").unwrap();
+        let d = archive(l, 1).unwrap();
+        assert_eq!(d, l.join("attempt-1"));
+        assert_eq!(
+            std::fs::read_to_string(d.join("70_driver_log_1")).unwrap(),
+            "70_driver_log_1"
+        );
+        assert!(!l.join("70_driver_log_0").exists() && !l.join("failure.json").exists());
+        assert!(
+            l.join("verified_inputs.json").exists(),
+            "the job's own files stay"
+        );
+    }
+}

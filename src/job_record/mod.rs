@@ -1,0 +1,82 @@
+//! The records a job leaves in its log directory for the user, `tchrun logs` and the next
+//! attempt: `failure.json` ([`failure::FailureSummary`]), `ranks.json` ([`ranks::RankRow`])
+//! and `restarts.json` ([`restarts::Attempt`]). Each is one typed struct whose one reader and
+//! one writer are [`Record`]'s, so that every binary that reads a record reads what was
+//! written.
+//! Owns the JSON shapes (field names and order are documented); knows nothing of how a job is
+//! launched or supervised.
+use std::path::{Path, PathBuf};
+
+pub mod failure;
+pub mod ranks;
+pub mod restarts;
+
+pub use failure::FailureSummary;
+pub use ranks::RankRow;
+pub use restarts::{Attempt, DroppedHost};
+
+/// A record that exists but cannot be read or parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a tchrun record: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// A record of the log directory: its file's name, and its one reader and writer.
+pub trait Record: serde::Serialize + serde::de::DeserializeOwned {
+    /// The file's name in the log directory (`tchrun::files`).
+    const FILE: &'static str;
+
+    /// `<log_dir>/FILE`.
+    fn path(log_dir: &Path) -> PathBuf {
+        log_dir.join(Self::FILE)
+    }
+
+    /// The record a job left in `log_dir`: `None` when there is none.
+    fn read(log_dir: &Path) -> Result<Option<Self>, RecordError> {
+        let path = Self::path(log_dir);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(RecordError::Read { path, source }),
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|source| RecordError::Parse { path, source })
+    }
+
+    /// Writes `<log_dir>/FILE` (pretty JSON, atomically, mode 0640).
+    fn write(&self, log_dir: &Path) -> Result<(), crate::files::AtomicWriteError> {
+        let path = Self::path(log_dir);
+        let text =
+            serde_json::to_string_pretty(self).map_err(|e| crate::files::AtomicWriteError {
+                path: path.clone(),
+                source: std::io::Error::other(e),
+            })?;
+        crate::files::write_atomic(&path, text.as_bytes())
+    }
+}
+
+impl Record for FailureSummary {
+    const FILE: &'static str = crate::files::FAILURE_JSON;
+}
+
+/// The rank table, one row a rank.
+impl Record for Vec<RankRow> {
+    const FILE: &'static str = crate::files::RANKS_JSON;
+}
+
+/// The attempts that were restarted, oldest first.
+impl Record for Vec<Attempt> {
+    const FILE: &'static str = crate::files::RESTARTS_JSON;
+}
