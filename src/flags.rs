@@ -99,7 +99,7 @@ pub struct RankFlags {
     #[arg(long, env = "TCHRUN_LOG_DIR")]
     pub log_dir: Option<PathBuf>,
     /// Seconds a collective or the store may wait for the other ranks before failing.
-    #[arg(long, env = "TCHRUN_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=crate::counts::MAX_SECONDS))]
+    #[arg(long, env = "TCHRUN_TIMEOUT", default_value_t = DEFAULT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..=crate::counts::MAX_SECONDS))]
     pub timeout: u64,
 }
 
@@ -142,6 +142,8 @@ impl TrainParams {
     }
 }
 
+/// `--timeout`'s default: seconds a rank waits for a peer in a collective or at start-up.
+pub const DEFAULT_TIMEOUT_S: u64 = 300;
 /// Default log directory of jobs that have no `--output`.
 pub const DEFAULT_LOG_DIR: &str = "tchrun-logs";
 
@@ -366,7 +368,7 @@ pub struct TrainOptions {
     #[arg(long, env = "TCHRUN_SKIP_BAD_IMAGES")]
     pub skip_bad_images: bool,
     /// Refuse images whose header declares more pixels than this (decompression bombs).
-    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = 89_478_485, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = crate::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
     /// Decode/augment threads per rank (default: cores / ranks on the node).
     #[arg(long, env = "TCHRUN_LOADER_THREADS", value_parser = clap::value_parser!(u32).range(1..=crate::counts::MAX_LOADER_THREADS as i64))]

@@ -49,7 +49,7 @@ pub struct PackArgs {
     #[arg(long, env = "TCHRUN_SKIP_BAD_IMAGES")]
     pub skip_bad_images: bool,
     /// Refuse images whose header declares more pixels than this (decompression bombs).
-    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = 89_478_485, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
 }
 

@@ -57,7 +57,7 @@ pub fn init() -> Result<Dist, DistError> {
         std::env::var(tchrun::env::TCHRUN_TIMEOUT)
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(300),
+            .unwrap_or(tchrun::flags::DEFAULT_TIMEOUT_S),
     );
     let backend = match std::env::var(tchrun::env::TCHRUN_BACKEND).as_deref() {
         Ok("nccl") => BackendKind::Nccl,
