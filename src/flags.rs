@@ -1,7 +1,7 @@
 //! Every flag shared by `tchrun` and `tchrun-worker`: name, default, range, help and
 //! `TCHRUN_<FLAG>` variable live here, so both binaries and `--help` never drift.
 use clap::{Args, ValueEnum};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Parses `--lr`: a finite float >= f64::EPSILON (the seed's `>=double.Epsilon`).
 pub fn parse_lr(s: &str) -> Result<f64, String> {
@@ -558,18 +558,55 @@ pub fn parse_or_exit<C: clap::Parser>() -> C {
     }
 }
 
-/// The inputs and outputs of scoring ("Score Image Model"): `tchrun score` and
-/// `tchrun-worker score` take the same flags, defined here once. The device and the other rank
+/// Which inference command a job is: `score` ("Score Image Model") or `evaluate` ("Evaluate
+/// Model"). Their flags are the same (`InferenceJob`); the help of `--images` and `--output`
+/// and the default log directory differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inference {
+    Score,
+    Evaluate,
+}
+
+impl Inference {
+    /// `--images`' help (each command sets it with `mut_arg`).
+    pub const fn images_help(self) -> &'static str {
+        match self {
+            Inference::Score => {
+                "Directory of images to score (searched recursively), or a .zip/.tar/.tar.gz \
+                 archive of one"
+            }
+            Inference::Evaluate => {
+                "Labeled images: one sub-folder per class (ImageFolder layout), each a class of \
+                 the model; or a .zip/.tar/.tar.gz archive of such a folder"
+            }
+        }
+    }
+
+    /// `--output`'s help.
+    pub const fn output_help(self) -> &'static str {
+        match self {
+            Inference::Score => "CSV file to write",
+            Inference::Evaluate => {
+                "Evaluation directory to write: scores.csv, metrics.json, confusion_matrix.csv \
+                 and .png"
+            }
+        }
+    }
+}
+
+/// The inputs and outputs of scoring and evaluation: `tchrun score|evaluate` and
+/// `tchrun-worker score|evaluate` take the same flags, defined here once (each command sets the
+/// help of `--images` and `--output` from its `Inference`). The device and the other rank
 /// settings are [`RankFlags`].
 #[derive(Args, Debug, Clone, PartialEq)]
-pub struct ScoreJob {
+pub struct InferenceJob {
     /// Trained model directory (model.json + model.safetensors).
     #[arg(long, env = "TCHRUN_MODEL")]
     pub model: PathBuf,
-    /// Directory of images to score (searched recursively), or a .zip/.tar/.tar.gz archive of one.
+    /// The images (help: `Inference::images_help`).
     #[arg(long)]
     pub images: PathBuf,
-    /// CSV file to write.
+    /// What to write (help: `Inference::output_help`).
     #[arg(long)]
     pub output: PathBuf,
     /// Images per forward pass (per rank).
@@ -577,58 +614,28 @@ pub struct ScoreJob {
     pub batch_size: u32,
 }
 
-/// The inputs and outputs of evaluation ("Evaluate Model"): `tchrun evaluate` and
-/// `tchrun-worker evaluate`.
-#[derive(Args, Debug, Clone, PartialEq)]
-pub struct EvaluateJob {
-    /// Trained model directory (model.json + model.safetensors).
-    #[arg(long, env = "TCHRUN_MODEL")]
-    pub model: PathBuf,
-    /// Labeled images: one sub-folder per class (ImageFolder layout), each a class of the model;
-    /// or a .zip/.tar/.tar.gz archive of such a folder.
-    #[arg(long)]
-    pub images: PathBuf,
-    /// Evaluation directory to write: scores.csv, metrics.json, confusion_matrix.csv and .png.
-    #[arg(long)]
-    pub output: PathBuf,
-    /// Images per forward pass (per rank).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch_size: u32,
-}
-
-fn inference_args(model: &Path, images: &Path, output: &Path, batch_size: u32) -> Vec<String> {
-    vec![
-        format!("--model={}", model.display()),
-        format!("--images={}", images.display()),
-        format!("--output={}", output.display()),
-        format!("--batch-size={batch_size}"),
-    ]
-}
-
-impl ScoreJob {
-    /// The job as arguments for `tchrun-worker score`.
+impl InferenceJob {
+    /// The job as arguments for `tchrun-worker score|evaluate`.
     pub fn to_args(&self) -> Vec<String> {
-        inference_args(&self.model, &self.images, &self.output, self.batch_size)
+        vec![
+            format!("--model={}", self.model.display()),
+            format!("--images={}", self.images.display()),
+            format!("--output={}", self.output.display()),
+            format!("--batch-size={}", self.batch_size),
+        ]
     }
 
-    /// Driver logs without `--log-dir`: `tchrun-logs` beside the CSV (a job's logs stay with
-    /// its output, not in the current directory).
-    pub fn default_log_dir(&self) -> PathBuf {
-        self.output
-            .parent()
-            .map(|p| p.join(DEFAULT_LOG_DIR))
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_LOG_DIR))
-    }
-}
-
-impl EvaluateJob {
-    /// The job as arguments for `tchrun-worker evaluate`.
-    pub fn to_args(&self) -> Vec<String> {
-        inference_args(&self.model, &self.images, &self.output, self.batch_size)
-    }
-
-    /// Driver logs without `--log-dir`: `<output>/logs`.
-    pub fn default_log_dir(&self) -> PathBuf {
-        self.output.join(crate::files::DEFAULT_LOG_SUBDIR)
+    /// Driver logs without `--log-dir`: for `score`, `tchrun-logs` beside the CSV (a job's
+    /// logs stay with its output, not in the current directory); for `evaluate`,
+    /// `<output>/logs`.
+    pub fn default_log_dir(&self, kind: Inference) -> PathBuf {
+        match kind {
+            Inference::Score => self
+                .output
+                .parent()
+                .map(|p| p.join(DEFAULT_LOG_DIR))
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_LOG_DIR)),
+            Inference::Evaluate => self.output.join(crate::files::DEFAULT_LOG_SUBDIR),
+        }
     }
 }

@@ -32,7 +32,7 @@ use plan::{gpus, launch, preflight};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tchrun::flags::RankFlags;
+use tchrun::flags::{Inference, RankFlags};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -106,9 +106,13 @@ enum ModelCmd {
 }
 
 #[derive(Args, Debug)]
+#[command(
+    mut_arg("images", |a| a.help(Inference::Score.images_help())),
+    mut_arg("output", |a| a.help(Inference::Score.output_help()))
+)]
 struct ScoreArgs {
     #[command(flatten)]
-    job: tchrun::flags::ScoreJob,
+    job: tchrun::flags::InferenceJob,
     #[command(flatten)]
     launch: launch::LaunchArgs,
     #[command(flatten)]
@@ -116,9 +120,13 @@ struct ScoreArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(
+    mut_arg("images", |a| a.help(Inference::Evaluate.images_help())),
+    mut_arg("output", |a| a.help(Inference::Evaluate.output_help()))
+)]
 struct EvaluateArgs {
     #[command(flatten)]
-    job: tchrun::flags::EvaluateJob,
+    job: tchrun::flags::InferenceJob,
     #[command(flatten)]
     launch: launch::LaunchArgs,
     #[command(flatten)]

@@ -8,7 +8,7 @@ use crate::plan::launch::{LaunchArgs, Plan};
 use crate::plan::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
 use crate::run::{run_planned, RankEnv};
 use std::path::{Path, PathBuf};
-use tchrun::flags::{EvaluateJob, RankFlags, ScoreJob};
+use tchrun::flags::{Inference, InferenceJob, RankFlags};
 use tchrun::overlap::Named;
 
 fn check_model(model: &Path, batch_size: u32) -> Result<tchrun::model::ModelConfig, JobError> {
@@ -86,12 +86,16 @@ fn launch_preflight(
 }
 
 /// `tchrun score`.
-pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Result<i32, JobError> {
+pub fn run_score(
+    job: &InferenceJob,
+    launch: &LaunchArgs,
+    rank: &RankFlags,
+) -> Result<i32, JobError> {
     let mut job = job.clone();
     job.model = absolute(job.model);
     job.images = absolute(job.images);
     job.output = absolute(job.output);
-    let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
+    let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir(Inference::Score))?;
     check_outputs(
         launch,
         &plan,
@@ -130,7 +134,7 @@ pub fn run_score(job: &ScoreJob, launch: &LaunchArgs, rank: &RankFlags) -> Resul
 
 /// `tchrun evaluate`: the labeled folder's class folders must all be classes of the model.
 pub fn run_evaluate(
-    job: &EvaluateJob,
+    job: &InferenceJob,
     launch: &LaunchArgs,
     rank: &RankFlags,
 ) -> Result<i32, JobError> {
@@ -138,7 +142,7 @@ pub fn run_evaluate(
     job.model = absolute(job.model);
     job.images = absolute(job.images);
     job.output = absolute(job.output);
-    let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir())?;
+    let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir(Inference::Evaluate))?;
     let paths = [job.model.as_path(), &job.images, &job.output];
     check_outputs(launch, &plan, paths, "the evaluation directory")?;
     let cfg = check_model(&job.model, job.batch_size)?;

@@ -5,20 +5,28 @@ use crate::rank::start::{command_line, leave, start_rank, Fatal, Rank, RankResul
 use clap::Args;
 use std::path::PathBuf;
 use tchrun::exit::ErrorKind;
-use tchrun::flags::RankFlags;
+use tchrun::flags::{Inference, RankFlags};
 
 #[derive(Args, Debug)]
+#[command(
+    mut_arg("images", |a| a.help(Inference::Score.images_help())),
+    mut_arg("output", |a| a.help(Inference::Score.output_help()))
+)]
 pub struct ScoreArgs {
     #[command(flatten)]
-    pub job: tchrun::flags::ScoreJob,
+    pub job: tchrun::flags::InferenceJob,
     #[command(flatten)]
     pub rank: RankFlags,
 }
 
 #[derive(Args, Debug)]
+#[command(
+    mut_arg("images", |a| a.help(Inference::Evaluate.images_help())),
+    mut_arg("output", |a| a.help(Inference::Evaluate.output_help()))
+)]
 pub struct EvaluateArgs {
     #[command(flatten)]
-    pub job: tchrun::flags::EvaluateJob,
+    pub job: tchrun::flags::InferenceJob,
     #[command(flatten)]
     pub rank: RankFlags,
 }
@@ -110,13 +118,16 @@ fn check_inference_paths(
 pub fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
     check_inference_paths(
         ("the scores CSV", &a.output),
-        &rank.log_dir.clone().unwrap_or_else(|| a.default_log_dir()),
+        &rank
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| a.default_log_dir(Inference::Score)),
         &a.model,
         &a.images,
     )?;
     run_inference(
         &rank,
-        a.default_log_dir(),
+        a.default_log_dir(Inference::Score),
         None,
         a.batch_size,
         |compute, ranks, say| {
@@ -137,13 +148,16 @@ pub fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
 pub fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
     check_inference_paths(
         ("the evaluation directory", &a.output),
-        &rank.log_dir.clone().unwrap_or_else(|| a.default_log_dir()),
+        &rank
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| a.default_log_dir(Inference::Evaluate)),
         &a.model,
         &a.images,
     )?;
     run_inference(
         &rank,
-        a.default_log_dir(),
+        a.default_log_dir(Inference::Evaluate),
         Some(&a.output),
         a.batch_size,
         |compute, ranks, say| {
