@@ -311,7 +311,7 @@ fn architecture_names_every_source_file() {
             let named = if name == "lib.rs" || name == "main.rs" {
                 true
             } else if let Some(dir) = name.strip_suffix("/mod.rs") {
-                arch.contains(&format!("`{dir}/`"))
+                arch.contains(&format!("`{dir}/`")) || arch.contains(&format!("`{name}`"))
             } else {
                 arch.contains(&format!("`{name}`"))
             };
