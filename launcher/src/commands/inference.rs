@@ -73,16 +73,21 @@ fn with_log_dir(rank: &RankFlags, default: PathBuf) -> (RankFlags, PathBuf) {
     (rank, log_dir)
 }
 
-/// The launch pre-flight (hosts, launcher, GPUs), before the inputs: a GPU job on a host
-/// without GPUs is refused whatever its inputs.
+/// The job's paths made absolute, then the launch pre-flight (hosts, launcher, GPUs) before
+/// the inputs: a GPU job on a host without GPUs is refused whatever its inputs.
 fn launch_preflight(
+    job: &InferenceJob,
+    kind: Inference,
     launch: &LaunchArgs,
     rank: &RankFlags,
-    default_logs: PathBuf,
-) -> Result<(RankFlags, Plan), JobError> {
-    let (rank, log_dir) = with_log_dir(rank, default_logs);
+) -> Result<(InferenceJob, RankFlags, Plan), JobError> {
+    let mut job = job.clone();
+    job.model = absolute(job.model);
+    job.images = absolute(job.images);
+    job.output = absolute(job.output);
+    let (rank, log_dir) = with_log_dir(rank, job.default_log_dir(kind));
     let plan = validate(launch, log_dir, GpuUse::Ranks(rank.device))?;
-    Ok((rank, plan))
+    Ok((job, rank, plan))
 }
 
 /// `tchrun score`.
@@ -91,11 +96,7 @@ pub fn run_score(
     launch: &LaunchArgs,
     rank: &RankFlags,
 ) -> Result<i32, JobError> {
-    let mut job = job.clone();
-    job.model = absolute(job.model);
-    job.images = absolute(job.images);
-    job.output = absolute(job.output);
-    let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir(Inference::Score))?;
+    let (mut job, rank, plan) = launch_preflight(job, Inference::Score, launch, rank)?;
     check_outputs(
         launch,
         &plan,
@@ -138,11 +139,7 @@ pub fn run_evaluate(
     launch: &LaunchArgs,
     rank: &RankFlags,
 ) -> Result<i32, JobError> {
-    let mut job = job.clone();
-    job.model = absolute(job.model);
-    job.images = absolute(job.images);
-    job.output = absolute(job.output);
-    let (rank, plan) = launch_preflight(launch, rank, job.default_log_dir(Inference::Evaluate))?;
+    let (mut job, rank, plan) = launch_preflight(job, Inference::Evaluate, launch, rank)?;
     let paths = [job.model.as_path(), &job.images, &job.output];
     check_outputs(launch, &plan, paths, "the evaluation directory")?;
     let cfg = check_model(&job.model, job.batch_size)?;
