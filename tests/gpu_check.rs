@@ -4,8 +4,7 @@
 //! means the same on any machine).
 mod common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -14,28 +13,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn script() -> PathBuf {
     repo().join("scripts/gpu-check.sh")
-}
-
-/// A directory holding an `nvidia-smi` that prints `out` and exits `code`.
-fn fake_smi(dir: &Path, out: &str, code: i32) -> PathBuf {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).expect("mkdir");
-    let smi = bin.join("nvidia-smi");
-    std::fs::write(
-        &smi,
-        format!("#!/bin/sh\nprintf '%s\\n' '{out}'\nexit {code}\n"),
-    )
-    .expect("fake nvidia-smi");
-    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    bin
-}
-
-fn path_with(bin: &Path) -> String {
-    format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
 }
 
 #[test]
@@ -72,24 +49,7 @@ fn gpu_check_without_a_gpu_exits_77_before_any_work() {
                 .env_remove("CUDA_VISIBLE_DEVICES"),
             LIMIT,
         );
-        assert_eq!(r.code, Some(NO_GPU), "{}", r.explain());
-        assert!(
-            r.stdout
-                .contains("gpu-check: no NVIDIA GPU on this machine")
-                && r.stdout.contains("nothing was run"),
-            "{}",
-            r.explain()
-        );
-        assert!(
-            r.elapsed < Duration::from_secs(10),
-            "the no-GPU answer must come at once: {:?}",
-            r.elapsed
-        );
-        assert!(
-            !out.exists(),
-            "no work before the GPU test: {}",
-            r.explain()
-        );
+        assert_no_gpu_answer(&r, &out);
     }
     // GPUs the driver lists but CUDA_VISIBLE_DEVICES hides are no GPUs either.
     let bin = fake_smi(

@@ -7,7 +7,6 @@
 //! Python's torch (scripts/gpu-kit-cpu-test.sh).
 mod common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -54,20 +53,6 @@ fn files(dir: &Path) -> Vec<(PathBuf, u64)> {
             m.is_file().then(|| (p, m.len()))
         })
         .collect()
-}
-
-/// A directory holding an `nvidia-smi` that prints `out` and exits `code`.
-fn fake_smi(dir: &Path, out: &str, code: i32) -> PathBuf {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).expect("mkdir");
-    let smi = bin.join("nvidia-smi");
-    std::fs::write(
-        &smi,
-        format!("#!/bin/sh\nprintf '%s\\n' '{out}'\nexit {code}\n"),
-    )
-    .expect("fake nvidia-smi");
-    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    bin
 }
 
 #[test]
@@ -198,36 +183,12 @@ fn the_kit_is_built_under_60_mib_and_exits_77_without_a_gpu() {
             Command::new(kit.join("run.sh"))
                 .args(args)
                 .arg(&out)
-                .env(
-                    "PATH",
-                    format!(
-                        "{}:{}",
-                        bin.display(),
-                        std::env::var("PATH").unwrap_or_default()
-                    ),
-                )
+                .env("PATH", path_with(&bin))
                 .env("TCHRUN_GPU_CHECK_PROC", &empty_proc)
                 .env_remove("CUDA_VISIBLE_DEVICES"),
             Duration::from_secs(60),
         );
-        assert_eq!(r.code, Some(77), "{}", r.explain());
-        assert!(
-            r.stdout
-                .contains("gpu-check: no NVIDIA GPU on this machine")
-                && r.stdout.contains("nothing was run"),
-            "{}",
-            r.explain()
-        );
-        assert!(
-            r.elapsed < Duration::from_secs(10),
-            "the no-GPU answer must come at once: {:?}",
-            r.elapsed
-        );
-        assert!(
-            !out.exists(),
-            "no work before the GPU test: {}",
-            r.explain()
-        );
+        assert_no_gpu_answer(&r, &out);
     }
     // The CPU path does not ask for a GPU: from the source folder (not a built kit) it goes on
     // to the kit check and is refused there (exit 2), not with 77.

@@ -513,3 +513,50 @@ impl Drop for Mount {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// A directory holding an `nvidia-smi` that prints `out` and exits `code` (a machine with or
+/// without GPUs, as the GPU scripts see it).
+pub fn fake_smi(dir: &Path, out: &str, code: i32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    let smi = bin.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        format!("#!/bin/sh\nprintf '%s\\n' '{out}'\nexit {code}\n"),
+    )
+    .expect("fake nvidia-smi");
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    bin
+}
+
+/// `PATH` with `bin` first.
+pub fn path_with(bin: &Path) -> String {
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// A GPU script's no-GPU answer: exit 77 with its words, at once, and `out` never made.
+pub fn assert_no_gpu_answer(r: &Run, out: &Path) {
+    assert_eq!(r.code, Some(77), "{}", r.explain());
+    assert!(
+        r.stdout
+            .contains("gpu-check: no NVIDIA GPU on this machine")
+            && r.stdout.contains("nothing was run"),
+        "{}",
+        r.explain()
+    );
+    assert!(
+        r.elapsed < Duration::from_secs(10),
+        "the no-GPU answer must come at once: {:?}",
+        r.elapsed
+    );
+    assert!(
+        !out.exists(),
+        "no work before the GPU test: {}",
+        r.explain()
+    );
+}
