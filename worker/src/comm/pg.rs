@@ -5,6 +5,7 @@ use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
 use std::time::Duration;
 use tch::Tensor;
+use tchrun::job_record::heartbeat::Phase;
 
 /// A libtorch c10d call failed; the message is libtorch's, without its C++ backtrace.
 #[derive(Debug, thiserror::Error)]
@@ -383,6 +384,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
+        let _in = crate::heartbeat::collective(Phase::AllReduce, 1);
         check("allreduce", unsafe {
             ffi::tchrun_pg_allreduce(self.raw, ptrs.as_mut_ptr(), ptrs.len(), op as i32)
         })
@@ -400,6 +402,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
+        let _in = crate::heartbeat::collective(Phase::Broadcast, 1);
         check("broadcast", unsafe {
             ffi::tchrun_pg_broadcast(self.raw, ptrs.as_mut_ptr(), ptrs.len(), root as i32)
         })
@@ -413,6 +416,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
+        let _in = crate::heartbeat::collective(Phase::AllGather, 1);
         check("allgather", unsafe {
             ffi::tchrun_pg_allgather(
                 self.raw,
@@ -425,6 +429,7 @@ impl ProcessGroup {
     }
 
     pub fn barrier(&self) -> Result<(), C10dError> {
+        let _in = crate::heartbeat::collective(Phase::Barrier, 1);
         check("barrier", unsafe { ffi::tchrun_pg_barrier(self.raw) })
     }
 }
@@ -451,6 +456,8 @@ pub struct ReducedStep {
 /// so that every step sums in the same layout.
 pub struct Reducer {
     raw: *mut ffi::Reducer,
+    /// The buckets of the last reduction (the heartbeat's collective count).
+    buckets: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the shim guards all reducer state with a mutex; the handle is only freed in Drop.
@@ -478,7 +485,10 @@ impl Reducer {
                 &mut raw,
             )
         })?;
-        Ok(Reducer { raw })
+        Ok(Reducer {
+            raw,
+            buckets: Default::default(),
+        })
     }
 
     /// Arms the hooks for one backward: gradients are multiplied by `scale`; `extra` (1-D f32,
@@ -520,6 +530,8 @@ impl Reducer {
     /// given to `prepare`, and sets each gradient to its sum / max(1, extra[divisor_index]).
     pub fn finish(&self, divisor_index: usize) -> Result<ReducedStep, C10dError> {
         let (mut early, mut buckets) = (0i64, 0i64);
+        let known = self.buckets.load(std::sync::atomic::Ordering::Relaxed);
+        let waiting = crate::heartbeat::collective(Phase::GradientAllReduce, known.max(1));
         check("gradient all-reduce", unsafe {
             ffi::tchrun_reducer_finish(
                 self.raw,
@@ -528,6 +540,10 @@ impl Reducer {
                 &mut buckets,
             )
         })?;
+        drop(waiting);
+        self.buckets
+            .store(buckets.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
+        crate::heartbeat::buckets(buckets.max(0) as usize);
         Ok(ReducedStep {
             early: early.max(0) as usize,
             buckets: buckets.max(0) as usize,
