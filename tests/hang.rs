@@ -87,13 +87,17 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
         "training never started: {}",
         job.output()
     );
+    // Stopped once its own beat says it trains (a beat comes once a second).
     let mut pid = None;
     assert!(
-        wait_for(Duration::from_secs(10), || {
-            pid = beat_of(&logs, 1).map(|b| Pid::from_raw(b.pid as i32));
-            pid.is_some_and(is_worker)
+        wait_for(Duration::from_secs(60), || {
+            let b = beat_of(&logs, 1);
+            pid = b.as_ref().map(|b| Pid::from_raw(b.pid as i32));
+            b.is_some_and(|b| b.step >= 2 && b.phase != Phase::StartUp)
+                && pid.is_some_and(is_worker)
         }),
-        "rank 1's heartbeat names its pid: {pid:?} {}",
+        "rank 1's heartbeat names its pid and its step: {:?} {}",
+        beat_of(&logs, 1),
         job.output()
     );
     let pid = pid.expect("checked above");
@@ -140,6 +144,8 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
         .map(|r| (r.rank, r.beating, r.pid))
         .collect();
     assert_eq!(culprits, [(1, false, pid.as_raw() as u32)], "{v:?}");
+    assert_ne!(v.culprits[0].phase, Phase::StartUp, "{v:?}");
+    assert!(v.culprits[0].step >= 2, "{v:?}");
     assert_eq!(v.waiting.len(), 1, "{v:?}");
     assert_eq!(v.waiting[0].rank, 0);
     assert!(v.waiting[0].phase.is_collective(), "{v:?}");

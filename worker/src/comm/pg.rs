@@ -456,8 +456,6 @@ pub struct ReducedStep {
 /// so that every step sums in the same layout.
 pub struct Reducer {
     raw: *mut ffi::Reducer,
-    /// The buckets of the last reduction (the heartbeat's collective count).
-    buckets: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the shim guards all reducer state with a mutex; the handle is only freed in Drop.
@@ -485,10 +483,7 @@ impl Reducer {
                 &mut raw,
             )
         })?;
-        Ok(Reducer {
-            raw,
-            buckets: Default::default(),
-        })
+        Ok(Reducer { raw })
     }
 
     /// Arms the hooks for one backward: gradients are multiplied by `scale`; `extra` (1-D f32,
@@ -530,8 +525,6 @@ impl Reducer {
     /// given to `prepare`, and sets each gradient to its sum / max(1, extra[divisor_index]).
     pub fn finish(&self, divisor_index: usize) -> Result<ReducedStep, C10dError> {
         let (mut early, mut buckets) = (0i64, 0i64);
-        let known = self.buckets.load(std::sync::atomic::Ordering::Relaxed);
-        let waiting = crate::heartbeat::collective(Phase::GradientAllReduce, known.max(1));
         check("gradient all-reduce", unsafe {
             ffi::tchrun_reducer_finish(
                 self.raw,
@@ -540,10 +533,6 @@ impl Reducer {
                 &mut buckets,
             )
         })?;
-        drop(waiting);
-        self.buckets
-            .store(buckets.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
-        crate::heartbeat::buckets(buckets.max(0) as usize);
         Ok(ReducedStep {
             early: early.max(0) as usize,
             buckets: buckets.max(0) as usize,
