@@ -119,6 +119,9 @@ pub struct Heartbeat {
     pub beat: u64,
 }
 
+/// A heartbeat file's size: every record padded to it, so that each is written over the last.
+const RECORD_BYTES: usize = 1024;
+
 /// `<log_dir>/heartbeat-<rank>.json`.
 pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
     log_dir.join(format!("heartbeat-{rank}.json"))
@@ -139,23 +142,27 @@ pub fn clock(time: &str) -> &str {
 }
 
 impl Heartbeat {
-    /// Replaces the rank's file whole (temp and rename; no fsync: a beat lost to a crash of
-    /// the host is worth nothing, and a slow disk must not delay the next one).
+    /// Rewrites the rank's file in place: the record padded with spaces to `RECORD_BYTES`,
+    /// written at offset 0 and the file closed (what NFS needs to show it to another host).
+    /// In place, a full disk does not stop the beats (no new block is needed), and a slow one
+    /// is not waited for (no fsync: a beat lost to a crash of the host is worth nothing).
     pub fn write(&self, log_dir: &Path) -> std::io::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = path(log_dir, self.rank);
-        let tmp = log_dir.join(format!(".heartbeat-{}.json.tmp", self.rank));
-        let text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        let mut f = std::fs::OpenOptions::new()
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        let mut text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        if text.len() < RECORD_BYTES {
+            text.resize(RECORD_BYTES, b' ');
+        }
+        let f = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
-            .truncate(true)
+            .truncate(false)
             .mode(0o640)
-            .open(&tmp)?;
-        f.write_all(&text)?;
-        drop(f);
-        std::fs::rename(&tmp, &path)
+            .open(path(log_dir, self.rank))?;
+        f.write_all_at(&text, 0)?;
+        if f.metadata()?.len() > text.len() as u64 {
+            f.set_len(text.len() as u64)?;
+        }
+        Ok(())
     }
 
     /// Every rank's heartbeat in `log_dir`, by rank; unreadable files are left out.
@@ -332,6 +339,11 @@ mod tests {
         b1.write(t.path()).unwrap();
         b0.write(t.path()).unwrap();
         std::fs::write(t.path().join("heartbeat-2.json"), "{").unwrap();
+        // Written over in place: a shorter record leaves nothing of the longer one.
+        let mut long = b1.clone();
+        long.host = "h".repeat(2000);
+        long.write(t.path()).unwrap();
+        b1.write(t.path()).unwrap();
         let beats = Heartbeat::read_all(t.path());
         assert_eq!(beats, vec![b0.clone(), b1.clone()]);
         let v = HangVerdict {
