@@ -172,3 +172,51 @@ fn a_healthy_job_with_the_default_watch_ends_with_every_rank_done() {
         assert!(b.step > 0 && b.seq > 0, "{b:?}");
     }
 }
+
+#[test]
+fn a_stuck_rank_that_still_beats_is_named_when_nothing_advances_for_the_hang_timeout() {
+    let t = tempdir();
+    let data = small_digits();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let mut c = train(&data, &model, &out, "50");
+    c.args([
+        "--launcher",
+        "local",
+        "--timeout",
+        "120",
+        "--hang-timeout",
+        "5",
+    ])
+    .env("TCHRUN_TEST_STALL_AT_STEP", "1:3:100");
+    let r = run(&mut c, START_LIMIT);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    eprintln!(
+        "{}",
+        r.stderr.lines().find(|l| l.contains("hang:")).unwrap_or("")
+    );
+    assert!(
+        r.stderr.contains("still beating: its main thread is stuck")
+            && r.stderr.contains("no rank advanced for"),
+        "{}",
+        r.explain()
+    );
+    let v = FailureSummary::read(&out.join("logs"))
+        .expect("failure.json reads")
+        .and_then(|s| s.hang)
+        .expect("the typed verdict");
+    assert_eq!(v.kind, HangKind::NoProgress);
+    let culprits: Vec<(usize, bool, Phase, u64)> = v
+        .culprits
+        .iter()
+        .map(|r| (r.rank, r.beating, r.phase, r.step))
+        .collect();
+    assert_eq!(culprits, [(1, true, Phase::Forward, 3)], "{v:?}");
+    assert_eq!(
+        v.waiting.iter().map(|r| r.rank).collect::<Vec<_>>(),
+        [0],
+        "{v:?}"
+    );
+    assert!(v.waiting[0].phase.is_collective(), "{v:?}");
+    assert_eq!(v.allowed_s, 5);
+}

@@ -180,7 +180,8 @@ impl Heartbeat {
         beats
     }
 
-    /// "gradient all-reduce #1204 (3 buckets, step 301)", "forward of step 301".
+    /// "gradient all-reduce #1204 (3 bucket(s) of step 300)", "forward of step 300": the step
+    /// in progress, 0-based (the steps done), as the worker's own messages count.
     pub fn doing(&self) -> String {
         match self.phase {
             Phase::GradientAllReduce => format!(
@@ -189,13 +190,13 @@ impl Heartbeat {
                 self.buckets
                     .map(|b| format!("{b} bucket(s) "))
                     .unwrap_or_default(),
-                self.step + 1
+                self.step
             ),
             p if p.is_collective() => {
-                format!("{} #{} (after step {})", p.label(), self.seq, self.step)
+                format!("{} #{} (at step {})", p.label(), self.seq, self.step)
             }
             Phase::StartUp | Phase::Done => self.phase.label().to_string(),
-            p => format!("{} of step {}", p.label(), self.step + 1),
+            p => format!("{} of step {}", p.label(), self.step),
         }
     }
 }
@@ -356,9 +357,9 @@ mod tests {
         };
         assert_eq!(
             v.line(&beats),
-            "hang: rank 0 (vm) waits in gradient all-reduce #1204 (3 bucket(s) of step 301) \
+            "hang: rank 0 (vm) waits in gradient all-reduce #1204 (3 bucket(s) of step 300) \
              since 14:02:11; rank 1 (vm, pid 42) stopped beating at 14:02:09 (stopped or \
-             frozen), last in forward of step 301"
+             frozen), last in forward of step 300"
         );
         let text = serde_json::to_string(&v).unwrap();
         assert_eq!(serde_json::from_str::<HangVerdict>(&text).unwrap(), v);

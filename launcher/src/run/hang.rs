@@ -239,7 +239,7 @@ fn verdict(
         waiting,
         seq,
         allowed_s: allowed.as_secs(),
-        silent_s: silent.as_secs(),
+        silent_s: silent.as_secs_f64().ceil() as u64,
     }
 }
 

@@ -261,6 +261,14 @@ impl<'a> Trainer<'a> {
                 tracing::warn!("{}", kill.line());
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
             }
+            if let Some(d) = self.faults.stall_before(self.s.step) {
+                crate::heartbeat::phase(Phase::Forward);
+                tracing::warn!(
+                    "TCHRUN_TEST_STALL_AT_STEP: stuck for {d:?} before step {}",
+                    self.s.step
+                );
+                std::thread::sleep(d);
+            }
             let t = Instant::now();
             self.opt.zero_grad()?;
             e.micro_compute = t.elapsed().as_secs_f64();
