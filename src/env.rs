@@ -26,6 +26,11 @@ pub const TCHRUN_ATTEMPT: &str = "TCHRUN_ATTEMPT";
 /// only (`TCHRUN_ATTEMPT` unset or 1). For the restart tests and `scripts/soak.sh`; never set
 /// it in a real job.
 pub const TCHRUN_TEST_KILL_AT_STEP: &str = "TCHRUN_TEST_KILL_AT_STEP";
+/// Test hook (fault injection), read by the worker: `RANK:STEP:SECONDS` makes rank RANK's main
+/// thread sleep SECONDS in forward just before optimizer step STEP (its heartbeat thread goes
+/// on beating): a rank that is stuck, not stopped. For `tests/hang.rs`; never set it in a real
+/// job.
+pub const TCHRUN_TEST_STALL_AT_STEP: &str = "TCHRUN_TEST_STALL_AT_STEP";
 /// Test hook (fault injection), read by the worker: `HOST:STEPS` makes every rank that runs on
 /// HOST (its hostname) SIGKILL itself after STEPS optimizer steps of the attempt (counted from
 /// the step the attempt started at, so each attempt makes progress first), in every attempt: a

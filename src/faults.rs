@@ -18,6 +18,9 @@ pub struct FaultPlan {
     pub torch_panic: bool,
     /// `TCHRUN_TEST_CHECKPOINT_DELAY_S`: every background checkpoint write pauses this long.
     pub checkpoint_delay: Option<Duration>,
+    /// `TCHRUN_TEST_STALL_AT_STEP` (this rank): the main thread sleeps this long before this
+    /// optimizer step.
+    pub stall: Option<(u64, Duration)>,
 }
 
 /// Why a rank kills itself now (a fault of the plan that is due).
@@ -62,7 +65,13 @@ impl FaultPlan {
             kill_after_steps,
             torch_panic,
             checkpoint_delay: env::test_checkpoint_delay(get)?,
+            stall: stall(get, rank)?,
         })
+    }
+
+    /// The stall due before optimizer step `step`.
+    pub fn stall_before(&self, step: u64) -> Option<Duration> {
+        self.stall.filter(|(s, _)| *s == step).map(|(_, d)| d)
     }
 
     /// The kill due before optimizer step `step` of an attempt that started at `first_step`.
@@ -77,6 +86,33 @@ impl FaultPlan {
                 into_attempt: n,
             })
     }
+}
+
+/// `TCHRUN_TEST_STALL_AT_STEP=RANK:STEP:SECONDS`, for `rank`.
+fn stall(
+    get: &dyn Fn(&str) -> Option<String>,
+    rank: usize,
+) -> Result<Option<(u64, Duration)>, EnvError> {
+    let Some(v) = get(env::TCHRUN_TEST_STALL_AT_STEP).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let parts: Vec<&str> = v.trim().split(':').collect();
+    let parsed = match parts.as_slice() {
+        [r, s, secs] => r.parse::<usize>().ok().zip(s.parse::<u64>().ok()).zip(
+            secs.parse::<f64>()
+                .ok()
+                .and_then(|x| Duration::try_from_secs_f64(x).ok()),
+        ),
+        _ => None,
+    };
+    let Some(((r, step), d)) = parsed else {
+        return Err(EnvError::Invalid {
+            name: env::TCHRUN_TEST_STALL_AT_STEP,
+            value: v.clone(),
+            why: "expected RANK:STEP:SECONDS".into(),
+        });
+    };
+    Ok((r == rank).then_some((step, d)))
 }
 
 #[cfg(test)]
@@ -97,6 +133,17 @@ mod tests {
         let p = plan(&[], 0, "h").expect("plan");
         assert_eq!(p, FaultPlan::default());
         assert_eq!(p.kill_before(0, 0), None);
+        assert_eq!(p.stall_before(0), None);
+    }
+
+    #[test]
+    fn the_stall_is_for_its_rank_and_step() {
+        let v = [(env::TCHRUN_TEST_STALL_AT_STEP, "1:3:2.5")];
+        assert_eq!(plan(&v, 0, "h").unwrap().stall_before(3), None);
+        let p = plan(&v, 1, "h").unwrap();
+        assert_eq!(p.stall_before(3), Some(Duration::from_millis(2500)));
+        assert_eq!(p.stall_before(2), None);
+        assert!(plan(&[(env::TCHRUN_TEST_STALL_AT_STEP, "1:3")], 1, "h").is_err());
     }
 
     #[test]

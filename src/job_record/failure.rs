@@ -1,6 +1,7 @@
 //! `failure.json`: the failure summary of a job (the first failing rank, its host, the cause,
 //! the tail of its log; with `--max-restarts`, the earlier attempts), written by the launcher
 //! when a job fails and read back by `tchrun logs`.
+use super::heartbeat::HangVerdict;
 use super::restarts::Attempt;
 use crate::exit::ErrorKind;
 use crate::files;
@@ -32,11 +33,15 @@ pub struct FailureSummary {
     /// left (no progress, or `--min-nodes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_restarted: Option<String>,
+    /// A hang the launcher's watch found: the ranks at fault, those waiting, the collective.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang: Option<HangVerdict>,
 }
 
 impl FailureSummary {
-    /// No rank made progress for `--hang-timeout`: the job was stopped (exit 4).
-    pub fn hang(message: String) -> FailureSummary {
+    /// The job hung (the heartbeat watch's `verdict`, or no rank wrote its log for
+    /// `--hang-timeout`): the job was stopped (exit 4).
+    pub fn hang(message: String, verdict: Option<HangVerdict>) -> FailureSummary {
         FailureSummary {
             rank: None,
             host: None,
@@ -51,6 +56,7 @@ impl FailureSummary {
             exit_status: ErrorKind::RankFailed.exit_code(),
             earlier_attempts: Vec::new(),
             not_restarted: None,
+            hang: verdict,
         }
     }
 
@@ -81,6 +87,7 @@ impl FailureSummary {
             exit_status: ErrorKind::LaunchFailed.exit_code(),
             earlier_attempts: Vec::new(),
             not_restarted: None,
+            hang: None,
         }
     }
 }

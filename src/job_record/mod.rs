@@ -8,10 +8,12 @@
 use std::path::{Path, PathBuf};
 
 pub mod failure;
+pub mod heartbeat;
 pub mod ranks;
 pub mod restarts;
 
 pub use failure::FailureSummary;
+pub use heartbeat::{HangVerdict, Heartbeat};
 pub use ranks::RankRow;
 pub use restarts::{Attempt, DroppedHost};
 

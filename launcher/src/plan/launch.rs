@@ -45,9 +45,12 @@ pub struct LaunchArgs {
     /// killed.
     #[arg(long, env = "TCHRUN_GRACE_PERIOD", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
     pub grace_period: u64,
-    /// End the job when no rank wrote to its driver log for this many seconds (0: off).
-    #[arg(long, env = "TCHRUN_HANG_TIMEOUT", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
-    pub hang_timeout: u64,
+    /// End the job when no rank made progress for this many seconds (0: off). Unset: a rank
+    /// that stops beating while the others wait in a collective ends the job, and so does no
+    /// step for max(60 s, 10 × the slowest step; 30 min in validation and writes); exec's
+    /// programs are watched only with a number (their driver logs' writes).
+    #[arg(long, env = "TCHRUN_HANG_TIMEOUT", value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
+    pub hang_timeout: Option<u64>,
     /// Extra arguments for mpirun, one string (e.g. "--mca btl self,tcp").
     #[arg(long, env = "TCHRUN_MPIRUN_ARGS", allow_hyphen_values = true)]
     pub mpirun_args: Option<String>,

@@ -225,6 +225,7 @@ pub fn rank_failure(
         exit_status,
         earlier_attempts: Vec::new(),
         not_restarted: None,
+        hang: None,
     }
 }
 

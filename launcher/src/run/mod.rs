@@ -2,6 +2,7 @@
 //! dry run, the log directory, supervision (`supervise.rs`), the rank table (`ranks.rs`) and
 //! the outcome (`outcome.rs`). Must not know the restart policy, a command's inputs, or how a
 //! failure summary is worded (that is `report`'s).
+pub mod hang;
 pub mod outcome;
 pub mod ranks;
 pub mod supervise;
@@ -143,7 +144,10 @@ fn clear_stale(log_dir: &Path) {
     if let Ok(rd) = std::fs::read_dir(log_dir) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if files::driver_log_rank(&name).is_some() || name == files::FAILURE_JSON {
+            if files::driver_log_rank(&name).is_some()
+                || name == files::FAILURE_JSON
+                || tchrun::job_record::heartbeat::rank_of(&name).is_some()
+            {
                 let _ = std::fs::remove_file(e.path());
             }
         }
@@ -220,7 +224,11 @@ pub fn run_attempt(
             let _ = writeln!(mpi_log, "# {}", s.display());
         }
     }
-    let settings = settings(args, plan, vars);
+    let watch = std::sync::Arc::new(hang::Watch::new(
+        plan.log_dir.clone(),
+        hang::Policy::from_flag(args.hang_timeout),
+    ));
+    let settings = settings(args, plan, vars, std::sync::Arc::clone(&watch));
     let attempt = env.attempt.unwrap_or(1);
     ranks::write_table(plan, attempt);
     let supervised = supervise::run(&specs, mpi_log, &settings)
@@ -233,11 +241,17 @@ pub fn run_attempt(
         &supervised,
         logs,
         &mpi_log_path,
+        watch.found(),
     ))
 }
 
 /// How the attempt's processes are supervised.
-fn settings(args: &LaunchArgs, plan: &Plan, env: Vec<(String, String)>) -> Settings {
+fn settings(
+    args: &LaunchArgs,
+    plan: &Plan,
+    env: Vec<(String, String)>,
+    watch: std::sync::Arc<hang::Watch>,
+) -> Settings {
     let log_dir_probe = plan.log_dir.clone();
     Settings {
         fail_fast: plan.kind == LauncherKind::Local,
@@ -247,11 +261,7 @@ fn settings(args: &LaunchArgs, plan: &Plan, env: Vec<(String, String)>) -> Setti
         } else {
             Signal::SIGUSR1
         },
-        hang_timeout: (args.hang_timeout > 0).then(|| Duration::from_secs(args.hang_timeout)),
-        progress: Some(Box::new({
-            let d = log_dir_probe.clone();
-            move || report::last_progress(&d)
-        })),
+        hung: Some(Box::new(move || watch.hung())),
         rank_failed: Some(Box::new(move || report::any_rank_failed(&log_dir_probe))),
         env,
     }

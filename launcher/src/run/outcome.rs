@@ -6,9 +6,11 @@
 use crate::error::JobError;
 use crate::plan::launch::{LaunchArgs, LauncherKind, Plan};
 use crate::report::{self, FailureSummary, RankLog};
+use crate::run::hang::Hang;
 use crate::run::supervise::{Ended, Ending, Outcome};
 use std::path::Path;
 use tchrun::exit::ErrorKind;
+use tchrun::job_record::Heartbeat;
 
 /// What one attempt came to.
 #[derive(Debug)]
@@ -66,6 +68,7 @@ pub fn conclude(
     outcome: &Outcome,
     logs: Vec<RankLog>,
     mpi_log_path: &Path,
+    hang: Option<(Hang, Vec<Heartbeat>)>,
 ) -> AttemptOutcome {
     let first = match &outcome.ending {
         Ending::Succeeded => {
@@ -92,7 +95,7 @@ pub fn conclude(
             return AttemptOutcome::ended(kind.exit_code());
         }
         Ending::Hung => {
-            let (error, summary) = hung(args, &logs);
+            let (error, summary) = hung(args, &logs, hang);
             return AttemptOutcome::failed(error, Some(summary), logs);
         }
     };
@@ -135,12 +138,29 @@ pub fn conclude(
     AttemptOutcome::failed(error, Some(summary), logs)
 }
 
-/// The hang watchdog stopped the job: the last line of each rank, for `failure.json`.
-fn hung(args: &LaunchArgs, logs: &[RankLog]) -> (JobError, FailureSummary) {
-    let mut msg = format!(
-        "no rank made progress for {} s (--hang-timeout); the job was stopped. Last line of each rank:",
-        args.hang_timeout
-    );
+/// The hang watch stopped the job: its verdict (or, for ranks that do not beat, the silence)
+/// and the last line of each rank, for `failure.json`.
+fn hung(
+    args: &LaunchArgs,
+    logs: &[RankLog],
+    hang: Option<(Hang, Vec<Heartbeat>)>,
+) -> (JobError, FailureSummary) {
+    let (mut msg, verdict) = match hang {
+        Some((Hang::Found(v), beats)) => (
+            format!(
+                "{}; the job was stopped. Last line of each rank:",
+                v.line(&beats)
+            ),
+            Some(v),
+        ),
+        _ => (
+            format!(
+                "no rank made progress for {} s (--hang-timeout); the job was stopped. Last line of each rank:",
+                args.hang_timeout.unwrap_or(0)
+            ),
+            None,
+        ),
+    };
     for l in logs {
         msg.push_str(&format!(
             "\n  rank {} ({}): {}",
@@ -149,7 +169,7 @@ fn hung(args: &LaunchArgs, logs: &[RankLog]) -> (JobError, FailureSummary) {
             l.tail.last().map(String::as_str).unwrap_or("")
         ));
     }
-    let summary = FailureSummary::hang(msg.clone());
+    let summary = FailureSummary::hang(msg.clone(), verdict);
     (JobError::Hung(msg), summary)
 }
 

@@ -53,7 +53,7 @@ pub enum Ending {
     Failed(Exit),
     /// tchrun received SIGINT or SIGTERM (the first one's number) and stopped the job.
     Interrupted(i32),
-    /// The hang watchdog stopped the job.
+    /// The hang watch stopped the job.
     Hung,
 }
 
@@ -184,10 +184,8 @@ pub struct Settings {
     /// The signal that asks the ranks to stop cleanly: SIGTERM for local ranks, SIGUSR1 for
     /// mpirun/srun (which forward it; their own SIGTERM handling kills at once).
     pub graceful: Signal,
-    /// Ends the job when no rank made progress (see `progress`) for this long.
-    pub hang_timeout: Option<Duration>,
-    /// When the ranks last showed progress (e.g. newest driver-log write).
-    pub progress: Option<Box<dyn Fn() -> Option<SystemTime>>>,
+    /// The hang watch (`hang.rs`): true ends the job as hung.
+    pub hung: Option<Box<dyn Fn() -> bool>>,
     /// Whether some rank reported that it failed. mpirun/srun normally end the job then; if
     /// they have not within `RANK_FAILED_GRACE` (a node they cannot reach), tchrun stops them.
     pub rank_failed: Option<Box<dyn Fn() -> bool>>,
@@ -236,7 +234,7 @@ enum Reason {
     /// A process failed on its own (fail-fast), or a rank reported its failure and the
     /// launcher child did not end the job within `RANK_FAILED_GRACE`.
     Failed(Exit),
-    /// No progress for the hang timeout.
+    /// The hang watch found the job hung.
     Hung,
 }
 
@@ -522,7 +520,6 @@ fn watch(
         reported: None,
     };
     let mut last_probe = Instant::now();
-    let started = SystemTime::now();
     loop {
         // Reap.
         for (i, slot) in children.iter_mut().enumerate() {
@@ -568,14 +565,9 @@ fn watch(
             }
             phase.reported_timeout();
         }
-        // Hang watchdog.
-        if let (Some(limit), Some(probe), true) = (
-            settings.hang_timeout,
-            &settings.progress,
-            phase.is_running(),
-        ) {
-            let last = probe().unwrap_or(started).max(started);
-            if SystemTime::now().duration_since(last).unwrap_or_default() > limit {
+        // The hang watch.
+        if let (Some(hung), true) = (&settings.hung, phase.is_running()) {
+            if hung() {
                 phase.hang();
             }
         }

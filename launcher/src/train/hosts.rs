@@ -263,7 +263,7 @@ mod tests {
             log(4, "c", Some(FailureKind::OutOfMemory)),
             log(5, "c", Some(FailureKind::Panic)),
         ];
-        let mut summary = FailureSummary::hang("x".into());
+        let mut summary = FailureSummary::hang("x".into(), None);
         summary.rank = Some(2);
         summary.host = Some("b".into());
         assert_eq!(

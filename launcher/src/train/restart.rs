@@ -242,7 +242,7 @@ pub fn checkpoint_step(output: &Path) -> Option<u64> {
         .map(|l| l.step)
 }
 
-/// Moves the attempt's driver logs, launch log, rank table and failure summary from `log_dir`
+/// Moves the attempt's driver logs, heartbeats, launch log, rank table and failure summary from `log_dir`
 /// into `<log_dir>/attempt-<n>/`; returns that directory.
 pub fn archive(log_dir: &Path, attempt: u32) -> Result<PathBuf, JobError> {
     let dir = files::attempt_dir(log_dir, attempt);
@@ -253,6 +253,7 @@ pub fn archive(log_dir: &Path, attempt: u32) -> Result<PathBuf, JobError> {
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
         let ours = files::driver_log_rank(&name).is_some()
+            || tchrun::job_record::heartbeat::rank_of(&name).is_some()
             || [files::MPI_LOG, files::RANKS_JSON, files::FAILURE_JSON].contains(&name.as_str());
         if ours {
             std::fs::rename(e.path(), dir.join(&name)).map_err(|err| {
@@ -334,6 +335,7 @@ mod tests {
             "70_mpi_log",
             "ranks.json",
             "failure.json",
+            "heartbeat-1.json",
         ] {
             std::fs::write(l.join(f), f).unwrap();
         }
@@ -345,6 +347,7 @@ mod tests {
             "70_driver_log_1"
         );
         assert!(!l.join("70_driver_log_0").exists() && !l.join("failure.json").exists());
+        assert!(d.join("heartbeat-1.json").is_file());
         assert!(
             l.join("verified_inputs.json").exists(),
             "the job's own files stay"

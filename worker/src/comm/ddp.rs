@@ -20,6 +20,7 @@
 use crate::comm::pg::{C10dError, ProcessGroup, ReduceOp, ReducedStep, Reducer};
 use std::cell::{Cell, OnceCell, RefCell};
 use tch::{Kind, Tensor};
+use tchrun::job_record::heartbeat::Phase;
 
 /// Statistics of one reduced step.
 #[derive(Debug, Clone, Copy)]
@@ -381,7 +382,12 @@ impl Replicator {
             });
         };
         let len = p.extra.size()[0];
+        // Waiting for the buckets, up to the reduced values' arrival on the host (NCCL's
+        // all-reduce returns before the device has it).
+        let buckets = self.last.get().map_or(1, |r| r.buckets as u64);
+        let _in = crate::heartbeat::collective(Phase::GradientAllReduce, buckets);
         let reduced = r.finish((len - 2) as usize)?;
+        crate::heartbeat::buckets(reduced.buckets);
         self.last.set(Some(reduced));
         let buffer_len = len - 3;
         let tail = Vec::<f32>::try_from(p.extra.narrow(0, len - 3, 3).to_device(tch::Device::Cpu))

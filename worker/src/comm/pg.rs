@@ -5,6 +5,7 @@ use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
 use std::time::Duration;
 use tch::Tensor;
+use tchrun::job_record::heartbeat::Phase;
 
 /// A libtorch c10d call failed; the message is libtorch's, without its C++ backtrace.
 #[derive(Debug, thiserror::Error)]
@@ -383,6 +384,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
+        let _in = crate::heartbeat::collective(Phase::AllReduce, 1);
         check("allreduce", unsafe {
             ffi::tchrun_pg_allreduce(self.raw, ptrs.as_mut_ptr(), ptrs.len(), op as i32)
         })
@@ -400,6 +402,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
+        let _in = crate::heartbeat::collective(Phase::Broadcast, 1);
         check("broadcast", unsafe {
             ffi::tchrun_pg_broadcast(self.raw, ptrs.as_mut_ptr(), ptrs.len(), root as i32)
         })
@@ -413,6 +416,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
+        let _in = crate::heartbeat::collective(Phase::AllGather, 1);
         check("allgather", unsafe {
             ffi::tchrun_pg_allgather(
                 self.raw,
@@ -425,6 +429,7 @@ impl ProcessGroup {
     }
 
     pub fn barrier(&self) -> Result<(), C10dError> {
+        let _in = crate::heartbeat::collective(Phase::Barrier, 1);
         check("barrier", unsafe { ffi::tchrun_pg_barrier(self.raw) })
     }
 }

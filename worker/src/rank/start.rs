@@ -40,6 +40,7 @@ pub type RankResult = Result<(), (Option<driver_log::Console>, Fatal)>;
 /// stops the rest.
 pub fn leave(pg: pg::ProcessGroup, joined: bootstrap::Joined, ok: bool) {
     if ok {
+        crate::heartbeat::done();
         drop(pg);
         drop(joined);
     } else {
@@ -193,6 +194,7 @@ pub fn start_rank(
             )
         })
         .map_err(|e| (None, Fatal::rank(e)))?;
+    crate::heartbeat::start(log_dir.clone(), id.place.rank, &id.place.host);
     set_threads(id.place.local_size);
     let timeout = Duration::from_secs(flags.timeout);
     let joined = match id.join(timeout) {

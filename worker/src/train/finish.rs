@@ -8,6 +8,7 @@ use crate::models;
 use crate::train::checkpoint;
 use crate::train::outputs;
 use tch::Device;
+use tchrun::job_record::heartbeat::Phase;
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
 use tchrun::model::{ModelConfig, TrainingRecord};
 use tchrun::schedule::Decision;
@@ -26,6 +27,7 @@ impl Trainer<'_> {
         self.s.skip_batches = 0;
         self.guard.check(None, p.lr, &self.plan.lr_why)?;
         let train_time = e.prior_s + e.started.elapsed().as_secs_f64();
+        crate::heartbeat::phase(Phase::Validation);
         let v = validate(
             self.net.as_ref(),
             &self.valid,
@@ -150,6 +152,7 @@ impl Trainer<'_> {
         // model directory, and no other rank waits on its storage (or times out doing so).
         pg.barrier()?;
         if self.rank == 0 {
+            crate::heartbeat::phase(Phase::FinalWrite);
             self.write_model(best_epoch)?;
         }
         let sig = crate::rank::signals::requested();

@@ -8,6 +8,7 @@ use crate::comm::pg::{C10dError, ProcessGroup};
 use crate::train::optim::Sgd;
 use std::time::Instant;
 use tch::{nn::ModuleT, Device, Kind, Tensor};
+use tchrun::job_record::heartbeat::Phase;
 
 /// The model a step runs and how.
 pub(crate) struct StepModel<'a> {
@@ -56,6 +57,7 @@ pub(crate) fn train_step<E: From<C10dError>>(
     reduced: impl FnOnce(&StepStats) -> Result<(), E>,
 ) -> Result<StepResult, E> {
     let n_local = batch.map(|(x, _)| x.size()[0] as usize).unwrap_or(0);
+    crate::heartbeat::phase(Phase::Forward);
     let loss = forward_loss(model, batch);
     // begin_step arms the gradient hooks: buckets are all-reduced while backward runs.
     if let Some((pg, replicas)) = dp {
@@ -67,6 +69,7 @@ pub(crate) fn train_step<E: From<C10dError>>(
             None => replicas.begin_step(pg, &loss, n_local, stop_vote)?,
         }
     }
+    crate::heartbeat::phase(Phase::Backward);
     if n_local > 0 {
         match &update {
             Some(u) => (&loss * u.scaler.scale).backward(),
@@ -85,6 +88,7 @@ pub(crate) fn train_step<E: From<C10dError>>(
     let reduced_at = Instant::now();
     let any_sample = stats.map(|s| s.samples != 0.0).unwrap_or(n_local > 0);
     let mut updated = false;
+    crate::heartbeat::phase(Phase::Optimizer);
     if let Some(u) = update {
         if any_sample && u.scaler.unscale_and_check(u.opt.params())? {
             u.opt.step(u.lr);
@@ -124,7 +128,9 @@ pub(crate) fn accumulate_micro_batch(
     loss_scale: f64,
 ) -> Result<(), C10dError> {
     let n_local = batch.map(|(x, _)| x.size()[0] as usize).unwrap_or(0);
+    crate::heartbeat::phase(Phase::Forward);
     let loss = forward_loss(model, batch);
+    crate::heartbeat::phase(Phase::Backward);
     replicas.absorb_forward(acc);
     if n_local > 0 {
         (&loss * loss_scale).backward();

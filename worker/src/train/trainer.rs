@@ -17,6 +17,7 @@ use tch::{nn, Device, Tensor};
 use tchrun::data::{self, Augment, GlobalCut, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::faults::FaultPlan;
 use tchrun::flags::{LrScaling, TrainJob};
+use tchrun::job_record::heartbeat::Phase;
 use tchrun::metrics::EpochMetrics;
 use tchrun::model::ModelConfig;
 use tchrun::schedule::{EarlyStopping, LrSchedule};
@@ -122,6 +123,7 @@ impl<'a> Trainer<'a> {
     /// Trains to the last epoch (or early stopping), then writes the model (rank 0).
     pub(super) fn run(mut self) -> Result<(), TrainError> {
         crate::rank::signals::set_graceful(true);
+        crate::heartbeat::step(self.s.step);
         for epoch in self.s.epoch..self.job.params.epochs {
             let e = self.run_epoch(epoch)?;
             if self.end_epoch(e)? {
@@ -229,6 +231,7 @@ impl<'a> Trainer<'a> {
         loop {
             // The time until the next batch is there: the loader's share of the step.
             let t_wait = Instant::now();
+            crate::heartbeat::phase(Phase::Loading);
             let next = loader.next();
             e.wait_s += t_wait.elapsed().as_secs_f64();
             let Some(batch) = next else {
@@ -257,6 +260,14 @@ impl<'a> Trainer<'a> {
             if let Some(kill) = self.faults.kill_before(self.s.step, self.s.run_first_step) {
                 tracing::warn!("{}", kill.line());
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
+            if let Some(d) = self.faults.stall_before(self.s.step) {
+                crate::heartbeat::phase(Phase::Forward);
+                tracing::warn!(
+                    "TCHRUN_TEST_STALL_AT_STEP: stuck for {d:?} before step {}",
+                    self.s.step
+                );
+                std::thread::sleep(d);
             }
             let t = Instant::now();
             self.opt.zero_grad()?;
@@ -315,6 +326,7 @@ impl<'a> Trainer<'a> {
             e.micro_compute + (backward_done - t0).as_secs_f64() + (t3 - reduced).as_secs_f64();
         self.s.images += n_local as f64;
         self.s.step += 1;
+        crate::heartbeat::step(self.s.step);
         e.loss_sum += stats.loss * stats.samples;
         e.seen += stats.samples;
         e.seen_print += stats.samples;
@@ -438,6 +450,7 @@ impl<'a> Trainer<'a> {
             let meta = self.meta(e.index, it + 1, partial, false);
             // The stop checkpoint is written now (the ranks wait at the barrier): after the one
             // in flight, so the newest state lands last.
+            crate::heartbeat::phase(Phase::Checkpoint);
             self.writer.wait().map_err(TrainError::Checkpoint)?;
             checkpoint::save(&self.job.output, &meta, &self.named, self.opt.state(), None)
                 .map_err(TrainError::Checkpoint)?;

@@ -1,0 +1,142 @@
+//! The rank's heartbeat: its phase, step and collective sequence number in atomics (cheap to
+//! set at every phase change: no file write, no collective), and a thread that rewrites
+//! `<log_dir>/heartbeat-<rank>.json` (`tchrun::job_record::heartbeat`) about once a second.
+//! The thread is its own: a rank whose main thread is stuck keeps beating with an old `since`;
+//! a stopped or dead one stops. A leaf: imports nothing of this crate (comm, rank and train set
+//! phases here).
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tchrun::job_record::heartbeat::{Heartbeat, Phase};
+
+static PHASE: AtomicU64 = AtomicU64::new(0);
+static SINCE_MS: AtomicU64 = AtomicU64::new(0);
+static STEP: AtomicU64 = AtomicU64::new(0);
+static SEQ: AtomicU64 = AtomicU64::new(0);
+static BUCKETS: AtomicU64 = AtomicU64::new(0);
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// How often the thread beats.
+const EVERY: Duration = Duration::from_secs(1);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// The rank is now in `p` (its `since` starts now unless it already was).
+pub fn phase(p: Phase) {
+    let code = p.code() as u64;
+    if PHASE.swap(code, Ordering::Relaxed) != code {
+        SINCE_MS.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+/// Optimizer steps done.
+pub fn step(done: u64) {
+    STEP.store(done, Ordering::Relaxed);
+}
+
+/// The last gradient reduction had this many buckets.
+pub fn buckets(n: usize) {
+    BUCKETS.store(n as u64, Ordering::Relaxed);
+}
+
+/// Inside a collective (`p`, `count` collectives, e.g. a reduction's buckets) until dropped;
+/// then back to the phase before.
+#[must_use]
+pub struct Collective {
+    before: u64,
+    since: u64,
+}
+
+/// Enters a collective: the sequence number advances by `count`.
+pub fn collective(p: Phase, count: u64) -> Collective {
+    let before = PHASE.load(Ordering::Relaxed);
+    let since = SINCE_MS.load(Ordering::Relaxed);
+    SEQ.fetch_add(count.max(1), Ordering::Relaxed);
+    PHASE.store(p.code() as u64, Ordering::Relaxed);
+    SINCE_MS.store(now_ms(), Ordering::Relaxed);
+    Collective { before, since }
+}
+
+impl Drop for Collective {
+    fn drop(&mut self) {
+        PHASE.store(self.before, Ordering::Relaxed);
+        SINCE_MS.store(self.since, Ordering::Relaxed);
+    }
+}
+
+/// The identity a beat carries.
+struct Identity {
+    log_dir: PathBuf,
+    rank: usize,
+    host: String,
+}
+
+fn record(id: &Identity, beat: u64) -> Heartbeat {
+    let buckets = BUCKETS.load(Ordering::Relaxed);
+    Heartbeat {
+        rank: id.rank,
+        host: id.host.clone(),
+        pid: std::process::id(),
+        phase: Phase::from_code(PHASE.load(Ordering::Relaxed) as u8),
+        step: STEP.load(Ordering::Relaxed),
+        seq: SEQ.load(Ordering::Relaxed),
+        buckets: (buckets > 0).then_some(buckets),
+        since: rfc3339(SINCE_MS.load(Ordering::Relaxed)),
+        time: rfc3339(now_ms()),
+        beat,
+    }
+}
+
+static IDENTITY: std::sync::OnceLock<Identity> = std::sync::OnceLock::new();
+
+/// Starts the beating thread (once a process; later calls do nothing). A beat that cannot be
+/// written is said once in the driver log; the rank goes on.
+pub fn start(log_dir: PathBuf, rank: usize, host: &str) {
+    if STARTED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    phase(Phase::StartUp);
+    let id = IDENTITY.get_or_init(|| Identity {
+        log_dir,
+        rank,
+        host: host.to_string(),
+    });
+    let spawned = std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || {
+            let mut warned = false;
+            for beat in 1u64.. {
+                if let Err(e) = record(id, beat).write(&id.log_dir) {
+                    if !warned {
+                        tracing::warn!(
+                            "cannot write the heartbeat in {}: {e} (the launcher cannot tell a \
+                             hang from this rank's beats)",
+                            id.log_dir.display()
+                        );
+                        warned = true;
+                    }
+                }
+                std::thread::sleep(EVERY);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the heartbeat thread: {e}");
+    }
+}
+
+/// The rank's work is done: say so now (the launcher does not wait for a rank that ended).
+pub fn done() {
+    phase(Phase::Done);
+    if let Some(id) = IDENTITY.get() {
+        let _ = record(id, u64::MAX).write(&id.log_dir);
+    }
+}
