@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command, idempotent setup for tchrun on Debian 12 (x86-64).
 #   apt: OpenMPI, libclang (rsmpi's bindgen), gloo headers (c10d shim), Slurm + munge (tests),
-#        iproute2 (network-namespace tests), strace (tests/index.rs counts system calls)
+#        iproute2 (network-namespace tests), strace (tests/index.rs counts system calls),
+#        elfutils (eu-stack: the native stacks of a hung rank, src/stacks.rs)
 #   venv: .venv with torch==2.11.0 (libtorch for tch 0.24), torchvision, test/bench deps
 # Second run is fast: every step checks before it installs.
 set -euo pipefail
@@ -12,7 +13,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 APT_PKGS=(openmpi-bin libopenmpi-dev libclang-dev libgloo-dev g++ pkg-config
-          slurmctld slurmd slurm-client munge iproute2 procps util-linux fonts-dejavu-core strace)
+          slurmctld slurmd slurm-client munge iproute2 procps util-linux fonts-dejavu-core strace elfutils)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

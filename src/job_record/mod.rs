@@ -11,6 +11,7 @@ pub mod failure;
 pub mod heartbeat;
 pub mod ranks;
 pub mod restarts;
+pub mod stacks;
 
 pub use failure::FailureSummary;
 pub use heartbeat::{HangVerdict, Heartbeat};

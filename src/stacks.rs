@@ -1,0 +1,400 @@
+//! Native stacks of every thread of a process, taken from outside it: `eu-stack` (elfutils:
+//! fast, works on a stopped process and leaves it stopped) or else `gdb`, run with a time
+//! limit; each thread's name, state and kernel wait channel from `/proc`; function names
+//! demangled (Rust and C++). Used by a rank on itself (from a thread of its own: a process
+//! cannot ptrace itself, its child can), by a rank for a stopped peer on its host, and by the
+//! launcher for a local rank that did not answer. Machinery: agrees on nothing by itself (the
+//! record is `job_record::stacks`).
+use crate::job_record::stacks::ThreadStack;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `TCHRUN_STACK_TOOL`: `eu-stack`, `gdb` or `none` (default: the first of eu-stack and gdb
+/// found on PATH).
+pub const TOOL_VAR: &str = "TCHRUN_STACK_TOOL";
+
+/// Frames kept per thread (the innermost).
+pub const MAX_FRAMES: usize = 64;
+
+/// Why no stacks could be unwound (the threads' names and states are still known).
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    #[error(
+        "no stack tool: neither eu-stack nor gdb is on PATH (install elfutils, the Debian \
+         package that has eu-stack)"
+    )]
+    NoTool,
+    #[error("{tool} did not finish within {secs} s (a thread in the kernel, state D?)")]
+    TimedOut { tool: &'static str, secs: u64 },
+    #[error("{tool} found no stack: {detail}")]
+    Failed { tool: &'static str, detail: String },
+    #[error("cannot run {tool}: {source}")]
+    Spawn {
+        tool: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The stacks of `pid`: every thread's name and state, with frames when a tool could unwind
+/// them; the tool's name; its error, if any (the threads are still returned).
+pub fn capture(
+    pid: u32,
+    limit: Duration,
+) -> (Vec<ThreadStack>, Option<&'static str>, Option<StackError>) {
+    let mut threads = threads_of(pid);
+    let tool = match tool() {
+        Ok(t) => t,
+        Err(e) => return (threads, None, Some(e)),
+    };
+    match unwind(tool, pid, limit) {
+        Ok(frames) => {
+            for t in &mut threads {
+                if let Some(f) = frames.get(&t.tid) {
+                    t.frames = f.clone();
+                }
+            }
+            // Threads that appeared between the two looks.
+            for (tid, f) in frames {
+                if !threads.iter().any(|t| t.tid == tid) {
+                    threads.push(ThreadStack {
+                        tid,
+                        name: String::new(),
+                        state: String::new(),
+                        wchan: None,
+                        frames: f,
+                    });
+                }
+            }
+            (threads, Some(tool), None)
+        }
+        Err(e) => (threads, Some(tool), Some(e)),
+    }
+}
+
+/// The process's state letter (`R`, `S`, `D`, `T`, `t`, `Z`), none when it is gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    state_of_stat(&stat)
+}
+
+fn state_of_stat(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Whether `pid` is a tchrun-worker (not a process that reused its number).
+pub fn is_worker(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            c.split(|b| *b == 0)
+                .next()
+                .is_some_and(|arg0| String::from_utf8_lossy(arg0).ends_with("tchrun-worker"))
+        })
+        .unwrap_or(false)
+}
+
+/// Every thread of `pid`, from `/proc/<pid>/task`: tid, name, state, wait channel; no frames.
+pub fn threads_of(pid: u32) -> Vec<ThreadStack> {
+    let task = PathBuf::from(format!("/proc/{pid}/task"));
+    let Ok(rd) = std::fs::read_dir(&task) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ThreadStack> = rd
+        .flatten()
+        .filter_map(|e| {
+            let tid: u32 = e.file_name().to_string_lossy().parse().ok()?;
+            let dir = e.path();
+            let read = |f: &str| {
+                std::fs::read_to_string(dir.join(f))
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            };
+            let state = read("stat")
+                .and_then(|s| state_of_stat(&s))
+                .map(String::from)
+                .unwrap_or_default();
+            Some(ThreadStack {
+                tid,
+                name: read("comm").unwrap_or_default(),
+                wchan: read("wchan").filter(|w| !w.is_empty() && w != "0"),
+                state,
+                frames: Vec::new(),
+            })
+        })
+        .collect();
+    out.sort_by_key(|t| (t.tid != pid, t.tid));
+    out
+}
+
+/// The tool to use: `TCHRUN_STACK_TOOL`, else eu-stack, else gdb.
+fn tool() -> Result<&'static str, StackError> {
+    match std::env::var(TOOL_VAR).ok().as_deref().map(str::trim) {
+        Some("none") => Err(StackError::NoTool),
+        Some("gdb") => Ok("gdb"),
+        Some("eu-stack") => Ok("eu-stack"),
+        _ if on_path("eu-stack") => Ok("eu-stack"),
+        _ if on_path("gdb") => Ok("gdb"),
+        _ => Err(StackError::NoTool),
+    }
+}
+
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| {
+            let f = d.join(name);
+            f.is_file() && is_executable(&f)
+        })
+    })
+}
+
+fn is_executable(f: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(f).is_ok_and(|m| m.permissions().mode() & 0o111 != 0)
+}
+
+/// Runs the tool on `pid` within `limit`; frames by thread.
+fn unwind(
+    tool: &'static str,
+    pid: u32,
+    limit: Duration,
+) -> Result<BTreeMap<u32, Vec<String>>, StackError> {
+    let mut cmd = Command::new(tool);
+    let pid_s = pid.to_string();
+    if tool == "gdb" {
+        cmd.args(["-nx", "-batch", "-p", &pid_s])
+            .args(["-ex", "set pagination off", "-ex", "thread apply all bt"]);
+    } else {
+        // Raw names: demangled here, Rust's too (eu-stack knows only C++'s).
+        cmd.args(["-r", "-p", &pid_s]);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|source| StackError::Spawn { tool, source })?;
+    // Drain the pipes from threads of their own: a tool that fills one would never exit.
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(StackError::TimedOut {
+                    tool,
+                    secs: limit.as_secs(),
+                });
+            }
+        }
+    }
+    let text = out.join().unwrap_or_default();
+    let frames = if tool == "gdb" {
+        parse_gdb(&text)
+    } else {
+        parse_eu_stack(&text)
+    };
+    if frames.is_empty() {
+        let detail = err.join().unwrap_or_default();
+        let detail = detail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
+        return Err(StackError::Failed {
+            tool,
+            detail: detail.trim().to_string(),
+        });
+    }
+    Ok(frames)
+}
+
+fn drain<R: std::io::Read + Send + 'static>(
+    pipe: Option<R>,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut p) = pipe {
+            let mut buf = Vec::new();
+            let _ = p.read_to_end(&mut buf);
+            s = String::from_utf8_lossy(&buf).into_owned();
+        }
+        s
+    })
+}
+
+/// eu-stack's output: `TID 354:` then `#0  0x00007fcb582b6f21 free` lines.
+pub fn parse_eu_stack(text: &str) -> BTreeMap<u32, Vec<String>> {
+    let mut out: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut cur: Option<u32> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("TID ") {
+            cur = rest.trim_end_matches(':').trim().parse().ok();
+            if let Some(t) = cur {
+                out.entry(t).or_default();
+            }
+            continue;
+        }
+        let (Some(t), Some(rest)) = (cur, line.strip_prefix('#')) else {
+            continue;
+        };
+        let mut parts = rest.split_whitespace();
+        let _n = parts.next();
+        let Some(addr) = parts.next() else { continue };
+        let name: Vec<&str> = parts.collect();
+        let frame = if name.is_empty() {
+            addr.to_string()
+        } else {
+            demangle(&name.join(" "))
+        };
+        let frames = out.entry(t).or_default();
+        if frames.len() < MAX_FRAMES {
+            frames.push(frame);
+        }
+    }
+    out
+}
+
+/// gdb's `thread apply all bt`: `Thread 2 (Thread 0x7f.. (LWP 1235) "heartbeat"):` then
+/// `#0  0x00007f.. in clock_nanosleep () from /lib/..` or `#1  std::thread::sleep (..) at ..`.
+pub fn parse_gdb(text: &str) -> BTreeMap<u32, Vec<String>> {
+    let mut out: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut cur: Option<u32> = None;
+    for line in text.lines() {
+        if line.starts_with("Thread ") {
+            cur = line
+                .split_once("(LWP ")
+                .and_then(|(_, r)| r.split(')').next())
+                .and_then(|n| n.trim().parse().ok());
+            if let Some(t) = cur {
+                out.entry(t).or_default();
+            }
+            continue;
+        }
+        let (Some(t), Some(rest)) = (cur, line.strip_prefix('#')) else {
+            continue;
+        };
+        let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit()).trim_start();
+        let rest = match rest.split_once(" in ") {
+            Some((addr, r)) if addr.starts_with("0x") => r,
+            _ => rest,
+        };
+        let name = rest.split(" (").next().unwrap_or(rest).trim();
+        let name = name.split("@@").next().unwrap_or(name);
+        let frames = out.entry(t).or_default();
+        if !name.is_empty() && frames.len() < MAX_FRAMES {
+            frames.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// A symbol demangled: Rust's (legacy and v0, without the hash), else C++'s, else as it is.
+pub fn demangle(name: &str) -> String {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        return format!("{d:#}");
+    }
+    // Versioned C symbols ("__libc_start_main@@GLIBC_2.34") and C++ ones with a suffix.
+    let (base, _) = name.split_once('@').unwrap_or((name, ""));
+    if base.starts_with("_Z") {
+        if let Ok(sym) = cpp_demangle::Symbol::new(base) {
+            if let Ok(d) = sym.demangle(&cpp_demangle::DemangleOptions::new().no_params()) {
+                return d;
+            }
+        }
+    }
+    base.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Real eu-stack -r output of a training rank (elfutils 0.188), cut short.
+    const EU_STACK: &str = "PID 354 - process
+TID 354:
+#0  0x00007fcb582b6f21 free
+#1  0x00007fcb7f0c5872 dnnl_memory_desc_destroy
+#2  0x00007fcb71f303d9 _ZNK5ideep6tensor20reorder_if_differ_inERKNS0_4descERKNS_6attr_tE
+#3  0x000055867fe334ab atg_conv2d
+#4  0x000055867fceb9cc _ZN13tchrun_worker5train4step10train_step17hcfc69b4cf17e8293E
+#5  0x00005586803f34d4 _RNvNtCsjrHSEGnQ3l9_3std2rt19lang_start_internal
+#6  0x00007fcb5822b305 __libc_start_main@@GLIBC_2.34
+TID 365:
+#0  0x00007fcb58326f36 epoll_wait
+#1  0x00007fcb79227b6d _ZN4gloo9transport3tcp4Loop3runEv
+#2  0x00007fcb85ad44a3
+";
+
+    /// gdb 13's `thread apply all bt`, cut short.
+    const GDB: &str = "[Thread debugging using libthread_db enabled]
+0x00007f3c1e2a3f16 in __futex_abstimed_wait_common () from /lib/x86_64-linux-gnu/libc.so.6
+
+Thread 2 (Thread 0x7f3c1a5ff6c0 (LWP 1235) \"heartbeat\"):
+#0  0x00007f3c1e2ed545 in clock_nanosleep () from /lib/x86_64-linux-gnu/libc.so.6
+#1  0x000055d1c2f7f07 in std::thread::sleep (dur=...) at library/std/src/thread/mod.rs:873
+#2  tchrun_worker::heartbeat::start::{closure#0} () at worker/src/heartbeat/mod.rs:120
+
+Thread 1 (Thread 0x7f3c1d8a1b80 (LWP 1234) \"tchrun-worker\"):
+#0  0x00007f3c1e2a3f16 in __futex_abstimed_wait_common () from /lib/x86_64-linux-gnu/libc.so.6
+#1  0x00007f3c1e2a65d8 in pthread_cond_wait@@GLIBC_2.3.2 () from /lib/x86_64-linux-gnu/libc.so.6
+";
+
+    #[test]
+    fn eu_stack_and_gdb_output_become_frames_by_thread_with_names_demangled() {
+        let f = parse_eu_stack(EU_STACK);
+        assert_eq!(f.keys().copied().collect::<Vec<_>>(), [354, 365]);
+        assert_eq!(
+            f[&354],
+            [
+                "free",
+                "dnnl_memory_desc_destroy",
+                "ideep::tensor::reorder_if_differ_in",
+                "atg_conv2d",
+                "tchrun_worker::train::step::train_step",
+                "std::rt::lang_start_internal",
+                "__libc_start_main",
+            ]
+        );
+        assert_eq!(
+            f[&365],
+            ["epoll_wait", "gloo::transport::tcp::Loop::run", "0x00007fcb85ad44a3"]
+        );
+        let g = parse_gdb(GDB);
+        assert_eq!(g.keys().copied().collect::<Vec<_>>(), [1234, 1235]);
+        assert_eq!(
+            g[&1235],
+            [
+                "clock_nanosleep",
+                "std::thread::sleep",
+                "tchrun_worker::heartbeat::start::{closure#0}"
+            ]
+        );
+        assert_eq!(g[&1234][1], "pthread_cond_wait");
+        assert_eq!(state_of_stat("354 (tchrun (worker)) T 1 2 3"), Some('T'));
+    }
+
+    #[test]
+    fn a_child_process_is_unwound_and_its_threads_named() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let threads = threads_of(pid);
+        assert_eq!(threads.len(), 1);
+        assert_eq!((threads[0].tid, threads[0].name.as_str()), (pid, "sleep"));
+        assert!(!is_worker(pid));
+        let (threads, tool, err) = capture(pid, Duration::from_secs(20));
+        let _ = child.kill();
+        let _ = child.wait();
+        if tool.is_none() {
+            // No eu-stack or gdb on this machine: said as such.
+            assert!(matches!(err, Some(StackError::NoTool)), "{err:?}");
+            assert!(std::env::var("TCHRUN_REQUIRE_PRIVILEGED").is_err(), "setup installs elfutils");
+            return;
+        }
+        assert!(err.is_none(), "{err:?}");
+        let frames = &threads[0].frames;
+        assert!(
+            frames.iter().any(|f| f.contains("nanosleep") || f.contains("sleep")),
+            "{frames:?}"
+        );
+    }
+}
