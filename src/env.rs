@@ -27,10 +27,14 @@ pub const TCHRUN_ATTEMPT: &str = "TCHRUN_ATTEMPT";
 /// it in a real job.
 pub const TCHRUN_TEST_KILL_AT_STEP: &str = "TCHRUN_TEST_KILL_AT_STEP";
 /// Test hook (fault injection), read by the worker: `RANK:STEP:SECONDS` makes rank RANK's main
-/// thread sleep SECONDS in forward just before optimizer step STEP (its heartbeat thread goes
+/// thread spin (a busy loop) SECONDS in forward just before optimizer step STEP (its heartbeat thread goes
 /// on beating): a rank that is stuck, not stopped. For `tests/hang.rs`; never set it in a real
 /// job.
 pub const TCHRUN_TEST_STALL_AT_STEP: &str = "TCHRUN_TEST_STALL_AT_STEP";
+/// Test hook (fault injection), read by the loader: `RANK:IMAGE:SECONDS` makes rank RANK's
+/// IMAGE-th image decode (counted from 1 over the run, by all its loader threads) block for
+/// SECONDS: a rank stuck in the data wait. For `tests/hang.rs`; never set it in a real job.
+pub const TCHRUN_TEST_STALL_DECODE: &str = "TCHRUN_TEST_STALL_DECODE";
 /// Test hook (fault injection), read by the worker: `HOST:STEPS` makes every rank that runs on
 /// HOST (its hostname) SIGKILL itself after STEPS optimizer steps of the attempt (counted from
 /// the step the attempt started at, so each attempt makes progress first), in every attempt: a

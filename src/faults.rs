@@ -96,16 +96,7 @@ fn stall(
     let Some(v) = get(env::TCHRUN_TEST_STALL_AT_STEP).filter(|v| !v.trim().is_empty()) else {
         return Ok(None);
     };
-    let parts: Vec<&str> = v.trim().split(':').collect();
-    let parsed = match parts.as_slice() {
-        [r, s, secs] => r.parse::<usize>().ok().zip(s.parse::<u64>().ok()).zip(
-            secs.parse::<f64>()
-                .ok()
-                .and_then(|x| Duration::try_from_secs_f64(x).ok()),
-        ),
-        _ => None,
-    };
-    let Some(((r, step), d)) = parsed else {
+    let Some((r, step, d)) = parse_triple(&v) else {
         return Err(EnvError::Invalid {
             name: env::TCHRUN_TEST_STALL_AT_STEP,
             value: v.clone(),
@@ -113,6 +104,51 @@ fn stall(
         });
     };
     Ok((r == rank).then_some((step, d)))
+}
+
+/// `TCHRUN_TEST_STALL_DECODE=RANK:IMAGE:SECONDS`: called by the loader before each image it
+/// decodes; on rank RANK, the IMAGE-th blocks for SECONDS. A malformed value is said once on
+/// standard error and ignored (the loader has no error path for a test hook).
+pub fn maybe_stall_decode(rank: usize) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PLAN: std::sync::OnceLock<Option<(usize, u64, Duration)>> = std::sync::OnceLock::new();
+    static DECODED: AtomicU64 = AtomicU64::new(0);
+    let plan = PLAN.get_or_init(|| {
+        let v = std::env::var(env::TCHRUN_TEST_STALL_DECODE).ok()?;
+        let parsed = parse_triple(&v);
+        if parsed.is_none() {
+            eprintln!("{}={v}: expected RANK:IMAGE:SECONDS; ignored", env::TCHRUN_TEST_STALL_DECODE);
+        }
+        parsed
+    });
+    if let Some((r, image, d)) = *plan {
+        if r == rank && DECODED.fetch_add(1, Ordering::Relaxed) + 1 == image {
+            std::thread::sleep(d);
+        }
+    }
+}
+
+/// `A:B:SECONDS`.
+fn parse_triple(v: &str) -> Option<(usize, u64, Duration)> {
+    let parts: Vec<&str> = v.trim().split(':').collect();
+    let [a, b, secs] = parts.as_slice() else {
+        return None;
+    };
+    let d = secs
+        .parse::<f64>()
+        .ok()
+        .and_then(|x| Duration::try_from_secs_f64(x).ok())?;
+    Some((a.parse().ok()?, b.parse().ok()?, d))
+}
+
+/// Spins (busy, on this thread) for `d`: `TCHRUN_TEST_STALL_AT_STEP`'s rank in an endless
+/// loop, as its stack shows it.
+#[inline(never)]
+pub fn spin_for(d: Duration) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < d {
+        std::hint::spin_loop();
+    }
 }
 
 #[cfg(test)]

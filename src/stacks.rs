@@ -44,34 +44,78 @@ pub fn capture(
     pid: u32,
     limit: Duration,
 ) -> (Vec<ThreadStack>, Option<&'static str>, Option<StackError>) {
-    let mut threads = threads_of(pid);
+    // The capture's own threads (this one, the tool's pipes) are not the process's work.
+    let me = nix::unistd::gettid().as_raw() as u32;
+    let own = |t: &ThreadStack| pid == std::process::id() && t.tid == me;
     let tool = match tool() {
         Ok(t) => t,
-        Err(e) => return (threads, None, Some(e)),
+        Err(e) => {
+            let mut threads = threads_of(pid);
+            threads.retain(|t| !own(t));
+            return (threads, None, Some(e));
+        }
     };
-    match unwind(tool, pid, limit) {
+    let unwound = unwind(tool, pid, limit);
+    // Looked at after the tool ended: its pipe threads are gone.
+    let mut threads = threads_of(pid);
+    threads.retain(|t| !own(t));
+    match unwound {
         Ok(frames) => {
+            let maps = Maps::of(pid);
             for t in &mut threads {
                 if let Some(f) = frames.get(&t.tid) {
-                    t.frames = f.clone();
-                }
-            }
-            // Threads that appeared between the two looks.
-            for (tid, f) in frames {
-                if !threads.iter().any(|t| t.tid == tid) {
-                    threads.push(ThreadStack {
-                        tid,
-                        name: String::new(),
-                        state: String::new(),
-                        wchan: None,
-                        frames: f,
-                    });
+                    t.frames = f.iter().map(|f| maps.name(f)).collect();
                 }
             }
             (threads, Some(tool), None)
         }
         Err(e) => (threads, Some(tool), Some(e)),
     }
+}
+
+/// The executable mappings of a process (`/proc/<pid>/maps`): a frame the tool could not
+/// name is named by where it is ("libgomp.so.1+0x1d2e0", or JIT-compiled code, which has no
+/// unwind information: the tool cannot go past it).
+struct Maps(Vec<(u64, u64, u64, String)>);
+
+impl Maps {
+    fn of(pid: u32) -> Maps {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        Maps(text.lines().filter_map(parse_map_line).collect())
+    }
+
+    fn name(&self, frame: &str) -> String {
+        let Some(addr) = frame
+            .strip_prefix("0x")
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+        else {
+            return frame.to_string();
+        };
+        match self.0.iter().find(|(lo, hi, _, _)| (*lo..*hi).contains(&addr)) {
+            Some((lo, _, off, file)) if !file.is_empty() && !file.starts_with('[') => {
+                let base = file.rsplit('/').next().unwrap_or(file);
+                format!("{base}+{:#x}", addr - lo + off)
+            }
+            _ => format!("{frame} (JIT-compiled code: no unwind information past it)"),
+        }
+    }
+}
+
+/// `lo-hi perms offset dev inode path` of an executable mapping.
+fn parse_map_line(line: &str) -> Option<(u64, u64, u64, String)> {
+    let mut f = line.split_whitespace();
+    let (range, perms, off) = (f.next()?, f.next()?, f.next()?);
+    if !perms.contains('x') {
+        return None;
+    }
+    let (lo, hi) = range.split_once('-')?;
+    let path = f.nth(2).unwrap_or("").to_string();
+    Some((
+        u64::from_str_radix(lo, 16).ok()?,
+        u64::from_str_radix(hi, 16).ok()?,
+        u64::from_str_radix(off, 16).ok()?,
+        path,
+    ))
 }
 
 /// The process's state letter (`R`, `S`, `D`, `T`, `t`, `Z`), none when it is gone.
@@ -371,6 +415,18 @@ Thread 1 (Thread 0x7f3c1d8a1b80 (LWP 1234) \"tchrun-worker\"):
         );
         assert_eq!(g[&1234][1], "pthread_cond_wait");
         assert_eq!(state_of_stat("354 (tchrun (worker)) T 1 2 3"), Some('T'));
+        let maps = Maps(
+            [
+                "7f00000000-7f00001000 r-xp 00002000 fe:01 42 /usr/lib/libgomp.so.1",
+                "7f10000000-7f10001000 rwxp 00000000 00:00 0 ",
+            ]
+            .iter()
+            .filter_map(|l| parse_map_line(l))
+            .collect(),
+        );
+        assert_eq!(maps.name("0x7f00000010"), "libgomp.so.1+0x2010");
+        assert!(maps.name("0x7f10000010").contains("JIT-compiled"));
+        assert_eq!(maps.name("free"), "free");
     }
 
     #[test]

@@ -26,7 +26,7 @@ mod report;
 mod run;
 mod train;
 
-use commands::{data as data_cmd, inference, model_init, sbatch};
+use commands::{data as data_cmd, inference, model_init, sbatch, stacks};
 use plan::{gpus, launch, preflight};
 
 use clap::{Args, Parser, Subcommand};
@@ -65,6 +65,12 @@ enum Cmd {
     /// Datasets: split an image folder into train/valid, pack one into tar shards.
     #[command(subcommand)]
     Data(data_cmd::DataCmd),
+    /// Print every rank's stacks of a running job (what each rank's threads are doing), without stopping it.
+    Stacks {
+        /// The job's log directory (a training --output: its logs/), seen from this machine.
+        #[arg(default_value = tchrun::flags::DEFAULT_LOG_DIR)]
+        dir: PathBuf,
+    },
     /// Print the failure summary of a job's log directory, or a per-rank overview.
     Logs {
         /// The job's log directory (a training --output: its logs/).
@@ -197,6 +203,7 @@ fn main() -> ExitCode {
         Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
         Cmd::Evaluate(a) => inference::run_evaluate(&a.job, &a.launch, &a.rank),
         Cmd::Data(c) => data_cmd::run(&c),
+        Cmd::Stacks { dir } => stacks::run(&dir),
         Cmd::Logs { dir } => match report::logs_command(&dir) {
             Ok(text) => {
                 {

@@ -290,6 +290,7 @@ pub(super) fn build_batch(
             None => image_rng(cfg.seed, cfg.epoch, cfg.rank, cfg.first_position + pos),
         };
         let k = labels.len();
+        let _work = Working::begin(&smp.path, cfg.rank);
         match process_image(
             &smp.path,
             smp.member.as_ref(),
@@ -318,6 +319,47 @@ pub(super) fn build_batch(
         size: cfg.size,
         skipped,
     })
+}
+
+/// The files the loader threads are decoding now (thread name, file, since), for the stacks a
+/// hung rank writes: two uncontended locks per image, nothing against a decode.
+static IN_PROGRESS: std::sync::Mutex<Vec<(String, PathBuf, std::time::SystemTime)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The files the loader threads of this process are decoding now: (thread, file, since).
+pub fn in_progress() -> Vec<(String, PathBuf, std::time::SystemTime)> {
+    IN_PROGRESS
+        .lock()
+        .map(|w| w.clone())
+        .unwrap_or_else(|e| e.into_inner().clone())
+}
+
+/// One image in progress on this thread, until dropped.
+struct Working {
+    thread: String,
+}
+
+impl Working {
+    fn begin(path: &Path, rank: usize) -> Working {
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("main")
+            .to_string();
+        if let Ok(mut w) = IN_PROGRESS.lock() {
+            w.retain(|(t, _, _)| *t != thread);
+            w.push((thread.clone(), path.to_path_buf(), std::time::SystemTime::now()));
+        }
+        crate::faults::maybe_stall_decode(rank);
+        Working { thread }
+    }
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        if let Ok(mut w) = IN_PROGRESS.lock() {
+            w.retain(|(t, _, _)| *t != self.thread);
+        }
+    }
 }
 
 pub(super) struct Job {

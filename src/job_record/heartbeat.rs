@@ -3,6 +3,7 @@
 //! watch (the one reader); and `HangVerdict`, the watch's finding kept in `failure.json`.
 //! A rank whose main thread is stuck keeps beating with an old `since`; a rank that is stopped
 //! (SIGSTOP), frozen or dead stops beating.
+use super::stacks::{CaptureSummary, LoaderWork, StackGroup, TraceEntry};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -225,6 +226,15 @@ pub struct HangRank {
     pub last_beat: String,
     /// Whether it still beat when the job was stopped.
     pub beating: bool,
+    /// Its process state when its stacks were taken (R, S, D, T), if they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The collective it waits in, from its trace (bucket, bytes, since).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_in: Option<TraceEntry>,
+    /// Its loader threads' files in progress (a rank in the data wait).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaders: Vec<LoaderWork>,
 }
 
 impl HangRank {
@@ -239,6 +249,9 @@ impl HangRank {
             since: b.since.clone(),
             last_beat: b.time.clone(),
             beating,
+            state: None,
+            waits_in: None,
+            loaders: Vec::new(),
         }
     }
 }
@@ -257,13 +270,24 @@ pub struct HangVerdict {
     /// The silence allowed (seconds) and how long it lasted.
     pub allowed_s: u64,
     pub silent_s: u64,
+    /// The ranks' main-thread stacks taken before the job was stopped, identical ones once
+    /// (the culprits' first); every thread's are in `stacks-<rank>.json`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<StackGroup>,
+    /// How the capture went (which ranks answered, how long it took).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<CaptureSummary>,
 }
 
 impl HangVerdict {
-    /// The one line: "hang: rank 0 (vm) waits in ... since 14:02:11; rank 1 (vm) stopped
-    /// beating at 14:02:09 (stopped or frozen), last in forward of step 301".
+    /// The one line: "hang: rank 0 (vm) waits in gradient all-reduce #1204 (bucket 3, 25.0
+    /// MiB, step 300) since 14:02:11; rank 1 (vm, pid 42) never entered it: stopped (state T),
+    /// last in forward of step 300 at 14:02:09".
     pub fn line(&self, beats: &[Heartbeat]) -> String {
         let doing = |r: &HangRank| {
+            if let Some(e) = &r.waits_in {
+                return e.describe();
+            }
             beats
                 .iter()
                 .find(|b| b.rank == r.rank)
@@ -271,34 +295,29 @@ impl HangVerdict {
                 .unwrap_or_else(|| r.phase.label().to_string())
         };
         let mut parts = Vec::new();
+        // Waiting ranks in the same collective since the same second: once, with their list.
+        let mut groups: Vec<(String, String, Vec<&HangRank>)> = Vec::new();
         for r in &self.waiting {
-            parts.push(format!(
-                "rank {} ({}) waits in {} since {}",
-                r.rank,
-                r.host,
-                doing(r),
-                clock(&r.since)
-            ));
+            let key = (doing(r), clock(&r.since).to_string());
+            match groups.iter_mut().find(|g| (g.0.as_str(), g.1.as_str()) == (&key.0, &key.1)) {
+                Some(g) => g.2.push(r),
+                None => groups.push((key.0, key.1, vec![r])),
+            }
         }
-        for r in &self.culprits {
-            parts.push(if r.beating {
-                format!(
-                    "rank {} ({}) is in {} since {} (still beating: its main thread is stuck)",
-                    r.rank,
-                    r.host,
-                    doing(r),
-                    clock(&r.since)
-                )
+        for (what, since, ranks) in &groups {
+            let hosts = unique(ranks.iter().map(|r| r.host.as_str()));
+            parts.push(if ranks.len() == 1 {
+                format!("rank {} ({hosts}) waits in {what} since {since}", ranks[0].rank)
             } else {
+                let list: Vec<usize> = ranks.iter().map(|r| r.rank).collect();
                 format!(
-                    "rank {} ({}, pid {}) stopped beating at {} (stopped or frozen), last in {}",
-                    r.rank,
-                    r.host,
-                    r.pid,
-                    clock(&r.last_beat),
-                    doing(r)
+                    "ranks {} ({hosts}) wait in {what} since {since}",
+                    super::stacks::rank_list(&list)
                 )
             });
+        }
+        for r in &self.culprits {
+            parts.push(self.culprit_words(r, &doing(r)));
         }
         let why = match self.kind {
             HangKind::StoppedBeating => String::new(),
@@ -309,6 +328,60 @@ impl HangVerdict {
         };
         format!("hang: {}{why}", parts.join("; "))
     }
+
+    /// "rank 1 (vm, pid 42) never entered it: it is in the data wait since 14:02:11; loader
+    /// thread data-loader-0 decoding /data/x.png since 14:02:10".
+    fn culprit_words(&self, r: &HangRank, doing: &str) -> String {
+        let who = format!("rank {} ({}, pid {})", r.rank, r.host, r.pid);
+        let who = match self.seq {
+            Some(seq) if r.seq < seq => format!("{who} never entered it: it"),
+            _ => who,
+        };
+        let mut s = if r.beating {
+            format!("{who} is in {doing} since {}", clock(&r.since))
+        } else {
+            let how = match r.state.as_deref() {
+                Some("T") | Some("t") => "is stopped (state T: SIGSTOP or a debugger)".to_string(),
+                Some("D") => "is stuck in the kernel (state D)".to_string(),
+                Some("gone") => "is gone".to_string(),
+                Some(st) => format!("stopped beating (state {st})"),
+                None => "stopped beating (stopped or frozen)".to_string(),
+            };
+            format!(
+                "{who} {how}; its last beat at {} said {doing}",
+                clock(&r.last_beat)
+            )
+        };
+        if r.beating && !r.beating_main_thread_ok() {
+            s.push_str(" (still beating: its main thread is stuck)");
+        }
+        for l in &r.loaders {
+            s.push_str(&format!(
+                "; loader thread {} decoding {} since {}",
+                l.thread,
+                l.file.display(),
+                clock(&l.since)
+            ));
+        }
+        s
+    }
+}
+
+impl HangRank {
+    /// A rank in the data wait is not stuck itself (its loader is); any other that beats is.
+    fn beating_main_thread_ok(&self) -> bool {
+        self.phase == Phase::Loading
+    }
+}
+
+fn unique<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    let mut v: Vec<&str> = Vec::new();
+    for i in items {
+        if !v.contains(&i) {
+            v.push(i);
+        }
+    }
+    v.join(", ")
 }
 
 #[cfg(test)]
@@ -354,12 +427,14 @@ mod tests {
             seq: Some(1204),
             allowed_s: 10,
             silent_s: 11,
+            stacks: Vec::new(),
+            capture: None,
         };
         assert_eq!(
             v.line(&beats),
             "hang: rank 0 (vm) waits in gradient all-reduce #1204 (3 bucket(s) of step 300) \
-             since 14:02:11; rank 1 (vm, pid 42) stopped beating at 14:02:09 (stopped or \
-             frozen), last in forward of step 300"
+             since 14:02:11; rank 1 (vm, pid 42) stopped beating (stopped or frozen); its last \
+             beat at 14:02:09 said forward of step 300"
         );
         let text = serde_json::to_string(&v).unwrap();
         assert_eq!(serde_json::from_str::<HangVerdict>(&text).unwrap(), v);

@@ -146,6 +146,16 @@ pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
     log_dir.join(format!("stacks-{rank}.json"))
 }
 
+/// Whether `file_name` is a capture's file (`stacks-<rank>.json`, `capture-request.json`):
+/// cleared before a job and moved with an attempt's logs.
+pub fn is_capture_file(file_name: &str) -> bool {
+    file_name == REQUEST_FILE
+        || file_name
+            .strip_prefix("stacks-")
+            .and_then(|r| r.strip_suffix(".json"))
+            .is_some_and(|r| r.parse::<usize>().is_ok())
+}
+
 impl RankStacks {
     /// Writes `stacks-<rank>.json` atomically.
     pub fn write(&self, log_dir: &Path) -> std::io::Result<()> {
@@ -173,6 +183,81 @@ impl RankStacks {
     pub fn waiting_in(&self) -> Option<&TraceEntry> {
         self.trace.iter().rev().find(|e| e.completed.is_none())
     }
+}
+
+/// How a capture went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaptureSummary {
+    pub id: u64,
+    /// From the request to the last answer (or the bound).
+    pub took_ms: u64,
+    /// Ranks whose stacks were taken (by themselves, a peer or the launcher).
+    pub taken: Vec<usize>,
+    /// Ranks with no stacks (no answer within the bound, no tool): why, by rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<(usize, String)>,
+}
+
+impl super::heartbeat::HangVerdict {
+    /// The verdict with the ranks' stacks: each rank's state, the collective it waits in (its
+    /// trace), its loader threads' files; the main-thread stacks grouped, the culprits' first.
+    pub fn add_stacks(&mut self, stacks: &[RankStacks], summary: CaptureSummary) {
+        for r in self.culprits.iter_mut().chain(self.waiting.iter_mut()) {
+            let Some(s) = stacks.iter().find(|s| s.rank == r.rank) else {
+                continue;
+            };
+            r.state = Some(s.state.clone());
+            r.waits_in = s.waiting_in().filter(|_| r.phase.is_collective()).cloned();
+            if r.phase == Phase::Loading {
+                r.loaders = s.loaders.clone();
+            }
+        }
+        if let Some(seq) = self.waiting.iter().filter_map(|r| r.waits_in.as_ref()).map(|e| e.seq).max() {
+            self.seq = Some(seq);
+        }
+        let mut groups = group_main_threads(stacks);
+        let culprit = |g: &StackGroup| g.ranks.iter().any(|r| self.culprits.iter().any(|c| c.rank == *r));
+        groups.sort_by_key(|g| !culprit(g));
+        self.stacks = groups;
+        self.capture = Some(summary);
+    }
+
+    /// The stacks for the terminal: the culprits' groups whole (up to `frames` frames), the
+    /// others' innermost few.
+    pub fn stacks_text(&self, frames: usize) -> String {
+        let culprits: Vec<usize> = self.culprits.iter().map(|c| c.rank).collect();
+        let mut out = groups_text(&self.stacks, &culprits, frames);
+        if let Some(c) = &self.capture {
+            for (rank, why) in &c.missing {
+                out.push_str(&format!("  rank {rank}: no stacks ({why})\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Stack groups for the terminal: the groups with a rank of `at_fault` whole (up to `frames`
+/// frames) and marked, the others' innermost few (all `frames` when none is at fault).
+pub fn groups_text(groups: &[StackGroup], at_fault: &[usize], frames: usize) -> String {
+    let mut out = String::new();
+    for g in groups {
+        let culprit = g.ranks.iter().any(|r| at_fault.contains(r));
+        let n = if culprit || at_fault.is_empty() { frames } else { frames.min(6) };
+        let ranks = if g.ranks.len() == 1 { "rank" } else { "ranks" };
+        out.push_str(&format!(
+            "  {ranks} {} ({} thread{}):\n",
+            rank_list(&g.ranks),
+            g.thread,
+            if culprit { ", at fault" } else { "" }
+        ));
+        for (i, f) in g.frames.iter().take(n).enumerate() {
+            out.push_str(&format!("    #{i:<2} {f}\n"));
+        }
+        if g.frames.len() > n {
+            out.push_str(&format!("    ... {} more\n", g.frames.len() - n));
+        }
+    }
+    out
 }
 
 /// Identical stacks of many ranks, shown once.
@@ -282,6 +367,8 @@ mod tests {
         assert_eq!(g[1].ranks, vec![3]);
         assert_eq!(rank_list(&[6, 0, 1, 2, 3, 4, 5, 8]), "0-6,8");
         assert_eq!(rank_list(&[3]), "3");
+        assert!(is_capture_file("stacks-12.json") && is_capture_file(REQUEST_FILE));
+        assert!(!is_capture_file("stacks-x.json") && !is_capture_file("heartbeat-1.json"));
         let t = tempfile::tempdir().unwrap();
         all[0].write(t.path()).unwrap();
         assert_eq!(RankStacks::read(t.path(), 2, 7), Some(all[0].clone()));

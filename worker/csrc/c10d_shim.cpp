@@ -322,6 +322,11 @@ char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int
 }  // extern "C"
 
 // ---------------------------------------------------------------------------------------------
+// The rank's collective trace (worker/src/heartbeat/trace.rs): each bucket's all-reduce is
+// entered when launched and completed when waited for.
+extern "C" uint64_t tchrun_trace_bucket_enter(uint32_t bucket, uint64_t bytes);
+extern "C" void tchrun_trace_bucket_done(uint64_t seq);
+
 // Gradient reducer. All state sits behind one mutex: the hooks run on autograd's thread (the
 // caller's on CPU, a device thread on CUDA), prepare/finish on the caller's.
 namespace {
@@ -332,6 +337,7 @@ struct Bucket {
   at::Tensor flat;
   size_t pending = 0;
   c10::intrusive_ptr<c10d::Work> work;
+  uint64_t seq = 0;  // its all-reduce in the collective trace
 };
 
 struct ReducerState {
@@ -398,6 +404,8 @@ struct ReducerState {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch];
       std::vector<at::Tensor> v{b.flat};
+      b.seq = tchrun_trace_bucket_enter(static_cast<uint32_t>(next_launch),
+                                        static_cast<uint64_t>(b.flat.nbytes()));
       b.work = backend->allreduce(v, sum_opts());
       next_launch++;
       if (in_backward) early++;
@@ -503,7 +511,10 @@ struct ReducerState {
       b.pending--;
     }
     launch_ready(false);
-    for (auto& b : buckets) wait(b.work);
+    for (auto& b : buckets) {
+      wait(b.work);
+      tchrun_trace_bucket_done(b.seq);
+    }
     Bucket& b0 = buckets[0];
     extra.copy_(b0.flat.narrow(0, b0.grad_len, extra.numel()).view_as(extra));
     double inv = 1.0 / std::max(1.0, extra[divisor_index].item<double>());

@@ -3,7 +3,8 @@
 //! rank's step or collective advanced for the allowed silence (by default derived from the
 //! measured step times; `--hang-timeout` fixes it; 0 turns the watch off). Ranks that do not
 //! beat (`exec`'s programs) are watched by their driver logs' writes, with `--hang-timeout`
-//! only. Must not know how the job is stopped or how the verdict is reported.
+//! only. Before it says so, it takes every rank's stacks (`capture.rs`) into the verdict.
+//! Must not know how the job is stopped or how the verdict is reported.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -240,6 +241,8 @@ fn verdict(
         seq,
         allowed_s: allowed.as_secs(),
         silent_s: silent.as_secs_f64().ceil() as u64,
+        stacks: Vec::new(),
+        capture: None,
     }
 }
 
@@ -252,6 +255,7 @@ pub struct Watch {
 
 impl Watch {
     pub fn new(log_dir: PathBuf, policy: Policy) -> Watch {
+        tchrun::job_record::stacks::CaptureRequest::remove(&log_dir);
         Watch {
             log_dir,
             state: Mutex::new((State::new(policy, Instant::now()), None)),
@@ -270,9 +274,16 @@ impl Watch {
         let beats = Heartbeat::read_all(&self.log_dir);
         let log_age = crate::report::last_progress(&self.log_dir)
             .and_then(|t| SystemTime::now().duration_since(t).ok());
-        let Some(hang) = st.0.observe(now, &beats, log_age) else {
+        let Some(mut hang) = st.0.observe(now, &beats, log_age) else {
             return false;
         };
+        drop(st);
+        // Every rank's stacks, before the job is stopped (bounded: `capture::BOUND`).
+        if let Hang::Found(v) = &mut hang {
+            let (stacks, summary) =
+                super::capture::capture(&self.log_dir, &beats, "hang", super::capture::ANSWER_LIMIT);
+            v.add_stacks(&stacks, summary);
+        }
         *self.found.lock().unwrap_or_else(|e| e.into_inner()) = Some((hang, beats));
         true
     }

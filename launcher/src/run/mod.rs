@@ -2,6 +2,7 @@
 //! dry run, the log directory, supervision (`supervise.rs`), the rank table (`ranks.rs`) and
 //! the outcome (`outcome.rs`). Must not know the restart policy, a command's inputs, or how a
 //! failure summary is worded (that is `report`'s).
+pub mod capture;
 pub mod hang;
 pub mod outcome;
 pub mod ranks;
@@ -147,6 +148,7 @@ fn clear_stale(log_dir: &Path) {
             if files::driver_log_rank(&name).is_some()
                 || name == files::FAILURE_JSON
                 || tchrun::job_record::heartbeat::rank_of(&name).is_some()
+                || tchrun::job_record::stacks::is_capture_file(&name)
             {
                 let _ = std::fs::remove_file(e.path());
             }

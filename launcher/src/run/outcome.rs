@@ -138,6 +138,9 @@ pub fn conclude(
     AttemptOutcome::failed(error, Some(summary), logs)
 }
 
+/// The frames of a culprit's stack shown on the terminal.
+const STACK_FRAMES: usize = 30;
+
 /// The hang watch stopped the job: its verdict (or, for ranks that do not beat, the silence)
 /// and the last line of each rank, for `failure.json`.
 fn hung(
@@ -148,8 +151,10 @@ fn hung(
     let (mut msg, verdict) = match hang {
         Some((Hang::Found(v), beats)) => (
             format!(
-                "{}; the job was stopped. Last line of each rank:",
-                v.line(&beats)
+                "{}; the job was stopped.\nStacks (main threads; every thread in \
+                 stacks-<rank>.json):\n{}Last line of each rank:",
+                v.line(&beats),
+                v.stacks_text(STACK_FRAMES)
             ),
             Some(v),
         ),

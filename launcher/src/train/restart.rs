@@ -254,6 +254,7 @@ pub fn archive(log_dir: &Path, attempt: u32) -> Result<PathBuf, JobError> {
         let name = e.file_name().to_string_lossy().to_string();
         let ours = files::driver_log_rank(&name).is_some()
             || tchrun::job_record::heartbeat::rank_of(&name).is_some()
+                || tchrun::job_record::stacks::is_capture_file(&name)
             || [files::MPI_LOG, files::RANKS_JSON, files::FAILURE_JSON].contains(&name.as_str());
         if ours {
             std::fs::rename(e.path(), dir.join(&name)).map_err(|err| {

@@ -20,7 +20,6 @@
 use crate::comm::pg::{C10dError, ProcessGroup, ReduceOp, ReducedStep, Reducer};
 use std::cell::{Cell, OnceCell, RefCell};
 use tch::{Kind, Tensor};
-use tchrun::job_record::heartbeat::Phase;
 
 /// Statistics of one reduced step.
 #[derive(Debug, Clone, Copy)]
@@ -384,8 +383,7 @@ impl Replicator {
         let len = p.extra.size()[0];
         // Waiting for the buckets, up to the reduced values' arrival on the host (NCCL's
         // all-reduce returns before the device has it).
-        let buckets = self.last.get().map_or(1, |r| r.buckets as u64);
-        let _in = crate::heartbeat::collective(Phase::GradientAllReduce, buckets);
+        let _in = crate::heartbeat::gradient_wait();
         let reduced = r.finish((len - 2) as usize)?;
         crate::heartbeat::buckets(reduced.buckets);
         self.last.set(Some(reduced));

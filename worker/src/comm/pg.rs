@@ -384,7 +384,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
-        let _in = crate::heartbeat::collective(Phase::AllReduce, 1);
+        let _in = crate::heartbeat::collective(Phase::AllReduce, bytes(tensors.iter().map(|t| &**t)));
         check("allreduce", unsafe {
             ffi::tchrun_pg_allreduce(self.raw, ptrs.as_mut_ptr(), ptrs.len(), op as i32)
         })
@@ -402,7 +402,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
-        let _in = crate::heartbeat::collective(Phase::Broadcast, 1);
+        let _in = crate::heartbeat::collective(Phase::Broadcast, bytes(tensors.iter().map(|t| &**t)));
         check("broadcast", unsafe {
             ffi::tchrun_pg_broadcast(self.raw, ptrs.as_mut_ptr(), ptrs.len(), root as i32)
         })
@@ -416,7 +416,7 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
-        let _in = crate::heartbeat::collective(Phase::AllGather, 1);
+        let _in = crate::heartbeat::collective(Phase::AllGather, bytes([input]) * self.size as u64);
         check("allgather", unsafe {
             ffi::tchrun_pg_allgather(
                 self.raw,
@@ -429,9 +429,17 @@ impl ProcessGroup {
     }
 
     pub fn barrier(&self) -> Result<(), C10dError> {
-        let _in = crate::heartbeat::collective(Phase::Barrier, 1);
+        let _in = crate::heartbeat::collective(Phase::Barrier, 0);
         check("barrier", unsafe { ffi::tchrun_pg_barrier(self.raw) })
     }
+}
+
+/// The bytes of `tensors` (for the collective trace).
+fn bytes<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> u64 {
+    tensors
+        .into_iter()
+        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+        .sum()
 }
 
 impl Drop for ProcessGroup {

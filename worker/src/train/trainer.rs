@@ -264,10 +264,10 @@ impl<'a> Trainer<'a> {
             if let Some(d) = self.faults.stall_before(self.s.step) {
                 crate::heartbeat::phase(Phase::Forward);
                 tracing::warn!(
-                    "TCHRUN_TEST_STALL_AT_STEP: stuck for {d:?} before step {}",
+                    "TCHRUN_TEST_STALL_AT_STEP: spinning for {d:?} before step {}",
                     self.s.step
                 );
-                std::thread::sleep(d);
+                tchrun::faults::spin_for(d);
             }
             let t = Instant::now();
             self.opt.zero_grad()?;

@@ -1,0 +1,118 @@
+//! Takes every rank's stacks, before a hung job is stopped and for `tchrun stacks`: writes
+//! `capture-request.json` into the log directory, which each rank's heartbeat thread reads
+//! within a second on every host (whatever started the ranks: mpirun, srun or the local
+//! launcher), waits for their `stacks-<rank>.json` within the bound, and takes itself the
+//! stacks of ranks on this host that did not answer. A stopped rank is answered for by a live
+//! rank on its host. Must not know how the job is stopped or how the stacks are judged.
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tchrun::job_record::heartbeat::{Heartbeat, Phase};
+use tchrun::job_record::stacks::{CaptureRequest, CaptureSummary, RankStacks};
+use tchrun::stacks;
+
+/// The ranks' answers are waited for this long at most.
+pub const ANSWER_LIMIT: Duration = Duration::from_secs(20);
+/// The launcher's own look at a local rank that did not answer (the looks run side by side:
+/// a capture takes at most ANSWER_LIMIT + LOCAL_LIMIT, 28 s).
+pub const LOCAL_LIMIT: Duration = Duration::from_secs(8);
+
+/// Every rank's stacks (the ranks of `beats`; those that ended are left out) and how it went.
+pub fn capture(
+    log_dir: &Path,
+    beats: &[Heartbeat],
+    reason: &str,
+    limit: Duration,
+) -> (Vec<RankStacks>, CaptureSummary) {
+    let t0 = Instant::now();
+    let id = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let ranks: Vec<&Heartbeat> = beats.iter().filter(|b| b.phase != Phase::Done).collect();
+    let req = CaptureRequest {
+        id,
+        reason: reason.to_string(),
+        time: tchrun::files::timestamp_now(),
+    };
+    let mut missing: Vec<(usize, String)> = Vec::new();
+    if let Err(e) = req.write(log_dir) {
+        missing.push((usize::MAX, format!("cannot write the request in {}: {e}", log_dir.display())));
+    }
+    let mut got: Vec<Option<RankStacks>> = vec![None; ranks.len()];
+    while t0.elapsed() < limit {
+        for (slot, b) in got.iter_mut().zip(&ranks) {
+            if slot.is_none() {
+                *slot = RankStacks::read(log_dir, b.rank, id);
+            }
+        }
+        if got.iter().all(Option::is_some) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    CaptureRequest::remove(log_dir);
+    let local = local_host();
+    let late: Vec<RankStacks> = std::thread::scope(|s| {
+        let looks: Vec<_> = got
+            .iter()
+            .zip(&ranks)
+            .filter(|(g, b)| g.is_none() && Some(b.host.as_str()) == local.as_deref())
+            .filter(|(_, b)| stacks::is_worker(b.pid))
+            .map(|(_, b)| s.spawn(move || look(b, id)))
+            .collect();
+        looks.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let mut all: Vec<RankStacks> = got.into_iter().flatten().chain(late).collect();
+    all.sort_by_key(|s| s.rank);
+    missing.retain(|(r, _)| *r != usize::MAX);
+    for b in &ranks {
+        if let Some(s) = all.iter().find(|s| s.rank == b.rank) {
+            if s.threads.iter().all(|t| t.frames.is_empty()) {
+                let why = s.error.clone().unwrap_or_else(|| "no frames".into());
+                missing.push((b.rank, why));
+            }
+        } else {
+            missing.push((
+                b.rank,
+                format!(
+                    "no answer within {} s from {} (its heartbeat thread is stopped too, and \
+                     no rank on its host could answer for it)",
+                    limit.as_secs(),
+                    b.host
+                ),
+            ));
+        }
+    }
+    let summary = CaptureSummary {
+        id,
+        took_ms: t0.elapsed().as_millis() as u64,
+        taken: all.iter().map(|s| s.rank).collect(),
+        missing,
+    };
+    (all, summary)
+}
+
+/// The launcher's own look at a local rank that did not answer.
+fn look(b: &Heartbeat, id: u64) -> RankStacks {
+    let t0 = Instant::now();
+    let (threads, tool, err) = stacks::capture(b.pid, LOCAL_LIMIT);
+    RankStacks {
+        id,
+        rank: b.rank,
+        host: b.host.clone(),
+        pid: b.pid,
+        captured_by: "launcher".into(),
+        state: stacks::process_state(b.pid).map_or_else(|| "gone".into(), String::from),
+        tool: tool.map(String::from),
+        error: err.map(|e| e.to_string()),
+        heartbeat: Some(b.clone()),
+        trace: Vec::new(),
+        loaders: Vec::new(),
+        threads,
+        time: tchrun::files::timestamp_now(),
+        took_ms: t0.elapsed().as_millis() as u64,
+    }
+}
+
+fn local_host() -> Option<String> {
+    hostname::get().ok().map(|h| h.to_string_lossy().into_owned())
+}
