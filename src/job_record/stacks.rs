@@ -4,7 +4,7 @@
 //! every thread, its collective trace, its loader threads' files and its heartbeat, written by
 //! the rank itself, by a peer rank on its host when it cannot answer (stopped), or by the
 //! launcher); and [`StackGroup`], identical stacks of many ranks shown once.
-//! Owns the JSON shapes; knows nothing of how stacks are taken (`crate::stacks`) or judged.
+//! Owns the JSON shapes; knows nothing of how stacks are taken (the machinery module `stacks`) or judged.
 use super::heartbeat::{Heartbeat, Phase};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
