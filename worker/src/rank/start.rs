@@ -157,6 +157,36 @@ fn lock_as_rank0(
     Ok(locks)
 }
 
+/// The variables that switch on libtorch's NCCL flight recorder (old and new names), each
+/// unless the user set it: a small ring of NCCL collectives, dumped by NCCL's watchdog on a
+/// timeout into `<log_dir>/nccl-flight-recorder-<rank>`, next to the rank's stacks.
+pub const FLIGHT_RECORDER: [(&str, &str); 4] = [
+    ("TORCH_FR_BUFFER_SIZE", "2000"),
+    ("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"),
+    ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+    ("TORCH_FR_DUMP_TEMP_FILE", ""),
+];
+
+/// Switches on NCCL's flight recorder (before the process group reads its variables; the
+/// rank's threads read none of them).
+fn flight_recorder(log_dir: &std::path::Path, rank: usize) {
+    let prefix = log_dir.join("nccl-flight-recorder-");
+    for (k, v) in FLIGHT_RECORDER {
+        let v = if v.is_empty() {
+            prefix.to_string_lossy().into_owned()
+        } else {
+            v.to_string()
+        };
+        if std::env::var_os(k).is_none() {
+            std::env::set_var(k, &v);
+        }
+    }
+    if std::env::var_os("TORCH_NCCL_DEBUG_INFO_TEMP_FILE").is_none() {
+        std::env::set_var("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", &prefix);
+    }
+    tracing::debug!("NCCL flight recorder on: dumps on a timeout into {}{rank}", prefix.display());
+}
+
 /// Starts the rank: identity, rank 0's locks, device, driver log, store, process group.
 pub fn start_rank(
     flags: &RankFlags,
@@ -176,6 +206,9 @@ pub fn start_rank(
     )
     .map_err(|f| (None, f))?;
     let log_dir = flags.log_dir.clone().unwrap_or(default_log_dir);
+    if backend == pg::BackendKind::Nccl {
+        flight_recorder(&log_dir, id.place.rank);
+    }
     let header = driver_log::Header {
         host: &id.place.host,
         rank: id.place.rank,
