@@ -66,6 +66,13 @@ pub fn capture(
                 if let Some(f) = frames.get(&t.tid) {
                     t.frames = f.iter().map(|f| maps.name(f)).collect();
                 }
+                // Unwinding ends in JIT-compiled code (oneDNN's kernels): scan past it.
+                if t.frames.last().is_some_and(|f| f.contains(JIT)) {
+                    if let Some(more) = scan(pid, t.tid, &maps) {
+                        t.frames.push(SCANNED.to_string());
+                        t.frames.extend(more);
+                    }
+                }
             }
             (threads, Some(tool), None)
         }
@@ -96,9 +103,115 @@ impl Maps {
                 let base = file.rsplit('/').next().unwrap_or(file);
                 format!("{base}+{:#x}", addr - lo + off)
             }
-            _ => format!("{frame} (JIT-compiled code: no unwind information past it)"),
+            _ => format!("{frame} ({JIT})"),
         }
     }
+
+    /// Whether `addr` is in an executable mapping of a file (code with symbols).
+    fn in_file_code(&self, addr: u64) -> bool {
+        self.0
+            .iter()
+            .any(|(lo, hi, _, f)| (*lo..*hi).contains(&addr) && f.starts_with('/'))
+    }
+}
+
+const JIT: &str = "JIT-compiled code: no unwind information past it";
+/// The line before the frames a scan found.
+pub const SCANNED: &str = "-- scanned past it (return addresses found on the stack; may hold stale frames) --";
+/// Stack bytes a scan reads, and the candidates it names.
+const SCAN_BYTES: u64 = 128 * 1024;
+const SCAN_CANDIDATES: usize = 256;
+
+/// The return addresses on a stopped thread's stack (breakpad's stack scanning): words that
+/// point into a file's code just after a call instruction, named by `eu-addr2line`. For a
+/// thread whose unwinding ends in code without unwind information; none for a running thread.
+fn scan(pid: u32, tid: u32, maps: &Maps) -> Option<Vec<String>> {
+    use std::os::unix::fs::FileExt;
+    // "-1 SP PC" for a thread stopped outside a system call; "running" for a running one.
+    let sys = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    let words: Vec<&str> = sys.split_whitespace().collect();
+    if words.len() < 3 {
+        return None;
+    }
+    let sp = u64::from_str_radix(words[words.len() - 2].trim_start_matches("0x"), 16).ok()?;
+    let maps_text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let end = maps_text.lines().find_map(|l| {
+        let (lo, hi) = l.split_whitespace().next()?.split_once('-')?;
+        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+        (lo..hi).contains(&sp).then_some(hi)
+    })?;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut stack = vec![0u8; (end - sp).min(SCAN_BYTES) as usize];
+    let n = mem.read_at(&mut stack, sp).ok()?;
+    let mut found: Vec<u64> = Vec::new();
+    for w in stack[..n].chunks_exact(8) {
+        let addr = u64::from_le_bytes(w.try_into().ok()?);
+        if addr < 8 || !maps.in_file_code(addr) {
+            continue;
+        }
+        let mut code = [0u8; 7];
+        if mem.read_exact_at(&mut code, addr - 7).is_ok() && after_call(&code) {
+            found.push(addr);
+            if found.len() == SCAN_CANDIDATES {
+                break;
+            }
+        }
+    }
+    if found.is_empty() {
+        return None;
+    }
+    let names = addr2line(pid, &found).unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    for (i, addr) in found.iter().enumerate() {
+        let name = names
+            .get(i)
+            .filter(|n| !n.starts_with("??"))
+            .map(|n| demangle(n))
+            .unwrap_or_else(|| maps.name(&format!("{addr:#x}")));
+        if out.last() != Some(&name) {
+            out.push(name);
+        }
+        if out.len() == MAX_FRAMES {
+            break;
+        }
+    }
+    Some(out)
+}
+
+/// Whether the 7 bytes before a return address end with an x86-64 call: `E8 rel32`, or
+/// `FF /2` through a register, `[reg+disp8]`, `[SIB+disp8]` or `[rip/reg+disp32]`.
+fn after_call(b: &[u8; 7]) -> bool {
+    let call_ff = |op: u8, modrm: u8, len: u8| {
+        op == 0xFF && (modrm >> 3) & 7 == 2 && {
+            let (md, rm) = (modrm >> 6, modrm & 7);
+            match len {
+                2 => md == 3,
+                3 => md == 1 && rm != 4,
+                4 => md == 1 && rm == 4,
+                6 => md == 2 || (md == 0 && rm == 5),
+                _ => false,
+            }
+        }
+    };
+    b[2] == 0xE8
+        || call_ff(b[5], b[6], 2)
+        || call_ff(b[4], b[5], 3)
+        || call_ff(b[3], b[4], 4)
+        || call_ff(b[1], b[2], 6)
+}
+
+/// `eu-addr2line -p PID -f ADDR...`: a function name per address ("??" when none).
+fn addr2line(pid: u32, addrs: &[u64]) -> Option<Vec<String>> {
+    let out = Command::new("eu-addr2line")
+        .args(["-p", &pid.to_string(), "-f"])
+        .args(addrs.iter().map(|a| format!("{a:#x}")))
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Two lines an address: the function, then file:line.
+    Some(text.lines().step_by(2).map(str::to_string).collect())
 }
 
 /// `lo-hi perms offset dev inode path` of an executable mapping.
@@ -427,6 +540,13 @@ Thread 1 (Thread 0x7f3c1d8a1b80 (LWP 1234) \"tchrun-worker\"):
         assert_eq!(maps.name("0x7f00000010"), "libgomp.so.1+0x2010");
         assert!(maps.name("0x7f10000010").contains("JIT-compiled"));
         assert_eq!(maps.name("free"), "free");
+        // call rel32; call *%rax; call *0x10(%rbx); call *0x8(%rsp); call *0x1234(%rip)
+        assert!(after_call(&[0, 0, 0xE8, 1, 2, 3, 4]));
+        assert!(after_call(&[0, 0, 0, 0, 0, 0xFF, 0xD0]));
+        assert!(after_call(&[0, 0, 0, 0, 0xFF, 0x53, 0x10]));
+        assert!(after_call(&[0, 0, 0, 0xFF, 0x54, 0x24, 0x08]));
+        assert!(after_call(&[0, 0xFF, 0x15, 0x34, 0x12, 0, 0]));
+        assert!(!after_call(&[0x90; 7]) && !after_call(&[0, 0, 0, 0, 0, 0xFF, 0xE0]));
     }
 
     #[test]

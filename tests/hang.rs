@@ -145,9 +145,21 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
     ))
     .expect("stacks-1.json");
     assert_eq!((theirs.captured_by.as_str(), theirs.state.as_str()), ("rank 0", "T"));
+    // Named functions, unwound or (from JIT-compiled code, which has no unwind information)
+    // scanned from its stack.
+    let main = theirs.main_thread().expect("its main thread");
+    let named = main
+        .frames
+        .iter()
+        .filter(|f| !f.starts_with("0x") && !f.starts_with("--"))
+        .count();
+    assert!(theirs.threads.len() > 3 && named >= 3, "{theirs:?}");
+    // `tchrun logs` shows the same verdict.
+    let r = run(tchrun().arg("logs").arg(&logs), Duration::from_secs(30));
     assert!(
-        theirs.threads.len() > 3 && !theirs.main_thread().expect("main").frames.is_empty(),
-        "{theirs:?}"
+        r.stdout.contains("the job hung and was stopped") && r.stdout.contains("never entered it"),
+        "{}",
+        r.explain()
     );
     assert!(!common::processes_with("eu-stack").iter().any(|p| p.contains(&pid.to_string())));
     let summary = FailureSummary::read(&logs)

@@ -266,6 +266,13 @@ pub fn first_failing(logs: &[RankLog], hint_rank: Option<usize>) -> Option<&Rank
 /// Renders a summary for the terminal.
 pub fn render(s: &FailureSummary, log_dir: &Path) -> String {
     let mut out = String::new();
+    if s.hang.is_some() {
+        // The verdict, the stacks and each rank's last line are the message.
+        out.push_str("tchrun: the job hung and was stopped\n  ");
+        out.push_str(&s.message.replace('\n', "\n  "));
+        out.push('\n');
+        return out;
+    }
     match s.rank {
         Some(r) => {
             out.push_str(&format!(
