@@ -314,6 +314,62 @@ fn netns_two_nodes_training() {
     );
 }
 
+/// Issue 28: a rank stopped with SIGSTOP on node 2 (2 nodes × 2 ranks through mpirun) is named
+/// with its host; its stacks are taken on its own host by the live rank there (rank 2), and the
+/// launcher on node 1 reads them from the log directory: the verdict groups ranks 0-2 waiting
+/// in the gradient all-reduce and names rank 3 as never having entered it.
+#[test]
+fn netns_a_stopped_rank_on_node2_is_named_with_its_stacks_taken_on_its_host() {
+    use tchrun::job_record::heartbeat::Heartbeat;
+    let Some(_nodes) = Nodes::up(2) else { return };
+    let t = tempdir();
+    let ompi = t.path().join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    let model = model_init(t.path());
+    let out = t.path().join("out");
+    let logs = out.join("logs");
+    let mut c = tchrun();
+    c.env("TMPDIR", &ompi)
+        .arg("train")
+        .args(train_args(&model, &out, 50))
+        .args(["--timeout", "120", "--print-freq", "1"])
+        .args(["--nodes", "2", "--procs-per-node", "2", "--hostfile"])
+        .arg(Nodes::hostfile(t.path(), 2, 2))
+        .arg(format!("--mpirun-args={}", Nodes::mpirun_args(&ompi)));
+    let mut job = Job::start(&mut c, t.path());
+    let beat3 = || Heartbeat::read_all(&logs).into_iter().find(|b| b.rank == 3);
+    assert!(
+        wait_for(Duration::from_secs(240), || beat3().is_some_and(|b| b.step >= 2)),
+        "training never started: {}",
+        job.output()
+    );
+    let pid = beat3().map(|b| b.pid as i32).expect("rank 3's pid");
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP rank 3");
+    let code = job.wait(Duration::from_secs(120));
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    assert_eq!(code, Some(4), "{}", job.output());
+    let err = read(&job.err);
+    let line = err.lines().find(|l| l.contains("hang:")).unwrap_or("");
+    eprintln!("{line}");
+    assert!(
+        line.contains("ranks 0-2 (tchrun-node1, tchrun-node2) wait in gradient all-reduce")
+            && line.contains("rank 3 (tchrun-node2, pid")
+            && line.contains("never entered it: it is stopped (state T"),
+        "{}",
+        job.output()
+    );
+    let theirs: tchrun::job_record::stacks::RankStacks =
+        serde_json::from_str(&read(&tchrun::job_record::stacks::path(&logs, 3)))
+            .expect("stacks-3.json");
+    assert_eq!(
+        (theirs.captured_by.as_str(), theirs.host.as_str()),
+        ("rank 2", "tchrun-node2")
+    );
+    assert!(err.contains("rank 3 (tchrun-worker thread, at fault):"), "{err}");
+}
+
 // ---------------------------------------------------------------- real Slurm
 
 static SLURM: Mutex<()> = Mutex::new(());
