@@ -35,6 +35,10 @@ pub const TCHRUN_TEST_STALL_AT_STEP: &str = "TCHRUN_TEST_STALL_AT_STEP";
 /// IMAGE-th image decode (counted from 1 over the run, by all its loader threads) block for
 /// SECONDS: a rank stuck in the data wait. For `tests/hang.rs`; never set it in a real job.
 pub const TCHRUN_TEST_STALL_DECODE: &str = "TCHRUN_TEST_STALL_DECODE";
+/// Test hook (fault injection), read by the worker: `SECONDS` makes every rank sleep that long
+/// before each validation batch: a slow validation that still progresses. For `tests/hang.rs`;
+/// never set it in a real job.
+pub const TCHRUN_TEST_SLOW_VALIDATION: &str = "TCHRUN_TEST_SLOW_VALIDATION";
 /// Test hook (fault injection), read by the worker: `HOST:STEPS` makes every rank that runs on
 /// HOST (its hostname) SIGKILL itself after STEPS optimizer steps of the attempt (counted from
 /// the step the attempt started at, so each attempt makes progress first), in every attempt: a

@@ -128,6 +128,23 @@ pub fn maybe_stall_decode(rank: usize) {
     }
 }
 
+/// `TCHRUN_TEST_SLOW_VALIDATION=SECONDS`: called before each validation batch; every rank
+/// sleeps SECONDS there (a slow but progressing validation). Malformed: said once, ignored.
+pub fn maybe_slow_validation_batch() {
+    static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    let delay = DELAY.get_or_init(|| {
+        let v = std::env::var(env::TCHRUN_TEST_SLOW_VALIDATION).ok()?;
+        let d = v.trim().parse::<f64>().ok().and_then(|x| Duration::try_from_secs_f64(x).ok());
+        if d.is_none() {
+            eprintln!("{}={v}: expected SECONDS; ignored", env::TCHRUN_TEST_SLOW_VALIDATION);
+        }
+        d
+    });
+    if let Some(d) = delay {
+        std::thread::sleep(*d);
+    }
+}
+
 /// `A:B:SECONDS`.
 fn parse_triple(v: &str) -> Option<(usize, u64, Duration)> {
     let parts: Vec<&str> = v.trim().split(':').collect();

@@ -362,3 +362,21 @@ fn tchrun_stacks_shows_every_rank_of_a_running_job_and_the_job_goes_on() {
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(r.stderr.contains("not the log directory of a tchrun job"), "{}", r.explain());
 }
+
+#[test]
+fn a_slow_but_progressing_validation_is_not_a_hang() {
+    let t = tempdir();
+    let data = small_digits();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    // Validation of 7 batches a rank, 1.5 s each (~10 s: dozens of training steps, more than
+    // twice --hang-timeout), with no step and no collective until its end.
+    let mut c = train(&data, &model, &out, "1");
+    c.args(["--launcher", "local", "--hang-timeout", "4"])
+        .env("TCHRUN_TEST_SLOW_VALIDATION", "1.5");
+    let r = run(&mut c, START_LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(!r.stderr.contains("hang"), "{}", r.explain());
+    let beats = Heartbeat::read_all(&out.join("logs"));
+    assert!(beats.iter().all(|b| b.progress >= 6), "{beats:?}");
+}

@@ -108,6 +108,9 @@ pub struct Heartbeat {
     pub step: u64,
     /// Collectives this rank entered (the gradient all-reduce of a step counts its buckets).
     pub seq: u64,
+    /// Work done that is neither a step nor a collective (validation batches): progress too.
+    #[serde(default)]
+    pub progress: u64,
     /// The gradient buckets of the last reduction (known after the first step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buckets: Option<u64>,
@@ -396,6 +399,7 @@ mod tests {
             phase,
             step: 300,
             seq: 1204,
+            progress: 0,
             buckets: Some(3),
             since: "2026-11-25T14:02:11.000Z".into(),
             time: "2026-11-25T14:02:09.500Z".into(),

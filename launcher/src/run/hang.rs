@@ -59,6 +59,7 @@ struct Seen {
     changed: Instant,
     step: u64,
     seq: u64,
+    progress: u64,
 }
 
 /// The watch's memory between polls.
@@ -113,13 +114,14 @@ impl State {
                 changed: now,
                 step: b.step,
                 seq: b.seq,
+                progress: b.progress,
             });
             if s.beat != b.beat {
                 s.beat = b.beat;
                 s.changed = now;
             }
-            if (s.step, s.seq) != (b.step, b.seq) {
-                (s.step, s.seq) = (b.step, b.seq);
+            if (s.step, s.seq, s.progress) != (b.step, b.seq, b.progress) {
+                (s.step, s.seq, s.progress) = (b.step, b.seq, b.progress);
                 self.progress_at = now;
             }
         }
@@ -309,6 +311,7 @@ mod tests {
             phase,
             step,
             seq,
+            progress: 0,
             buckets: None,
             since: "2026-11-25T14:02:11.000Z".into(),
             time: "2026-11-25T14:02:12.000Z".into(),

@@ -16,6 +16,7 @@ use tchrun::job_record::heartbeat::{Heartbeat, Phase};
 static PHASE: AtomicU64 = AtomicU64::new(0);
 static SINCE_MS: AtomicU64 = AtomicU64::new(0);
 static STEP: AtomicU64 = AtomicU64::new(0);
+static PROGRESS: AtomicU64 = AtomicU64::new(0);
 static BUCKETS: AtomicU64 = AtomicU64::new(0);
 static STARTED: AtomicBool = AtomicBool::new(false);
 
@@ -44,6 +45,11 @@ pub fn phase(p: Phase) {
 /// Optimizer steps done.
 pub fn step(done: u64) {
     STEP.store(done, Ordering::Relaxed);
+}
+
+/// Work done that is not a step (a validation batch): the hang watch counts it as progress.
+pub fn progressed() {
+    PROGRESS.fetch_add(1, Ordering::Relaxed);
 }
 
 pub(crate) fn current_step() -> u64 {
@@ -109,6 +115,7 @@ pub(crate) fn record(id: &Identity, beat: u64) -> Heartbeat {
         phase: Phase::from_code(PHASE.load(Ordering::Relaxed) as u8),
         step: STEP.load(Ordering::Relaxed),
         seq: trace::seq(),
+        progress: PROGRESS.load(Ordering::Relaxed),
         buckets: (buckets > 0).then_some(buckets),
         since: rfc3339(SINCE_MS.load(Ordering::Relaxed)),
         time: rfc3339(now_ms()),

@@ -53,6 +53,9 @@ pub(super) fn validate(
     let mut totals = Tensor::zeros([5], (Kind::Double, ctx.device));
     let mut skipped_here = train_skipped;
     for batch in loader {
+        // Each batch is progress the hang watch sees (a long validation is not a hang).
+        crate::heartbeat::progressed();
+        tchrun::faults::maybe_slow_validation_batch();
         let batch = batch.map_err(TrainError::Data)?;
         skipped_here += bad_images.note(&batch.skipped);
         if batch.len == 0 {
