@@ -31,6 +31,11 @@ pub const TCHRUN_TEST_KILL_AT_STEP: &str = "TCHRUN_TEST_KILL_AT_STEP";
 /// on beating): a rank that is stuck, not stopped. For `tests/hang.rs`; never set it in a real
 /// job.
 pub const TCHRUN_TEST_STALL_AT_STEP: &str = "TCHRUN_TEST_STALL_AT_STEP";
+/// Test hook (fault injection), read by the worker: `RANK:STEP:MIB` makes rank RANK's main
+/// thread allocate and touch MIB MiB (16 MiB every 20 ms, kept) just before optimizer step
+/// STEP: a rank that outgrows its memory limit, for the OOM-killer test of `tests/causes.rs`.
+/// Never set it in a real job.
+pub const TCHRUN_TEST_ALLOCATE_AT_STEP: &str = "TCHRUN_TEST_ALLOCATE_AT_STEP";
 /// Test hook (fault injection), read by the worker: `HOST:STEPS` makes every rank that runs on
 /// HOST (its hostname) SIGKILL itself after STEPS optimizer steps of the attempt (counted from
 /// the step the attempt started at, so each attempt makes progress first), in every attempt: a

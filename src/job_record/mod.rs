@@ -7,11 +7,14 @@
 //! launched or supervised.
 use std::path::{Path, PathBuf};
 
+pub mod cause;
 pub mod failure;
 pub mod heartbeat;
+pub mod memory;
 pub mod ranks;
 pub mod restarts;
 
+pub use cause::Cause;
 pub use failure::FailureSummary;
 pub use heartbeat::{HangVerdict, Heartbeat};
 pub use ranks::RankRow;

@@ -1,7 +1,10 @@
 //! A failure is data: reads the driver logs of a log directory, decides which rank failed
 //! first and why, and renders the summary (terminal and `failure.json`); also the per-rank
 //! overview of `tchrun logs DIR` and the end-of-run reports. Must not know how the ranks were
-//! planned, started or supervised, nor the restart policy.
+//! planned, started or supervised, nor the restart policy. `cause.rs`: the typed cause of the
+//! first failing rank, from its record or the evidence of its death.
+pub mod cause;
+
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tchrun::driver_log::{self, FailureRecord, RankExit};
@@ -226,6 +229,7 @@ pub fn rank_failure(
         earlier_attempts: Vec::new(),
         not_restarted: None,
         hang: None,
+        cause: None,
     }
 }
 
@@ -289,6 +293,10 @@ pub fn render(s: &FailureSummary, log_dir: &Path) -> String {
         None => out.push_str("tchrun: the job failed\n"),
     }
     out.push_str(&format!("  cause: {}: {}\n", s.classification, s.message));
+    if let Some(c) = &s.cause {
+        out.push_str(&format!("  why: {}: {}\n", c.class(), c.detail()));
+        out.push_str(&format!("  fix: {}\n", c.advice()));
+    }
     match &s.log {
         Some(p) => {
             out.push_str(&format!("  last lines of {}:\n", p.display()));

@@ -195,6 +195,7 @@ pub fn start_rank(
         })
         .map_err(|e| (None, Fatal::rank(e)))?;
     crate::heartbeat::start(log_dir.clone(), id.place.rank, &id.place.host);
+    crate::memory::start(log_dir.clone(), id.place.rank, &id.place.host);
     set_threads(id.place.local_size);
     let timeout = Duration::from_secs(flags.timeout);
     let joined = match id.join(timeout) {
