@@ -205,14 +205,14 @@ fn a_rank_over_its_cgroup_memory_limit_is_classified_as_oom_killed_with_its_memo
     }
 }
 
-#[test]
-fn a_rank_killed_by_someone_else_is_a_signal_not_the_oom_killer() {
-    let t = tempdir();
+/// Starts the job and sends `sig` to rank 1 once it trained a step; returns the job and its
+/// log directory.
+fn signal_rank_1(t: &Path, sig: Signal) -> (Job, PathBuf) {
     let data = small_digits();
-    let model = model_dir(t.path(), "resnet18", 32);
-    let out = t.path().join("out");
+    let model = model_dir(t, "resnet18", 32);
+    let out = t.join("out");
     let logs = out.join("logs");
-    let mut job = Job::start(&mut train(&data, &model, &out), t.path());
+    let job = Job::start(&mut train(&data, &model, &out), t);
     let mut pid = None;
     let found = wait_for(LIMIT, || {
         let b = Heartbeat::read_all(&logs).into_iter().find(|b| b.rank == 1);
@@ -221,7 +221,14 @@ fn a_rank_killed_by_someone_else_is_a_signal_not_the_oom_killer() {
     });
     assert!(found, "rank 1 never trained: {}", job.output());
     let pid = Pid::from_raw(pid.expect("checked") as i32);
-    kill(pid, Signal::SIGKILL).expect("SIGKILL to rank 1");
+    kill(pid, sig).expect("signal to rank 1");
+    (job, logs)
+}
+
+#[test]
+fn a_rank_killed_by_someone_else_is_a_signal_not_the_oom_killer() {
+    let t = tempdir();
+    let (mut job, logs) = signal_rank_1(t.path(), Signal::SIGKILL);
     assert_eq!(job.wait(Duration::from_secs(60)), Some(4), "{}", job.output());
     let s = summary_of(&logs, &job.output());
     assert_eq!(s.rank, Some(1), "{s:?}");
@@ -241,4 +248,28 @@ fn a_rank_killed_by_someone_else_is_a_signal_not_the_oom_killer() {
         "{err}"
     );
     assert!(logs_command(&logs).contains("why: a signal sent by another process"));
+}
+
+/// A SIGTERM to one rank (not through tchrun) stops the job gracefully; the rank learned its
+/// sender from the kernel (`SA_SIGINFO`): this test's pid.
+#[test]
+fn a_rank_stopped_by_someone_elses_sigterm_names_the_sender() {
+    let t = tempdir();
+    let (mut job, logs) = signal_rank_1(t.path(), Signal::SIGTERM);
+    assert_eq!(job.wait(Duration::from_secs(60)), Some(4), "{}", job.output());
+    let s = summary_of(&logs, &job.output());
+    assert_eq!(s.rank, Some(1), "{s:?}");
+    let me = format!("pid {} (", std::process::id());
+    match &s.cause {
+        Some(Cause::Signal {
+            signal: 15,
+            sender: Some(sender),
+        }) => assert!(sender.starts_with(&me), "{sender}"),
+        other => panic!("a SIGTERM from this test's pid: {other:?}\n{}", job.output()),
+    }
+    let err = read(&job.err);
+    assert!(
+        err.contains(&format!("why: a signal sent by another process: signal 15 from {me}")),
+        "{err}"
+    );
 }

@@ -193,6 +193,7 @@ impl Cause {
             FailureKind::Data => Some(Cause::InputFile {
                 path: first_path(message),
             }),
+            FailureKind::Interrupted => stop_signal(message),
             _ => None,
         }
     }
@@ -386,6 +387,26 @@ pub fn peer_address(message: &str) -> Option<String> {
     Some(format!("{host}:{}", port.trim_end_matches(['>', ',', '.'])))
 }
 
+/// A rank's stop by a signal that its launcher did not send (`stopped by signal 15 from pid
+/// 4242 (bash, uid 0); ...`, the worker's words): `None` when the rank's parent sent it.
+fn stop_signal(message: &str) -> Option<Cause> {
+    let after = message.split("signal ").nth(1)?;
+    let signal: i32 = after
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()?;
+    let sender = after.split_once(" from ").and_then(|(_, s)| {
+        let end = s.find(')')?;
+        Some(s[..=end].to_string())
+    });
+    if sender.as_deref().is_some_and(|s| s.contains("its launcher")) {
+        return None;
+    }
+    Some(Cause::Signal { signal, sender })
+}
+
 /// The first absolute path in a message (an input file's), without trailing punctuation.
 pub fn first_path(message: &str) -> Option<String> {
     message
@@ -511,6 +532,19 @@ mod tests {
         );
         assert!(c.advice().contains("--skip-bad-images"));
         assert_eq!(Cause::from_record(FailureKind::Diverged, "loss is NaN", None), None);
+        // A stop the rank's launcher did not ask for, with the sender the kernel named.
+        let other = "stopped by signal 15 from pid 4242 (bash, uid 0); a checkpoint was written: \
+                     continue with --resume";
+        assert_eq!(
+            Cause::from_record(FailureKind::Interrupted, other, None),
+            Some(Cause::Signal {
+                signal: 15,
+                sender: Some("pid 4242 (bash, uid 0)".into())
+            })
+        );
+        let launcher = "stopped by signal 15 from pid 7 (tchrun, uid 0, the rank's parent: its \
+                        launcher); a checkpoint was written: continue with --resume";
+        assert_eq!(Cause::from_record(FailureKind::Interrupted, launcher, None), None);
     }
 
     #[test]

@@ -247,10 +247,21 @@ fn failed_at(l: &RankLog) -> Option<std::time::SystemTime> {
 /// else `hint_rank` (what mpirun or the supervisor saw exit first).
 pub fn first_failing(logs: &[RankLog], hint_rank: Option<usize>) -> Option<&RankLog> {
     let failed = |l: &RankLog| l.failure.is_some() || l.first_error.is_some();
-    let by_error = logs
-        .iter()
-        .filter(|l| failed(l))
-        .min_by_key(|l| failed_at(l).unwrap_or(std::time::SystemTime::UNIX_EPOCH));
+    // A rank stopped by a signal someone else sent it (its record names the sender) is the
+    // root cause over the ranks that stopped with it, whichever recorded first.
+    let signalled = |l: &RankLog| {
+        l.failure.as_ref().is_some_and(|f| {
+            f.kind == tchrun::driver_log::FailureKind::Interrupted
+                && f.message.contains(" from pid ")
+                && !f.message.contains("its launcher")
+        })
+    };
+    let by_error = logs.iter().filter(|l| failed(l)).min_by_key(|l| {
+        (
+            !signalled(l),
+            failed_at(l).unwrap_or(std::time::SystemTime::UNIX_EPOCH),
+        )
+    });
     match (hint_rank, by_error) {
         (Some(r), Some(e)) => {
             // A rank that died without an ERROR line (killed) is the root cause over peers
