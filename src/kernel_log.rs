@@ -99,10 +99,12 @@ pub fn parse(line: &str) -> Option<KernelEvent> {
         let rest = &m[at + "NVRM: Xid (".len()..];
         let (device, rest) = rest.split_once("):")?;
         let code: u32 = rest.trim_start().split(',').next()?.trim().parse().ok()?;
-        return HARDWARE_XIDS.contains(&code).then(|| KernelEvent::Hardware {
-            device: Some(device.to_string()),
-            line: m.to_string(),
-        });
+        return HARDWARE_XIDS
+            .contains(&code)
+            .then(|| KernelEvent::Hardware {
+                device: Some(device.to_string()),
+                line: m.to_string(),
+            });
     }
     let ecc = m.starts_with("EDAC ") && (m.contains(" UE ") || m.contains("Uncorrected"));
     if ecc || m.contains("[Hardware Error]") && m.contains("Machine check") {
@@ -129,7 +131,11 @@ pub fn read_after(after: Option<u64>) -> std::io::Result<Vec<(u64, String)>> {
             Ok(n) => {
                 let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
                 if let Some(seq) = sequence(&rec) {
-                    if after.map_or(true, |a| seq > a) {
+                    let newer = match after {
+                        Some(a) => seq > a,
+                        None => true,
+                    };
+                    if newer {
                         out.push((seq, rec));
                     }
                 }
@@ -192,7 +198,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(sequence(node), Some(8812));
-        assert_eq!(parse("[1.0] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null)"), None);
+        assert_eq!(
+            parse("[1.0] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null)"),
+            None
+        );
     }
 
     #[test]
@@ -212,7 +221,10 @@ mod tests {
         let app = "NVRM: Xid (PCI:0000:3b:00): 31, pid=1234, name=python, Ch 00000008, intr 10000000. MMU Fault";
         assert_eq!(parse(app), None);
         let ue = "[ 77.1] EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0 page:0x12345 offset:0x0 grain:32)";
-        assert!(matches!(parse(ue), Some(KernelEvent::Hardware { device: None, .. })));
+        assert!(matches!(
+            parse(ue),
+            Some(KernelEvent::Hardware { device: None, .. })
+        ));
         let ce = "[ 77.1] EDAC MC0: 1 CE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0";
         assert_eq!(parse(ce), None, "a corrected error is not a failure");
         let mce = "[ 90.0] mce: [Hardware Error]: Machine check events logged";

@@ -121,7 +121,11 @@ impl Cgroup {
                 .ok()
                 .and_then(|t| parse_limit(&t));
             if let Some(l) = limit {
-                if best.as_ref().map_or(true, |(b, _)| l < *b) {
+                let tighter = match &best {
+                    Some((b, _)) => l < *b,
+                    None => true,
+                };
+                if tighter {
                     best = Some((l, cg.path.clone()));
                 }
             }

@@ -368,7 +368,8 @@ fn truncated_png_fails_in_training_naming_the_file() {
         r.explain()
     );
     assert!(
-        r.stderr.contains("why: an input file could not be read: file ")
+        r.stderr
+            .contains("why: an input file could not be read: file ")
             && r.stderr.contains("fix: check that the file exists"),
         "{}",
         r.explain()

@@ -57,7 +57,10 @@ impl Drop for TestCgroup {
     fn drop(&mut self) {
         for _ in 0..50 {
             let pids = std::fs::read_to_string(self.procs()).unwrap_or_default();
-            for p in pids.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            for p in pids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
                 let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
             }
             if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
@@ -175,7 +178,12 @@ fn a_rank_over_its_cgroup_memory_limit_is_classified_as_oom_killed_with_its_memo
         "rank 1 had more than 1 GiB, within the limit: {rss} MiB"
     );
     assert_eq!(*limit_mib, Some(CGROUP_LIMIT_MIB), "{s:?}");
-    let cg_name = cg.dir.file_name().expect("name").to_string_lossy().to_string();
+    let cg_name = cg
+        .dir
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .to_string();
     assert!(
         limit_of.as_deref().is_some_and(|l| l.contains(&cg_name)),
         "the limit is the test cgroup's: {limit_of:?}"
@@ -229,7 +237,12 @@ fn signal_rank_1(t: &Path, sig: Signal) -> (Job, PathBuf) {
 fn a_rank_killed_by_someone_else_is_a_signal_not_the_oom_killer() {
     let t = tempdir();
     let (mut job, logs) = signal_rank_1(t.path(), Signal::SIGKILL);
-    assert_eq!(job.wait(Duration::from_secs(60)), Some(4), "{}", job.output());
+    assert_eq!(
+        job.wait(Duration::from_secs(60)),
+        Some(4),
+        "{}",
+        job.output()
+    );
     let s = summary_of(&logs, &job.output());
     assert_eq!(s.rank, Some(1), "{s:?}");
     assert_eq!(
@@ -256,7 +269,12 @@ fn a_rank_killed_by_someone_else_is_a_signal_not_the_oom_killer() {
 fn a_rank_stopped_by_someone_elses_sigterm_names_the_sender() {
     let t = tempdir();
     let (mut job, logs) = signal_rank_1(t.path(), Signal::SIGTERM);
-    assert_eq!(job.wait(Duration::from_secs(60)), Some(4), "{}", job.output());
+    assert_eq!(
+        job.wait(Duration::from_secs(60)),
+        Some(4),
+        "{}",
+        job.output()
+    );
     let s = summary_of(&logs, &job.output());
     assert_eq!(s.rank, Some(1), "{s:?}");
     let me = format!("pid {} (", std::process::id());
@@ -265,11 +283,16 @@ fn a_rank_stopped_by_someone_elses_sigterm_names_the_sender() {
             signal: 15,
             sender: Some(sender),
         }) => assert!(sender.starts_with(&me), "{sender}"),
-        other => panic!("a SIGTERM from this test's pid: {other:?}\n{}", job.output()),
+        other => panic!(
+            "a SIGTERM from this test's pid: {other:?}\n{}",
+            job.output()
+        ),
     }
     let err = read(&job.err);
     assert!(
-        err.contains(&format!("why: a signal sent by another process: signal 15 from {me}")),
+        err.contains(&format!(
+            "why: a signal sent by another process: signal 15 from {me}"
+        )),
         "{err}"
     );
 }

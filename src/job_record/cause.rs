@@ -349,8 +349,7 @@ pub fn cuda_out_of_memory(message: &str) -> Option<Option<String>> {
 /// libtorch's CPU allocator failing (`DefaultCPUAllocator: can't allocate memory: you tried to
 /// allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)`).
 pub fn host_out_of_memory(message: &str) -> Option<Option<String>> {
-    if !(message.contains("can't allocate memory") || message.contains("Cannot allocate memory"))
-    {
+    if !(message.contains("can't allocate memory") || message.contains("Cannot allocate memory")) {
         return None;
     }
     let tried = message
@@ -382,7 +381,9 @@ pub fn peer_address(message: &str) -> Option<String> {
         rest = after;
     }
     let at = message.find("remote peer ")?;
-    let token = message[at + "remote peer ".len()..].split_whitespace().next()?;
+    let token = message[at + "remote peer ".len()..]
+        .split_whitespace()
+        .next()?;
     let (host, port) = token.split_once('<')?;
     Some(format!("{host}:{}", port.trim_end_matches(['>', ',', '.'])))
 }
@@ -401,7 +402,10 @@ fn stop_signal(message: &str) -> Option<Cause> {
         let end = s.find(')')?;
         Some(s[..=end].to_string())
     });
-    if sender.as_deref().is_some_and(|s| s.contains("its launcher")) {
+    if sender
+        .as_deref()
+        .is_some_and(|s| s.contains("its launcher"))
+    {
         return None;
     }
     Some(Cause::Signal { signal, sender })
@@ -494,9 +498,11 @@ mod tests {
         assert!(c.is_hardware());
         let illegal = "CUDA error: an illegal memory access was encountered";
         assert_eq!(Cause::from_record(FailureKind::Cuda, illegal, None), None);
-        assert!(!Cause::from_record(FailureKind::OutOfMemory, CUDA_OOM, None)
-            .expect("oom")
-            .is_hardware());
+        assert!(
+            !Cause::from_record(FailureKind::OutOfMemory, CUDA_OOM, None)
+                .expect("oom")
+                .is_hardware()
+        );
     }
 
     #[test]
@@ -531,7 +537,10 @@ mod tests {
             }
         );
         assert!(c.advice().contains("--skip-bad-images"));
-        assert_eq!(Cause::from_record(FailureKind::Diverged, "loss is NaN", None), None);
+        assert_eq!(
+            Cause::from_record(FailureKind::Diverged, "loss is NaN", None),
+            None
+        );
         // A stop the rank's launcher did not ask for, with the sender the kernel named.
         let other = "stopped by signal 15 from pid 4242 (bash, uid 0); a checkpoint was written: \
                      continue with --resume";
@@ -544,7 +553,10 @@ mod tests {
         );
         let launcher = "stopped by signal 15 from pid 7 (tchrun, uid 0, the rank's parent: its \
                         launcher); a checkpoint was written: continue with --resume";
-        assert_eq!(Cause::from_record(FailureKind::Interrupted, launcher, None), None);
+        assert_eq!(
+            Cause::from_record(FailureKind::Interrupted, launcher, None),
+            None
+        );
     }
 
     #[test]
@@ -571,9 +583,8 @@ mod tests {
             Cause::slurm(&pre, None),
             Some(Cause::SlurmPreempted { .. })
         ));
-        let cancelled = lines(
-            "slurmstepd: error: *** STEP 7.0 ON node1 CANCELLED AT 2026-11-25T12:00:00 ***",
-        );
+        let cancelled =
+            lines("slurmstepd: error: *** STEP 7.0 ON node1 CANCELLED AT 2026-11-25T12:00:00 ***");
         assert_eq!(Cause::slurm(&cancelled, None), None);
     }
 
@@ -622,7 +633,16 @@ mod tests {
         assert!(c.detail().contains("3000 MiB resident"), "{}", c.detail());
         // No kernel log: the cgroup's count rose.
         let c = Cause::killed(9, Some(4242), &Err("EPERM".into()), Some(1), Some(&m));
-        assert!(matches!(c, Cause::OomKiller { rss_mib: Some(2500), .. }), "{c:?}");
+        assert!(
+            matches!(
+                c,
+                Cause::OomKiller {
+                    rss_mib: Some(2500),
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
         // Nothing at all but memory at the limit: still the OOM killer.
         let full = memory(3000, 3072, 0);
         let c = Cause::killed(9, Some(4242), &Err("EPERM".into()), None, Some(&full));

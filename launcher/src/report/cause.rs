@@ -47,6 +47,11 @@ pub fn diagnose(
     let culprit = culprit?;
     if let Some(r) = &culprit.failure {
         let cause = Cause::from_record(r.kind, &r.message, culprit.device.as_deref());
+        if !cause.as_ref().is_some_and(Cause::is_hardware) {
+            if let Some(hw) = kernel_hardware(culprit, ev) {
+                return Some(hw);
+            }
+        }
         return match cause {
             Some(Cause::Peer { address, .. }) => Some(Cause::Peer {
                 peer: silent_peer(culprit, logs),
@@ -60,6 +65,23 @@ pub fn diagnose(
     }
     let (_, msg) = culprit.first_error.as_ref()?;
     Cause::from_record(FailureKind::Internal, msg, culprit.device.as_deref())
+}
+
+/// A hardware error in this host's kernel log since the attempt started (an Xid of a hardware
+/// kind, an uncorrectable ECC error, a machine check), when `culprit` ran here: it outranks the
+/// rank's own words (a CUDA error is often how a failing GPU shows).
+fn kernel_hardware(culprit: &RankLog, ev: &Evidence) -> Option<Cause> {
+    if !is_here(&culprit.host) {
+        return None;
+    }
+    let events = tchrun::kernel_log::events_after(ev.kernel_mark).ok()?;
+    events.into_iter().find_map(|e| match e {
+        tchrun::kernel_log::KernelEvent::Hardware { device, line } => Some(Cause::Hardware {
+            device,
+            evidence: format!("kernel log: {line}"),
+        }),
+        _ => None,
+    })
 }
 
 /// A rank other than `culprit` that ended without a word (no failure record, no exit line):

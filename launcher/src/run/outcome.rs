@@ -84,7 +84,12 @@ pub fn conclude(
                 ErrorKind::InterruptedTerm
             };
             if let Some(c) = tchrun::job_record::Cause::slurm(&outcome.tail, Some(*sig)) {
-                errln!("tchrun: {}: {}\n  fix: {}", c.class(), c.detail(), c.advice());
+                errln!(
+                    "tchrun: {}: {}\n  fix: {}",
+                    c.class(),
+                    c.detail(),
+                    c.advice()
+                );
             }
             errln!(
                 "tchrun: interrupted ({}); all ranks stopped (logs in {}; mpirun's messages in {})",

@@ -57,11 +57,7 @@ impl HostFailures {
     /// The hosts of `plan` that failed in [`FAILURES_TO_DROP`] attempts, and whether at least
     /// `min_nodes` nodes remain without them.
     pub fn decide(&self, plan: &Plan, min_nodes: u32) -> HostDecision {
-        let failing: Vec<&String> = plan
-            .node_names
-            .iter()
-            .filter(|h| self.failing(h))
-            .collect();
+        let failing: Vec<&String> = plan.node_names.iter().filter(|h| self.failing(h)).collect();
         if failing.is_empty() {
             return HostDecision::Keep;
         }

@@ -42,7 +42,10 @@ pub fn name(sig: i32) -> &'static str {
 /// named its sender ("... (tchrun-worker's parent: the launcher)" when it was the parent); ""
 /// otherwise. The failure record's message carries it (`tchrun::job_record::Cause::Signal`).
 pub fn sender_note() -> String {
-    SENDER.get().map(|s| format!(" from {s}")).unwrap_or_default()
+    SENDER
+        .get()
+        .map(|s| format!(" from {s}"))
+        .unwrap_or_default()
 }
 
 /// "pid 4242 (bash, uid 0)", from the sender's pid and uid.
@@ -53,7 +56,11 @@ fn describe_sender(pid: i32, uid: u32) -> String {
     let parent = nix::unistd::getppid().as_raw() == pid;
     format!(
         "pid {pid} ({comm}, uid {uid}{})",
-        if parent { ", the rank's parent: its launcher" } else { "" }
+        if parent {
+            ", the rank's parent: its launcher"
+        } else {
+            ""
+        }
     )
 }
 
