@@ -11,7 +11,7 @@ use tchrun::memory::{self, Cgroup};
 
 static STARTED: AtomicBool = AtomicBool::new(false);
 /// How often the thread samples.
-const EVERY: Duration = Duration::from_millis(500);
+const EVERY: Duration = Duration::from_secs(1);
 
 /// What does not change while the rank runs.
 struct Fixed {
