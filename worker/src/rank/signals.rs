@@ -2,7 +2,9 @@
 //! `--signal`): logged in the driver log; from the first training step to the rank's end, the
 //! loop agrees with the other ranks to stop at the next step (and checkpoints), or, after the
 //! last step, finishes the model first; before training the rank exits at once. A second
-//! signal always exits at once (`_exit`: no destructor runs beside the main thread).
+//! signal always exits at once (`_exit`: no destructor runs beside the main thread). The kernel
+//! names each signal's sender (`SA_SIGINFO`); the rank logs it, and a stop that its own launcher
+//! did not send carries it into the failure record (`sender_note`).
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 static REQUESTED: AtomicI32 = AtomicI32::new(0);
@@ -39,7 +41,7 @@ pub fn name(sig: i32) -> &'static str {
 }
 
 /// " from pid 4242 (bash, uid 0)" for the rank that received the first signal, when the kernel
-/// named its sender ("... (tchrun-worker's parent: the launcher)" when it was the parent); ""
+/// named its sender (", the rank's parent: its launcher" added when it was the parent); ""
 /// otherwise. The failure record's message carries it (`tchrun::job_record::Cause::Signal`).
 pub fn sender_note() -> String {
     SENDER
@@ -73,16 +75,11 @@ pub fn install() -> std::io::Result<()> {
     std::thread::Builder::new().name("signals".into()).spawn(move || {
         for origin in signals.forever() {
             let sig = origin.signal;
-            let from = origin
-                .process
-                .map(|p| describe_sender(p.pid, p.uid))
-                .map(|s| format!(" from {s}"))
-                .unwrap_or_default();
+            let sender = origin.process.map(|p| describe_sender(p.pid, p.uid));
+            let from = sender.as_ref().map(|s| format!(" from {s}")).unwrap_or_default();
             let first = REQUESTED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst).is_ok();
-            if first {
-                if let Some(p) = origin.process {
-                    let _ = SENDER.set(describe_sender(p.pid, p.uid));
-                }
+            if let (true, Some(s)) = (first, sender) {
+                let _ = SENDER.set(s);
             }
             if first && GRACEFUL.load(Ordering::SeqCst) {
                 tracing::warn!(
