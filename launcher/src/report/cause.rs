@@ -121,5 +121,47 @@ fn killed(culprit: &RankLog, signal: i32, ev: &Evidence) -> Cause {
         )
     };
     let pid = culprit.pid.or(memory.as_ref().map(|m| m.pid));
-    Cause::killed(signal, pid, &kernel, oom_kills_now, memory.as_ref())
+    match Cause::killed(signal, pid, &kernel, oom_kills_now, memory.as_ref()) {
+        // A rank that exited at once on a signal said who sent it in its last lines.
+        Cause::Signal {
+            signal,
+            sender: None,
+        } => Cause::Signal {
+            signal,
+            sender: logged_sender(&culprit.tail),
+        },
+        other => other,
+    }
+}
+
+/// The sender of the signal a rank logged on its way out ("received SIGTERM from pid 4242
+/// (bash, uid 0): stopping this rank now"), unless it was the rank's own launcher.
+fn logged_sender(tail: &[String]) -> Option<String> {
+    tail.iter().rev().find_map(|l| {
+        let rest = l.split("received SIG").nth(1)?;
+        let from = rest.split_once(" from ")?.1;
+        let sender = &from[..=from.find(')')?];
+        (!sender.contains("its launcher")).then(|| sender.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sender_a_rank_logged_is_found_unless_it_was_its_launcher() {
+        let lines = |l: &str| vec!["epoch 1/3 iter 1/25 loss 2.6".to_string(), l.to_string()];
+        let other = "2026-11-25T00:00:00Z  WARN received SIGTERM from pid 4242 (bash, uid 0): stopping this rank now";
+        assert_eq!(
+            logged_sender(&lines(other)).as_deref(),
+            Some("pid 4242 (bash, uid 0)")
+        );
+        let own = "2026-11-25T00:00:00Z  WARN received SIGTERM from pid 7 (tchrun, uid 0, the rank's parent: its launcher): stopping this rank now";
+        assert_eq!(logged_sender(&lines(own)), None);
+        assert_eq!(
+            logged_sender(&lines("received SIGTERM: stopping this rank now")),
+            None
+        );
+    }
 }
