@@ -39,6 +39,11 @@ pub const TCHRUN_TEST_STALL_DECODE: &str = "TCHRUN_TEST_STALL_DECODE";
 /// before each validation batch: a slow validation that still progresses. For `tests/hang.rs`;
 /// never set it in a real job.
 pub const TCHRUN_TEST_SLOW_VALIDATION: &str = "TCHRUN_TEST_SLOW_VALIDATION";
+/// Test hook (fault injection), read by the worker: `RANK:STEP:MIB` makes rank RANK's main
+/// thread allocate and touch MIB MiB (16 MiB every 20 ms, kept) just before optimizer step
+/// STEP: a rank that outgrows its memory limit, for the OOM-killer test of `tests/causes.rs`.
+/// Never set it in a real job.
+pub const TCHRUN_TEST_ALLOCATE_AT_STEP: &str = "TCHRUN_TEST_ALLOCATE_AT_STEP";
 /// Test hook (fault injection), read by the worker: `HOST:STEPS` makes every rank that runs on
 /// HOST (its hostname) SIGKILL itself after STEPS optimizer steps of the attempt (counted from
 /// the step the attempt started at, so each attempt makes progress first), in every attempt: a

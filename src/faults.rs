@@ -21,6 +21,9 @@ pub struct FaultPlan {
     /// `TCHRUN_TEST_STALL_AT_STEP` (this rank): the main thread sleeps this long before this
     /// optimizer step.
     pub stall: Option<(u64, Duration)>,
+    /// `TCHRUN_TEST_ALLOCATE_AT_STEP` (this rank): the main thread allocates and touches this
+    /// many MiB before this optimizer step.
+    pub allocate: Option<(u64, u64)>,
 }
 
 /// Why a rank kills itself now (a fault of the plan that is due).
@@ -66,12 +69,18 @@ impl FaultPlan {
             torch_panic,
             checkpoint_delay: env::test_checkpoint_delay(get)?,
             stall: stall(get, rank)?,
+            allocate: allocate(get, rank)?,
         })
     }
 
     /// The stall due before optimizer step `step`.
     pub fn stall_before(&self, step: u64) -> Option<Duration> {
         self.stall.filter(|(s, _)| *s == step).map(|(_, d)| d)
+    }
+
+    /// The MiB to allocate before optimizer step `step`.
+    pub fn allocate_before(&self, step: u64) -> Option<u64> {
+        self.allocate.filter(|(s, _)| *s == step).map(|(_, m)| m)
     }
 
     /// The kill due before optimizer step `step` of an attempt that started at `first_step`.
@@ -117,7 +126,10 @@ pub fn maybe_stall_decode(rank: usize) {
         let v = std::env::var(env::TCHRUN_TEST_STALL_DECODE).ok()?;
         let parsed = parse_triple(&v);
         if parsed.is_none() {
-            eprintln!("{}={v}: expected RANK:IMAGE:SECONDS; ignored", env::TCHRUN_TEST_STALL_DECODE);
+            eprintln!(
+                "{}={v}: expected RANK:IMAGE:SECONDS; ignored",
+                env::TCHRUN_TEST_STALL_DECODE
+            );
         }
         parsed
     });
@@ -134,9 +146,16 @@ pub fn maybe_slow_validation_batch() {
     static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
     let delay = DELAY.get_or_init(|| {
         let v = std::env::var(env::TCHRUN_TEST_SLOW_VALIDATION).ok()?;
-        let d = v.trim().parse::<f64>().ok().and_then(|x| Duration::try_from_secs_f64(x).ok());
+        let d = v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(|x| Duration::try_from_secs_f64(x).ok());
         if d.is_none() {
-            eprintln!("{}={v}: expected SECONDS; ignored", env::TCHRUN_TEST_SLOW_VALIDATION);
+            eprintln!(
+                "{}={v}: expected SECONDS; ignored",
+                env::TCHRUN_TEST_SLOW_VALIDATION
+            );
         }
         d
     });
@@ -168,6 +187,33 @@ pub fn spin_for(d: Duration) {
     }
 }
 
+/// `TCHRUN_TEST_ALLOCATE_AT_STEP=RANK:STEP:MIB`, for `rank`.
+fn allocate(
+    get: &dyn Fn(&str) -> Option<String>,
+    rank: usize,
+) -> Result<Option<(u64, u64)>, EnvError> {
+    let Some(v) = get(env::TCHRUN_TEST_ALLOCATE_AT_STEP).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let parts: Vec<&str> = v.trim().split(':').collect();
+    let parsed = match parts.as_slice() {
+        [r, s, m] => r
+            .parse::<usize>()
+            .ok()
+            .zip(s.parse::<u64>().ok())
+            .zip(m.parse::<u64>().ok()),
+        _ => None,
+    };
+    let Some(((r, step), mib)) = parsed else {
+        return Err(EnvError::Invalid {
+            name: env::TCHRUN_TEST_ALLOCATE_AT_STEP,
+            value: v.clone(),
+            why: "expected RANK:STEP:MIB".into(),
+        });
+    };
+    Ok((r == rank).then_some((step, mib)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +243,16 @@ mod tests {
         assert_eq!(p.stall_before(3), Some(Duration::from_millis(2500)));
         assert_eq!(p.stall_before(2), None);
         assert!(plan(&[(env::TCHRUN_TEST_STALL_AT_STEP, "1:3")], 1, "h").is_err());
+    }
+
+    #[test]
+    fn the_allocation_is_for_its_rank_and_step() {
+        let v = [(env::TCHRUN_TEST_ALLOCATE_AT_STEP, "1:4:2048")];
+        assert_eq!(plan(&v, 0, "h").unwrap().allocate_before(4), None);
+        let p = plan(&v, 1, "h").unwrap();
+        assert_eq!(p.allocate_before(4), Some(2048));
+        assert_eq!(p.allocate_before(3), None);
+        assert!(plan(&[(env::TCHRUN_TEST_ALLOCATE_AT_STEP, "1:4")], 1, "h").is_err());
     }
 
     #[test]

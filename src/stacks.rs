@@ -98,7 +98,11 @@ impl Maps {
         else {
             return frame.to_string();
         };
-        match self.0.iter().find(|(lo, hi, _, _)| (*lo..*hi).contains(&addr)) {
+        match self
+            .0
+            .iter()
+            .find(|(lo, hi, _, _)| (*lo..*hi).contains(&addr))
+        {
             Some((lo, _, off, file)) if !file.is_empty() && !file.starts_with('[') => {
                 let base = file.rsplit('/').next().unwrap_or(file);
                 format!("{base}+{:#x}", addr - lo + off)
@@ -117,7 +121,8 @@ impl Maps {
 
 const JIT: &str = "JIT-compiled code: no unwind information past it";
 /// The line before the frames a scan found.
-pub const SCANNED: &str = "-- scanned past it (return addresses found on the stack; may hold stale frames) --";
+pub const SCANNED: &str =
+    "-- scanned past it (return addresses found on the stack; may hold stale frames) --";
 /// Stack bytes a scan reads, and the candidates it names.
 const SCAN_BYTES: u64 = 128 * 1024;
 const SCAN_CANDIDATES: usize = 256;
@@ -137,7 +142,10 @@ fn scan(pid: u32, tid: u32, maps: &Maps) -> Option<Vec<String>> {
     let maps_text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     let end = maps_text.lines().find_map(|l| {
         let (lo, hi) = l.split_whitespace().next()?.split_once('-')?;
-        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+        let (lo, hi) = (
+            u64::from_str_radix(lo, 16).ok()?,
+            u64::from_str_radix(hi, 16).ok()?,
+        );
         (lo..hi).contains(&sp).then_some(hi)
     })?;
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
@@ -320,8 +328,12 @@ fn unwind(
     let mut cmd = Command::new(tool);
     let pid_s = pid.to_string();
     if tool == "gdb" {
-        cmd.args(["-nx", "-batch", "-p", &pid_s])
-            .args(["-ex", "set pagination off", "-ex", "thread apply all bt"]);
+        cmd.args(["-nx", "-batch", "-p", &pid_s]).args([
+            "-ex",
+            "set pagination off",
+            "-ex",
+            "thread apply all bt",
+        ]);
     } else {
         // Raw names: demangled here, Rust's too (eu-stack knows only C++'s).
         cmd.args(["-r", "-p", &pid_s]);
@@ -329,7 +341,9 @@ fn unwind(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|source| StackError::Spawn { tool, source })?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|source| StackError::Spawn { tool, source })?;
     // Drain the pipes from threads of their own: a tool that fills one would never exit.
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
@@ -356,7 +370,11 @@ fn unwind(
     };
     if frames.is_empty() {
         let detail = err.join().unwrap_or_default();
-        let detail = detail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
+        let detail = detail
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
         return Err(StackError::Failed {
             tool,
             detail: detail.trim().to_string(),
@@ -365,9 +383,7 @@ fn unwind(
     Ok(frames)
 }
 
-fn drain<R: std::io::Read + Send + 'static>(
-    pipe: Option<R>,
-) -> std::thread::JoinHandle<String> {
+fn drain<R: std::io::Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
         let mut s = String::new();
         if let Some(mut p) = pipe {
@@ -430,7 +446,9 @@ pub fn parse_gdb(text: &str) -> BTreeMap<u32, Vec<String>> {
         let (Some(t), Some(rest)) = (cur, line.strip_prefix('#')) else {
             continue;
         };
-        let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit()).trim_start();
+        let rest = rest
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .trim_start();
         let rest = match rest.split_once(" in ") {
             Some((addr, r)) if addr.starts_with("0x") => r,
             _ => rest,
@@ -514,7 +532,11 @@ Thread 1 (Thread 0x7f3c1d8a1b80 (LWP 1234) \"tchrun-worker\"):
         );
         assert_eq!(
             f[&365],
-            ["epoll_wait", "gloo::transport::tcp::Loop::run", "0x00007fcb85ad44a3"]
+            [
+                "epoll_wait",
+                "gloo::transport::tcp::Loop::run",
+                "0x00007fcb85ad44a3"
+            ]
         );
         let g = parse_gdb(GDB);
         assert_eq!(g.keys().copied().collect::<Vec<_>>(), [1234, 1235]);
@@ -563,13 +585,18 @@ Thread 1 (Thread 0x7f3c1d8a1b80 (LWP 1234) \"tchrun-worker\"):
         if tool.is_none() {
             // No eu-stack or gdb on this machine: said as such.
             assert!(matches!(err, Some(StackError::NoTool)), "{err:?}");
-            assert!(std::env::var("TCHRUN_REQUIRE_PRIVILEGED").is_err(), "setup installs elfutils");
+            assert!(
+                std::env::var("TCHRUN_REQUIRE_PRIVILEGED").is_err(),
+                "setup installs elfutils"
+            );
             return;
         }
         assert!(err.is_none(), "{err:?}");
         let frames = &threads[0].frames;
         assert!(
-            frames.iter().any(|f| f.contains("nanosleep") || f.contains("sleep")),
+            frames
+                .iter()
+                .any(|f| f.contains("nanosleep") || f.contains("sleep")),
             "{frames:?}"
         );
     }

@@ -354,6 +354,26 @@ fn truncated_png_fails_in_training_naming_the_file() {
     );
     assert!(!out.join("model.json").exists(), "{}", r.explain());
     assert!(r.elapsed < Duration::from_secs(180), "{}", r.explain());
+    // Issue 28: classified as an input file that could not be read, the file and the fix.
+    use tchrun::job_record::{Cause, FailureSummary, Record};
+    let s = FailureSummary::read(&out.join("logs"))
+        .expect("failure.json reads")
+        .expect("failure.json is there");
+    assert_eq!(
+        s.cause,
+        Some(Cause::InputFile {
+            path: Some(shown.clone())
+        }),
+        "{}",
+        r.explain()
+    );
+    assert!(
+        r.stderr
+            .contains("why: an input file could not be read: file ")
+            && r.stderr.contains("fix: check that the file exists"),
+        "{}",
+        r.explain()
+    );
 }
 
 /// Issue 12: a truncated PNG and a JPEG with a cut scan, found while decoding in training, are

@@ -339,7 +339,8 @@ fn netns_a_stopped_rank_on_node2_is_named_with_its_stacks_taken_on_its_host() {
     let mut job = Job::start(&mut c, t.path());
     let beat3 = || Heartbeat::read_all(&logs).into_iter().find(|b| b.rank == 3);
     assert!(
-        wait_for(Duration::from_secs(240), || beat3().is_some_and(|b| b.step >= 2)),
+        wait_for(Duration::from_secs(240), || beat3()
+            .is_some_and(|b| b.step >= 2)),
         "training never started: {}",
         job.output()
     );
@@ -367,7 +368,10 @@ fn netns_a_stopped_rank_on_node2_is_named_with_its_stacks_taken_on_its_host() {
         (theirs.captured_by.as_str(), theirs.host.as_str()),
         ("rank 2", "tchrun-node2")
     );
-    assert!(err.contains("rank 3 (tchrun-worker thread, at fault):"), "{err}");
+    assert!(
+        err.contains("rank 3 (tchrun-worker thread, at fault):"),
+        "{err}"
+    );
 }
 
 // ---------------------------------------------------------------- real Slurm

@@ -140,11 +140,13 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
         "the culprit's stack: {}",
         job.output()
     );
-    let theirs: tchrun::job_record::stacks::RankStacks = serde_json::from_str(&read(
-        &tchrun::job_record::stacks::path(&logs, 1),
-    ))
-    .expect("stacks-1.json");
-    assert_eq!((theirs.captured_by.as_str(), theirs.state.as_str()), ("rank 0", "T"));
+    let theirs: tchrun::job_record::stacks::RankStacks =
+        serde_json::from_str(&read(&tchrun::job_record::stacks::path(&logs, 1)))
+            .expect("stacks-1.json");
+    assert_eq!(
+        (theirs.captured_by.as_str(), theirs.state.as_str()),
+        ("rank 0", "T")
+    );
     // Named functions, unwound or (from JIT-compiled code, which has no unwind information)
     // scanned from its stack.
     let main = theirs.main_thread().expect("its main thread");
@@ -161,7 +163,9 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
         "{}",
         r.explain()
     );
-    assert!(!common::processes_with("eu-stack").iter().any(|p| p.contains(&pid.to_string())));
+    assert!(!common::processes_with("eu-stack")
+        .iter()
+        .any(|p| p.contains(&pid.to_string())));
     let summary = FailureSummary::read(&logs)
         .expect("failure.json reads")
         .expect("failure.json is there");
@@ -182,12 +186,18 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
     assert!(v.waiting[0].phase.is_collective(), "{v:?}");
     assert!(v.seq.is_some_and(|s| s > v.culprits[0].seq), "{v:?}");
     // Rank 0's own trace names the bucket it waits in; the capture was within its bound.
-    let waits = v.waiting[0].waits_in.as_ref().expect("rank 0's trace: the bucket it waits in");
+    let waits = v.waiting[0]
+        .waits_in
+        .as_ref()
+        .expect("rank 0's trace: the bucket it waits in");
     assert!(waits.completed.is_none() && waits.bytes > 0, "{waits:?}");
     assert_eq!(v.culprits[0].state.as_deref(), Some("T"));
     let capture = v.capture.as_ref().expect("the capture's summary");
     assert_eq!(capture.taken, [0, 1], "{capture:?}");
-    assert!(capture.took_ms < CAPTURE_BOUND.as_millis() as u64, "{capture:?}");
+    assert!(
+        capture.took_ms < CAPTURE_BOUND.as_millis() as u64,
+        "{capture:?}"
+    );
     assert!(v.stacks.iter().any(|g| g.ranks.contains(&1)), "{v:?}");
     // Nothing of the job outlives tchrun, the stopped rank included.
     let left = wait_for(Duration::from_secs(15), || gone(pid));
@@ -259,16 +269,30 @@ fn a_stuck_rank_that_still_beats_is_named_when_nothing_advances_for_the_hang_tim
     assert!(v.waiting[0].phase.is_collective(), "{v:?}");
     assert_eq!(v.allowed_s, 5);
     // Its stack shows the loop it is in (the test hook's busy loop inside the step).
-    let culprit = v.stacks.iter().find(|g| g.ranks == [1]).expect("rank 1's stack");
+    let culprit = v
+        .stacks
+        .iter()
+        .find(|g| g.ranks == [1])
+        .expect("rank 1's stack");
     assert!(
-        culprit.frames.iter().any(|f| f.contains("tchrun::faults::spin_for")),
+        culprit
+            .frames
+            .iter()
+            .any(|f| f.contains("tchrun::faults::spin_for")),
         "{culprit:?}"
     );
     assert!(
-        culprit.frames.iter().any(|f| f.contains("tchrun_worker::train::trainer")),
+        culprit
+            .frames
+            .iter()
+            .any(|f| f.contains("tchrun_worker::train::trainer")),
         "{culprit:?}"
     );
-    assert!(r.stderr.contains("tchrun::faults::spin_for"), "{}", r.explain());
+    assert!(
+        r.stderr.contains("tchrun::faults::spin_for"),
+        "{}",
+        r.explain()
+    );
 }
 
 #[test]
@@ -278,18 +302,30 @@ fn a_rank_stuck_in_its_loader_is_named_in_the_data_wait_with_the_file() {
     let model = model_dir(t.path(), "resnet18", 32);
     let out = t.path().join("out");
     let mut c = train(&data, &model, &out, "50");
-    c.args(["--launcher", "local", "--timeout", "120", "--hang-timeout", "5"])
-        .env("TCHRUN_TEST_STALL_DECODE", "1:60:100");
+    c.args([
+        "--launcher",
+        "local",
+        "--timeout",
+        "120",
+        "--hang-timeout",
+        "5",
+    ])
+    .env("TCHRUN_TEST_STALL_DECODE", "1:60:100");
     let r = run(&mut c, START_LIMIT);
     assert_eq!(r.code, Some(4), "{}", r.explain());
     let line = r.stderr.lines().find(|l| l.contains("hang:")).unwrap_or("");
     eprintln!("{line}");
     assert!(
-        line.contains("rank 1 (") && line.contains("never entered it: it is in the data wait of step"),
+        line.contains("rank 1 (")
+            && line.contains("never entered it: it is in the data wait of step"),
         "{}",
         r.explain()
     );
-    assert!(line.contains("loader thread data-loader-"), "{}", r.explain());
+    assert!(
+        line.contains("loader thread data-loader-"),
+        "{}",
+        r.explain()
+    );
     let v = FailureSummary::read(&out.join("logs"))
         .expect("failure.json reads")
         .and_then(|s| s.hang)
@@ -300,16 +336,20 @@ fn a_rank_stuck_in_its_loader_is_named_in_the_data_wait_with_the_file() {
     assert!(work.file.starts_with(data.join("train")), "{work:?}");
     assert!(line.contains(&work.file.display().to_string()), "{line}");
     // The loader thread's own stack shows it inside the decode.
-    let theirs: tchrun::job_record::stacks::RankStacks =
-        serde_json::from_str(&read(&tchrun::job_record::stacks::path(&out.join("logs"), 1)))
-            .expect("stacks-1.json");
+    let theirs: tchrun::job_record::stacks::RankStacks = serde_json::from_str(&read(
+        &tchrun::job_record::stacks::path(&out.join("logs"), 1),
+    ))
+    .expect("stacks-1.json");
     let loader = theirs
         .threads
         .iter()
         .find(|t| t.name == work.thread)
         .expect("the loader thread");
     assert!(
-        loader.frames.iter().any(|f| f.contains("tchrun::data::loader")),
+        loader
+            .frames
+            .iter()
+            .any(|f| f.contains("tchrun::data::loader")),
         "{loader:?}"
     );
 }
@@ -334,7 +374,11 @@ fn tchrun_stacks_shows_every_rank_of_a_running_job_and_the_job_goes_on() {
     let r = run(tchrun().arg("stacks").arg(&logs), Duration::from_secs(60));
     assert_eq!(r.code, Some(0), "{}", r.explain());
     eprintln!("{}", r.stdout);
-    assert!(r.stdout.contains("stacks of 2 rank(s) taken in"), "{}", r.explain());
+    assert!(
+        r.stdout.contains("stacks of 2 rank(s) taken in"),
+        "{}",
+        r.explain()
+    );
     for rank in [0, 1] {
         assert!(
             r.stdout.contains(&format!("rank {rank} (")) && r.stdout.contains("taken by self"),
@@ -352,15 +396,28 @@ fn tchrun_stacks_shows_every_rank_of_a_running_job_and_the_job_goes_on() {
     // The job goes on: steps advance after the capture, and it is still running.
     let step = beat_of(&logs, 0).map_or(0, |b| b.step);
     assert!(
-        wait_for(Duration::from_secs(60), || beat_of(&logs, 0).is_some_and(|b| b.step > step + 2)),
+        wait_for(Duration::from_secs(60), || beat_of(&logs, 0)
+            .is_some_and(|b| b.step > step + 2)),
         "{}",
         job.output()
     );
-    assert_eq!(job.wait(Duration::from_millis(10)), None, "{}", job.output());
+    assert_eq!(
+        job.wait(Duration::from_millis(10)),
+        None,
+        "{}",
+        job.output()
+    );
     // A directory without a job is refused with the fix.
-    let r = run(tchrun().arg("stacks").arg(t.path()), Duration::from_secs(30));
+    let r = run(
+        tchrun().arg("stacks").arg(t.path()),
+        Duration::from_secs(30),
+    );
     assert_eq!(r.code, Some(2), "{}", r.explain());
-    assert!(r.stderr.contains("not the log directory of a tchrun job"), "{}", r.explain());
+    assert!(
+        r.stderr.contains("not the log directory of a tchrun job"),
+        "{}",
+        r.explain()
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Property tests (issue 7, item 8): the parsers of untrusted input never panic and keep their
 //! invariants. `model.json`, hostfiles, the rank environment contracts (torchrun, Slurm), image
-//! headers and decoding, the CLI flags, and the LR schedule.
+//! headers and decoding, the CLI flags, the LR schedule, and the evidence of a failure (kernel
+//! log, cgroup files, libtorch/Gloo/NCCL/Slurm words).
 //!
 //! Default case counts keep the file under a minute on 2 cores. `PROPTEST_CASES=N` sets the
 //! count of every property (the image ones run N/10, at least 16); e.g. a long run:
@@ -1017,6 +1018,50 @@ proptest! {
     fn accumulation_steps_never_panics(g in 1u32.., b in 1u32.., world in 1usize..=65_536) {
         if let Ok(a) = tchrun::schedule::accumulation_steps(g, b, world) {
             prop_assert_eq!(u128::from(a) * u128::from(b) * world as u128, u128::from(g));
+        }
+    }
+}
+
+// Issue 28: the parsers of a failure's evidence (kernel log lines, `/proc/<pid>/cgroup`, the
+// cgroup counters and limits, libtorch's, Gloo's, NCCL's and Slurm's words) never panic on any
+// text, and the OOM killer's line gives back its pid and memory.
+proptest! {
+    #![proptest_config(cases(1000, 1))]
+
+    #[test]
+    fn failure_evidence_parsers_never_panic(text in "\\PC{0,200}", bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        use tchrun::driver_log::FailureKind;
+        use tchrun::job_record::Cause;
+        let lossy = String::from_utf8_lossy(&bytes).into_owned();
+        for t in [text.as_str(), lossy.as_str()] {
+            let _ = tchrun::kernel_log::parse(t);
+            let _ = tchrun::kernel_log::sequence(t);
+            let _ = tchrun::memory::Cgroup::parse_proc(t);
+            let _ = tchrun::memory::oom_kill_count(t);
+            let _ = tchrun::memory::parse_limit(t);
+            let _ = tchrun::memory::status_kb(t, "VmRSS:");
+            for kind in [FailureKind::Communication, FailureKind::Data, FailureKind::Interrupted, FailureKind::Cuda] {
+                if let Some(c) = Cause::from_record(kind, t, Some("cuda:0")) {
+                    prop_assert!(!c.detail().is_empty() && !c.advice().is_empty());
+                }
+            }
+            let _ = Cause::slurm(&[t.to_string()], Some(15));
+        }
+    }
+
+    #[test]
+    fn the_oom_killers_line_gives_its_pid_and_memory(pid in any::<u32>(), anon in 0u64..(1 << 40), file in 0u64..(1 << 40), name in "[a-z-]{1,15}") {
+        let line = format!(
+            "[ 1.5] Memory cgroup out of memory: Killed process {pid} ({name}) total-vm:1kB, anon-rss:{anon}kB, file-rss:{file}kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0"
+        );
+        match tchrun::kernel_log::parse(&line) {
+            Some(tchrun::kernel_log::KernelEvent::OomKill { pid: p, name: n, rss_kib, cgroup, .. }) => {
+                prop_assert_eq!(p, pid);
+                prop_assert_eq!(n, name);
+                prop_assert_eq!(rss_kib, Some(anon + file));
+                prop_assert!(cgroup);
+            }
+            other => prop_assert!(false, "{:?}", other),
         }
     }
 }

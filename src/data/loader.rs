@@ -341,13 +341,14 @@ struct Working {
 
 impl Working {
     fn begin(path: &Path, rank: usize) -> Working {
-        let thread = std::thread::current()
-            .name()
-            .unwrap_or("main")
-            .to_string();
+        let thread = std::thread::current().name().unwrap_or("main").to_string();
         if let Ok(mut w) = IN_PROGRESS.lock() {
             w.retain(|(t, _, _)| *t != thread);
-            w.push((thread.clone(), path.to_path_buf(), std::time::SystemTime::now()));
+            w.push((
+                thread.clone(),
+                path.to_path_buf(),
+                std::time::SystemTime::now(),
+            ));
         }
         crate::faults::maybe_stall_decode(rank);
         Working { thread }

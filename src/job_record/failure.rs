@@ -1,6 +1,7 @@
 //! `failure.json`: the failure summary of a job (the first failing rank, its host, the cause,
 //! the tail of its log; with `--max-restarts`, the earlier attempts), written by the launcher
 //! when a job fails and read back by `tchrun logs`.
+use super::cause::Cause;
 use super::heartbeat::HangVerdict;
 use super::restarts::Attempt;
 use crate::exit::ErrorKind;
@@ -36,6 +37,10 @@ pub struct FailureSummary {
     /// A hang the launcher's watch found: the ranks at fault, those waiting, the collective.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hang: Option<HangVerdict>,
+    /// Why the rank failed, when tchrun could tell (`Cause`: its class, what was found, the
+    /// advice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
 }
 
 impl FailureSummary {
@@ -57,6 +62,7 @@ impl FailureSummary {
             earlier_attempts: Vec::new(),
             not_restarted: None,
             hang: verdict,
+            cause: None,
         }
     }
 
@@ -88,6 +94,7 @@ impl FailureSummary {
             earlier_attempts: Vec::new(),
             not_restarted: None,
             hang: None,
+            cause: None,
         }
     }
 }

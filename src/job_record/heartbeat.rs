@@ -302,7 +302,10 @@ impl HangVerdict {
         let mut groups: Vec<(String, String, Vec<&HangRank>)> = Vec::new();
         for r in &self.waiting {
             let key = (doing(r), clock(&r.since).to_string());
-            match groups.iter_mut().find(|g| (g.0.as_str(), g.1.as_str()) == (&key.0, &key.1)) {
+            match groups
+                .iter_mut()
+                .find(|g| (g.0.as_str(), g.1.as_str()) == (&key.0, &key.1))
+            {
                 Some(g) => g.2.push(r),
                 None => groups.push((key.0, key.1, vec![r])),
             }
@@ -310,7 +313,10 @@ impl HangVerdict {
         for (what, since, ranks) in &groups {
             let hosts = unique(ranks.iter().map(|r| r.host.as_str()));
             parts.push(if ranks.len() == 1 {
-                format!("rank {} ({hosts}) waits in {what} since {since}", ranks[0].rank)
+                format!(
+                    "rank {} ({hosts}) waits in {what} since {since}",
+                    ranks[0].rank
+                )
             } else {
                 let list: Vec<usize> = ranks.iter().map(|r| r.rank).collect();
                 format!(

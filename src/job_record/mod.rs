@@ -7,12 +7,15 @@
 //! launched or supervised.
 use std::path::{Path, PathBuf};
 
+pub mod cause;
 pub mod failure;
 pub mod heartbeat;
+pub mod memory;
 pub mod ranks;
 pub mod restarts;
 pub mod stacks;
 
+pub use cause::Cause;
 pub use failure::FailureSummary;
 pub use heartbeat::{HangVerdict, Heartbeat};
 pub use ranks::RankRow;

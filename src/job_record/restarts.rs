@@ -27,8 +27,9 @@ impl DroppedHost {
         };
         let mut causes = self.causes.clone();
         causes.dedup();
+        let plural = if self.failed_in.len() == 1 { "" } else { "s" };
         format!(
-            "its ranks failed in attempts {attempts} ({})",
+            "its ranks failed in attempt{plural} {attempts} ({})",
             causes.join("; ")
         )
     }

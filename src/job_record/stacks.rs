@@ -212,11 +212,21 @@ impl super::heartbeat::HangVerdict {
                 r.loaders = s.loaders.clone();
             }
         }
-        if let Some(seq) = self.waiting.iter().filter_map(|r| r.waits_in.as_ref()).map(|e| e.seq).max() {
+        if let Some(seq) = self
+            .waiting
+            .iter()
+            .filter_map(|r| r.waits_in.as_ref())
+            .map(|e| e.seq)
+            .max()
+        {
             self.seq = Some(seq);
         }
         let mut groups = group_main_threads(stacks);
-        let culprit = |g: &StackGroup| g.ranks.iter().any(|r| self.culprits.iter().any(|c| c.rank == *r));
+        let culprit = |g: &StackGroup| {
+            g.ranks
+                .iter()
+                .any(|r| self.culprits.iter().any(|c| c.rank == *r))
+        };
         groups.sort_by_key(|g| !culprit(g));
         self.stacks = groups;
         self.capture = Some(summary);
@@ -242,7 +252,11 @@ pub fn groups_text(groups: &[StackGroup], at_fault: &[usize], frames: usize) -> 
     let mut out = String::new();
     for g in groups {
         let culprit = g.ranks.iter().any(|r| at_fault.contains(r));
-        let n = if culprit || at_fault.is_empty() { frames } else { frames.min(6) };
+        let n = if culprit || at_fault.is_empty() {
+            frames
+        } else {
+            frames.min(6)
+        };
         let ranks = if g.ranks.len() == 1 { "rank" } else { "ranks" };
         out.push_str(&format!(
             "  {ranks} {} ({} thread{}):\n",
@@ -354,7 +368,11 @@ mod tests {
 
     #[test]
     fn identical_main_stacks_are_grouped_with_their_ranks() {
-        let wait = ["futex_wait", "c10d::ProcessGroupGloo::wait", "tchrun_reducer_finish"];
+        let wait = [
+            "futex_wait",
+            "c10d::ProcessGroupGloo::wait",
+            "tchrun_reducer_finish",
+        ];
         let all = [
             stacks(2, &wait),
             stacks(0, &wait),
@@ -363,7 +381,10 @@ mod tests {
         ];
         let g = group_main_threads(&all);
         assert_eq!(g.len(), 2);
-        assert_eq!((g[0].ranks.clone(), g[0].thread.as_str()), (vec![0, 1, 2], "tchrun-worker"));
+        assert_eq!(
+            (g[0].ranks.clone(), g[0].thread.as_str()),
+            (vec![0, 1, 2], "tchrun-worker")
+        );
         assert_eq!(g[1].ranks, vec![3]);
         assert_eq!(rank_list(&[6, 0, 1, 2, 3, 4, 5, 8]), "0-6,8");
         assert_eq!(rank_list(&[3]), "3");

@@ -6,6 +6,7 @@ pub mod checks;
 pub mod comm;
 pub mod heartbeat;
 pub mod infer;
+pub mod memory;
 pub mod models;
 pub mod plot;
 pub mod rank;

@@ -1,7 +1,10 @@
 //! A failure is data: reads the driver logs of a log directory, decides which rank failed
 //! first and why, and renders the summary (terminal and `failure.json`); also the per-rank
 //! overview of `tchrun logs DIR` and the end-of-run reports. Must not know how the ranks were
-//! planned, started or supervised, nor the restart policy.
+//! planned, started or supervised, nor the restart policy. `cause.rs`: the typed cause of the
+//! first failing rank, from its record or the evidence of its death.
+pub mod cause;
+
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tchrun::driver_log::{self, FailureRecord, RankExit};
@@ -226,6 +229,7 @@ pub fn rank_failure(
         earlier_attempts: Vec::new(),
         not_restarted: None,
         hang: None,
+        cause: None,
     }
 }
 
@@ -243,10 +247,21 @@ fn failed_at(l: &RankLog) -> Option<std::time::SystemTime> {
 /// else `hint_rank` (what mpirun or the supervisor saw exit first).
 pub fn first_failing(logs: &[RankLog], hint_rank: Option<usize>) -> Option<&RankLog> {
     let failed = |l: &RankLog| l.failure.is_some() || l.first_error.is_some();
-    let by_error = logs
-        .iter()
-        .filter(|l| failed(l))
-        .min_by_key(|l| failed_at(l).unwrap_or(std::time::SystemTime::UNIX_EPOCH));
+    // A rank stopped by a signal someone else sent it (its record names the sender) is the
+    // root cause over the ranks that stopped with it, whichever recorded first.
+    let signalled = |l: &RankLog| {
+        l.failure.as_ref().is_some_and(|f| {
+            f.kind == tchrun::driver_log::FailureKind::Interrupted
+                && f.message.contains(" from pid ")
+                && !f.message.contains("its launcher")
+        })
+    };
+    let by_error = logs.iter().filter(|l| failed(l)).min_by_key(|l| {
+        (
+            !signalled(l),
+            failed_at(l).unwrap_or(std::time::SystemTime::UNIX_EPOCH),
+        )
+    });
     match (hint_rank, by_error) {
         (Some(r), Some(e)) => {
             // A rank that died without an ERROR line (killed) is the root cause over peers
@@ -296,6 +311,10 @@ pub fn render(s: &FailureSummary, log_dir: &Path) -> String {
         None => out.push_str("tchrun: the job failed\n"),
     }
     out.push_str(&format!("  cause: {}: {}\n", s.classification, s.message));
+    if let Some(c) = &s.cause {
+        out.push_str(&format!("  why: {}: {}\n", c.class(), c.detail()));
+        out.push_str(&format!("  fix: {}\n", c.advice()));
+    }
     match &s.log {
         Some(p) => {
             out.push_str(&format!("  last lines of {}:\n", p.display()));

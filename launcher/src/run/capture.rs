@@ -35,7 +35,10 @@ pub fn capture(
     };
     let mut missing: Vec<(usize, String)> = Vec::new();
     if let Err(e) = req.write(log_dir) {
-        missing.push((usize::MAX, format!("cannot write the request in {}: {e}", log_dir.display())));
+        missing.push((
+            usize::MAX,
+            format!("cannot write the request in {}: {e}", log_dir.display()),
+        ));
     }
     let mut got: Vec<Option<RankStacks>> = vec![None; ranks.len()];
     while t0.elapsed() < limit {
@@ -114,5 +117,7 @@ fn look(b: &Heartbeat, id: u64) -> RankStacks {
 }
 
 fn local_host() -> Option<String> {
-    hostname::get().ok().map(|h| h.to_string_lossy().into_owned())
+    hostname::get()
+        .ok()
+        .map(|h| h.to_string_lossy().into_owned())
 }

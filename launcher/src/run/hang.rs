@@ -282,8 +282,12 @@ impl Watch {
         drop(st);
         // Every rank's stacks, before the job is stopped (bounded: `capture::BOUND`).
         if let Hang::Found(v) = &mut hang {
-            let (stacks, summary) =
-                super::capture::capture(&self.log_dir, &beats, "hang", super::capture::ANSWER_LIMIT);
+            let (stacks, summary) = super::capture::capture(
+                &self.log_dir,
+                &beats,
+                "hang",
+                super::capture::ANSWER_LIMIT,
+            );
             v.add_stacks(&stacks, summary);
         }
         *self.found.lock().unwrap_or_else(|e| e.into_inner()) = Some((hang, beats));

@@ -149,6 +149,7 @@ fn clear_stale(log_dir: &Path) {
                 || name == files::FAILURE_JSON
                 || tchrun::job_record::heartbeat::rank_of(&name).is_some()
                 || tchrun::job_record::stacks::is_capture_file(&name)
+                || tchrun::job_record::memory::rank_of(&name).is_some()
             {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -233,6 +234,8 @@ pub fn run_attempt(
     let settings = settings(args, plan, vars, std::sync::Arc::clone(&watch));
     let attempt = env.attempt.unwrap_or(1);
     ranks::write_table(plan, attempt);
+    // The kernel log's newest record now: after a rank dies, only what follows is its.
+    let kernel_mark = tchrun::kernel_log::mark();
     let supervised = supervise::run(&specs, mpi_log, &settings)
         .map_err(|e| JobError::launch(format!("{e} (see {})", mpi_log_path.display())))?;
     let logs = report::read_driver_logs(&plan.log_dir);
@@ -244,6 +247,7 @@ pub fn run_attempt(
         logs,
         &mpi_log_path,
         watch.found(),
+        kernel_mark,
     ))
 }
 

@@ -69,6 +69,7 @@ pub fn conclude(
     logs: Vec<RankLog>,
     mpi_log_path: &Path,
     hang: Option<(Hang, Vec<Heartbeat>)>,
+    kernel_mark: Option<u64>,
 ) -> AttemptOutcome {
     let first = match &outcome.ending {
         Ending::Succeeded => {
@@ -82,6 +83,14 @@ pub fn conclude(
             } else {
                 ErrorKind::InterruptedTerm
             };
+            if let Some(c) = tchrun::job_record::Cause::slurm(&outcome.tail, Some(*sig)) {
+                errln!(
+                    "tchrun: {}: {}\n  fix: {}",
+                    c.class(),
+                    c.detail(),
+                    c.advice()
+                );
+            }
             errln!(
                 "tchrun: interrupted ({}); all ranks stopped (logs in {}; mpirun's messages in {})",
                 if *sig == signal_hook::consts::SIGINT {
@@ -130,7 +139,13 @@ pub fn conclude(
         Ended::Signal(s) => Some(s),
         Ended::Code(_) => None,
     };
-    let summary = report::rank_failure(culprit, code, signal, first.at, kind.exit_code());
+    let mut summary = report::rank_failure(culprit, code, signal, first.at, kind.exit_code());
+    let evidence = report::cause::Evidence {
+        log_dir: &plan.log_dir,
+        kernel_mark,
+        launcher_tail: &outcome.tail,
+    };
+    summary.cause = report::cause::diagnose(culprit, code, signal, &logs, &evidence);
     let error = JobError::RankFailed {
         kind,
         report: report::render(&summary, &plan.log_dir),

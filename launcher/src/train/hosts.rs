@@ -1,6 +1,6 @@
 //! `--exclude-failed-hosts` (with `--hostfile`): each failure counts against the host(s) it
 //! happened on; a host that failed in [`FAILURES_TO_DROP`] attempts is left out of the next
-//! one, which runs on the remaining hosts (a rewritten hostfile in the log directory, fewer
+//! one (a hardware error, `Cause::is_hardware`, counts at once), which runs on the remaining hosts (a rewritten hostfile in the log directory, fewer
 //! ranks), as long as `--min-nodes` remain.
 use crate::error::JobError;
 use crate::plan::launch::Plan;
@@ -19,7 +19,8 @@ pub const REMAINING_HOSTFILE: &str = "hostfile.remaining";
 /// The failures counted against each host across attempts (`--exclude-failed-hosts`).
 #[derive(Debug, Default)]
 pub struct HostFailures {
-    by_host: BTreeMap<String, Vec<(u32, String)>>,
+    /// Per host: the attempt, its cause, and whether that was a hardware error.
+    by_host: BTreeMap<String, Vec<(u32, String, bool)>>,
 }
 
 /// What to do with the hosts after a failed attempt.
@@ -35,24 +36,28 @@ pub enum HostDecision {
 }
 
 impl HostFailures {
-    /// Counts attempt `attempt`'s failure (`cause`) against `hosts`.
-    pub fn record(&mut self, attempt: u32, hosts: &[String], cause: &str) {
+    /// Counts attempt `attempt`'s failure (`cause`) against `hosts`; a `hardware` one (a CUDA
+    /// error naming the GPU, an Xid or ECC line in the kernel log) drops them at once.
+    pub fn record(&mut self, attempt: u32, hosts: &[String], cause: &str, hardware: bool) {
         for h in hosts {
             self.by_host
                 .entry(h.clone())
                 .or_default()
-                .push((attempt, cause.to_string()));
+                .push((attempt, cause.to_string(), hardware));
         }
+    }
+
+    /// Whether `host` failed often enough to be left out.
+    fn failing(&self, host: &str) -> bool {
+        self.by_host
+            .get(host)
+            .is_some_and(|f| f.len() >= FAILURES_TO_DROP || f.iter().any(|x| x.2))
     }
 
     /// The hosts of `plan` that failed in [`FAILURES_TO_DROP`] attempts, and whether at least
     /// `min_nodes` nodes remain without them.
     pub fn decide(&self, plan: &Plan, min_nodes: u32) -> HostDecision {
-        let failing: Vec<&String> = plan
-            .node_names
-            .iter()
-            .filter(|h| self.by_host.get(*h).map_or(0, Vec::len) >= FAILURES_TO_DROP)
-            .collect();
+        let failing: Vec<&String> = plan.node_names.iter().filter(|h| self.failing(h)).collect();
         if failing.is_empty() {
             return HostDecision::Keep;
         }
@@ -282,9 +287,9 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let p = plan(t.path(), None, &["a", "b"], 2);
         let mut f = HostFailures::default();
-        f.record(1, &["b".into()], "killed by signal 9");
+        f.record(1, &["b".into()], "killed by signal 9", false);
         assert_eq!(f.decide(&p, 1), HostDecision::Keep);
-        f.record(2, &["b".into()], "killed by signal 9");
+        f.record(2, &["b".into()], "killed by signal 9", false);
         let HostDecision::Drop(d) = f.decide(&p, 1) else {
             panic!("b failed twice")
         };
@@ -306,6 +311,24 @@ mod tests {
             panic!("c takes b's place")
         };
         assert_eq!((d[0].nodes_left, d[0].ranks_left), (2, 4));
+    }
+
+    #[test]
+    fn a_hardware_error_drops_its_host_after_one_attempt() {
+        let t = tempfile::tempdir().unwrap();
+        let p = plan(t.path(), None, &["a", "b"], 2);
+        let mut f = HostFailures::default();
+        f.record(1, &["a".into()], "killed by signal 9", false);
+        let xid = "hardware error: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.";
+        f.record(1, &["b".into()], xid, true);
+        let HostDecision::Drop(d) = f.decide(&p, 1) else {
+            panic!("b's GPU failed")
+        };
+        assert_eq!(d.len(), 1, "a failed once, not by hardware: {d:?}");
+        assert_eq!(
+            d[0].line(),
+            format!("dropping host b: its ranks failed in attempt 1 ({xid}); continuing on 1 node(s), 2 rank(s)")
+        );
     }
 
     #[test]

@@ -136,10 +136,17 @@ impl Attempts<'_> {
                 give_up(&log_dir, summary, &history, why);
                 return Err(failure);
             }
-            let cause = summary
+            let hardware = summary
                 .as_ref()
-                .map(|s| s.message.lines().next().unwrap_or_default().to_string())
-                .unwrap_or_else(|| failure.to_string());
+                .and_then(|s| s.cause.as_ref())
+                .filter(|c| c.is_hardware());
+            let cause = match hardware {
+                Some(c) => format!("{}: {}", c.class(), c.detail()),
+                None => summary
+                    .as_ref()
+                    .map(|s| s.message.lines().next().unwrap_or_default().to_string())
+                    .unwrap_or_else(|| failure.to_string()),
+            };
             // `--exclude-failed-hosts`: the failure counts against its host(s); one that
             // failed in two attempts is left out of the next.
             let (mut failed_hosts, mut dropped_hosts) = (Vec::new(), Vec::new());
@@ -150,7 +157,7 @@ impl Attempts<'_> {
                     &plan.node_names,
                     plan.procs_per_node,
                 );
-                host_failures.record(attempt, &failed_hosts, &cause);
+                host_failures.record(attempt, &failed_hosts, &cause, hardware.is_some());
                 match host_failures.decide(plan, restarts.min_nodes) {
                     HostDecision::Keep => {}
                     HostDecision::Stop(why) => {
@@ -254,7 +261,8 @@ pub fn archive(log_dir: &Path, attempt: u32) -> Result<PathBuf, JobError> {
         let name = e.file_name().to_string_lossy().to_string();
         let ours = files::driver_log_rank(&name).is_some()
             || tchrun::job_record::heartbeat::rank_of(&name).is_some()
-                || tchrun::job_record::stacks::is_capture_file(&name)
+            || tchrun::job_record::stacks::is_capture_file(&name)
+            || tchrun::job_record::memory::rank_of(&name).is_some()
             || [files::MPI_LOG, files::RANKS_JSON, files::FAILURE_JSON].contains(&name.as_str());
         if ours {
             std::fs::rename(e.path(), dir.join(&name)).map_err(|err| {

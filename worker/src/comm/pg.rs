@@ -384,7 +384,8 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
-        let _in = crate::heartbeat::collective(Phase::AllReduce, bytes(tensors.iter().map(|t| &**t)));
+        let _in =
+            crate::heartbeat::collective(Phase::AllReduce, bytes(tensors.iter().map(|t| &**t)));
         check("allreduce", unsafe {
             ffi::tchrun_pg_allreduce(self.raw, ptrs.as_mut_ptr(), ptrs.len(), op as i32)
         })
@@ -402,7 +403,8 @@ impl ProcessGroup {
             .iter_mut()
             .map(|t| t.as_mut_ptr() as *mut _)
             .collect();
-        let _in = crate::heartbeat::collective(Phase::Broadcast, bytes(tensors.iter().map(|t| &**t)));
+        let _in =
+            crate::heartbeat::collective(Phase::Broadcast, bytes(tensors.iter().map(|t| &**t)));
         check("broadcast", unsafe {
             ffi::tchrun_pg_broadcast(self.raw, ptrs.as_mut_ptr(), ptrs.len(), root as i32)
         })

@@ -50,7 +50,11 @@ fn state_of(pid: u32) -> String {
 fn answer(id: &Identity, req: &CaptureRequest) {
     let t0 = Instant::now();
     let pid = std::process::id();
-    tracing::debug!("taking this rank's stacks ({}, request {})", req.reason, req.id);
+    tracing::debug!(
+        "taking this rank's stacks ({}, request {})",
+        req.reason,
+        req.id
+    );
     let (threads, tool, err) = stacks::capture(pid, STACK_LIMIT);
     let mine = RankStacks {
         id: req.id,
@@ -69,7 +73,10 @@ fn answer(id: &Identity, req: &CaptureRequest) {
         took_ms: t0.elapsed().as_millis() as u64,
     };
     if let Err(e) = mine.write(&id.log_dir) {
-        tracing::warn!("cannot write this rank's stacks in {}: {e}", id.log_dir.display());
+        tracing::warn!(
+            "cannot write this rank's stacks in {}: {e}",
+            id.log_dir.display()
+        );
     }
     peers(id, req);
 }

@@ -34,9 +34,7 @@ static RING: Mutex<Vec<Slot>> = Mutex::new(Vec::new());
 
 fn on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("TCHRUN_COLLECTIVE_TRACE").map_or(true, |v| v.trim() != "0")
-    })
+    *ON.get_or_init(|| std::env::var("TCHRUN_COLLECTIVE_TRACE").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Whether the ring records (the benchmark's switch).
@@ -132,7 +130,10 @@ mod tests {
         let b = tchrun_trace_bucket_enter(3, 1 << 20);
         let t = snapshot();
         let last = t.last().unwrap();
-        assert_eq!((last.seq, last.op, last.bucket), (b, Phase::GradientAllReduce, Some(3)));
+        assert_eq!(
+            (last.seq, last.op, last.bucket),
+            (b, Phase::GradientAllReduce, Some(3))
+        );
         assert!(last.completed.is_none());
         assert!(t.iter().any(|e| e.seq == first && e.completed.is_some()));
         tchrun_trace_bucket_done(b);

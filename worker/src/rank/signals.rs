@@ -2,10 +2,14 @@
 //! `--signal`): logged in the driver log; from the first training step to the rank's end, the
 //! loop agrees with the other ranks to stop at the next step (and checkpoints), or, after the
 //! last step, finishes the model first; before training the rank exits at once. A second
-//! signal always exits at once (`_exit`: no destructor runs beside the main thread).
+//! signal always exits at once (`_exit`: no destructor runs beside the main thread). The kernel
+//! names each signal's sender (`SA_SIGINFO`); the rank logs it, and a stop that its own launcher
+//! did not send carries it into the failure record (`sender_note`).
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 static REQUESTED: AtomicI32 = AtomicI32::new(0);
+/// Who sent the first signal (`SA_SIGINFO`'s `si_pid`, `si_uid`), when the kernel said.
+static SENDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 static GRACEFUL: AtomicBool = AtomicBool::new(false);
 
 /// The signal asked for a stop (0: none).
@@ -36,21 +40,55 @@ pub fn name(sig: i32) -> &'static str {
     }
 }
 
+/// " from pid 4242 (bash, uid 0)" for the rank that received the first signal, when the kernel
+/// named its sender (", the rank's parent: its launcher" added when it was the parent); ""
+/// otherwise. The failure record's message carries it (`tchrun::job_record::Cause::Signal`).
+pub fn sender_note() -> String {
+    SENDER
+        .get()
+        .map(|s| format!(" from {s}"))
+        .unwrap_or_default()
+}
+
+/// "pid 4242 (bash, uid 0)", from the sender's pid and uid.
+fn describe_sender(pid: i32, uid: u32) -> String {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "gone".into());
+    let parent = nix::unistd::getppid().as_raw() == pid;
+    format!(
+        "pid {pid} ({comm}, uid {uid}{})",
+        if parent {
+            ", the rank's parent: its launcher"
+        } else {
+            ""
+        }
+    )
+}
+
 /// Starts the watcher thread (call once the driver log is open).
 pub fn install() -> std::io::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGUSR1])?;
+    use signal_hook::iterator::exfiltrator::WithOrigin;
+    let mut signals =
+        signal_hook::iterator::SignalsInfo::<WithOrigin>::new([SIGTERM, SIGINT, SIGUSR1])?;
     std::thread::Builder::new().name("signals".into()).spawn(move || {
-        for sig in signals.forever() {
+        for origin in signals.forever() {
+            let sig = origin.signal;
+            let sender = origin.process.map(|p| describe_sender(p.pid, p.uid));
+            let from = sender.as_ref().map(|s| format!(" from {s}")).unwrap_or_default();
             let first = REQUESTED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst).is_ok();
+            if let (true, Some(s)) = (first, sender) {
+                let _ = SENDER.set(s);
+            }
             if first && GRACEFUL.load(Ordering::SeqCst) {
                 tracing::warn!(
-                    "received {} (launcher stop, scancel or preemption): stopping all ranks at the next step",
+                    "received {}{from} (launcher stop, scancel or preemption): stopping all ranks at the next step",
                     name(sig)
                 );
                 continue;
             }
-            tracing::warn!("received {}: stopping this rank now", name(sig));
+            tracing::warn!("received {}{from}: stopping this rank now", name(sig));
             let code = exit_code(if first { sig } else { requested() });
             tracing::info!("{}", tchrun::driver_log::RankExit { code }.write());
             // `_exit`, not `exit`: running libtorch's static destructors while the main thread

@@ -184,7 +184,10 @@ fn flight_recorder(log_dir: &std::path::Path, rank: usize) {
     if std::env::var_os("TORCH_NCCL_DEBUG_INFO_TEMP_FILE").is_none() {
         std::env::set_var("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", &prefix);
     }
-    tracing::debug!("NCCL flight recorder on: dumps on a timeout into {}{rank}", prefix.display());
+    tracing::debug!(
+        "NCCL flight recorder on: dumps on a timeout into {}{rank}",
+        prefix.display()
+    );
 }
 
 /// Starts the rank: identity, rank 0's locks, device, driver log, store, process group.
@@ -228,6 +231,7 @@ pub fn start_rank(
         })
         .map_err(|e| (None, Fatal::rank(e)))?;
     crate::heartbeat::start(log_dir.clone(), id.place.rank, &id.place.host);
+    crate::memory::start(log_dir.clone(), id.place.rank, &id.place.host);
     set_threads(id.place.local_size);
     let timeout = Duration::from_secs(flags.timeout);
     let joined = match id.join(timeout) {

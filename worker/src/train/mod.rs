@@ -56,7 +56,10 @@ pub enum TrainError {
     Replicas(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
-    #[error("stopped by signal {0}; a checkpoint was written: continue with --resume")]
+    #[error(
+        "stopped by signal {0}{from}; a checkpoint was written: continue with --resume",
+        from = crate::rank::signals::sender_note()
+    )]
     Stopped(i32),
     #[error("writing the outputs: {0}")]
     Output(String),

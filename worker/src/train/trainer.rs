@@ -269,6 +269,13 @@ impl<'a> Trainer<'a> {
                 );
                 tchrun::faults::spin_for(d);
             }
+            if let Some(mib) = self.faults.allocate_before(self.s.step) {
+                tracing::warn!(
+                    "TCHRUN_TEST_ALLOCATE_AT_STEP: allocating {mib} MiB before step {}",
+                    self.s.step
+                );
+                touch_memory(mib);
+            }
             let t = Instant::now();
             self.opt.zero_grad()?;
             e.micro_compute = t.elapsed().as_secs_f64();
@@ -498,4 +505,16 @@ impl<'a> Trainer<'a> {
         e.t_print = Instant::now();
         e.seen_print = 0.0;
     }
+}
+
+/// `TCHRUN_TEST_ALLOCATE_AT_STEP`: allocates and writes `mib` MiB, 16 MiB every 20 ms (slowly
+/// enough for the memory record to see it grow), and keeps it.
+fn touch_memory(mib: u64) {
+    const CHUNK: u64 = 16;
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..mib.div_ceil(CHUNK) {
+        held.push(vec![1u8; (CHUNK * 1024 * 1024) as usize]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::mem::forget(held);
 }
