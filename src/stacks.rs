@@ -62,12 +62,14 @@ pub fn capture(
     match unwound {
         Ok(frames) => {
             let maps = Maps::of(pid);
+            let stopped = matches!(process_state(pid), Some('T' | 't'));
             for t in &mut threads {
                 if let Some(f) = frames.get(&t.tid) {
                     t.frames = f.iter().map(|f| maps.name(f)).collect();
                 }
-                // Unwinding ends in JIT-compiled code (oneDNN's kernels): scan past it.
-                if t.frames.last().is_some_and(|f| f.contains(JIT)) {
+                // Unwinding ends in JIT-compiled code (oneDNN's kernels): scan past it, when
+                // the process is stopped (a running stack changes under the scan).
+                if stopped && t.frames.last().is_some_and(|f| f.contains(JIT)) {
                     if let Some(more) = scan(pid, t.tid, &maps) {
                         t.frames.push(SCANNED.to_string());
                         t.frames.extend(more);
@@ -218,8 +220,14 @@ fn addr2line(pid: u32, addrs: &[u64]) -> Option<Vec<String>> {
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    // Two lines an address: the function, then file:line.
-    Some(text.lines().step_by(2).map(str::to_string).collect())
+    // Two lines an address: the function ("f inlined at FILE:LINE in g" for an inlined
+    // one: f), then file:line.
+    Some(
+        text.lines()
+            .step_by(2)
+            .map(|l| l.split(" inlined at ").next().unwrap_or(l).to_string())
+            .collect(),
+    )
 }
 
 /// `lo-hi perms offset dev inode path` of an executable mapping.

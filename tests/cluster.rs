@@ -357,7 +357,7 @@ fn netns_a_stopped_rank_on_node2_is_named_with_its_stacks_taken_on_its_host() {
     assert!(
         line.contains("ranks 0-2 (tchrun-node1, tchrun-node2) wait in gradient all-reduce")
             && line.contains("rank 3 (tchrun-node2, pid")
-            && line.contains("never entered it: it is stopped (state T"),
+            && line.contains("is stopped (state T: SIGSTOP or a debugger); at its last beat at"),
         "{}",
         job.output()
     );

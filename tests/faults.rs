@@ -73,10 +73,12 @@ fn kill_9_of_a_rank_fails_fast_names_it_and_resumes() {
         let model = model_dir(t.path(), "resnet18", 32);
         let out = t.path().join("out");
         let mut job = Job::start(&mut train_cmd(&model, &out, 2, launcher, 3, &[]), t.path());
-        // Past epoch 1 (its checkpoint exists), at a given step of epoch 2.
+        // Past epoch 1 (its checkpoint, written in the background, is there: on a loaded
+        // machine it may land after step `step` of epoch 2), at a given step of epoch 2.
         let marker = format!("epoch 2/3 iter {step}/");
+        let checkpoint = tchrun::checkpoint::last_json(&out);
         assert!(
-            wait_for(LIMIT, || log_has(&out, 0, &marker)),
+            wait_for(LIMIT, || log_has(&out, 0, &marker) && checkpoint.is_file()),
             "run {i}: never reached '{marker}'\n{}",
             job.output()
         );

@@ -136,7 +136,7 @@ impl Cause {
                 "lower --batch-size or --loader-threads, or run fewer ranks per node (--procs-per-node)"
             }
             Cause::Peer { .. } => {
-                "look at the peer's own cause first (tchrun logs); if it did not fail, check the network between the hosts (tchrun doctor) and raise --timeout for a slow one"
+                "look at the peer's own cause first (tchrun logs); if it did not fail, check the network between the hosts and raise --timeout for a slow one"
             }
             Cause::SlurmTimeLimit { .. } => {
                 "ask Slurm for more --time, or continue the run with --resume (use --checkpoint-every to lose less)"

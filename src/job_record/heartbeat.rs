@@ -342,12 +342,11 @@ impl HangVerdict {
     /// thread data-loader-0 decoding /data/x.png since 14:02:10".
     fn culprit_words(&self, r: &HangRank, doing: &str) -> String {
         let who = format!("rank {} ({}, pid {})", r.rank, r.host, r.pid);
-        let who = match self.seq {
-            Some(seq) if r.seq < seq => format!("{who} never entered it: it"),
-            _ => who,
-        };
+        let behind = self.seq.is_some_and(|seq| r.seq < seq);
         let mut s = if r.beating {
-            format!("{who} is in {doing} since {}", clock(&r.since))
+            // A rank that still beats is where its beat says (at most a second old).
+            let entered = if behind { " never entered it: it" } else { "" };
+            format!("{who}{entered} is in {doing} since {}", clock(&r.since))
         } else {
             let how = match r.state.as_deref() {
                 Some("T") | Some("t") => "is stopped (state T: SIGSTOP or a debugger)".to_string(),
@@ -356,8 +355,14 @@ impl HangVerdict {
                 Some(st) => format!("stopped beating (state {st})"),
                 None => "stopped beating (stopped or frozen)".to_string(),
             };
+            // Its last beat may be up to a second older than where it stopped.
+            let entered = if behind {
+                "it had not entered it: it was in"
+            } else {
+                "it was in"
+            };
             format!(
-                "{who} {how}; its last beat at {} said {doing}",
+                "{who} {how}; at its last beat at {} {entered} {doing}",
                 clock(&r.last_beat)
             )
         };
@@ -443,8 +448,8 @@ mod tests {
         assert_eq!(
             v.line(&beats),
             "hang: rank 0 (vm) waits in gradient all-reduce #1204 (3 bucket(s) of step 300) \
-             since 14:02:11; rank 1 (vm, pid 42) stopped beating (stopped or frozen); its last \
-             beat at 14:02:09 said forward of step 300"
+             since 14:02:11; rank 1 (vm, pid 42) stopped beating (stopped or frozen); at its \
+             last beat at 14:02:09 it was in forward of step 300"
         );
         let text = serde_json::to_string(&v).unwrap();
         assert_eq!(serde_json::from_str::<HangVerdict>(&text).unwrap(), v);

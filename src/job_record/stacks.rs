@@ -265,11 +265,55 @@ pub fn groups_text(groups: &[StackGroup], at_fault: &[usize], frames: usize) -> 
             if culprit { ", at fault" } else { "" }
         ));
         for (i, f) in g.frames.iter().take(n).enumerate() {
-            out.push_str(&format!("    #{i:<2} {f}\n"));
+            out.push_str(&format!("    #{i:<2} {}\n", short_frame(f)));
         }
         if g.frames.len() > n {
             out.push_str(&format!("    ... {} more\n", g.frames.len() - n));
         }
+    }
+    out
+}
+
+/// A frame for the terminal: template arguments folded (`wrap_kernel_functor_unboxed_<…>::call`),
+/// at most 200 characters (`stacks-<rank>.json` keeps the whole name).
+pub fn short_frame(frame: &str) -> String {
+    let mut out = String::with_capacity(frame.len().min(200));
+    // `<Type as Trait>::method` (Rust): the outer brackets stay, what is inside them folds.
+    let mut base = usize::from(frame.starts_with('<'));
+    let mut depth = 0usize;
+    for (i, c) in frame.char_indices() {
+        match c {
+            '<' if i == 0 => {
+                out.push(c);
+                depth = 1;
+            }
+            '<' if depth == base
+                && (frame[..i].ends_with("operator") || frame[..i].ends_with("operator<")) =>
+            {
+                out.push(c)
+            }
+            '<' => {
+                if depth == base {
+                    out.push_str("<…>");
+                }
+                depth += 1;
+            }
+            '>' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 && base == 1 {
+                    out.push(c);
+                    base = 0;
+                }
+            }
+            _ if depth <= base => out.push(c),
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        out = frame.to_string();
+    }
+    if out.chars().count() > 200 {
+        out = out.chars().take(199).collect::<String>() + "…";
     }
     out
 }
@@ -389,6 +433,20 @@ mod tests {
         assert_eq!(rank_list(&[6, 0, 1, 2, 3, 4, 5, 8]), "0-6,8");
         assert_eq!(rank_list(&[3]), "3");
         assert!(is_capture_file("stacks-12.json") && is_capture_file(REQUEST_FILE));
+        assert_eq!(
+            short_frame("c10::impl::wrap_kernel_functor_unboxed_<c10::impl::detail::W<c10::F<at::Tensor (at::Tensor const&)>, at::Tensor>, at::Tensor (at::Tensor const&)>::call"),
+            "c10::impl::wrap_kernel_functor_unboxed_<…>::call"
+        );
+        assert_eq!(short_frame("std::operator<< <char>"), "std::operator<< <…>");
+        assert_eq!(
+            short_frame("<tchrun::data::loader::BatchIter as core::iter::traits::iterator::Iterator>::next"),
+            "<tchrun::data::loader::BatchIter as core::iter::traits::iterator::Iterator>::next"
+        );
+        assert_eq!(
+            short_frame("<alloc::vec::Vec<T> as core::ops::Drop>::drop"),
+            "<alloc::vec::Vec<…> as core::ops::Drop>::drop"
+        );
+        assert_eq!(short_frame("tchrun_worker::train::step::train_step"), "tchrun_worker::train::step::train_step");
         assert!(!is_capture_file("stacks-x.json") && !is_capture_file("heartbeat-1.json"));
         let t = tempfile::tempdir().unwrap();
         all[0].write(t.path()).unwrap();

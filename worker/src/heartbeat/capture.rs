@@ -55,6 +55,8 @@ fn answer(id: &Identity, req: &CaptureRequest) {
         req.reason,
         req.id
     );
+    // What the rank does, as the stacks are taken (the tool stops every thread first).
+    let (beat, trace, loaders, time) = (record(id, 0), trace::snapshot(), loaders(), now_ms());
     let (threads, tool, err) = stacks::capture(pid, STACK_LIMIT);
     let mine = RankStacks {
         id: req.id,
@@ -65,11 +67,11 @@ fn answer(id: &Identity, req: &CaptureRequest) {
         state: "R".into(),
         tool: tool.map(String::from),
         error: err.map(|e| e.to_string()),
-        heartbeat: Some(record(id, 0)),
-        trace: trace::snapshot(),
-        loaders: loaders(),
+        heartbeat: Some(beat),
+        trace,
+        loaders,
         threads,
-        time: rfc3339(now_ms()),
+        time: rfc3339(time),
         took_ms: t0.elapsed().as_millis() as u64,
     };
     if let Err(e) = mine.write(&id.log_dir) {
