@@ -246,9 +246,20 @@ fn spawn(cmd: &mut Command, dir: &Path, name: &str) -> Child {
         .stdout(out)
         .stderr(err)
         .process_group(0)
-        .env("RUST_BACKTRACE", "0")
-        .spawn()
-        .expect("spawn")
+        .env("RUST_BACKTRACE", "0");
+    // SIGINT and SIGTERM as in a terminal: a test run started in the background of a
+    // non-interactive shell inherits SIGINT ignored, which tchrun rightly leaves ignored.
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            use nix::sys::signal::{signal, SigHandler, Signal};
+            for sig in [Signal::SIGINT, Signal::SIGTERM] {
+                signal(sig, SigHandler::SigDfl).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().expect("spawn")
 }
 
 fn output(dir: &Path, name: &str) -> String {
