@@ -130,7 +130,8 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
         job.output()
     );
     assert!(
-        err.contains("rank 1 (") && err.contains("is stopped (state T: SIGSTOP or a debugger); at its last beat at"),
+        err.contains("rank 1 (")
+            && err.contains("is stopped (state T: SIGSTOP or a debugger); at its last beat at"),
         "rank 1 named as stopped, outside the collective rank 0 waits in: {}",
         job.output()
     );
@@ -159,7 +160,8 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
     // `tchrun logs` shows the same verdict.
     let r = run(tchrun().arg("logs").arg(&logs), Duration::from_secs(30));
     assert!(
-        r.stdout.contains("the job hung and was stopped") && r.stdout.contains("is stopped (state T"),
+        r.stdout.contains("the job hung and was stopped")
+            && r.stdout.contains("is stopped (state T"),
         "{}",
         r.explain()
     );
@@ -394,6 +396,32 @@ fn tchrun_stacks_shows_every_rank_of_a_running_job_and_the_job_goes_on() {
     assert!(r.stdout.contains("tchrun-worker thread"), "{}", r.explain());
     assert!(!logs.join("capture-request.json").exists());
     // The job goes on: steps advance after the capture, and it is still running.
+    let step = beat_of(&logs, 0).map_or(0, |b| b.step);
+    assert!(
+        wait_for(Duration::from_secs(60), || beat_of(&logs, 0)
+            .is_some_and(|b| b.step > step + 2)),
+        "{}",
+        job.output()
+    );
+    assert_eq!(
+        job.wait(Duration::from_millis(10)),
+        None,
+        "{}",
+        job.output()
+    );
+    // SIGUSR2 to tchrun prints the same on its terminal; the job goes on.
+    kill(job.pid(), Signal::SIGUSR2).expect("SIGUSR2 to tchrun");
+    assert!(
+        wait_for(Duration::from_secs(60), || read(&job.err)
+            .contains("stacks of 2 rank(s) taken in")),
+        "{}",
+        job.output()
+    );
+    let err = read(&job.err);
+    assert!(
+        err.contains("rank 1 (") && err.contains("taken by self"),
+        "{err}"
+    );
     let step = beat_of(&logs, 0).map_or(0, |b| b.step);
     assert!(
         wait_for(Duration::from_secs(60), || beat_of(&logs, 0)

@@ -439,14 +439,19 @@ mod tests {
         );
         assert_eq!(short_frame("std::operator<< <char>"), "std::operator<< <…>");
         assert_eq!(
-            short_frame("<tchrun::data::loader::BatchIter as core::iter::traits::iterator::Iterator>::next"),
+            short_frame(
+                "<tchrun::data::loader::BatchIter as core::iter::traits::iterator::Iterator>::next"
+            ),
             "<tchrun::data::loader::BatchIter as core::iter::traits::iterator::Iterator>::next"
         );
         assert_eq!(
             short_frame("<alloc::vec::Vec<T> as core::ops::Drop>::drop"),
             "<alloc::vec::Vec<…> as core::ops::Drop>::drop"
         );
-        assert_eq!(short_frame("tchrun_worker::train::step::train_step"), "tchrun_worker::train::step::train_step");
+        assert_eq!(
+            short_frame("tchrun_worker::train::step::train_step"),
+            "tchrun_worker::train::step::train_step"
+        );
         assert!(!is_capture_file("stacks-x.json") && !is_capture_file("heartbeat-1.json"));
         let t = tempfile::tempdir().unwrap();
         all[0].write(t.path()).unwrap();

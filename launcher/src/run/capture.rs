@@ -6,8 +6,10 @@
 //! rank on its host. Must not know how the job is stopped or how the stacks are judged.
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tchrun::job_record::heartbeat::{Heartbeat, Phase};
-use tchrun::job_record::stacks::{CaptureRequest, CaptureSummary, RankStacks};
+use tchrun::job_record::heartbeat::{clock, Heartbeat, Phase};
+use tchrun::job_record::stacks::{
+    group_main_threads, groups_text, CaptureRequest, CaptureSummary, RankStacks,
+};
 use tchrun::stacks;
 
 /// The ranks' answers are waited for this long at most.
@@ -120,4 +122,51 @@ fn local_host() -> Option<String> {
     hostname::get()
         .ok()
         .map(|h| h.to_string_lossy().into_owned())
+}
+
+/// Frames of each main-thread stack shown.
+const FRAMES: usize = 30;
+
+/// The capture for the terminal (`tchrun stacks`, SIGUSR2 to tchrun): a line per rank, then
+/// the main threads' stacks grouped, then the ranks without stacks and why.
+pub fn render(dir: &Path, stacks: &[RankStacks], summary: &CaptureSummary) -> String {
+    let mut out = format!(
+        "stacks of {} rank(s) taken in {:.1} s (every thread in {}/stacks-<rank>.json):\n",
+        summary.taken.len(),
+        summary.took_ms as f64 / 1000.0,
+        dir.display()
+    );
+    for s in stacks {
+        out.push_str(&rank_line(s));
+    }
+    out.push_str(&groups_text(&group_main_threads(stacks), &[], FRAMES));
+    for (rank, why) in &summary.missing {
+        out.push_str(&format!("  rank {rank}: no stacks ({why})\n"));
+    }
+    out
+}
+
+/// "rank 1 (vm, pid 42, state S, taken by self): forward of step 12 since 14:02:11".
+fn rank_line(s: &RankStacks) -> String {
+    let doing = match (s.waiting_in(), &s.heartbeat) {
+        (Some(e), Some(b)) if b.phase.is_collective() => {
+            format!("waits in {} since {}", e.describe(), clock(&e.entered))
+        }
+        (_, Some(b)) => format!("{} since {}", b.doing(), clock(&b.since)),
+        _ => "no heartbeat".to_string(),
+    };
+    let mut line = format!(
+        "rank {} ({}, pid {}, state {}, taken by {}): {doing}",
+        s.rank, s.host, s.pid, s.state, s.captured_by
+    );
+    for l in &s.loaders {
+        line.push_str(&format!(
+            "; {} decoding {} since {}",
+            l.thread,
+            l.file.display(),
+            clock(&l.since)
+        ));
+    }
+    line.push('\n');
+    line
 }

@@ -259,6 +259,7 @@ fn settings(
     watch: std::sync::Arc<hang::Watch>,
 ) -> Settings {
     let log_dir_probe = plan.log_dir.clone();
+    let log_dir_stacks = plan.log_dir.clone();
     Settings {
         fail_fast: plan.kind == LauncherKind::Local,
         grace: Duration::from_secs(args.grace_period),
@@ -268,6 +269,15 @@ fn settings(
             Signal::SIGUSR1
         },
         hung: Some(Box::new(move || watch.hung())),
+        stacks: Some(Box::new(move || {
+            let beats = tchrun::job_record::heartbeat::Heartbeat::read_all(&log_dir_stacks);
+            let (stacks, summary) =
+                capture::capture(&log_dir_stacks, &beats, "SIGUSR2", capture::ANSWER_LIMIT);
+            errln!(
+                "{}",
+                capture::render(&log_dir_stacks, &stacks, &summary).trim_end()
+            );
+        })),
         rank_failed: Some(Box::new(move || report::any_rank_failed(&log_dir_probe))),
         env,
     }

@@ -186,6 +186,8 @@ pub struct Settings {
     pub graceful: Signal,
     /// The hang watch (`hang.rs`): true ends the job as hung.
     pub hung: Option<Box<dyn Fn() -> bool>>,
+    /// SIGUSR2 to tchrun: every rank's stacks, printed (`capture.rs`); the job goes on.
+    pub stacks: Option<Box<dyn Fn()>>,
     /// Whether some rank reported that it failed. mpirun/srun normally end the job then; if
     /// they have not within `RANK_FAILED_GRACE` (a node they cannot reach), tchrun stops them.
     pub rank_failed: Option<Box<dyn Fn() -> bool>>,
@@ -461,6 +463,8 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)?;
     }
+    let usr2 = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR2, Arc::clone(&usr2))?;
     use std::io::IsTerminal;
     let console: Box<dyn Console> = if std::io::stdout().is_terminal() {
         Box::new(Redraw {
@@ -476,7 +480,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
         quiet: std::sync::atomic::AtomicBool::new(false),
     });
     let mut spawned = spawn_all(specs, &settings.env, &sink)?;
-    let phase = watch(&mut spawned.children, &signal, settings, &sink);
+    let phase = watch(&mut spawned.children, (&signal, &usr2), settings, &sink);
     // Reader threads end when the pipes close; anything a grandchild kept open is abandoned
     // after a bound rather than waited for.
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -511,7 +515,7 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
 /// fails fast, stops a job whose rank reported a failure or that hangs, escalates a stop.
 fn watch(
     children: &mut [Option<Child>],
-    signal: &AtomicUsize,
+    (signal, usr2): (&AtomicUsize, &std::sync::atomic::AtomicBool),
     settings: &Settings,
     sink: &Tee,
 ) -> Phase {
@@ -550,6 +554,11 @@ fn watch(
                     let _ = nix::sys::signal::kill(Pid::from_raw(c.id() as i32), settings.graceful);
                 }
             }
+        }
+        // SIGUSR2: the ranks' stacks, while the job goes on.
+        let asked = usr2.swap(false, Ordering::SeqCst) && phase.is_running();
+        if let Some(stacks) = settings.stacks.as_ref().filter(|_| asked) {
+            stacks();
         }
         // Fail fast: one failed, stop the others now (no clean stop: the job is lost).
         if settings.fail_fast {
