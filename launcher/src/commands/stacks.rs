@@ -1,8 +1,9 @@
 //! `tchrun stacks LOGDIR`: every rank's stacks of a running job, without stopping it: the same
 //! capture the hang watch runs before it stops a hung job (`run::capture`), from any machine
-//! that sees the log directory (SIGUSR2 to a running tchrun prints the same). Each rank's line says what it is doing (its heartbeat, the
-//! collective it waits in, its loader threads' files); the main threads' stacks follow,
-//! identical ones once; every thread is in `stacks-<rank>.json`.
+//! that sees the log directory (SIGUSR2 to a running tchrun prints the same). Each rank's line
+//! says what it is doing (its heartbeat, the collective it waits in, its loader threads'
+//! files); the main threads' stacks follow, identical ones once; every thread is in
+//! `stacks-<rank>.json`.
 use crate::error::JobError;
 use crate::run::capture;
 use std::path::Path;
