@@ -123,9 +123,6 @@ pub struct Heartbeat {
     pub beat: u64,
 }
 
-/// A heartbeat file's size: every record padded to it, so that each is written over the last.
-const RECORD_BYTES: usize = 1024;
-
 /// `<log_dir>/heartbeat-<rank>.json`.
 pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
     log_dir.join(format!("heartbeat-{rank}.json"))
@@ -133,11 +130,7 @@ pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
 
 /// The rank of a heartbeat file's name.
 pub fn rank_of(file_name: &str) -> Option<usize> {
-    file_name
-        .strip_prefix("heartbeat-")?
-        .strip_suffix(".json")?
-        .parse()
-        .ok()
+    super::rank_of_file(file_name, "heartbeat-")
 }
 
 /// `HH:MM:SS` of an RFC 3339 time (the whole text if it is not one).
@@ -146,27 +139,10 @@ pub fn clock(time: &str) -> &str {
 }
 
 impl Heartbeat {
-    /// Rewrites the rank's file in place: the record padded with spaces to `RECORD_BYTES`,
-    /// written at offset 0 and the file closed (what NFS needs to show it to another host).
-    /// In place, a full disk does not stop the beats (no new block is needed), and a slow one
-    /// is not waited for (no fsync: a beat lost to a crash of the host is worth nothing).
+    /// Rewrites the rank's file in place (`super::write_in_place`: padded, at offset 0,
+    /// closed; a full disk does not stop the beats).
     pub fn write(&self, log_dir: &Path) -> std::io::Result<()> {
-        use std::os::unix::fs::{FileExt, OpenOptionsExt};
-        let mut text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        if text.len() < RECORD_BYTES {
-            text.resize(RECORD_BYTES, b' ');
-        }
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(false)
-            .mode(0o640)
-            .open(path(log_dir, self.rank))?;
-        f.write_all_at(&text, 0)?;
-        if f.metadata()?.len() > text.len() as u64 {
-            f.set_len(text.len() as u64)?;
-        }
-        Ok(())
+        super::write_in_place(&path(log_dir, self.rank), self)
     }
 
     /// Every rank's heartbeat in `log_dir`, by rank; unreadable files are left out.

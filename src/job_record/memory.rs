@@ -6,10 +6,6 @@
 use crate::memory::Cgroup;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-
-/// A record's size on disk: every record padded to it and written over the last in place.
-const RECORD_BYTES: usize = 1024;
-
 /// What limited a rank's memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -60,33 +56,14 @@ pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
 
 /// The rank of a memory file's name.
 pub fn rank_of(file_name: &str) -> Option<usize> {
-    file_name
-        .strip_prefix("memory-")?
-        .strip_suffix(".json")?
-        .parse()
-        .ok()
+    super::rank_of_file(file_name, "memory-")
 }
 
 impl RankMemory {
-    /// Rewrites the rank's file in place (padded, written at offset 0, closed), as a heartbeat:
-    /// a full disk does not stop it.
+    /// Rewrites the rank's file in place, as a heartbeat (`super::write_in_place`): a full
+    /// disk does not stop it.
     pub fn write(&self, log_dir: &Path) -> std::io::Result<()> {
-        use std::os::unix::fs::{FileExt, OpenOptionsExt};
-        let mut text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        if text.len() < RECORD_BYTES {
-            text.resize(RECORD_BYTES, b' ');
-        }
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(false)
-            .mode(0o640)
-            .open(path(log_dir, self.rank))?;
-        f.write_all_at(&text, 0)?;
-        if f.metadata()?.len() > text.len() as u64 {
-            f.set_len(text.len() as u64)?;
-        }
-        Ok(())
+        super::write_in_place(&path(log_dir, self.rank), self)
     }
 
     /// The rank's last record in `log_dir`, if there is a readable one.

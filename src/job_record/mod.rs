@@ -21,6 +21,42 @@ pub use heartbeat::{HangVerdict, Heartbeat};
 pub use ranks::RankRow;
 pub use restarts::{Attempt, DroppedHost};
 
+/// The size of a per-rank record rewritten in place (`heartbeat-<rank>.json`,
+/// `memory-<rank>.json`): every record padded to it, so that each is written over the last.
+const IN_PLACE_BYTES: usize = 1024;
+
+/// Rewrites a per-rank record in place: the JSON padded with spaces to `IN_PLACE_BYTES`,
+/// written at offset 0 and the file closed (what NFS needs to show it to another host). In
+/// place, a full disk does not stop it (no new block is needed), and a slow one is not waited
+/// for (no fsync: a record lost to a crash of the host is worth nothing).
+fn write_in_place(path: &Path, record: &impl serde::Serialize) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let mut text = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    if text.len() < IN_PLACE_BYTES {
+        text.resize(IN_PLACE_BYTES, b' ');
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .mode(0o640)
+        .open(path)?;
+    f.write_all_at(&text, 0)?;
+    if f.metadata()?.len() > text.len() as u64 {
+        f.set_len(text.len() as u64)?;
+    }
+    Ok(())
+}
+
+/// The rank of a per-rank file's name `<prefix><rank>.json` (`heartbeat-`, `memory-`, `stacks-`).
+fn rank_of_file(file_name: &str, prefix: &str) -> Option<usize> {
+    file_name
+        .strip_prefix(prefix)?
+        .strip_suffix(".json")?
+        .parse()
+        .ok()
+}
+
 /// A record that exists but cannot be read or parsed.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {

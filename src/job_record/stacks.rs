@@ -149,11 +149,7 @@ pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
 /// Whether `file_name` is a capture's file (`stacks-<rank>.json`, `capture-request.json`):
 /// cleared before a job and moved with an attempt's logs.
 pub fn is_capture_file(file_name: &str) -> bool {
-    file_name == REQUEST_FILE
-        || file_name
-            .strip_prefix("stacks-")
-            .and_then(|r| r.strip_suffix(".json"))
-            .is_some_and(|r| r.parse::<usize>().is_ok())
+    file_name == REQUEST_FILE || super::rank_of_file(file_name, "stacks-").is_some()
 }
 
 impl RankStacks {
