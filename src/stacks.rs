@@ -5,7 +5,8 @@
 //! cannot ptrace itself, its child can), by a rank for a stopped peer on its host, and by the
 //! launcher for a local rank that did not answer. Machinery: agrees on nothing by itself (the
 //! record is `job_record::stacks`).
-use crate::job_record::stacks::ThreadStack;
+use crate::job_record::heartbeat::Heartbeat;
+use crate::job_record::stacks::{RankStacks, ThreadStack};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -245,6 +246,30 @@ fn parse_map_line(line: &str) -> Option<(u64, u64, u64, String)> {
         u64::from_str_radix(off, 16).ok()?,
         path,
     ))
+}
+
+/// The stacks of another rank (from its heartbeat: pid, host), taken from outside within
+/// `limit` for capture request `id` by `captured_by` ("rank N", "launcher"): no trace and no
+/// loader files (those only a rank knows of itself).
+pub fn of_other_rank(b: &Heartbeat, id: u64, captured_by: String, limit: Duration) -> RankStacks {
+    let t0 = Instant::now();
+    let (threads, tool, err) = capture(b.pid, limit);
+    RankStacks {
+        id,
+        rank: b.rank,
+        host: b.host.clone(),
+        pid: b.pid,
+        captured_by,
+        state: process_state(b.pid).map_or_else(|| "gone".into(), String::from),
+        tool: tool.map(String::from),
+        error: err.map(|e| e.to_string()),
+        heartbeat: Some(b.clone()),
+        trace: Vec::new(),
+        loaders: Vec::new(),
+        threads,
+        time: crate::files::timestamp_now(),
+        took_ms: t0.elapsed().as_millis() as u64,
+    }
 }
 
 /// The process's state letter (`R`, `S`, `D`, `T`, `t`, `Z`), none when it is gone.

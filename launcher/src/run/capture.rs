@@ -62,7 +62,9 @@ pub fn capture(
             .zip(&ranks)
             .filter(|(g, b)| g.is_none() && Some(b.host.as_str()) == local.as_deref())
             .filter(|(_, b)| stacks::is_worker(b.pid))
-            .map(|(_, b)| s.spawn(move || look(b, id)))
+            .map(|(_, b)| {
+                s.spawn(move || stacks::of_other_rank(b, id, "launcher".into(), LOCAL_LIMIT))
+            })
             .collect();
         looks.into_iter().filter_map(|h| h.join().ok()).collect()
     });
@@ -94,28 +96,6 @@ pub fn capture(
         missing,
     };
     (all, summary)
-}
-
-/// The launcher's own look at a local rank that did not answer.
-fn look(b: &Heartbeat, id: u64) -> RankStacks {
-    let t0 = Instant::now();
-    let (threads, tool, err) = stacks::capture(b.pid, LOCAL_LIMIT);
-    RankStacks {
-        id,
-        rank: b.rank,
-        host: b.host.clone(),
-        pid: b.pid,
-        captured_by: "launcher".into(),
-        state: stacks::process_state(b.pid).map_or_else(|| "gone".into(), String::from),
-        tool: tool.map(String::from),
-        error: err.map(|e| e.to_string()),
-        heartbeat: Some(b.clone()),
-        trace: Vec::new(),
-        loaders: Vec::new(),
-        threads,
-        time: tchrun::files::timestamp_now(),
-        took_ms: t0.elapsed().as_millis() as u64,
-    }
 }
 
 fn local_host() -> Option<String> {

@@ -42,10 +42,6 @@ impl Answered {
     }
 }
 
-fn state_of(pid: u32) -> String {
-    stacks::process_state(pid).map_or_else(|| "gone".to_string(), String::from)
-}
-
 /// This rank's stacks, then those of stopped peers on its host.
 fn answer(id: &Identity, req: &CaptureRequest) {
     let t0 = Instant::now();
@@ -116,24 +112,7 @@ fn peers(id: &Identity, req: &CaptureRequest) {
         if RankStacks::read(&id.log_dir, b.rank, req.id).is_some() {
             continue;
         }
-        let t0 = Instant::now();
-        let (threads, tool, err) = stacks::capture(b.pid, STACK_LIMIT);
-        let theirs = RankStacks {
-            id: req.id,
-            rank: b.rank,
-            host: b.host.clone(),
-            pid: b.pid,
-            captured_by: format!("rank {}", id.rank),
-            state: state_of(b.pid),
-            tool: tool.map(String::from),
-            error: err.map(|e| e.to_string()),
-            heartbeat: Some(b.clone()),
-            trace: Vec::new(),
-            loaders: Vec::new(),
-            threads,
-            time: rfc3339(now_ms()),
-            took_ms: t0.elapsed().as_millis() as u64,
-        };
+        let theirs = stacks::of_other_rank(b, req.id, format!("rank {}", id.rank), STACK_LIMIT);
         if let Err(e) = theirs.write(&id.log_dir) {
             tracing::warn!("cannot write rank {}'s stacks: {e}", b.rank);
         }
