@@ -137,7 +137,7 @@ fn a_stopped_rank_is_named_and_the_job_ends_long_before_the_timeout() {
     );
     // Its stacks, taken by rank 0 (it could not answer), shown as the culprit's.
     assert!(
-        err.contains("rank 1 (tchrun-worker thread, at fault):"),
+        culprit_stack_shown(&err, 1),
         "the culprit's stack: {}",
         job.output()
     );

@@ -560,3 +560,22 @@ pub fn assert_no_gpu_answer(r: &Run, out: &Path) {
         r.explain()
     );
 }
+
+/// Whether `tchrun` printed the main-thread stack group that holds `rank` marked at fault
+/// ("rank 1 (...)" alone, or "ranks 0-3 (...)" when a stopped rank waiting in the collective
+/// too has the others' stack: identical stacks are one group).
+pub fn culprit_stack_shown(err: &str, rank: usize) -> bool {
+    err.lines()
+        .filter_map(|l| l.trim().strip_suffix(" (tchrun-worker thread, at fault):"))
+        .filter_map(|head| head.split_once(' ').map(|(_, list)| list))
+        .any(|list| {
+            list.split(',').any(|part| match part.split_once('-') {
+                Some((a, b)) => a
+                    .parse()
+                    .ok()
+                    .zip(b.parse().ok())
+                    .is_some_and(|(a, b): (usize, usize)| (a..=b).contains(&rank)),
+                None => part.parse::<usize>().ok() == Some(rank),
+            })
+        })
+}
