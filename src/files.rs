@@ -9,6 +9,9 @@ pub const DRIVER_LOG_PREFIX: &str = "70_driver_log_";
 pub const RANKS_JSON: &str = "ranks.json";
 /// Failure summary written by the launcher.
 pub const FAILURE_JSON: &str = "failure.json";
+/// Where a running job is (`job_record::status`): rank 0 rewrites it while the job runs, the
+/// launcher before and after; `tchrun status` reads it.
+pub const STATUS_JSON: &str = "status.json";
 /// The attempts of a job that restarted (`--max-restarts`), written by the launcher.
 pub const RESTARTS_JSON: &str = "restarts.json";
 /// The job lock (`lock.rs`) in an output or log directory: present while a job runs there

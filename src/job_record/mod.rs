@@ -14,12 +14,14 @@ pub mod memory;
 pub mod ranks;
 pub mod restarts;
 pub mod stacks;
+pub mod status;
 
 pub use cause::Cause;
 pub use failure::FailureSummary;
 pub use heartbeat::{HangVerdict, Heartbeat};
 pub use ranks::RankRow;
 pub use restarts::{Attempt, DroppedHost};
+pub use status::JobStatus;
 
 /// The size of a per-rank record rewritten in place (`heartbeat-<rank>.json`,
 /// `memory-<rank>.json`): every record padded to it, so that each is written over the last.
