@@ -35,6 +35,14 @@ pub const TCHRUN_TEST_STALL_AT_STEP: &str = "TCHRUN_TEST_STALL_AT_STEP";
 /// IMAGE-th image decode (counted from 1 over the run, by all its loader threads) block for
 /// SECONDS: a rank stuck in the data wait. For `tests/hang.rs`; never set it in a real job.
 pub const TCHRUN_TEST_STALL_DECODE: &str = "TCHRUN_TEST_STALL_DECODE";
+/// Test hook (fault injection): `WHO:SECONDS` makes every optimizer step of rank WHO (a rank
+/// number, or a host name: every rank on that host) sleep SECONDS inside its compute (a slow
+/// GPU or CPU). For the straggler tests; never set it in a real job.
+pub const TCHRUN_TEST_SLOW_STEP: &str = "TCHRUN_TEST_SLOW_STEP";
+/// Test hook (fault injection), read by the loader: `WHO:SECONDS` makes every image decode of
+/// rank WHO (a rank number or a host name) sleep SECONDS (a slow disk). For the straggler
+/// tests; never set it in a real job.
+pub const TCHRUN_TEST_SLOW_LOADER: &str = "TCHRUN_TEST_SLOW_LOADER";
 /// Test hook (fault injection), read by the worker: `SECONDS` makes every rank sleep that long
 /// before each validation batch: a slow validation that still progresses. For `tests/hang.rs`;
 /// never set it in a real job.

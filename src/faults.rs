@@ -24,6 +24,8 @@ pub struct FaultPlan {
     /// `TCHRUN_TEST_ALLOCATE_AT_STEP` (this rank): the main thread allocates and touches this
     /// many MiB before this optimizer step.
     pub allocate: Option<(u64, u64)>,
+    /// `TCHRUN_TEST_SLOW_STEP` (this rank or host): every optimizer step sleeps this long.
+    pub slow_step: Option<Duration>,
 }
 
 /// Why a rank kills itself now (a fault of the plan that is due).
@@ -70,6 +72,7 @@ impl FaultPlan {
             checkpoint_delay: env::test_checkpoint_delay(get)?,
             stall: stall(get, rank)?,
             allocate: allocate(get, rank)?,
+            slow_step: slow_for(get, env::TCHRUN_TEST_SLOW_STEP, rank, host)?,
         })
     }
 
@@ -164,6 +167,57 @@ pub fn maybe_slow_validation_batch() {
     }
 }
 
+/// `WHO:SECONDS` of `name` (`TCHRUN_TEST_SLOW_STEP`, `TCHRUN_TEST_SLOW_LOADER`): the delay
+/// when WHO is `rank` or `host`.
+fn slow_for(
+    get: &dyn Fn(&str) -> Option<String>,
+    name: &'static str,
+    rank: usize,
+    host: Option<&str>,
+) -> Result<Option<Duration>, EnvError> {
+    let Some(v) = get(name).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let parsed = v.trim().rsplit_once(':').and_then(|(who, secs)| {
+        let d = secs
+            .parse::<f64>()
+            .ok()
+            .and_then(|x| Duration::try_from_secs_f64(x).ok())?;
+        Some((who.to_string(), d))
+    });
+    let Some((who, d)) = parsed else {
+        return Err(EnvError::Invalid {
+            name,
+            value: v.clone(),
+            why: "expected RANK:SECONDS or HOST:SECONDS".into(),
+        });
+    };
+    let here = who.parse::<usize>().is_ok_and(|r| r == rank) || host == Some(who.as_str());
+    Ok(here.then_some(d))
+}
+
+/// `TCHRUN_TEST_SLOW_LOADER=WHO:SECONDS`: called by the loader before each image it decodes;
+/// on rank or host WHO every decode sleeps SECONDS. Malformed: said once, ignored.
+pub fn maybe_slow_decode(rank: usize) {
+    static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    let delay = DELAY.get_or_init(|| {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .map(|h| h.to_string_lossy().to_string());
+        let get = |k: &str| std::env::var(k).ok();
+        match slow_for(&get, env::TCHRUN_TEST_SLOW_LOADER, rank, host.as_deref()) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("{e}; ignored");
+                None
+            }
+        }
+    });
+    if let Some(d) = delay {
+        std::thread::sleep(*d);
+    }
+}
+
 /// `A:B:SECONDS`.
 fn parse_triple(v: &str) -> Option<(usize, u64, Duration)> {
     let parts: Vec<&str> = v.trim().split(':').collect();
@@ -243,6 +297,27 @@ mod tests {
         assert_eq!(p.stall_before(3), Some(Duration::from_millis(2500)));
         assert_eq!(p.stall_before(2), None);
         assert!(plan(&[(env::TCHRUN_TEST_STALL_AT_STEP, "1:3")], 1, "h").is_err());
+    }
+
+    #[test]
+    fn a_slow_step_is_for_its_rank_or_host() {
+        let v = [(env::TCHRUN_TEST_SLOW_STEP, "1:0.25")];
+        assert_eq!(plan(&v, 0, "h").unwrap().slow_step, None);
+        assert_eq!(
+            plan(&v, 1, "h").unwrap().slow_step,
+            Some(Duration::from_millis(250))
+        );
+        let v = [(env::TCHRUN_TEST_SLOW_STEP, "tchrun-node2:0.1")];
+        assert_eq!(plan(&v, 0, "tchrun-node1").unwrap().slow_step, None);
+        assert_eq!(
+            plan(&v, 3, "tchrun-node2").unwrap().slow_step,
+            Some(Duration::from_millis(100))
+        );
+        let v = [(env::TCHRUN_TEST_SLOW_STEP, "1")];
+        assert!(plan(&v, 1, "h")
+            .unwrap_err()
+            .to_string()
+            .contains("RANK:SECONDS or HOST:SECONDS"));
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod model;
 pub mod overlap;
 pub mod preflight;
 pub mod schedule;
+pub mod straggler;
 pub mod weights;
 
 // Machinery (no contract of its own).

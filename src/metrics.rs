@@ -1,4 +1,5 @@
 //! `metrics.jsonl`: one JSON object per epoch (schema versioned).
+use crate::job_record::status::Straggler;
 use serde::{Deserialize, Serialize};
 
 pub const SCHEMA_VERSION: u32 = 1;
@@ -47,6 +48,23 @@ pub struct EpochMetrics {
     pub compute_max_s: f64,
     #[serde(default)]
     pub comm_max_s: f64,
+    /// The ranks named slower than the others in this epoch (`tchrun::straggler`), each with
+    /// its last finding. Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stragglers: Vec<Straggler>,
+    /// The rank whose data wait plus compute was the largest over the epoch's windows, and its
+    /// host: where a slow node shows first. Absent with one rank and in older rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowest: Option<Slowest>,
+}
+
+/// The slowest rank of an epoch: its rank, host, and shares of its wall time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Slowest {
+    pub rank: usize,
+    pub host: String,
+    pub data_wait_share: f64,
+    pub compute_share: f64,
 }
 
 impl EpochMetrics {
@@ -74,7 +92,7 @@ pub enum Bound {
 pub const INPUT_BOUND_SHARE: f64 = 0.25;
 
 /// The run's verdict over all epochs with a time split (see [`verdict`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
     pub bound: Bound,
     /// Shares of the step time: the slowest rank's data wait (which decides), and the means
@@ -83,6 +101,9 @@ pub struct Verdict {
     pub data_wait_mean: f64,
     pub compute: f64,
     pub comm: f64,
+    /// The rank (and host) that was the slowest in the most epochs (the latest on a tie), with
+    /// its shares in the last of them.
+    pub slowest: Option<Slowest>,
 }
 
 /// Input-bound when the slowest rank's data wait reaches [`INPUT_BOUND_SHARE`] of the step
@@ -101,6 +122,17 @@ pub fn verdict(rows: &[EpochMetrics]) -> Option<Verdict> {
         share(|m| m.compute_s),
         share(|m| m.comm_s),
     );
+    let mut counts: std::collections::BTreeMap<usize, (usize, usize)> = Default::default();
+    for (i, m) in rows.iter().enumerate() {
+        if let Some(sl) = &m.slowest {
+            let c = counts.entry(sl.rank).or_default();
+            *c = (c.0 + 1, i);
+        }
+    }
+    let slowest = counts
+        .values()
+        .max()
+        .and_then(|(_, i)| rows[*i].slowest.clone());
     let bound = if data_wait >= INPUT_BOUND_SHARE {
         Bound::Input
     } else if comm > compute {
@@ -114,6 +146,7 @@ pub fn verdict(rows: &[EpochMetrics]) -> Option<Verdict> {
         data_wait_mean,
         compute,
         comm,
+        slowest,
     })
 }
 
@@ -128,6 +161,16 @@ impl Verdict {
             100.0 * self.compute,
             100.0 * self.comm
         );
+        let split = match &self.slowest {
+            Some(sl) => format!(
+                "{split}; slowest host {} (rank {}: data wait {:.0}%, compute {:.0}%)",
+                sl.host,
+                sl.rank,
+                100.0 * sl.data_wait_share,
+                100.0 * sl.compute_share
+            ),
+            None => split,
+        };
         match self.bound {
             Bound::Input => format!(
                 "input-bound: {split}; the loader is the limit: raise --loader-threads, or store \
@@ -192,5 +235,24 @@ mod tests {
             .expect("verdict");
         assert_eq!(v.bound, Bound::Communication);
         assert!(v.line().contains("--bucket-cap-mb"));
+        assert_eq!(v.slowest, None);
+        // The host that was slowest in the most epochs is named.
+        let slow = |rank: usize, host: &str| {
+            let mut m = row(10.0, 0.5, 1.0, 7.0, 2.5);
+            m.slowest = Some(Slowest {
+                rank,
+                host: host.into(),
+                data_wait_share: 0.05,
+                compute_share: 0.9,
+            });
+            m
+        };
+        let v = verdict(&[slow(3, "node2"), slow(1, "node1"), slow(3, "node2")]).expect("verdict");
+        assert!(
+            v.line()
+                .contains("; slowest host node2 (rank 3: data wait 5%, compute 90%); the device"),
+            "{}",
+            v.line()
+        );
     }
 }

@@ -351,6 +351,7 @@ impl Working {
             ));
         }
         crate::faults::maybe_stall_decode(rank);
+        crate::faults::maybe_slow_decode(rank);
         Working { thread }
     }
 }

@@ -10,6 +10,7 @@ pub mod memory;
 pub mod models;
 pub mod plot;
 pub mod rank;
+pub mod status;
 pub mod train;
 
 // The paths programs of their own use (`tchrun_worker::dist::init()`, `tchrun_worker::pg`).

@@ -110,6 +110,12 @@ impl Board {
         );
     }
 
+    /// A window's stragglers (`live.rs`): their count and each one's factor (rank 0).
+    pub(super) fn stragglers(&mut self, step: u64, values: &[(String, f64)], say: &dyn Fn(&str)) {
+        let values: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        self.scalars(step, &values, false, say);
+    }
+
     /// An epoch's row of `metrics.jsonl`, at the step the epoch ended (the same axis as the
     /// per-step scalars, so a resume's truncation applies to both).
     pub(super) fn epoch(&mut self, step: u64, m: &EpochMetrics, say: &dyn Fn(&str)) {

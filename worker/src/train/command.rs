@@ -97,6 +97,8 @@ pub fn run(a: TrainArgs) -> RankResult {
         store: &joined.store,
         device,
         local_size: joined.info.place.local_size,
+        host: &joined.info.place.host,
+        log_dir: &log_dir,
         say: &say,
     };
     let r = super::train(&a.job, inputs, &ctx);

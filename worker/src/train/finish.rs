@@ -9,6 +9,7 @@ use crate::train::checkpoint;
 use crate::train::outputs;
 use tch::Device;
 use tchrun::job_record::heartbeat::Phase;
+use tchrun::job_record::status::{JobEnd, JobState};
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
 use tchrun::model::{ModelConfig, TrainingRecord};
 use tchrun::schedule::Decision;
@@ -28,6 +29,7 @@ impl Trainer<'_> {
         self.guard.check(None, p.lr, &self.plan.lr_why)?;
         let train_time = e.prior_s + e.started.elapsed().as_secs_f64();
         crate::heartbeat::phase(Phase::Validation);
+        crate::status::publish(|st| st.state = JobState::Validating);
         let v = validate(
             self.net.as_ref(),
             &self.valid,
@@ -44,6 +46,7 @@ impl Trainer<'_> {
                 },
         )?;
         self.s.epoch_skipped = 0;
+        let (stragglers, slowest, whole) = self.live.end_epoch();
         if v.skipped > self.preflight_skipped {
             (self.ctx.say)(&format!(
                 "epoch {}: {} image(s) failed to decode and were skipped (--skip-bad-images); named in the driver logs",
@@ -70,6 +73,8 @@ impl Trainer<'_> {
             data_wait_max_s: split.max[0],
             compute_max_s: split.max[1],
             comm_max_s: split.max[2],
+            stragglers,
+            slowest,
         };
         (self.ctx.say)(&format!(
             "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
@@ -81,6 +86,14 @@ impl Trainer<'_> {
             100.0 * m.top1,
             100.0 * m.top5
         ));
+        for r in &whole {
+            (self.ctx.say)(&format!(
+                "straggler: rank {r} ({}) was slower than the other ranks in every window of \
+                 epoch {}",
+                self.live.host_of(*r),
+                m.epoch
+            ));
+        }
         self.s.history.push(m.clone());
         let decision = self.s.stopping.update(epoch + 1, v.loss);
         // Only rank 0 writes the model, so only it keeps the best weights (a resumed run's
@@ -106,6 +119,7 @@ impl Trainer<'_> {
             outputs::append_metrics(&self.job.output, &m).map_err(TrainError::Output)?;
             self.board.epoch(self.s.step, &m, self.ctx.say);
         }
+        crate::status::publish(|st| st.state = JobState::Training);
         if decision == Decision::Stop {
             (self.ctx.say)(&format!(
                 "early stopping after epoch {}: validation loss has not decreased for {} epoch(s) (--patience {})",
@@ -153,7 +167,15 @@ impl Trainer<'_> {
         pg.barrier()?;
         if self.rank == 0 {
             crate::heartbeat::phase(Phase::FinalWrite);
+            crate::status::publish(|st| st.state = JobState::Checkpointing);
             self.write_model(best_epoch)?;
+            let summary = format!("model written to {}", self.job.output.display());
+            crate::status::publish_now(|st| {
+                st.state = JobState::Finished;
+                st.eta_epoch_s = None;
+                st.eta_job_s = None;
+                st.end = Some(JobEnd { code: 0, summary });
+            });
         }
         let sig = crate::rank::signals::requested();
         if sig != 0 {

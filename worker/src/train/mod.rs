@@ -6,6 +6,7 @@ mod board;
 pub mod checkpoint;
 pub mod command;
 mod finish;
+mod live;
 pub mod optim;
 pub mod outputs;
 mod resume;
@@ -142,6 +143,9 @@ pub struct RankCtx<'a> {
     pub store: &'a crate::comm::pg::Store,
     pub device: Device,
     pub local_size: usize,
+    /// This rank's host and the job's log directory (`status.json`).
+    pub host: &'a str,
+    pub log_dir: &'a std::path::Path,
     pub say: &'a dyn Fn(&str),
 }
 

@@ -120,7 +120,6 @@ impl<'a> Trainer<'a> {
             Replicator::broadcast_tensors(pg, &momentum)?;
         }
         say_start(job, ctx, &cfg, &train, &valid, &plan);
-
         let mut scaler = LossScaler::new(job.options.amp == Amp::Fp16 && device.is_cuda());
         if let Some(s) = resume.loss_scale.filter(|_| scaler.enabled) {
             scaler.scale = s;
@@ -133,6 +132,7 @@ impl<'a> Trainer<'a> {
                 .collect(),
             pending: None,
         };
+        let live = start_live(job, ctx, &plan, &resume);
         let s = State {
             epoch: resume.epoch,
             skip_batches: resume.batches_done,
@@ -179,9 +179,38 @@ impl<'a> Trainer<'a> {
             board,
             scaler,
             guard,
+            live,
             s,
         }))
     }
+}
+
+/// The live view (`live.rs`), with the job's status as training starts from `resume`.
+fn start_live(job: &TrainJob, ctx: &RankCtx, plan: &Plan, resume: &Resume) -> super::live::Live {
+    let first = first_status(job, ctx.pg.size(), plan, resume);
+    super::live::Live::start(ctx, first, &job.output)
+}
+
+fn first_status(
+    job: &TrainJob,
+    world: usize,
+    plan: &Plan,
+    resume: &Resume,
+) -> tchrun::job_record::JobStatus {
+    let (epoch, step, done) = (resume.epoch, resume.step, resume.batches_done);
+    let attempt = std::env::var(tchrun::env::TCHRUN_ATTEMPT)
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
+    let mut s = tchrun::job_record::JobStatus::starting(attempt, world);
+    s.started = Some(tchrun::files::timestamp_now());
+    s.epochs = job.params.epochs;
+    s.epoch = epoch + 1;
+    s.step = step;
+    s.total_steps = plan.schedule.total_steps;
+    s.steps_per_epoch = plan.steps_per_epoch;
+    s.epoch_step = done;
+    s
 }
 
 /// Images the pre-flight skipped (`--skip-bad-images`): each in the driver log, a count on

@@ -18,6 +18,7 @@ use tchrun::data::{self, Augment, GlobalCut, ImageFolder, LoaderConfig, TrainAug
 use tchrun::faults::FaultPlan;
 use tchrun::flags::{LrScaling, TrainJob};
 use tchrun::job_record::heartbeat::Phase;
+use tchrun::job_record::status::JobState;
 use tchrun::metrics::EpochMetrics;
 use tchrun::model::ModelConfig;
 use tchrun::schedule::{EarlyStopping, LrSchedule};
@@ -116,6 +117,8 @@ pub(super) struct Trainer<'a> {
     pub(super) board: Board,
     pub(super) scaler: LossScaler,
     pub(super) guard: Guard,
+    /// The windows of steps: stragglers and rank 0's `status.json`.
+    pub(super) live: super::live::Live,
     pub(super) s: State,
 }
 
@@ -124,6 +127,7 @@ impl<'a> Trainer<'a> {
     pub(super) fn run(mut self) -> Result<(), TrainError> {
         crate::rank::signals::set_graceful(true);
         crate::heartbeat::step(self.s.step);
+        crate::status::publish(|st| st.state = JobState::Training);
         for epoch in self.s.epoch..self.job.params.epochs {
             let e = self.run_epoch(epoch)?;
             if self.end_epoch(e)? {
@@ -210,6 +214,7 @@ impl<'a> Trainer<'a> {
                 global: cut,
             },
         );
+        self.live.begin_epoch();
         let (loss_sum, seen, prior_s) = self.s.partial;
         self.s.partial = (0.0, 0.0, 0.0);
         let mut e = Epoch {
@@ -277,6 +282,10 @@ impl<'a> Trainer<'a> {
                 touch_memory(mib);
             }
             let t = Instant::now();
+            if let Some(d) = self.faults.slow_step {
+                // TCHRUN_TEST_SLOW_STEP: a slow device, inside the step's compute.
+                std::thread::sleep(d);
+            }
             self.opt.zero_grad()?;
             e.micro_compute = t.elapsed().as_secs_f64();
             e.acc = self.plan.cut.map(|_| {
@@ -422,7 +431,7 @@ impl<'a> Trainer<'a> {
         let steps_per_epoch = self.plan.steps_per_epoch;
         let step = self.s.step;
         if (it + 1) % p.print_freq as u64 == 0 || it + 1 == steps_per_epoch {
-            self.progress(e, it, stats.loss);
+            self.progress(e, it, stats.loss)?;
         }
         // The state after this step, mid-epoch (a stop's checkpoint, or `--checkpoint-every`'s).
         let partial = (
@@ -453,6 +462,7 @@ impl<'a> Trainer<'a> {
         }
         // Every rank saw the vote in this step's reduction: stop together.
         let sig = crate::rank::signals::requested();
+        crate::status::publish(|st| st.state = JobState::Stopping);
         if self.rank == 0 {
             let meta = self.meta(e.index, it + 1, partial, false);
             // The stop checkpoint is written now (the ranks wait at the barrier): after the one
@@ -477,17 +487,17 @@ impl<'a> Trainer<'a> {
     }
 
     /// The progress line (images/s since the last one, ETA of the steps left at this run's
-    /// pace; validation not included) and rank 0's TensorBoard scalars.
-    fn progress(&mut self, e: &mut Epoch, it: u64, loss: f64) {
+    /// pace; validation not included), rank 0's TensorBoard scalars, and the window's end
+    /// (`live.rs`: stragglers, `status.json`; a collective every rank reaches here).
+    fn progress(&mut self, e: &mut Epoch, it: u64, loss: f64) -> Result<(), TrainError> {
         let job = self.job;
         let p = &job.params;
         let step = self.s.step;
         let ips = e.seen_print / e.t_print.elapsed().as_secs_f64().max(1e-9);
         let done_here = (step - self.s.run_first_step).max(1) as f64;
         let left = self.plan.schedule.total_steps.saturating_sub(step) as f64;
-        let eta = Duration::from_secs(
-            (self.s.run_start.elapsed().as_secs_f64() / done_here * left) as u64,
-        );
+        let per_step = self.s.run_start.elapsed().as_secs_f64() / done_here;
+        let eta = Duration::from_secs((per_step * left) as u64);
         let line = tchrun::driver_log::Progress {
             epoch: e.index + 1,
             epochs: p.epochs,
@@ -504,6 +514,16 @@ impl<'a> Trainer<'a> {
             .step(self.rank == 0, step, loss, self.s.lr, ips, self.ctx.say);
         e.t_print = Instant::now();
         e.seen_print = 0.0;
+        let end = super::live::WindowEnd {
+            step,
+            epoch: e.index + 1,
+            epoch_step: it + 1,
+            images_per_s: ips,
+            eta_epoch_s: per_step * self.plan.steps_per_epoch.saturating_sub(it + 1) as f64,
+            eta_job_s: per_step * left,
+        };
+        self.live
+            .window(self.ctx.pg, e, end, &mut self.board, self.ctx.say)
     }
 }
 
