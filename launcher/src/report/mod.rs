@@ -330,9 +330,40 @@ pub fn render(s: &FailureSummary, log_dir: &Path) -> String {
     out
 }
 
+/// The failure in one line (`status.json`'s end): who failed first, and why.
+pub fn one_line(s: &FailureSummary) -> String {
+    let message = s.message.lines().next().unwrap_or_default();
+    if s.hang.is_some() {
+        return format!("the job hung: {message}");
+    }
+    let mut what = if message.starts_with(&s.classification) {
+        message.to_string()
+    } else {
+        format!("{}: {message}", s.classification)
+    };
+    if let Some(c) = &s.cause {
+        what.push_str(&format!(" ({})", c.class()));
+    }
+    match s.rank {
+        Some(r) => format!(
+            "rank {r} failed first (host {}): {what}",
+            s.host.as_deref().unwrap_or("?")
+        ),
+        None => format!("the job failed: {what}"),
+    }
+}
+
 /// Writes `failure.json` (best effort: the summary is also printed).
 pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
     let _ = s.write(log_dir);
+}
+
+/// The log directory a user meant by `dir` when it is a training `--output` (the obvious
+/// guess): its `logs/`, when `dir` itself holds no log (`holds`) and `logs/` does; `None`:
+/// `dir` is meant as it is.
+pub fn log_dir_of(dir: &Path, holds: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    let sub = dir.join(files::DEFAULT_LOG_SUBDIR);
+    (!holds(dir) && holds(&sub)).then_some(sub)
 }
 
 /// `tchrun logs DIR`: the stored failure summary, or a per-rank overview.
