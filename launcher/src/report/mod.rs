@@ -376,21 +376,19 @@ pub fn logs_command(dir: &Path) -> Result<String, String> {
             tchrun::flags::DEFAULT_LOG_DIR
         ));
     }
-    // A training --output (the obvious guess): its logs are in `logs/`.
     let has_logs =
         |d: &Path| d.join(files::FAILURE_JSON).is_file() || !read_driver_logs(d).is_empty();
-    let sub = dir.join(files::DEFAULT_LOG_SUBDIR);
-    let (dir, note) = if !has_logs(dir) && has_logs(&sub) {
-        (
-            sub.as_path(),
+    let (dir, note) = match log_dir_of(dir, has_logs) {
+        Some(sub) => (
+            sub,
             format!(
                 "(the log directory of the training output {})\n",
                 dir.display()
             ),
-        )
-    } else {
-        (dir, String::new())
+        ),
+        None => (dir.to_path_buf(), String::new()),
     };
+    let dir = dir.as_path();
     if let Ok(Some(s)) = FailureSummary::read(dir) {
         return Ok(format!("{note}{}", render(&s, dir)));
     }
