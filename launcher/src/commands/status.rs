@@ -127,10 +127,12 @@ fn read(dir: &Path) -> Result<Option<JobStatus>, String> {
     }
 }
 
-fn print(text: &str) {
+/// Writes `text` to stdout; false when stdout is closed (`tchrun status --watch | head`).
+fn print(text: &str) -> bool {
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_ok()
 }
 
 /// The table as printed: the status (`render`) and, after a failure, `failure.json`'s summary
@@ -154,12 +156,12 @@ fn watch(dir: &Path, first: JobStatus, args: &StatusArgs) {
         let now = SystemTime::now();
         if let Ok(Some(s)) = &status {
             if s.state.is_end() {
-                if tty {
-                    print("\x1b[H\x1b[2J");
+                let lead = if tty {
+                    "\x1b[H\x1b[2J".to_string()
                 } else {
-                    outln!("{} {}", s.updated, change_line(s));
-                }
-                print(&table(s, dir, now, args.ranks));
+                    format!("{} {}\n", s.updated, change_line(s))
+                };
+                print(&format!("{lead}{}", table(s, dir, now, args.ranks)));
                 return;
             }
         }
@@ -168,12 +170,15 @@ fn watch(dir: &Path, first: JobStatus, args: &StatusArgs) {
                 Ok(Some(s)) => table(s, dir, now, args.ranks),
                 other => format!("{}\n", trouble(other, dir)),
             };
-            print(&format!(
+            let screen = format!(
                 "\x1b[H\x1b[2J{text}\n(every {} s until the job ends; Ctrl-C to stop watching)\n",
                 args.interval
-            ));
-        } else {
-            say_change(&status, dir, now, &mut said, &mut stale);
+            );
+            if !print(&screen) {
+                return;
+            }
+        } else if !say_change(&status, dir, now, &mut said, &mut stale) {
+            return;
         }
         std::thread::sleep(pause);
         status = read(dir);
@@ -194,14 +199,15 @@ fn trouble(status: &Result<Option<JobStatus>, String>, dir: &Path) -> String {
 }
 
 /// `--watch` without a terminal: a line when what `change_line` says changed (with the
-/// status's time), and one when the job goes stale.
+/// status's time), and one when the job goes stale. False when stdout is closed.
 fn say_change(
     status: &Result<Option<JobStatus>, String>,
     dir: &Path,
     now: SystemTime,
     said: &mut Option<String>,
     was_stale: &mut bool,
-) {
+) -> bool {
+    let mut out = String::new();
     let (key, text) = match status {
         Ok(Some(s)) => {
             let line = change_line(s);
@@ -210,7 +216,7 @@ fn say_change(
         other => (trouble(other, dir), trouble(other, dir)),
     };
     if said.as_deref() != Some(key.as_str()) {
-        outln!("{text}");
+        out.push_str(&format!("{text}\n"));
         *said = Some(key);
     }
     let stale = match status {
@@ -218,9 +224,10 @@ fn say_change(
         _ => None,
     };
     if let (Some(line), false) = (&stale, *was_stale) {
-        outln!("{line}");
+        out.push_str(&format!("{line}\n"));
     }
     *was_stale = stale.is_some();
+    out.is_empty() || print(&out)
 }
 
 /// Seconds from the RFC 3339 time `stamp` to `now` (the reader's clock); 0 when the writer's
@@ -353,7 +360,7 @@ fn of_total(n: u64, total: u64) -> String {
 
 /// The lines of the rank table: per host (in rank order), its ranks together when they agree
 /// and `all` is false, else one by one.
-pub fn rank_rows<'a>(s: &'a JobStatus, all: bool) -> Vec<Vec<&'a RankStatus>> {
+pub fn rank_rows(s: &JobStatus, all: bool) -> Vec<Vec<&RankStatus>> {
     let mut ranks: Vec<&RankStatus> = s.ranks.iter().collect();
     ranks.sort_by_key(|r| r.rank);
     let mut hosts: Vec<(&str, Vec<&RankStatus>)> = Vec::new();
@@ -817,7 +824,7 @@ mod tests {
         );
         assert_eq!([0.44, 12.0].map(idle_time), ["0.4s", "12s"]);
         assert_eq!([512 << 20, 3 << 29].map(bytes), ["512 MiB", "1.5 GiB"]);
-        assert_eq!(interval("0.05").is_err(), true);
+        assert!(interval("0.05").is_err());
         assert_eq!(interval("2"), Ok(2.0));
     }
 

@@ -71,7 +71,7 @@ pub fn run_train(
         Err(Failure { error, summary }) => (Err(error), summary),
     };
     if !launch.dry_run {
-        let status = end_status(&log_dir, &job.output, &result, summary.as_ref());
+        let status = end_status(&log_dir, &job.output, &result, summary.as_deref());
         crate::run::write_status(&log_dir, &status);
     }
     result

@@ -79,7 +79,7 @@ pub enum Ended {
 #[derive(Debug)]
 pub struct Failure {
     pub error: JobError,
-    pub summary: Option<FailureSummary>,
+    pub summary: Option<Box<FailureSummary>>,
 }
 
 impl From<JobError> for Failure {
@@ -122,7 +122,7 @@ impl Attempts<'_> {
             let outcome =
                 run::run_attempt(launch, plan, (self.worker_args)(job), &env, Some(&starting))?;
             if !outcome.restartable() {
-                let summary = outcome.summary.clone();
+                let summary = outcome.summary.clone().map(Box::new);
                 return match outcome.finish(&log_dir) {
                     Ok(code) => Ok(Ended::Ran {
                         code,
@@ -158,7 +158,7 @@ impl Attempts<'_> {
                 }
                 return Err(Failure {
                     error: failure,
-                    summary: give_up(&log_dir, summary, &history, why),
+                    summary: give_up(&log_dir, summary, &history, why).map(Box::new),
                 });
             }
             let hardware = summary
@@ -189,7 +189,7 @@ impl Attempts<'_> {
                         errln!("tchrun: {why}");
                         return Err(Failure {
                             error: failure,
-                            summary: give_up(&log_dir, summary, &history, Some(why)),
+                            summary: give_up(&log_dir, summary, &history, Some(why)).map(Box::new),
                         });
                     }
                     HostDecision::Drop(d) => dropped_hosts = d,
