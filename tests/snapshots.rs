@@ -381,7 +381,10 @@ fn status_table() {
             summary: format!("model written to {}", t.path().join("out").display()),
         },
     );
-    snapshot_status("status finished", &status_of(t.path(), &finished, None, &[]));
+    snapshot_status(
+        "status finished",
+        &status_of(t.path(), &finished, None, &[]),
+    );
     let failure = tchrun::job_record::FailureSummary {
         rank: Some(3),
         host: Some("node2".into()),

@@ -48,7 +48,8 @@ fn a_finished_job_says_finished_and_where_its_model_is() {
     let s = status(&[], &out);
     assert_eq!(s.code, Some(0), "{}", s.explain());
     assert!(
-        s.stdout.contains("state:      finished, attempt 1, 2 rank(s)")
+        s.stdout
+            .contains("state:      finished, attempt 1, 2 rank(s)")
             && s.stdout.contains(&format!(
                 "ended:      exit code 0: model written to {}",
                 out.display()
@@ -88,8 +89,10 @@ fn a_failed_job_says_failed_and_names_the_rank() {
     let s = status(&[], &out);
     assert_eq!(s.code, Some(0), "{}", s.explain());
     assert!(
-        s.stdout.contains("state:      failed, attempt 1, 2 rank(s)")
-            && s.stdout.contains("ended:      exit code 4: rank 1 failed first (host ")
+        s.stdout
+            .contains("state:      failed, attempt 1, 2 rank(s)")
+            && s.stdout
+                .contains("ended:      exit code 4: rank 1 failed first (host ")
             && s.stdout.contains("tchrun: rank 1 failed first (host "),
         "{}",
         s.explain()
