@@ -122,6 +122,15 @@ fn a_killed_rank_is_restarted_from_the_checkpoint_and_the_model_is_bit_identical
             serde_json::from_str(&read(&logs.join("ranks.json"))).expect("ranks.json");
         assert_eq!(ranks[1]["attempt"], 2, "{ranks}");
         assert!(!logs.join("failure.json").exists(), "the job succeeded");
+        // status.json stays at the top (not with the attempt's logs) and ends as the job did.
+        let status: serde_json::Value =
+            serde_json::from_str(&read(&logs.join("status.json"))).expect("status.json");
+        assert_eq!(
+            (&status["state"], &status["attempt"], &status["end"]["code"]),
+            (&"finished".into(), &2.into(), &0.into()),
+            "{status}"
+        );
+        assert!(!logs.join("attempt-1/status.json").exists());
     }
 }
 

@@ -1,5 +1,5 @@
 //! The text users read, under snapshot (`insta`; the snapshots live in `tests/snapshots/`):
-//! `--help` of every command, the `--dry-run` plan, the sbatch script. Paths, the version and
+//! `--help` of every command, the `--dry-run` plan, the sbatch script, `tchrun status`. Paths, the version and
 //! the forwarded `PATH` are redacted, so a snapshot changes only when the text does. To accept
 //! an intended change: `INSTA_UPDATE=always cargo test --release --test snapshots`, then review
 //! the diff of `tests/snapshots/`.
@@ -65,6 +65,7 @@ fn help_of_every_command() {
         &["data", "index"],
         &["data", "pack"],
         &["logs"],
+        &["status"],
     ] {
         let name = if args.is_empty() {
             "tchrun".to_string()
@@ -261,4 +262,156 @@ fn run_report() {
         .map(|l| format!("{l}\n"))
         .collect();
     snapshot_with_run_filters("run report", &redact(&report, Some(t.path())));
+}
+
+/// `status.json`'s time `secs` seconds ago.
+fn seconds_ago(secs: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now() - Duration::from_secs(secs))
+        .to_string()
+}
+
+/// A training job of 4 ranks on 2 hosts, 2 GPUs each, in its second epoch: rank 3's loader is
+/// slow (a straggler).
+fn running_status() -> tchrun::job_record::JobStatus {
+    use tchrun::job_record::heartbeat::Phase;
+    use tchrun::job_record::status::*;
+    let rank = |rank: usize, phase, idle_s, data_wait: f64, compute: f64| RankStatus {
+        rank,
+        host: if rank < 2 { "node1" } else { "node2" }.into(),
+        device: format!("cuda:{}", rank % 2),
+        phase: Some(phase),
+        step: 1234,
+        idle_s: Some(idle_s),
+        shares: Some(Shares {
+            data_wait,
+            compute,
+            comm: 1.0 - data_wait - compute,
+        }),
+        rss_bytes: Some((5000 + 10 * rank as u64) << 20),
+        gpu_bytes: Some((11_000 + 100 * rank as u64) << 20),
+    };
+    let mut s = JobStatus::starting(1, 4);
+    s.state = JobState::Training;
+    s.updated = seconds_ago(1);
+    s.started = Some(seconds_ago(1500));
+    (s.epoch, s.epochs, s.step, s.total_steps) = (2, 5, 1234, 5000);
+    (s.epoch_step, s.steps_per_epoch) = (234, 1000);
+    s.images_per_s = Some(812.4);
+    (s.eta_epoch_s, s.eta_job_s) = (Some(710.0), Some(4380.0));
+    s.last_checkpoint = Some(CheckpointMark {
+        step: 1000,
+        time: seconds_ago(750),
+    });
+    s.window = Some(WindowMark {
+        end_step: 1200,
+        steps: 100,
+        seconds: 12.3,
+    });
+    s.ranks = vec![
+        rank(0, Phase::GradientAllReduce, 0.2, 0.04, 0.71),
+        rank(1, Phase::GradientAllReduce, 0.2, 0.05, 0.70),
+        rank(2, Phase::GradientAllReduce, 0.3, 0.04, 0.72),
+        rank(3, Phase::Loading, 0.9, 0.45, 0.50),
+    ];
+    s.stragglers = vec![Straggler {
+        rank: 3,
+        host: "node2".into(),
+        device: "cuda:1".into(),
+        kind: SlowKind::DataWait,
+        factor: 11.0,
+        value: 0.45,
+        median: 0.04,
+        steps: 400,
+        since_step: 800,
+    }];
+    s
+}
+
+/// `tchrun status` of a job's log directory holding `status` (and `failure`): `args` after
+/// the path.
+fn status_of(
+    t: &Path,
+    status: &tchrun::job_record::JobStatus,
+    failure: Option<&tchrun::job_record::FailureSummary>,
+    args: &[&str],
+) -> String {
+    use tchrun::job_record::Record;
+    let out = t.join("out");
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).expect("logs");
+    status.write(&logs).expect("status.json");
+    if let Some(f) = failure {
+        f.write(&logs).expect("failure.json");
+    }
+    let r = run(clean(tchrun()).arg("status").arg(&out).args(args), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    redact(&r.stdout, Some(t))
+}
+
+fn snapshot_status(name: &str, text: &str) {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r"updated \d+ s ago", "updated [N] s ago");
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+/// `tchrun status` of a running job (the ranks of a host folded when they agree, and with
+/// `--ranks` one line each), a finished one and a failed one (with `failure.json` as
+/// `tchrun logs` prints it), from fixtures.
+#[test]
+fn status_table() {
+    use tchrun::job_record::status::{JobEnd, JobState, JobStatus};
+    let t = tempdir();
+    let running = running_status();
+    snapshot_status("status running", &status_of(t.path(), &running, None, &[]));
+    snapshot_status(
+        "status running --ranks",
+        &status_of(t.path(), &running, None, &["--ranks"]),
+    );
+    let mut last = running.clone();
+    (last.epoch, last.step, last.epoch_step) = (5, 5000, 1000);
+    last.stragglers.clear();
+    for r in &mut last.ranks {
+        (r.step, r.phase) = (5000, Some(tchrun::job_record::heartbeat::Phase::Done));
+    }
+    let finished = JobStatus::ended(
+        Some(last),
+        JobState::Finished,
+        JobEnd {
+            code: 0,
+            summary: format!("model written to {}", t.path().join("out").display()),
+        },
+    );
+    snapshot_status(
+        "status finished",
+        &status_of(t.path(), &finished, None, &[]),
+    );
+    let failure = tchrun::job_record::FailureSummary {
+        rank: Some(3),
+        host: Some("node2".into()),
+        local_rank: Some(1),
+        exit_code: Some(137),
+        signal: Some(9),
+        time: Some("2030-01-01T10:00:00.000Z".into()),
+        classification: "killed by signal".into(),
+        message: "killed by signal 9".into(),
+        log: Some(t.path().join("out/logs/70_driver_log_3")),
+        tail: vec!["epoch 2 step 1234 loss 0.61".into()],
+        exit_status: 4,
+        earlier_attempts: Vec::new(),
+        not_restarted: None,
+        hang: None,
+        cause: None,
+    };
+    let failed = JobStatus::ended(
+        Some(running),
+        JobState::Failed,
+        JobEnd {
+            code: 4,
+            summary: "rank 3 failed first (host node2): killed by signal 9".into(),
+        },
+    );
+    snapshot_status(
+        "status failed",
+        &status_of(t.path(), &failed, Some(&failure), &[]),
+    );
 }

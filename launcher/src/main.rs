@@ -26,7 +26,7 @@ mod report;
 mod run;
 mod train;
 
-use commands::{data as data_cmd, inference, model_init, sbatch, stacks};
+use commands::{data as data_cmd, inference, model_init, sbatch, stacks, status};
 use plan::{gpus, launch, preflight};
 
 use clap::{Args, Parser, Subcommand};
@@ -71,6 +71,8 @@ enum Cmd {
         #[arg(default_value = tchrun::flags::DEFAULT_LOG_DIR)]
         dir: PathBuf,
     },
+    /// Where a training job is (state, progress, ETA, each host's ranks, stragglers), from its status.json.
+    Status(status::StatusArgs),
     /// Print the failure summary of a job's log directory, or a per-rank overview.
     Logs {
         /// The job's log directory (a training --output: its logs/).
@@ -204,6 +206,7 @@ fn main() -> ExitCode {
         Cmd::Evaluate(a) => inference::run_evaluate(&a.job, &a.launch, &a.rank),
         Cmd::Data(c) => data_cmd::run(&c),
         Cmd::Stacks { dir } => stacks::run(&dir),
+        Cmd::Status(a) => status::run(&a),
         Cmd::Logs { dir } => match report::logs_command(&dir) {
             Ok(text) => {
                 {

@@ -1,9 +1,10 @@
 //! The commands besides `train`'s attempts loop: `data` (split, pack, index), `model init`,
-//! `score`/`evaluate`, `sbatch` and `stacks`. Each owns its flags and input checks and starts ranks only
-//! through `plan` and `run`; none knows another command, the restart policy or how a failure
-//! is read from the logs.
+//! `score`/`evaluate`, `sbatch`, `stacks` and `status`. Each owns its flags and input checks
+//! and starts ranks only through `plan` and `run`; none knows another command, the restart
+//! policy or how a failure is read from the logs.
 pub mod data;
 pub mod inference;
 pub mod model_init;
 pub mod sbatch;
 pub mod stacks;
+pub mod status;

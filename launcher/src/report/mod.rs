@@ -330,9 +330,40 @@ pub fn render(s: &FailureSummary, log_dir: &Path) -> String {
     out
 }
 
+/// The failure in one line (`status.json`'s end): who failed first, and why.
+pub fn one_line(s: &FailureSummary) -> String {
+    let message = s.message.lines().next().unwrap_or_default();
+    if s.hang.is_some() {
+        return format!("the job hung: {message}");
+    }
+    let mut what = if message.starts_with(&s.classification) {
+        message.to_string()
+    } else {
+        format!("{}: {message}", s.classification)
+    };
+    if let Some(c) = &s.cause {
+        what.push_str(&format!(" ({})", c.class()));
+    }
+    match s.rank {
+        Some(r) => format!(
+            "rank {r} failed first (host {}): {what}",
+            s.host.as_deref().unwrap_or("?")
+        ),
+        None => format!("the job failed: {what}"),
+    }
+}
+
 /// Writes `failure.json` (best effort: the summary is also printed).
 pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
     let _ = s.write(log_dir);
+}
+
+/// The log directory a user meant by `dir` when it is a training `--output` (the obvious
+/// guess): its `logs/`, when `dir` itself holds no log (`holds`) and `logs/` does; `None`:
+/// `dir` is meant as it is.
+pub fn log_dir_of(dir: &Path, holds: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    let sub = dir.join(files::DEFAULT_LOG_SUBDIR);
+    (!holds(dir) && holds(&sub)).then_some(sub)
 }
 
 /// `tchrun logs DIR`: the stored failure summary, or a per-rank overview.
@@ -345,21 +376,19 @@ pub fn logs_command(dir: &Path) -> Result<String, String> {
             tchrun::flags::DEFAULT_LOG_DIR
         ));
     }
-    // A training --output (the obvious guess): its logs are in `logs/`.
     let has_logs =
         |d: &Path| d.join(files::FAILURE_JSON).is_file() || !read_driver_logs(d).is_empty();
-    let sub = dir.join(files::DEFAULT_LOG_SUBDIR);
-    let (dir, note) = if !has_logs(dir) && has_logs(&sub) {
-        (
-            sub.as_path(),
+    let (dir, note) = match log_dir_of(dir, has_logs) {
+        Some(sub) => (
+            sub,
             format!(
                 "(the log directory of the training output {})\n",
                 dir.display()
             ),
-        )
-    } else {
-        (dir, String::new())
+        ),
+        None => (dir.to_path_buf(), String::new()),
     };
+    let dir = dir.as_path();
     if let Ok(Some(s)) = FailureSummary::read(dir) {
         return Ok(format!("{note}{}", render(&s, dir)));
     }

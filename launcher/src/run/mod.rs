@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use supervise::Settings;
 use tchrun::files;
+use tchrun::job_record::{JobStatus, Record};
 
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
@@ -150,9 +151,21 @@ fn clear_stale(log_dir: &Path) {
                 || tchrun::job_record::heartbeat::rank_of(&name).is_some()
                 || tchrun::job_record::stacks::is_capture_file(&name)
                 || tchrun::job_record::memory::rank_of(&name).is_some()
+                || name == files::STATUS_JSON
             {
                 let _ = std::fs::remove_file(e.path());
             }
+        }
+    }
+}
+
+/// Writes `status.json` (best effort: a job whose status cannot be written still runs, and
+/// ends with the same code); the first failure is said once, as a warning.
+pub fn write_status(log_dir: &Path, status: &JobStatus) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let Err(e) = status.write(log_dir) {
+        if !WARNED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            errln!("tchrun: warning: cannot write {e}: `tchrun status` cannot show this job");
         }
     }
 }
@@ -193,21 +206,24 @@ pub fn run_planned(
     worker_args: Vec<String>,
     env: &RankEnv,
 ) -> Result<i32, JobError> {
-    run_attempt(args, plan, worker_args, env)?.finish(&plan.log_dir)
+    run_attempt(args, plan, worker_args, env, None)?.finish(&plan.log_dir)
 }
 
 /// Runs one attempt of a job whose plan passed its pre-flight: its commands, supervised to
 /// the end, then what it came to. An error here means nothing ran (or could not be watched);
 /// everything after the start is in the outcome, whose failure summary is not written yet.
+/// `status`: the `status.json` written once the log directory is cleared, before the commands
+/// are made and the ranks start (a training job's `starting`; none for the other jobs).
 pub fn run_attempt(
     args: &LaunchArgs,
     plan: &Plan,
     worker_args: Vec<String>,
     env: &RankEnv,
+    status: Option<&JobStatus>,
 ) -> Result<AttemptOutcome, JobError> {
     let vars = env.vars();
-    let specs = commands(plan, &worker_args, &vars)?;
     if args.dry_run {
+        let specs = commands(plan, &worker_args, &vars)?;
         print_dry_run(plan, &specs, &vars);
         return Ok(AttemptOutcome::ended(0));
     }
@@ -218,6 +234,10 @@ pub fn run_attempt(
         ))
     })?;
     clear_stale(&plan.log_dir);
+    if let Some(s) = status {
+        write_status(&plan.log_dir, s);
+    }
+    let specs = commands(plan, &worker_args, &vars)?;
     let mpi_log_path = files::mpi_log(&plan.log_dir);
     let mut mpi_log = create_log(&mpi_log_path)
         .map_err(|e| JobError::invalid(format!("cannot write {}: {e}", mpi_log_path.display())))?;

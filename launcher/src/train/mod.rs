@@ -9,12 +9,14 @@ use crate::error::JobError;
 use crate::plan::gpus::GpuUse;
 use crate::plan::launch::{LaunchArgs, Plan};
 use crate::plan::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
+use crate::report::FailureSummary;
 use crate::run::RankEnv;
-use restart::{Attempts, Ended, RestartArgs};
+use restart::{Attempts, Ended, Failure, RestartArgs};
 use std::path::Path;
 use tchrun::files;
 use tchrun::flags::{RankFlags, TrainHandoff, TrainJob};
-use tchrun::job_record::{Attempt, Record};
+use tchrun::job_record::status::{JobEnd, JobState};
+use tchrun::job_record::{Attempt, JobStatus, Record};
 
 /// A training job that passed every check before its first attempt.
 struct Ready {
@@ -61,11 +63,81 @@ pub fn run_train(
         env: RankEnv::holding(&locks),
         worker_args: &worker_args,
     };
-    let (code, restarted) = match attempts.run(&mut plan, &mut job)? {
-        Ended::Ran { code, restarted } => (code, restarted),
-        Ended::StoppedBeforeRestart(code) => return Ok(code),
+    let (result, summary) = match attempts.run(&mut plan, &mut job) {
+        Ok(Ended::Ran { code, restarted }) => {
+            (Ok(say_end(&job, launch, &log_dir, code, &restarted)), None)
+        }
+        Ok(Ended::StoppedBeforeRestart(code)) => (Ok(code), None),
+        Err(Failure { error, summary }) => (Err(error), summary),
     };
-    Ok(say_end(&job, launch, &log_dir, code, &restarted))
+    if !launch.dry_run {
+        let status = end_status(&log_dir, &job.output, &result, summary.as_deref());
+        crate::run::write_status(&log_dir, &status);
+    }
+    result
+}
+
+/// `status.json` once the job has ended: the last one written (rank 0's, or the attempt's
+/// `starting`) with the end state and one line saying how it ended.
+fn end_status(
+    log_dir: &Path,
+    output: &Path,
+    result: &Result<i32, JobError>,
+    summary: Option<&FailureSummary>,
+) -> JobStatus {
+    use tchrun::exit::ErrorKind;
+    let code = match result {
+        Ok(code) => *code,
+        Err(e) => e.kind().exit_code(),
+    };
+    let stopped = [
+        ErrorKind::InterruptedInt.exit_code(),
+        ErrorKind::InterruptedTerm.exit_code(),
+    ];
+    let (state, line) = match result {
+        Ok(0) => (
+            JobState::Finished,
+            format!("model written to {}", output.display()),
+        ),
+        _ if stopped.contains(&code) => (
+            JobState::Stopped,
+            format!(
+                "stopped by {}; {}",
+                if code == stopped[0] {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                },
+                match restart::checkpoint_step(output) {
+                    Some(step) => format!(
+                        "the last complete checkpoint is step {step}: continue with --resume"
+                    ),
+                    None => "no checkpoint was written".to_string(),
+                }
+            ),
+        ),
+        Ok(code) => (JobState::Failed, format!("ended with code {code}")),
+        Err(e) => (
+            JobState::Failed,
+            match summary {
+                Some(s) => crate::report::one_line(s),
+                None => {
+                    let text = e.to_string();
+                    let first = text.lines().next().unwrap_or_default();
+                    first.strip_prefix("tchrun: ").unwrap_or(first).to_string()
+                }
+            },
+        ),
+    };
+    let last = JobStatus::read(log_dir).ok().flatten();
+    JobStatus::ended(
+        last,
+        state,
+        JobEnd {
+            code,
+            summary: line,
+        },
+    )
 }
 
 /// The trainer's input checks and the launch pre-flight, before the first attempt: the job
@@ -289,4 +361,51 @@ fn stop_left_a_model(output: &Path) -> bool {
         Err(e) => errln!("tchrun: the checkpoint cannot be read: {e}"),
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_end_status_says_how_the_job_ended_over_the_last_status() {
+        let t = tempfile::tempdir().unwrap();
+        let (logs, out) = (t.path().join("logs"), t.path().join("out"));
+        std::fs::create_dir_all(&logs).unwrap();
+        let mut last = JobStatus::starting(2, 4);
+        (last.state, last.step) = (JobState::Training, 42);
+        last.write(&logs).unwrap();
+        let s = end_status(&logs, &out, &Ok(0), None);
+        assert_eq!((s.state, s.attempt, s.step), (JobState::Finished, 2, 42));
+        assert_eq!(
+            s.end,
+            Some(JobEnd {
+                code: 0,
+                summary: format!("model written to {}", out.display())
+            })
+        );
+        let s = end_status(&logs, &out, &Ok(130), None);
+        assert_eq!(s.state, JobState::Stopped);
+        assert_eq!(
+            s.end.map(|e| (e.code, e.summary)),
+            Some((130, "stopped by SIGINT; no checkpoint was written".into()))
+        );
+        let summary =
+            crate::report::rank_failure(None, 137, Some(9), std::time::SystemTime::now(), 4);
+        let failed = Err(JobError::RankFailed {
+            kind: tchrun::exit::ErrorKind::RankFailed,
+            report: "tchrun: the job failed\n  more\n".into(),
+        });
+        let s = end_status(&logs, &out, &failed, Some(&summary));
+        assert_eq!(s.state, JobState::Failed);
+        assert_eq!(
+            s.end.map(|e| (e.code, e.summary)),
+            Some((4, "the job failed: killed by signal 9".into()))
+        );
+        // Without a summary: the error's first line; without a last status: a new one.
+        std::fs::remove_file(JobStatus::path(&logs)).unwrap();
+        let s = end_status(&logs, &out, &failed, None);
+        assert_eq!(s.end.map(|e| e.summary), Some("the job failed".to_string()));
+        assert_eq!((s.attempt, s.state), (1, JobState::Failed));
+    }
 }

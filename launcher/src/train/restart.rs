@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tchrun::files;
 use tchrun::flags::TrainJob;
-use tchrun::job_record::{Attempt, Record};
+use tchrun::job_record::{Attempt, JobStatus, Record};
 
 /// Restart policy flags of `tchrun train`.
 #[derive(clap::Args, Debug, Clone)]
@@ -74,6 +74,23 @@ pub enum Ended {
     StoppedBeforeRestart(i32),
 }
 
+/// The job failed: the error `main` prints, and the failure summary written for it to
+/// `failure.json` (none when the attempt failed without one: refused input, nothing started).
+#[derive(Debug)]
+pub struct Failure {
+    pub error: JobError,
+    pub summary: Option<Box<FailureSummary>>,
+}
+
+impl From<JobError> for Failure {
+    fn from(error: JobError) -> Failure {
+        Failure {
+            error,
+            summary: None,
+        }
+    }
+}
+
 /// What the attempts of one job share.
 pub struct Attempts<'a> {
     pub launch: &'a LaunchArgs,
@@ -88,7 +105,8 @@ impl Attempts<'_> {
     /// Runs the job's attempts: the first, and after a failure that made progress a restart
     /// (`--max-restarts`), resuming from the checkpoint on the hosts left. The last attempt's
     /// failure comes back as the error, its `failure.json` written with the earlier attempts.
-    pub fn run(&self, plan: &mut Plan, job: &mut TrainJob) -> Result<Ended, JobError> {
+    /// Each attempt starts with `status.json` saying so (`JobStatus::starting`).
+    pub fn run(&self, plan: &mut Plan, job: &mut TrainJob) -> Result<Ended, Failure> {
         let (launch, restarts) = (self.launch, self.restarts);
         let log_dir = plan.log_dir.clone();
         let mut history: Vec<Attempt> = Vec::new();
@@ -100,13 +118,18 @@ impl Attempts<'_> {
                 ..self.env.clone()
             };
             let started_from = checkpoint_step(&job.output);
-            let outcome = run::run_attempt(launch, plan, (self.worker_args)(job), &env)?;
+            let starting = JobStatus::starting(attempt, plan.world_size() as usize);
+            let outcome =
+                run::run_attempt(launch, plan, (self.worker_args)(job), &env, Some(&starting))?;
             if !outcome.restartable() {
-                let code = outcome.finish(&log_dir)?;
-                return Ok(Ended::Ran {
-                    code,
-                    restarted: history,
-                });
+                let summary = outcome.summary.clone().map(Box::new);
+                return match outcome.finish(&log_dir) {
+                    Ok(code) => Ok(Ended::Ran {
+                        code,
+                        restarted: history,
+                    }),
+                    Err(error) => Err(Failure { error, summary }),
+                };
             }
             let AttemptOutcome {
                 result,
@@ -133,8 +156,10 @@ impl Attempts<'_> {
                     errln!("tchrun: {w}");
                     why = Some(w);
                 }
-                give_up(&log_dir, summary, &history, why);
-                return Err(failure);
+                return Err(Failure {
+                    error: failure,
+                    summary: give_up(&log_dir, summary, &history, why).map(Box::new),
+                });
             }
             let hardware = summary
                 .as_ref()
@@ -162,8 +187,10 @@ impl Attempts<'_> {
                     HostDecision::Keep => {}
                     HostDecision::Stop(why) => {
                         errln!("tchrun: {why}");
-                        give_up(&log_dir, summary, &history, Some(why));
-                        return Err(failure);
+                        return Err(Failure {
+                            error: failure,
+                            summary: give_up(&log_dir, summary, &history, Some(why)).map(Box::new),
+                        });
                     }
                     HostDecision::Drop(d) => dropped_hosts = d,
                 }
@@ -227,18 +254,18 @@ impl Attempts<'_> {
 }
 
 /// The last attempt failed too and is not restarted: its `failure.json` gets the earlier
-/// attempts and why tchrun did not restart it (when it could have).
+/// attempts and why tchrun did not restart it (when it could have). Returns it as written.
 fn give_up(
     log_dir: &Path,
     summary: Option<FailureSummary>,
     history: &[Attempt],
     not_restarted: Option<String>,
-) {
-    if let Some(mut s) = summary {
-        s.earlier_attempts = history.to_vec();
-        s.not_restarted = not_restarted;
-        report::write_summary(log_dir, &s);
-    }
+) -> Option<FailureSummary> {
+    let mut s = summary?;
+    s.earlier_attempts = history.to_vec();
+    s.not_restarted = not_restarted;
+    report::write_summary(log_dir, &s);
+    Some(s)
 }
 
 /// The optimizer step of the last complete checkpoint in `output`, if any.
