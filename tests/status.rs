@@ -71,10 +71,12 @@ fn a_finished_job_says_finished_and_where_its_model_is() {
     assert_eq!(w.code, Some(0), "{}", w.explain());
     let first = w.stdout.lines().next().unwrap_or_default();
     assert!(
-        first.ends_with(&format!(
-            " finished (attempt 1), exit code 0: model written to {}",
-            out.display()
-        )) && w.stdout.contains("state:      finished"),
+        first.contains(" finished (attempt 1), ")
+            && first.ends_with(&format!(
+                ", exit code 0: model written to {}",
+                out.display()
+            ))
+            && w.stdout.contains("state:      finished"),
         "{}",
         w.explain()
     );
