@@ -35,6 +35,9 @@ pub const TCHRUN_TEST_STALL_AT_STEP: &str = "TCHRUN_TEST_STALL_AT_STEP";
 /// IMAGE-th image decode (counted from 1 over the run, by all its loader threads) block for
 /// SECONDS: a rank stuck in the data wait. For `tests/hang.rs`; never set it in a real job.
 pub const TCHRUN_TEST_STALL_DECODE: &str = "TCHRUN_TEST_STALL_DECODE";
+/// `0` turns off rank 0's `status.json` and the straggler windows (their all-gather every
+/// `--print-freq` steps): for `benches/off_cost.sh`, which measures what they cost.
+pub const TCHRUN_LIVE_STATUS: &str = "TCHRUN_LIVE_STATUS";
 /// Test hook (fault injection): `WHO:SECONDS` makes every optimizer step of rank WHO (a rank
 /// number, or a host name: every rank on that host) sleep SECONDS inside its compute (a slow
 /// GPU or CPU). For the straggler tests; never set it in a real job.

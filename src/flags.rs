@@ -289,6 +289,26 @@ impl Amp {
     }
 }
 
+/// What a straggler (`tchrun::straggler`) makes the job do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StragglerAction {
+    /// Name it (console, driver log, metrics, TensorBoard, status.json); the job goes on.
+    Warn,
+    /// Also: a host whose rank was a straggler in every window of an epoch is left out. The job
+    /// checkpoints at the epoch's end, stops, and `tchrun train` restarts it without that host
+    /// (needs --max-restarts and --hostfile; --min-nodes applies).
+    Exclude,
+}
+
+impl StragglerAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StragglerAction::Warn => "warn",
+            StragglerAction::Exclude => "exclude",
+        }
+    }
+}
+
 fn parse_nonneg(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim()
@@ -415,6 +435,12 @@ pub struct TrainOptions {
     /// G / --batch-size); linear: lr × k, sqrt: lr × √k, none: lr.
     #[arg(long, env = "TCHRUN_LR_SCALING", value_enum, default_value_t = LrScaling::Linear)]
     pub lr_scaling: LrScaling,
+    /// A rank slower than the others (compute 1.3x the median of the other ranks, or a data
+    /// wait 10 points above theirs, three --print-freq windows in a row) is named; warn: that
+    /// is all; exclude: a host slow for a whole epoch is left out at a restart from that
+    /// epoch's checkpoint (needs --max-restarts and --hostfile).
+    #[arg(long, env = "TCHRUN_STRAGGLER_ACTION", value_enum, default_value_t = StragglerAction::Warn)]
+    pub straggler_action: StragglerAction,
 }
 
 impl TrainOptions {
@@ -460,6 +486,12 @@ impl TrainOptions {
         }
         if self.lr_scaling != LrScaling::Linear {
             v.push(format!("--lr-scaling={}", self.lr_scaling.as_str()));
+        }
+        if self.straggler_action != StragglerAction::Warn {
+            v.push(format!(
+                "--straggler-action={}",
+                self.straggler_action.as_str()
+            ));
         }
         v
     }

@@ -1072,18 +1072,24 @@ fn netns_a_host_that_keeps_failing_is_dropped() {
         "2 nodes, node 2 failing twice, finished on node 1: {:.1}s",
         r.elapsed.as_secs_f64()
     );
-    // The same training on 2 ranks that lose nothing.
+    assert_same_model_as_undisturbed(t.path(), &out);
+}
+
+/// The same training (`model` in `dir`, 2 epochs, batch 20, `--global-batch-size 40`) on 2
+/// local ranks that lose nothing gives the model in `out`, bit for bit.
+fn assert_same_model_as_undisturbed(dir: &Path, out: &Path) {
     let d = small_digits();
-    let undisturbed = t.path().join("undisturbed");
+    let undisturbed = dir.join("undisturbed");
     let u = run(
         tchrun_train(
-            &t.path().join("model"),
+            &dir.join("model"),
             &d.join("train"),
             &d.join("valid"),
             &undisturbed,
         )
         .env("TCHRUN_THREADS", "1")
         .env_remove("TCHRUN_TEST_KILL_ON_HOST")
+        .env_remove("TCHRUN_TEST_SLOW_STEP")
         .env_remove("TCHRUN_ATTEMPT")
         .env_remove("TCHRUN_TEST_KILL_AT_STEP")
         .args(["--epochs", "2", "--batch-size", "20", "--lr", "0.05"])
@@ -1098,6 +1104,75 @@ fn netns_a_host_that_keeps_failing_is_dropped() {
         a == b,
         "the job that lost a node trained another model than the undisturbed one"
     );
+}
+
+/// Issue 29: `--straggler-action exclude` on 2 nodes × 1 rank where every step of
+/// tchrun-node2's rank sleeps 0.3 s (`TCHRUN_TEST_SLOW_STEP`): it is named a straggler, is slow
+/// in every window of epoch 1, so the ranks stop after epoch 1's checkpoint, tchrun drops
+/// tchrun-node2 at once, and attempt 2 trains epoch 2 on tchrun-node1 alone; with
+/// `--global-batch-size 40` the model equals the undisturbed 2-rank run's, bit for bit.
+#[test]
+fn netns_a_straggling_node_is_left_out_and_the_model_stays_the_same() {
+    let Some(_nodes) = Nodes::up(2) else { return };
+    let t = tempdir();
+    let ompi = t.path().join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    let model = model_init(t.path());
+    let d = small_digits();
+    let out = t.path().join("out");
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
+            .env("TMPDIR", &ompi)
+            .env("TCHRUN_TEST_SLOW_STEP", "tchrun-node2:0.3")
+            .env("TCHRUN_THREADS", "1")
+            .env_remove("TCHRUN_ATTEMPT")
+            .env_remove("TCHRUN_TEST_KILL_ON_HOST")
+            .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+            .args(["--epochs", "2", "--batch-size", "20", "--lr", "0.05"])
+            .args(["--print-freq", "2", "--global-batch-size", "40"])
+            .args(["--straggler-action", "exclude", "--max-restarts", "2"])
+            .args(["--nodes", "2", "--procs-per-node", "1", "--hostfile"])
+            .arg(Nodes::hostfile(t.path(), 2, 1))
+            .arg(format!("--mpirun-args={}", Nodes::mpirun_args(&ompi))),
+        Duration::from_secs(420),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let all = format!("{}{}", r.stdout, r.stderr);
+    for want in [
+        "straggler: rank 1 (tchrun-node2, cpu) compute ",
+        "straggler: rank 1 (tchrun-node2) was slower than the other ranks in every window of epoch 1",
+        "stopping after epoch 1 to leave out host(s) tchrun-node2: rank(s) 1 slower than the other ranks in every window of epoch 1 (--straggler-action exclude)",
+        "tchrun: dropping host tchrun-node2: ",
+        "; continuing on 1 node(s), 1 rank(s)",
+        "tchrun: recovered after 1 restart(s)",
+    ] {
+        assert!(all.contains(want), "no '{want}' in\n{}", r.explain());
+    }
+    let logs = out.join("logs");
+    let history: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("restarts.json"))).expect("restarts.json");
+    assert_eq!(history.as_array().map(Vec::len), Some(1), "{history}");
+    assert_eq!(
+        history[0]["dropped_hosts"][0]["host"], "tchrun-node2",
+        "{history}"
+    );
+    assert_eq!(history[0]["resumed_from_step"], 10, "{history}");
+    let ranks: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("ranks.json"))).expect("ranks.json");
+    assert_eq!(ranks.as_array().map(Vec::len), Some(1), "{ranks}");
+    assert_eq!(
+        (&ranks[0]["host"], &ranks[0]["attempt"]),
+        (&"tchrun-node1".into(), &2.into()),
+        "{ranks}"
+    );
+    let rows = metrics_rows(&out);
+    assert_eq!(rows.len(), 2, "two epochs in metrics.jsonl");
+    assert_eq!(
+        rows[0]["stragglers"][0]["host"], "tchrun-node2",
+        "{}",
+        rows[0]
+    );
+    assert_same_model_as_undisturbed(t.path(), &out);
 }
 
 /// The same failing node with `--min-nodes 2`: leaving it out would leave 1 node, so after its

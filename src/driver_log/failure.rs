@@ -24,6 +24,9 @@ pub enum FailureKind {
     Io,
     /// SIGINT/SIGTERM asked the rank to stop.
     Interrupted,
+    /// `--straggler-action exclude`: the ranks stopped together at an epoch's end so that the
+    /// next attempt runs without a host that was slow for the whole epoch.
+    Straggler,
     /// A Rust panic; inside tch this is usually a libtorch exception (the message says which).
     Panic,
     /// Anything else.
@@ -44,6 +47,9 @@ impl FailureKind {
             }
             FailureKind::Io => "I/O error",
             FailureKind::Interrupted => "interrupted",
+            FailureKind::Straggler => {
+                "stopped to leave out a straggler (--straggler-action exclude)"
+            }
             FailureKind::Panic => "crash (panic)",
             FailureKind::Internal => "error",
         }

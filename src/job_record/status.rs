@@ -96,6 +96,10 @@ pub struct JobStatus {
     /// The ranks slower than the others now (see `tchrun::straggler`).
     #[serde(default)]
     pub stragglers: Vec<Straggler>,
+    /// `--straggler-action exclude`: the hosts whose ranks were stragglers for a whole epoch,
+    /// set by rank 0 as the ranks stop; the launcher leaves them out of the next attempt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_hosts: Vec<String>,
     /// How the job ended (set by the launcher, or by rank 0 for a job started without it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<JobEnd>,
@@ -236,6 +240,7 @@ impl JobStatus {
             window: None,
             ranks: Vec::new(),
             stragglers: Vec::new(),
+            exclude_hosts: Vec::new(),
             end: None,
         }
     }

@@ -148,6 +148,37 @@ pub fn failed_hosts(
     hosts
 }
 
+/// `--straggler-action exclude`: when the attempt's ranks stopped to leave out a straggler
+/// (their failure records' kind), the hosts rank 0 named in `status.json` (`exclude_hosts`)
+/// that are hosts of the plan; empty otherwise.
+pub fn straggler_hosts(
+    logs: &[RankLog],
+    log_dir: &std::path::Path,
+    nodes: &[String],
+) -> Vec<String> {
+    use tchrun::driver_log::FailureKind;
+    use tchrun::job_record::{JobStatus, Record};
+    let stopped_for_one = logs.iter().any(|l| {
+        l.failure
+            .as_ref()
+            .is_some_and(|f| f.kind == FailureKind::Straggler)
+    });
+    if !stopped_for_one {
+        return Vec::new();
+    }
+    let named = JobStatus::read(log_dir)
+        .ok()
+        .flatten()
+        .map(|s| s.exclude_hosts)
+        .unwrap_or_default();
+    let short = |h: &str| h.split('.').next().unwrap_or(h).to_string();
+    nodes
+        .iter()
+        .filter(|n| named.iter().any(|h| h == *n || short(h) == short(n)))
+        .cloned()
+        .collect()
+}
+
 /// `plan` without the `dropped` hosts: their lines left out of the hostfile (written to
 /// `<log-dir>/hostfile.remaining`, slots kept), `--nodes` lowered to the hosts left.
 pub fn without_hosts(plan: &Plan, dropped: &[DroppedHost]) -> Result<Plan, JobError> {

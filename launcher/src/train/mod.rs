@@ -39,6 +39,7 @@ pub fn run_train(
     restarts: &RestartArgs,
 ) -> Result<i32, JobError> {
     restarts.check(launch)?;
+    restart::check_straggler_action(job, launch, restarts)?;
     let Some(ready) = prepare(job, launch, rank)? else {
         return Ok(0);
     };

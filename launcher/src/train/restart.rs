@@ -64,6 +64,29 @@ impl RestartArgs {
     }
 }
 
+/// `--straggler-action exclude` needs a restart to leave a host out of, and a hostfile to
+/// leave it out of.
+pub fn check_straggler_action(
+    job: &TrainJob,
+    launch: &LaunchArgs,
+    restarts: &RestartArgs,
+) -> Result<(), JobError> {
+    if job.options.straggler_action != tchrun::flags::StragglerAction::Exclude {
+        return Ok(());
+    }
+    if restarts.max_restarts == 0 {
+        return Err(JobError::invalid(
+            "--straggler-action exclude needs --max-restarts N (N > 0): a slow host is left out at the next attempt, and without restarts there is none; or use --straggler-action warn",
+        ));
+    }
+    if launch.hostfile.is_none() {
+        return Err(JobError::invalid(
+            "--straggler-action exclude needs --hostfile FILE: the hosts a slow one is left out of; or use --straggler-action warn",
+        ));
+    }
+    Ok(())
+}
+
 /// How a job's attempts ended, short of a failure.
 #[derive(Debug)]
 pub enum Ended {
@@ -173,16 +196,23 @@ impl Attempts<'_> {
                     .unwrap_or_else(|| failure.to_string()),
             };
             // `--exclude-failed-hosts`: the failure counts against its host(s); one that
-            // failed in two attempts is left out of the next.
+            // failed in two attempts is left out of the next. `--straggler-action exclude`:
+            // the ranks stopped to leave out the hosts rank 0 named, at once.
+            let stragglers = hosts::straggler_hosts(&logs, &log_dir, &plan.node_names);
             let (mut failed_hosts, mut dropped_hosts) = (Vec::new(), Vec::new());
-            if restarts.exclude_failed_hosts {
-                failed_hosts = hosts::failed_hosts(
-                    summary.as_ref(),
-                    &logs,
-                    &plan.node_names,
-                    plan.procs_per_node,
-                );
-                host_failures.record(attempt, &failed_hosts, &cause, hardware.is_some());
+            if restarts.exclude_failed_hosts || !stragglers.is_empty() {
+                failed_hosts = if stragglers.is_empty() {
+                    hosts::failed_hosts(
+                        summary.as_ref(),
+                        &logs,
+                        &plan.node_names,
+                        plan.procs_per_node,
+                    )
+                } else {
+                    stragglers.clone()
+                };
+                let at_once = hardware.is_some() || !stragglers.is_empty();
+                host_failures.record(attempt, &failed_hosts, &cause, at_once);
                 match host_failures.decide(plan, restarts.min_nodes) {
                     HostDecision::Keep => {}
                     HostDecision::Stop(why) => {

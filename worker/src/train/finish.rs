@@ -8,6 +8,7 @@ use crate::models;
 use crate::train::checkpoint;
 use crate::train::outputs;
 use tch::Device;
+use tchrun::flags::StragglerAction;
 use tchrun::job_record::heartbeat::Phase;
 use tchrun::job_record::status::{JobEnd, JobState};
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
@@ -94,6 +95,9 @@ impl Trainer<'_> {
                 m.epoch
             ));
         }
+        let exclude = !whole.is_empty()
+            && job.options.straggler_action == StragglerAction::Exclude
+            && epoch + 1 < p.epochs;
         self.s.history.push(m.clone());
         let decision = self.s.stopping.update(epoch + 1, v.loss);
         // Only rank 0 writes the model, so only it keeps the best weights (a resumed run's
@@ -119,6 +123,9 @@ impl Trainer<'_> {
             outputs::append_metrics(&self.job.output, &m).map_err(TrainError::Output)?;
             self.board.epoch(self.s.step, &m, self.ctx.say);
         }
+        if exclude && decision != Decision::Stop {
+            return Err(self.leave_out(&whole, epoch + 1)?);
+        }
         crate::status::publish(|st| st.state = JobState::Training);
         if decision == Decision::Stop {
             (self.ctx.say)(&format!(
@@ -129,6 +136,40 @@ impl Trainer<'_> {
             ));
         }
         Ok(decision == Decision::Stop || epoch + 1 == p.epochs)
+    }
+
+    /// `--straggler-action exclude`, after epoch `epoch` (1-based) whose every window found
+    /// the ranks `whole` slow: rank 0 waits for the epoch's checkpoint and names their hosts in
+    /// `status.json` (`exclude_hosts`, which the launcher reads), then every rank stops with
+    /// the same error (all decided from the same gathered numbers, in the same step).
+    fn leave_out(&mut self, whole: &[usize], epoch: u32) -> Result<TrainError, TrainError> {
+        crate::status::publish(|st| st.state = JobState::Stopping);
+        let mut hosts: Vec<String> = whole
+            .iter()
+            .map(|r| self.live.host_of(*r).to_string())
+            .collect();
+        hosts.dedup();
+        let ranks: Vec<String> = whole.iter().map(|r| r.to_string()).collect();
+        let why = format!(
+            "rank(s) {} slower than the other ranks in every window of epoch {epoch} \
+             (--straggler-action exclude)",
+            ranks.join(", ")
+        );
+        if self.rank == 0 {
+            crate::heartbeat::phase(Phase::Checkpoint);
+            self.writer.wait().map_err(TrainError::Checkpoint)?;
+            let step = self.s.step;
+            crate::status::publish_now(|st| st.exclude_hosts = hosts.clone());
+            (self.ctx.say)(&format!(
+                "stopping after epoch {epoch} to leave out host(s) {}: {why}; the checkpoint \
+                 at step {step} is written, and tchrun train restarts without them",
+                hosts.join(", ")
+            ));
+        }
+        self.ctx.pg.barrier()?;
+        Ok(TrainError::Straggler(format!(
+            "stopped after epoch {epoch} to leave out a straggler: {why}"
+        )))
     }
 
     /// After the last epoch: replicas checked identical, this rank's summary, then (rank 0)

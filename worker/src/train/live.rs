@@ -40,6 +40,8 @@ pub(super) struct WindowEnd {
 
 /// The live view of the run (see the module documentation).
 pub(super) struct Live {
+    /// Off (`TCHRUN_LIVE_STATUS=0`, the same on every rank): no window, no status file.
+    on: bool,
     rank: usize,
     detector: Detector,
     mark: Mark,
@@ -58,6 +60,7 @@ impl Live {
     /// Learns every rank's place through the store (rank 0) and starts rank 0's status file.
     pub(super) fn start(ctx: &RankCtx, first: JobStatus, output: &std::path::Path) -> Live {
         let (rank, world) = (ctx.pg.rank(), ctx.pg.size());
+        let on = std::env::var(tchrun::env::TCHRUN_LIVE_STATUS).map_or(true, |v| v.trim() != "0");
         let device = crate::comm::pg::device_name(ctx.device);
         let key = |r: usize| format!("tchrun/live/place/{r}");
         let mut places = vec![(ctx.host.to_string(), device.clone()); world];
@@ -67,7 +70,7 @@ impl Live {
         {
             tracing::warn!("cannot publish this rank's place for status.json: {e}");
         }
-        if rank == 0 {
+        if rank == 0 && on {
             for (r, place) in places.iter_mut().enumerate().skip(1) {
                 match ctx.store.get(&key(r)) {
                     Ok(v) => {
@@ -98,6 +101,7 @@ impl Live {
             crate::status::start(ctx.log_dir.to_path_buf(), output.to_path_buf(), first);
         }
         Live {
+            on,
             rank,
             detector: Detector::new(),
             mark: Mark {
@@ -135,6 +139,9 @@ impl Live {
         board: &mut Board,
         say: &dyn Fn(&str),
     ) -> Result<(), TrainError> {
+        if !self.on {
+            return Ok(());
+        }
         let own = Sample {
             wait_s: e.wait_s - self.mark.wait_s,
             compute_s: e.compute_s - self.mark.compute_s,

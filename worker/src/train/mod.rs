@@ -62,6 +62,10 @@ pub enum TrainError {
         from = crate::rank::signals::sender_note()
     )]
     Stopped(i32),
+    /// `--straggler-action exclude`: every rank stops after the epoch's checkpoint so that the
+    /// next attempt runs without the slow host(s).
+    #[error("{0}")]
+    Straggler(String),
     #[error("writing the outputs: {0}")]
     Output(String),
     #[error("tensor error: {0}")]
@@ -81,6 +85,7 @@ impl TrainError {
             TrainError::Replicas(_) => FailureKind::Internal,
             TrainError::Checkpoint(_) | TrainError::Output(_) => FailureKind::Io,
             TrainError::Stopped(_) => FailureKind::Interrupted,
+            TrainError::Straggler(_) => FailureKind::Straggler,
             TrainError::Torch(t) => torch_failure_kind(&t.to_string(), by_exit),
         }
     }
@@ -109,6 +114,7 @@ impl TrainError {
             | TrainError::Replicas(_)
             | TrainError::Checkpoint(_)
             | TrainError::Output(_)
+            | TrainError::Straggler(_)
             | TrainError::Torch(_) => ErrorKind::RankFailed,
         }
     }
