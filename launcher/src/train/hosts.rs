@@ -179,6 +179,20 @@ pub fn straggler_hosts(
         .collect()
 }
 
+/// The hosts an attempt's end counts against: the stragglers left out on purpose, else those
+/// of its failure (`failed_hosts`).
+pub fn counted(
+    stragglers: Vec<String>,
+    summary: Option<&FailureSummary>,
+    logs: &[RankLog],
+    plan: &Plan,
+) -> Vec<String> {
+    if !stragglers.is_empty() {
+        return stragglers;
+    }
+    failed_hosts(summary, logs, &plan.node_names, plan.procs_per_node)
+}
+
 /// `plan` without the `dropped` hosts: their lines left out of the hostfile (written to
 /// `<log-dir>/hostfile.remaining`, slots kept), `--nodes` lowered to the hosts left.
 pub fn without_hosts(plan: &Plan, dropped: &[DroppedHost]) -> Result<Plan, JobError> {

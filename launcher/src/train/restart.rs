@@ -201,17 +201,8 @@ impl Attempts<'_> {
             let stragglers = hosts::straggler_hosts(&logs, &log_dir, &plan.node_names);
             let (mut failed_hosts, mut dropped_hosts) = (Vec::new(), Vec::new());
             if restarts.exclude_failed_hosts || !stragglers.is_empty() {
-                failed_hosts = if stragglers.is_empty() {
-                    hosts::failed_hosts(
-                        summary.as_ref(),
-                        &logs,
-                        &plan.node_names,
-                        plan.procs_per_node,
-                    )
-                } else {
-                    stragglers.clone()
-                };
                 let at_once = hardware.is_some() || !stragglers.is_empty();
+                failed_hosts = hosts::counted(stragglers, summary.as_ref(), &logs, plan);
                 host_failures.record(attempt, &failed_hosts, &cause, at_once);
                 match host_failures.decide(plan, restarts.min_nodes) {
                     HostDecision::Keep => {}
