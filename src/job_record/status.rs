@@ -253,6 +253,13 @@ impl JobStatus {
         s.updated = crate::files::timestamp_now();
         s.eta_epoch_s = None;
         s.eta_job_s = None;
+        for r in &mut s.ranks {
+            // Nothing runs any more: no time since progress; a finished job's ranks are done.
+            r.idle_s = None;
+            if state == JobState::Finished {
+                r.phase = Some(Phase::Done);
+            }
+        }
         s
     }
 }
