@@ -206,6 +206,7 @@ mod tests {
             log_dir: log_dir.to_path_buf(),
             mpirun_args: Vec::new(),
             as_root: false,
+            console: Default::default(),
         }
     }
 
