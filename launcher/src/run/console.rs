@@ -1,9 +1,10 @@
 //! The launcher's terminal: the ranks' lines as the user reads them. A line that several ranks
 //! print alike is shown once as `[ranks 0-3] text`, after it waited a bounded time for the
-//! others (`Fold`); a line of one rank keeps its `host:rank ` prefix; rank 0's progress line is
-//! rewritten in place on a terminal (`Redraw`). Which ranks print is the ranks' own decision
-//! (`--console`, `tchrun::console`); this module only learns how many to expect. Must not know
-//! where else the lines go (`supervise.rs` tees them to `70_mpi_log` unchanged).
+//! others (`Fold`); a line of one rank keeps its `host:rank ` prefix; the progress line of the
+//! lowest rank shown is rewritten in place on a terminal (`Redraw`). Which ranks print is the
+//! ranks' own decision (`--console`, `tchrun::console`); this module only learns how many to
+//! expect. Must not know where else the lines go (`supervise.rs` tees them to `70_mpi_log`
+//! unchanged).
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::Mutex;
@@ -19,7 +20,7 @@ pub const FOLD_WINDOW: Duration = Duration::from_millis(500);
 pub struct Shown {
     pub text: String,
     pub to_stderr: bool,
-    /// Rank 0's progress line (rewritten in place on a terminal).
+    /// The progress line of the lowest rank shown (rewritten in place on a terminal).
     pub progress: bool,
 }
 
@@ -48,6 +49,9 @@ pub struct Fold {
     /// How many ranks print warnings and errors (on stderr): every one.
     err_ranks: usize,
     window: Duration,
+    /// The lowest rank whose progress line was shown: its progress is the one rewritten in
+    /// place (rank 0's by default, rank 1's with `--console 1`).
+    lead: Option<usize>,
 }
 
 impl Fold {
@@ -57,6 +61,7 @@ impl Fold {
             out_ranks: selection.count(world_size),
             err_ranks: world_size,
             window,
+            lead: None,
         }
     }
 
@@ -105,7 +110,7 @@ impl Fold {
                 break;
             }
             if let Some(p) = self.pending.pop_front() {
-                shown.push(p.shown());
+                shown.push(p.shown(&mut self.lead));
             }
         }
         shown
@@ -113,18 +118,28 @@ impl Fold {
 
     /// Every line still waiting (the run is over).
     pub fn drain(&mut self) -> Vec<Shown> {
-        self.pending.drain(..).map(|p| p.shown()).collect()
+        let lead = &mut self.lead;
+        self.pending.drain(..).map(|p| p.shown(lead)).collect()
     }
 }
 
 impl Pending {
-    fn shown(self) -> Shown {
-        let progress = !self.to_stderr
-            && self.ranks.contains(&0)
+    /// The line as shown; a progress line is the one rewritten in place when it holds the
+    /// lowest rank whose progress came so far (`lead`).
+    fn shown(self, lead: &mut Option<usize>) -> Shown {
+        let is_progress = !self.to_stderr
             && self
                 .text
                 .as_deref()
                 .is_some_and(|t| Progress::parse(t).is_some());
+        let progress = match self.ranks.iter().min() {
+            Some(&low) if is_progress => {
+                let l = lead.map_or(low, |l| l.min(low));
+                *lead = Some(l);
+                self.ranks.contains(&l)
+            }
+            _ => false,
+        };
         let text = match (&self.text, self.ranks.len()) {
             (Some(t), n) if n > 1 => {
                 let ranks = tchrun::job_record::stacks::rank_list(&self.ranks);
@@ -160,7 +175,8 @@ impl Screen for Plain {
     }
 }
 
-/// A terminal: rank 0's progress is one line rewritten in place; other lines go above it.
+/// A terminal: the lowest rank's progress is one line rewritten in place; other lines go
+/// above it.
 struct Redraw {
     /// True while a progress line is on screen.
     shown: Mutex<bool>,
@@ -307,7 +323,7 @@ mod tests {
     }
 
     #[test]
-    fn progress_is_rank_0s_progress_line_folded_or_not() {
+    fn progress_is_the_lowest_ranks_progress_line_folded_or_not() {
         let t = Instant::now();
         let p = Progress {
             epoch: 1,
@@ -324,8 +340,16 @@ mod tests {
         f.push(&format!("a:0 {p}"), false, t);
         let shown = f.push(&format!("a:1 {p}"), false, t);
         assert!(shown[0].progress && shown[0].text.starts_with("[ranks 0-1] epoch 1/2"));
+        // `--console 1`: rank 1's progress is the one rewritten.
         let mut f = Fold::new(&Selection::parse("1").expect("parses"), 2, FOLD_WINDOW);
-        assert!(!f.push(&format!("a:1 {p}"), false, t)[0].progress);
+        assert!(f.push(&format!("a:1 {p}"), false, t)[0].progress);
+        // Unfolded progress lines of two ranks: rank 0's is rewritten, rank 1's scrolls.
+        let mut f = Fold::new(&Selection::All, 2, FOLD_WINDOW);
+        let other = p.replace("loss 1.5000", "loss 1.6000");
+        assert!(f.push(&format!("a:0 {p}"), false, t).is_empty());
+        assert!(f.push(&format!("a:1 {other}"), false, t).is_empty());
+        let shown: Vec<bool> = f.drain().iter().map(|s| s.progress).collect();
+        assert_eq!(shown, [true, false]);
         let mut f = Fold::new(&Selection::default(), 2, FOLD_WINDOW);
         assert!(!f.push("a:0 trained", false, t)[0].progress);
     }
