@@ -34,12 +34,18 @@ pub enum ConsoleError {
         "host: names no host; give host:NAME[,NAME] (the names before ':' in the console's lines)"
     )]
     NoHost,
+    #[error(
+        "'{part}': more ranks than a job can have ({}); use all",
+        crate::counts::MAX_WORLD_SIZE
+    )]
+    TooMany { part: String },
     #[error("--console {value}: the job has {world} rank(s) (0-{last}); pick among them or use all", last = world.saturating_sub(1))]
     OutOfRange { value: String, world: usize },
 }
 
-/// The most ranks a list may name (a typo like `0-99999999999` must not allocate the world).
-const MAX_LISTED: usize = 1 << 20;
+/// The most ranks a `--console` list may name: those of the largest job (a typo like
+/// `0-99999999999` must not allocate the world).
+const MAX_LISTED: usize = crate::counts::MAX_WORLD_SIZE as usize;
 
 impl Selection {
     /// Parses a `--console` value (clap's `value_parser`; its error names the flag).
@@ -75,11 +81,18 @@ impl Selection {
                         });
                     }
                     if b - a >= MAX_LISTED {
-                        return Err(not_a_rank());
+                        return Err(ConsoleError::TooMany {
+                            part: part.to_string(),
+                        });
                     }
                     ranks.extend(a..=b);
                 }
                 None => ranks.push(number(part)?),
+            }
+            if ranks.len() > MAX_LISTED {
+                return Err(ConsoleError::TooMany {
+                    part: part.to_string(),
+                });
             }
         }
         ranks.sort_unstable();
@@ -158,7 +171,19 @@ mod tests {
             .expect_err("x is no rank")
             .to_string();
         assert!(e.contains("'x'") && e.contains("host:NAME"), "{e}");
-        for bad in ["", "-1", "3-1", "host:", "0-99999999999", "1.5", "al"] {
+        let many = ["0-65535"; 2].join(",");
+        let e = Selection::parse(&many).expect_err("too many").to_string();
+        assert!(e.contains("more ranks than a job can have"), "{e}");
+        for bad in [
+            "",
+            "-1",
+            "3-1",
+            "host:",
+            "0-99999999999",
+            "1.5",
+            "al",
+            &many,
+        ] {
             assert!(Selection::parse(bad).is_err(), "{bad:?}");
         }
         let e = Selection::parse("0,4").expect("parses").check(4);
