@@ -1,5 +1,6 @@
 //! Every flag shared by `tchrun` and `tchrun-worker`: name, default, range, help and
 //! `TCHRUN_<FLAG>` variable live here, so both binaries and `--help` never drift.
+use crate::console::Selection;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
@@ -101,6 +102,11 @@ pub struct RankFlags {
     /// Seconds a collective or the store may wait for the other ranks before failing.
     #[arg(long, env = "TCHRUN_TIMEOUT", default_value_t = DEFAULT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..=crate::counts::MAX_SECONDS))]
     pub timeout: u64,
+    /// Whose lines reach the terminal: all, ranks (0,3 or 0-3) or host:NAME[,NAME]. Warnings
+    /// and errors of every rank always do; a line several ranks print alike is shown once, as
+    /// "[ranks 0-3] ...". The driver logs keep every line.
+    #[arg(long, env = "TCHRUN_CONSOLE", default_value_t = Selection::default(), value_parser = Selection::parse)]
+    pub console: Selection,
 }
 
 impl RankFlags {
@@ -113,6 +119,7 @@ impl RankFlags {
             self.backend.as_str().into(),
             "--timeout".into(),
             self.timeout.to_string(),
+            format!("--console={}", self.console),
         ];
         if let Some(d) = &self.log_dir {
             v.push(format!("--log-dir={}", d.display()));

@@ -15,6 +15,7 @@
 // Contracts.
 pub mod arch;
 pub mod checkpoint;
+pub mod console;
 pub mod counts;
 pub mod csv_out;
 pub mod driver_log;

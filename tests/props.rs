@@ -368,6 +368,41 @@ fn check_hosts(hosts: &[Host]) {
     assert_eq!(names.len(), hosts.len(), "repeated host names: {hosts:?}");
 }
 
+/// A `--console` token: numbers, ranges, `all`, `host:`, separators and noise.
+fn console_token() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (0usize..100_000).prop_map(|n| n.to_string()),
+        Just("-".to_string()),
+        Just(",".to_string()),
+        Just("all".to_string()),
+        Just("host:".to_string()),
+        "[a-z0-9.]{1,6}",
+        ".{0,3}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(cases(1000, 1))]
+
+    /// `--console` never panics, never names more ranks than a job has, and what it accepts
+    /// reads back from its text (the launcher hands the ranks `--console=<that text>`).
+    #[test]
+    fn console_selection_round_trips(tokens in prop::collection::vec(console_token(), 0..12)) {
+        use tchrun::console::Selection;
+        let text = tokens.concat();
+        match Selection::parse(&text) {
+            Ok(sel) => {
+                if let Selection::Ranks(r) = &sel {
+                    prop_assert!(r.len() <= tchrun::counts::MAX_WORLD_SIZE as usize, "{text}");
+                    prop_assert!(r.windows(2).all(|w| w[0] < w[1]), "{text}: {r:?}");
+                }
+                prop_assert_eq!(Selection::parse(&sel.to_string()), Ok(sel.clone()), "{}", text);
+            }
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(cases(1000, 1))]
 

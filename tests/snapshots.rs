@@ -415,3 +415,41 @@ fn status_table() {
         &status_of(t.path(), &failed, Some(&failure), &[]),
     );
 }
+
+/// The console of a 2-rank training job as the user reads it, by default (rank 0's lines, rank
+/// 1's warning) and with `--console all` (the lines both ranks print alike folded into
+/// `[ranks 0-1] ...`). The progress and epoch lines are left out: each carries its rank's own
+/// images/s, so they fold only when both ranks measured the same (`console.rs` tests them).
+#[test]
+fn folded_console() {
+    let t = tempdir();
+    let (model, _) = job(t.path());
+    let mut text = String::new();
+    let mut host = String::new();
+    // The default first: rank 0's training line names the host.
+    for selection in [None, Some("all")] {
+        let out = t.path().join(selection.unwrap_or("default"));
+        let r = run(
+            &mut clean(two_rank_console_job(&model, &out, "local", selection)),
+            Duration::from_secs(300),
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        if host.is_empty() {
+            host = format!("{}:", console_host(&r.stdout));
+        }
+        let flag = selection
+            .map(|s| format!(" --console {s}"))
+            .unwrap_or_default();
+        text.push_str(&format!("$ tchrun train ... --procs-per-node 2{flag}\n"));
+        for (stream, lines) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+            for l in rank_lines(lines) {
+                if !l.contains("images/s") {
+                    text.push_str(&format!("{stream}: {}\n", l.replace(&host, "[HOST]:")));
+                }
+            }
+        }
+    }
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r"\d+\.\d+", "[F]");
+    settings.bind(|| insta::assert_snapshot!("folded console", text));
+}

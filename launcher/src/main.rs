@@ -178,7 +178,8 @@ fn main() -> ExitCode {
             if let Some(i) = a.iters {
                 args.push(format!("--iters={i}"));
             }
-            run::run_job(&a.launch, log_dir, args, gpus::GpuUse::Ranks(a.rank.device))
+            let usage = gpus::GpuUse::Ranks(a.rank.device);
+            run::run_job(&a.launch, log_dir, args, usage, &a.rank.console)
         }
         Cmd::Exec(a) => {
             let log_dir = preflight::absolute(
@@ -197,7 +198,8 @@ fn main() -> ExitCode {
             args.push("--".into());
             args.extend(a.program.iter().cloned());
             let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
-            run::run_job(&a.launch, log_dir, args, usage)
+            // A program's output goes to its driver log: the console shows its ranks' errors.
+            run::run_job(&a.launch, log_dir, args, usage, &Default::default())
         }
         Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank, &a.restarts),
         Cmd::Sbatch(a) => sbatch::run(&a),

@@ -320,6 +320,51 @@ pub fn small_digits() -> PathBuf {
     .clone()
 }
 
+/// One epoch of the small digits on 2 ranks (`launcher`), with `--console SELECTION` when
+/// given; rank 1 warns once (`TCHRUN_TEST_STALL_AT_STEP`: 0.2 s before step 3), rank 0 does
+/// not. The console tests (`console.rs`, `snapshots.rs`) run it.
+pub fn two_rank_console_job(
+    model: &Path,
+    out: &Path,
+    launcher: &str,
+    selection: Option<&str>,
+) -> Command {
+    let d = small_digits();
+    let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), out);
+    c.args([
+        "--procs-per-node",
+        "2",
+        "--launcher",
+        launcher,
+        "--epochs",
+        "1",
+    ])
+    .args(["--batch-size", "20", "--lr", "0.05", "--print-freq", "5"])
+    .env(tchrun::env::TCHRUN_TEST_STALL_AT_STEP, "1:3:0.2")
+    .env_remove("TCHRUN_CONSOLE");
+    if let Some(s) = selection {
+        c.args(["--console", s]);
+    }
+    c
+}
+
+/// The lines of the ranks in a console's text (the launcher's own `tchrun:` lines and their
+/// indented continuations left out).
+pub fn rank_lines(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| !l.starts_with("tchrun:") && !l.starts_with(' ') && !l.is_empty())
+        .collect()
+}
+
+/// The host the ranks of a local job name in their console prefix (`<host>:<rank> `), from
+/// rank 0's training line.
+pub fn console_host(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.split_once(":0 training ").map(|(h, _)| h.to_string()))
+        .unwrap_or_else(|| panic!("no rank 0 training line in:\n{stdout}"))
+}
+
 /// Processes whose command line contains `needle` (other than this test process).
 pub fn processes_with(needle: &str) -> Vec<String> {
     let me = std::process::id().to_string();

@@ -88,7 +88,8 @@ fn main() -> ExitCode {
         Err((console, f)) => {
             let msg = format!("{:#}", f.err);
             let code = f.kind.exit_code();
-            tracing::error!("{msg}");
+            // On the console as the `tchrun-worker: error:` line below.
+            tracing::error!(target: driver_log::LOG_ONLY, "{msg}");
             let kind = if panicked {
                 driver_log::torch_failure_kind(&msg, FailureKind::Panic)
             } else {

@@ -86,7 +86,7 @@ fn launch_preflight(
     job.images = absolute(job.images);
     job.output = absolute(job.output);
     let (rank, log_dir) = with_log_dir(rank, job.default_log_dir(kind));
-    let plan = validate(launch, log_dir, GpuUse::Ranks(rank.device))?;
+    let plan = validate(launch, log_dir, GpuUse::Ranks(rank.device), &rank.console)?;
     Ok((job, rank, plan))
 }
 

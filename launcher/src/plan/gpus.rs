@@ -169,6 +169,7 @@ mod tests {
             log_dir: PathBuf::from("/tmp/logs"),
             mpirun_args: Vec::new(),
             as_root: false,
+            console: Default::default(),
         }
     }
 

@@ -73,6 +73,8 @@ pub struct Plan {
     pub log_dir: PathBuf,
     pub mpirun_args: Vec<String>,
     pub as_root: bool,
+    /// The ranks whose lines reach the terminal (`--console`; checked against the world size).
+    pub console: tchrun::console::Selection,
 }
 
 impl Plan {
@@ -253,6 +255,7 @@ mod tests {
             log_dir: PathBuf::from("/tmp/logs"),
             mpirun_args: vec![],
             as_root: true,
+            console: Default::default(),
         }
     }
 

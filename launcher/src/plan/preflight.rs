@@ -6,6 +6,7 @@ use crate::error::JobError;
 use crate::plan::gpus::{self, GpuUse};
 use crate::plan::launch::{self, LaunchArgs, LauncherKind, Plan};
 use std::path::{Path, PathBuf};
+use tchrun::console::Selection;
 
 /// `p` made absolute against the current directory (ranks may run elsewhere).
 pub fn absolute(p: PathBuf) -> PathBuf {
@@ -60,10 +61,19 @@ fn mpirun_args(args: &LaunchArgs) -> Result<Vec<String>, JobError> {
     }
 }
 
-/// Pre-flight of the launch flags and the GPUs: one validated plan, for every command that
-/// starts ranks here (`train`, `selftest`, `exec`, `score`, `evaluate`).
-pub fn validate(args: &LaunchArgs, log_dir: PathBuf, usage: GpuUse) -> Result<Plan, JobError> {
-    let plan = plan(args, log_dir)?;
+/// Pre-flight of the launch flags, `--console` and the GPUs: one validated plan, for every
+/// command that starts ranks here (`train`, `selftest`, `exec`, `score`, `evaluate`).
+pub fn validate(
+    args: &LaunchArgs,
+    log_dir: PathBuf,
+    usage: GpuUse,
+    console: &Selection,
+) -> Result<Plan, JobError> {
+    let mut plan = plan(args, log_dir)?;
+    console
+        .check(plan.world_size() as usize)
+        .map_err(|e| JobError::invalid(e.to_string()))?;
+    plan.console = console.clone();
     gpus::check(&plan, usage)?;
     Ok(plan)
 }
@@ -99,6 +109,7 @@ pub fn batch_plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError>
         log_dir,
         mpirun_args: mpirun_args(args)?,
         as_root: nix::unistd::geteuid().is_root(),
+        console: Default::default(),
     })
 }
 
@@ -204,6 +215,7 @@ pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
         log_dir,
         mpirun_args,
         as_root: nix::unistd::geteuid().is_root(),
+        console: Default::default(),
     })
 }
 

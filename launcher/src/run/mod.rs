@@ -3,6 +3,7 @@
 //! the outcome (`outcome.rs`). Must not know the restart policy, a command's inputs, or how a
 //! failure summary is worded (that is `report`'s).
 pub mod capture;
+pub mod console;
 pub mod hang;
 pub mod outcome;
 pub mod ranks;
@@ -193,8 +194,9 @@ pub fn run_job(
     log_dir: PathBuf,
     worker_args: Vec<String>,
     usage: GpuUse,
+    console: &tchrun::console::Selection,
 ) -> Result<i32, JobError> {
-    let plan = crate::plan::preflight::validate(args, log_dir, usage)?;
+    let plan = crate::plan::preflight::validate(args, log_dir, usage, console)?;
     run_planned(args, &plan, worker_args, &RankEnv::default())
 }
 
@@ -300,5 +302,6 @@ fn settings(
         })),
         rank_failed: Some(Box::new(move || report::any_rank_failed(&log_dir_probe))),
         env,
+        console: (plan.console.clone(), plan.world_size() as usize),
     }
 }

@@ -294,6 +294,7 @@ mod tests {
             log_dir: PathBuf::from("/tmp/logs"),
             mpirun_args: Vec::new(),
             as_root: false,
+            console: Default::default(),
         };
         let slots = launch_failure_message(
             &plan,

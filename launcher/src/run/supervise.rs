@@ -1,7 +1,9 @@
 //! Supervision: spawns the launch commands (mpirun/srun: one; local: one per rank), each in its
 //! own process group and ended if tchrun dies (PDEATHSIG); tees their output to the terminal
-//! and `70_mpi_log`; forwards SIGINT/SIGTERM; stops the rest when one fails (local ranks).
+//! (`console.rs`) and `70_mpi_log`; forwards SIGINT/SIGTERM; stops the rest when one fails
+//! (local ranks).
 //! Every wait is bounded: a grace period, then SIGKILL.
+use super::console::Console;
 use crate::plan::launch::CommandSpec;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -71,68 +73,6 @@ impl Outcome {
     }
 }
 
-/// Where the processes' output lines appear for the user.
-trait Console: Send + Sync {
-    fn line(&self, line: &str, to_stderr: bool);
-    /// The run is over: leave the terminal clean.
-    fn finish(&self) {}
-}
-
-/// Plain lines: stdout to stdout, stderr to stderr (a pipe, a file, a batch log).
-struct Plain;
-
-impl Console for Plain {
-    fn line(&self, line: &str, to_stderr: bool) {
-        if to_stderr {
-            errln!("{line}");
-        } else {
-            outln!("{line}");
-        }
-    }
-}
-
-/// A terminal: rank 0's progress is one line rewritten in place; other lines go above it.
-struct Redraw {
-    /// True while a progress line is on screen.
-    shown: Mutex<bool>,
-}
-
-impl Console for Redraw {
-    fn line(&self, line: &str, to_stderr: bool) {
-        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = std::io::stdout().lock();
-        if !to_stderr && is_progress(line) {
-            let _ = write!(out, "\r\x1b[2K{line}");
-            *shown = true;
-        } else {
-            if *shown {
-                let _ = write!(out, "\r\x1b[2K");
-                *shown = false;
-            }
-            let _ = out.flush();
-            if to_stderr {
-                errln!("{line}");
-            } else {
-                let _ = writeln!(out, "{line}");
-            }
-        }
-        let _ = out.flush();
-    }
-
-    fn finish(&self) {
-        if *self.shown.lock().unwrap_or_else(|e| e.into_inner()) {
-            outln!(); // keep the last progress line, end it
-        }
-    }
-}
-
-/// Rank 0's progress line ("<host>:0 epoch E/N iter I/M ... eta T").
-fn is_progress(line: &str) -> bool {
-    use tchrun::driver_log::{split_console_line, Progress};
-    split_console_line(line)
-        .is_some_and(|(_, rank, rest)| rank == 0 && Progress::parse(rest).is_some())
-}
-
 const TAIL_LINES: usize = 200;
 
 /// The tee shared by the reader threads: every line to `70_mpi_log`, the last ones kept for
@@ -140,7 +80,7 @@ const TAIL_LINES: usize = 200;
 struct Tee {
     log: Mutex<File>,
     tail: Mutex<std::collections::VecDeque<String>>,
-    console: Box<dyn Console>,
+    console: Console,
     /// Set when the user asked the job to stop: from then on mpirun's own messages and the
     /// ranks' "stopped by signal" errors go to `70_mpi_log` only (a clean stop is not a crash).
     quiet: std::sync::atomic::AtomicBool,
@@ -150,8 +90,10 @@ struct Tee {
 /// for it (rank 0 says where its checkpoint is; tchrun says how the job ended).
 fn is_stop_noise(line: &str) -> bool {
     // The ranks' own stop errors, also when mpirun interleaves two ranks' writes on one line
-    // ("vm:0 vm:1 tchrun-worker: error: stopped by signal 10 ...").
+    // ("vm:0 vm:1 tchrun-worker: error: stopped by signal 10 ..."), and their warnings that
+    // the signal came ("vm:1 warning: received SIGUSR1 from ...").
     line.contains("tchrun-worker: error: stopped by signal")
+        || line.contains(" warning: received SIG")
         // mpirun's and orted's own words ("Forwarding signal 10 to job", "Primary job
         // terminated normally, but 1 process returned a non-zero exit code", rules of dashes).
         || tchrun::driver_log::split_console_line(line).is_none()
@@ -194,6 +136,9 @@ pub struct Settings {
     /// Variables set on every process spawned (the attempt's `RankEnv`), on top of tchrun's
     /// own environment and under each command's own.
     pub env: Vec<(String, String)>,
+    /// The ranks whose lines reach the terminal (`--console`) and how many ranks there are:
+    /// how many of a line the console waits for before it folds them (`console.rs`).
+    pub console: (tchrun::console::Selection, usize),
 }
 
 /// How long mpirun/srun get to end the job after a rank reported its failure.
@@ -465,14 +410,8 @@ pub fn run(specs: &[CommandSpec], mpi_log: File, settings: &Settings) -> std::io
     }
     let usr2 = Arc::new(std::sync::atomic::AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGUSR2, Arc::clone(&usr2))?;
-    use std::io::IsTerminal;
-    let console: Box<dyn Console> = if std::io::stdout().is_terminal() {
-        Box::new(Redraw {
-            shown: Mutex::new(false),
-        })
-    } else {
-        Box::new(Plain)
-    };
+    let (selection, world_size) = &settings.console;
+    let console = Console::new(selection, *world_size);
     let sink = Arc::new(Tee {
         log: Mutex::new(mpi_log),
         tail: Mutex::new(Default::default()),
@@ -594,6 +533,8 @@ fn watch(
                 }
             }
         }
+        // Lines that waited long enough for their like from other ranks.
+        sink.console.tick();
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -664,6 +605,12 @@ mod tests {
             "vm:0 stopped at epoch 2 batch 3 (step 11); checkpoint written to /o/checkpoints; continue with --resume"
         ));
         assert!(!is_stop_noise("vm:0 epoch 2/2 iter 3/10 loss 1.2"));
+        assert!(is_stop_noise(
+            "vm:1 warning: received SIGUSR1 from pid 7 (mpirun) (launcher stop, scancel or preemption): stopping all ranks at the next step"
+        ));
+        assert!(!is_stop_noise(
+            "vm:1 warning: step 3: no images on any rank"
+        ));
         assert!(is_stop_noise(
             "vm:0 vm:1 tchrun-worker: error: stopped by signal 10; a checkpoint was written"
         ));

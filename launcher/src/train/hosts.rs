@@ -251,6 +251,7 @@ mod tests {
             log_dir: log_dir.to_path_buf(),
             mpirun_args: Vec::new(),
             as_root: false,
+            console: Default::default(),
         }
     }
 

@@ -191,7 +191,12 @@ fn prepare(
         checked.inputs.train.root.clone(),
         checked.inputs.valid.root.clone(),
     );
-    let plan = validate(launch, log_dir.clone(), GpuUse::Ranks(rank.device))?;
+    let plan = validate(
+        launch,
+        log_dir.clone(),
+        GpuUse::Ranks(rank.device),
+        &rank.console,
+    )?;
     if let Some(g) = job.options.global_batch_size {
         // Each rank accumulates a whole number of micro-batches: refused before any rank starts.
         tchrun::schedule::accumulation_steps(g, job.params.batch_size, plan.world_size() as usize)

@@ -67,12 +67,9 @@ fn run_inference(
         device,
         threads: tchrun::env::threads_per_rank(joined.info.place.local_size),
     };
-    let is_rank0 = pg.rank() == 0;
     let say = |line: &str| {
         tracing::info!("{line}");
-        if is_rank0 {
-            console.out(line);
-        }
+        console.out(line);
     };
     let r = body(&compute, &ranks, &say);
     leave(pg, joined, r.is_ok());

@@ -1,6 +1,7 @@
 //! The rank's `70_driver_log_<rank>`: a header, then every byte the process writes to fd 1 and
 //! fd 2 (ours, libtorch's, Gloo's, NCCL's, a panic's), with `tracing` events timestamped.
-//! The original stdout/stderr stay reachable as the rank's console for user-facing lines.
+//! The original stdout/stderr stay reachable as the rank's console: its user lines when
+//! `--console` selects the rank, its `tracing` warnings and errors always.
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -37,11 +38,71 @@ fn log_write_failed(e: &std::io::Error) {
          lines from here on are lost (free space in --log-dir)"
     );
     if LOG_WRITE_FAILURE.set(note.clone()).is_ok() {
-        if let Some((err, prefix)) = CONSOLE_ERR.get() {
-            if let Ok(mut f) = err.lock() {
-                let _ = writeln!(f, "{prefix}warning: {note}");
-                let _ = f.flush();
+        console_err(&format!("warning: {note}"));
+    }
+}
+
+/// Writes `text` on the rank's console stderr, each line behind the rank's prefix; nothing
+/// before the driver log is open (fd 2 is then the console itself).
+fn console_err(text: &str) {
+    if let Some((err, prefix)) = CONSOLE_ERR.get() {
+        if let Ok(mut f) = err.lock() {
+            for line in text.lines() {
+                let _ = writeln!(f, "{prefix}{line}");
             }
+            let _ = f.flush();
+        }
+    }
+}
+
+/// The `tracing` target of the warnings and errors that stay in the driver log: those the
+/// console already shows in other words (a fatal error's `tchrun-worker: error:` line, the
+/// launcher's own warnings, a panic's backtrace).
+pub const LOG_ONLY: &str = "tchrun_worker::log_only";
+
+/// Every rank's `tracing` warnings and errors on its console stderr as well
+/// (`<host>:<rank> warning: ...`), whatever `--console` selects: the launcher shows them from
+/// every rank. Events with the target [`LOG_ONLY`] stay in the driver log.
+struct ConsoleEvents;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ConsoleEvents {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = event.metadata();
+        let word = match *meta.level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warning",
+            _ => return,
+        };
+        if meta.target() == LOG_ONLY {
+            return;
+        }
+        let mut text = EventText::default();
+        event.record(&mut text);
+        console_err(&format!("{word}: {}{}", text.message, text.fields));
+    }
+}
+
+/// An event's message, then its other fields as ` key=value`.
+#[derive(Default)]
+struct EventText {
+    message: String,
+    fields: String,
+}
+
+impl tracing::field::Visit for EventText {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.message = value.to_string();
+        } else {
+            self.fields.push_str(&format!(" {}={value}", field.name()));
+        }
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        } else {
+            self.fields
+                .push_str(&format!(" {}={value:?}", field.name()));
         }
     }
 }
@@ -133,17 +194,22 @@ pub struct Console {
     err: Mutex<File>,
     /// `host:rank ` before every line, so interleaved ranks stay readable.
     prefix: String,
+    /// Whether `--console` selects this rank: its lines for the user are printed.
+    selected: bool,
 }
 
 impl Console {
-    /// A line for the user on the original stdout.
+    /// A line for the user on the original stdout, when `--console` selects this rank.
     pub fn out(&self, line: &str) {
+        if !self.selected {
+            return;
+        }
         if let Ok(mut f) = self.out.lock() {
             let _ = writeln!(f, "{}{line}", self.prefix);
             let _ = f.flush();
         }
     }
-    /// A line for the user on the original stderr.
+    /// A line for the user on the original stderr, whatever `--console` selects (an error).
     pub fn err(&self, line: &str) {
         if let Ok(mut f) = self.err.lock() {
             let _ = writeln!(f, "{}{line}", self.prefix);
@@ -159,8 +225,13 @@ fn dup_file(fd: i32) -> std::io::Result<File> {
 }
 
 /// Opens `<log_dir>/70_driver_log_<rank>`, writes the header, moves fds 1 and 2 into it, installs
-/// the tracing subscriber and a panic hook. Returns the console for user-facing lines.
-pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Console)> {
+/// the tracing subscriber and a panic hook. Returns the console for user-facing lines, which
+/// prints them when `selection` selects this rank.
+pub fn open(
+    log_dir: &Path,
+    header: &Header,
+    selection: &tchrun::console::Selection,
+) -> std::io::Result<(PathBuf, Console)> {
     std::fs::create_dir_all(log_dir)?;
     let path = tchrun::files::driver_log(log_dir, header.rank);
     let mut file = OpenOptions::new()
@@ -190,6 +261,7 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
         out: Mutex::new(dup_file(1)?),
         err: Mutex::new(dup_file(2)?),
         prefix: tchrun::driver_log::console_prefix(header.host, header.rank),
+        selected: selection.selects(header.host, header.rank),
     };
     let _ = LOG_PATH.set(path.clone());
     let _ = CONSOLE_ERR.set((Mutex::new(dup_file(2)?), console.prefix.clone()));
@@ -199,13 +271,18 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
 
     let filter = tracing_subscriber::EnvFilter::try_from_env(tchrun::env::TCHRUN_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let log = tracing_subscriber::fmt::layer()
         .with_ansi(false)
         .with_writer(|| LogWriter)
         .with_target(false)
         // On a failed write tracing-subscriber would `eprintln!` (a panic on a full disk).
-        .log_internal_errors(false)
+        .log_internal_errors(false);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(log)
+        .with(ConsoleEvents)
         .try_init();
     let rank = header.rank;
     let _ = IDENTITY.set((rank, header.host.to_string()));
@@ -226,7 +303,8 @@ pub fn open(log_dir: &Path, header: &Header) -> std::io::Result<(PathBuf, Consol
             None,
         );
         let bt = std::backtrace::Backtrace::force_capture();
-        tracing::error!("rank {rank} panicked: {info}\n{bt}");
+        // The console gets the error the panic becomes (main's `tchrun-worker: error:`).
+        tracing::error!(target: LOG_ONLY, "rank {rank} panicked: {info}\n{bt}");
     }));
     crate::rank::signals::install()?;
     Ok((path, console))

@@ -63,7 +63,7 @@ pub fn run(a: ExecArgs) -> RankResult {
         command: &command_line(),
         started_by: &format!("{:?}", id.place.started_by),
     };
-    let (_path, console) = driver_log::open(&a.log_dir, &header)
+    let (_path, console) = driver_log::open(&a.log_dir, &header, &Default::default())
         .with_context(|| {
             format!(
                 "cannot write the driver log in {} (check --log-dir)",

@@ -222,7 +222,7 @@ pub fn start_rank(
         command,
         started_by: &format!("{:?}", id.place.started_by),
     };
-    let (_path, console) = driver_log::open(&log_dir, &header)
+    let (_path, console) = driver_log::open(&log_dir, &header, &flags.console)
         .with_context(|| {
             format!(
                 "cannot write the driver log in {} (check --log-dir)",

@@ -65,10 +65,11 @@ pub fn run(a: TrainArgs) -> RankResult {
     // srun or sbatch has had no other check).
     match tchrun::preflight::check_job(&inputs, &a.job, pg.size()) {
         Ok(warnings) => {
-            // `tchrun train` (which sets TCHRUN_ATTEMPT) said them already on the console.
+            // `tchrun train` (which sets TCHRUN_ATTEMPT) said them already on the console; else
+            // rank 0 says them, once for the job.
             let said = std::env::var_os(tchrun::env::TCHRUN_ATTEMPT).is_some();
             for w in warnings {
-                tracing::warn!("{w}");
+                tracing::warn!(target: crate::rank::driver_log::LOG_ONLY, "{w}");
                 if is_rank0 && !said {
                     console.err(&w);
                 }
@@ -85,12 +86,11 @@ pub fn run(a: TrainArgs) -> RankResult {
             ));
         }
     }
-    // User-facing lines: in every driver log, and on rank 0's console.
+    // User-facing lines: in every driver log, and on the console of the ranks `--console`
+    // selects.
     let say = |line: &str| {
         tracing::info!("{line}");
-        if is_rank0 {
-            console.out(line);
-        }
+        console.out(line);
     };
     let ctx = super::RankCtx {
         pg: &pg,
