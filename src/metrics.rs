@@ -150,6 +150,34 @@ pub fn verdict(rows: &[EpochMetrics]) -> Option<Verdict> {
     })
 }
 
+/// The run's stragglers for the end-of-run report: one line per rank and kind, its last
+/// finding and the epochs it was named in (`... in epochs 1, 2, 3`).
+pub fn straggler_lines(rows: &[EpochMetrics]) -> Vec<String> {
+    let mut found: Vec<(Straggler, Vec<u32>)> = Vec::new();
+    for m in rows {
+        for s in &m.stragglers {
+            match found
+                .iter_mut()
+                .find(|(f, _)| (f.rank, f.kind) == (s.rank, s.kind))
+            {
+                Some((f, epochs)) => {
+                    *f = s.clone();
+                    epochs.push(m.epoch);
+                }
+                None => found.push((s.clone(), vec![m.epoch])),
+            }
+        }
+    }
+    found
+        .into_iter()
+        .map(|(s, epochs)| {
+            let e: Vec<String> = epochs.iter().map(u32::to_string).collect();
+            let word = if e.len() == 1 { "epoch" } else { "epochs" };
+            format!("{}; in {word} {}", s.line(), e.join(", "))
+        })
+        .collect()
+}
+
 impl Verdict {
     /// One line for the end-of-run report: the verdict, the split, and the flag to change.
     pub fn line(&self) -> String {
@@ -209,6 +237,35 @@ mod tests {
         m.compute_s = compute;
         m.comm_s = comm;
         m
+    }
+
+    #[test]
+    fn stragglers_are_reported_once_per_rank_and_kind_with_their_epochs() {
+        use crate::job_record::status::SlowKind;
+        let s = |steps: u64| Straggler {
+            rank: 1,
+            host: "node2".into(),
+            device: "cpu".into(),
+            kind: SlowKind::Compute,
+            factor: 2.0,
+            value: 0.2,
+            median: 0.1,
+            steps,
+            since_step: 10,
+        };
+        let mut rows = vec![row(1.0, 0.0, 0.0, 1.0, 0.0), row(1.0, 0.0, 0.0, 1.0, 0.0)];
+        rows[1].epoch = 2;
+        assert!(straggler_lines(&rows).is_empty());
+        rows[0].stragglers = vec![s(30)];
+        rows[1].stragglers = vec![s(80)];
+        assert_eq!(
+            straggler_lines(&rows),
+            vec![
+                "straggler: rank 1 (node2, cpu) compute 2.0x the median of the other ranks for \
+                 80 steps (since step 10); in epochs 1, 2"
+                    .to_string()
+            ]
+        );
     }
 
     #[test]

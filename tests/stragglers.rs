@@ -82,6 +82,32 @@ fn a_rank_with_a_slow_step_is_named_with_its_host() {
         job.output()
     );
     let s = running.expect("status");
+    // `tchrun status` on the running job: the same numbers, in words; the step it shows is
+    // one rank 0's driver log has reached (its heartbeat's) and no further than the total.
+    let st = run(tchrun().arg("status").arg(&out), Duration::from_secs(30));
+    assert_eq!(st.code, Some(0), "{}", st.explain());
+    let state_line = st
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("state:"))
+        .unwrap_or_default();
+    assert!(
+        (state_line.contains("training") || state_line.contains("validating"))
+            && state_line.contains("2 rank(s)"),
+        "{}",
+        st.explain()
+    );
+    let shown: u64 = st
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("step:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no step line: {}", st.explain()));
+    assert!(st.stdout.contains(" of 20 ("), "{}", st.explain());
+    let log0 = read(&out.join("logs/70_driver_log_0"));
+    let started = log0.contains("first optimizer step done");
+    assert!(shown >= 1 && shown <= 20 && started, "step {shown}\n{log0}");
     assert_eq!(
         (s.world_size, s.epochs, s.steps_per_epoch, s.total_steps),
         (2, 2, 10, 20),
@@ -129,7 +155,13 @@ fn a_rank_with_a_slow_step_is_named_with_its_host() {
         let f = r["stragglers"][0]["factor"].as_f64().expect("factor");
         assert!(f > 1.3, "{r}");
     }
-    // The run report names the slowest host.
+    // The run report names the straggler with its epochs, and the slowest host.
+    assert!(
+        console.lines().any(|l| l
+            .starts_with(&format!("tchrun: straggler: rank 1 ({host}, cpu) compute "))
+            && l.ends_with("; in epochs 1, 2")),
+        "{console}"
+    );
     assert!(
         console.contains(&format!("slowest host {host} (rank 1:")),
         "{console}"

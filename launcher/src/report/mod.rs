@@ -501,6 +501,9 @@ pub fn training_report(output: &Path) -> Vec<String> {
     if let Some(v) = tchrun::metrics::verdict(&rows) {
         lines.push(format!("tchrun: {}", v.line()));
     }
+    for s in tchrun::metrics::straggler_lines(&rows) {
+        lines.push(format!("tchrun: {s}"));
+    }
     let tb = output.join(tchrun::tensorboard::DIR);
     if tb.is_dir() {
         lines.push(format!(
