@@ -23,20 +23,21 @@ pub fn parse_lr(s: &str) -> Result<f64, String> {
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct TrainParams {
     /// Passes over the training set.
-    #[arg(long, env = "TCHRUN_EPOCHS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_EPOCHS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     pub epochs: u32,
     /// Images per rank per step.
-    #[arg(long, env = "TCHRUN_BATCH_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_BATCH_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     pub batch_size: u32,
     /// Epochs of linear learning-rate warmup.
-    #[arg(long, env = "TCHRUN_WARMUP_EPOCHS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..), allow_negative_numbers = true)]
+    #[arg(help_heading = "Training", visible_alias = "lr-warmup-epochs", long, env = "TCHRUN_WARMUP_EPOCHS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..), allow_negative_numbers = true)]
     pub warmup_epochs: u32,
     /// Base learning rate; the effective LR is lr × world size (see --lr-scaling). The seed's
     /// table says 0.1, its text 0.001: tchrun uses 0.001.
-    #[arg(long, env = "TCHRUN_LR", default_value_t = 0.001, value_parser = parse_lr, allow_negative_numbers = true)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR", default_value_t = 0.001, value_parser = parse_lr, allow_negative_numbers = true)]
     pub lr: f64,
     /// Seeds weight init, shuffling and augmentation.
     #[arg(
+        help_heading = "Training",
         long,
         env = "TCHRUN_SEED",
         default_value_t = 1,
@@ -44,10 +45,11 @@ pub struct TrainParams {
     )]
     pub seed: i64,
     /// Stop after this many epochs without a lower validation loss.
-    #[arg(long, env = "TCHRUN_PATIENCE", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_PATIENCE", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     pub patience: u32,
-    /// Log a training line every N iterations.
-    #[arg(long, env = "TCHRUN_PRINT_FREQ", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    /// Log a training line at each epoch's first step and every N iterations (each line also
+    /// ends a window of the straggler statistics and status.json's shares).
+    #[arg(help_heading = "Observability", long, env = "TCHRUN_PRINT_FREQ", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     pub print_freq: u32,
 }
 
@@ -91,21 +93,21 @@ impl Backend {
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct RankFlags {
     /// Compute device.
-    #[arg(long, env = "TCHRUN_DEVICE", value_enum, default_value_t = Device::Auto)]
+    #[arg(help_heading = "Launch", long, env = "TCHRUN_DEVICE", value_enum, default_value_t = Device::Auto)]
     pub device: Device,
     /// Collective backend (auto: nccl on CUDA, gloo on CPU).
-    #[arg(long, env = "TCHRUN_BACKEND", value_enum, default_value_t = Backend::Auto)]
+    #[arg(help_heading = "Launch", long, env = "TCHRUN_BACKEND", value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
     /// Directory of the per-rank driver logs (default: <output>/logs, or ./tchrun-logs).
-    #[arg(long, env = "TCHRUN_LOG_DIR")]
+    #[arg(help_heading = "Observability", long, env = "TCHRUN_LOG_DIR")]
     pub log_dir: Option<PathBuf>,
     /// Seconds a collective or the store may wait for the other ranks before failing.
-    #[arg(long, env = "TCHRUN_TIMEOUT", default_value_t = DEFAULT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..=crate::counts::MAX_SECONDS))]
+    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_TIMEOUT", default_value_t = DEFAULT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..=crate::counts::MAX_SECONDS))]
     pub timeout: u64,
     /// Whose lines reach the terminal: all, ranks (0,3 or 0-3) or host:NAME[,NAME]. Warnings
     /// and errors of every rank always do; a line several ranks print alike is shown once, as
     /// "[ranks 0-3] ...". The driver logs keep every line.
-    #[arg(long, env = "TCHRUN_CONSOLE", default_value_t = Selection::default(), value_parser = Selection::parse)]
+    #[arg(help_heading = "Observability", long, env = "TCHRUN_CONSOLE", default_value_t = Selection::default(), value_parser = Selection::parse)]
     pub console: Selection,
 }
 
@@ -376,77 +378,87 @@ impl TrainOptions {
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct TrainOptions {
     /// SGD momentum.
-    #[arg(long, env = "TCHRUN_MOMENTUM", default_value_t = 0.9, value_parser = parse_nonneg)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_MOMENTUM", default_value_t = 0.9, value_parser = parse_nonneg)]
     pub momentum: f64,
     /// SGD weight decay (L2), applied to every parameter as torch.optim.SGD does.
-    #[arg(long, env = "TCHRUN_WEIGHT_DECAY", default_value_t = 1e-4, value_parser = parse_nonneg)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_WEIGHT_DECAY", default_value_t = 1e-4, value_parser = parse_nonneg)]
     pub weight_decay: f64,
     /// Power of the polynomial LR decay after warmup: lr × (1 - t)^power, t going 0 → 1.
-    #[arg(long, env = "TCHRUN_LR_POWER", default_value_t = 1.0, value_parser = parse_power)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_POWER", default_value_t = 1.0, value_parser = parse_power)]
     pub lr_power: f64,
     /// Lower bound of RandomResizedCrop's area scale (torchvision: 0.08; raise it for tiny
     /// images such as digits).
-    #[arg(long, env = "TCHRUN_MIN_CROP_SCALE", default_value_t = 0.08, value_parser = parse_scale)]
+    #[arg(help_heading = "Data", long, env = "TCHRUN_MIN_CROP_SCALE", default_value_t = 0.08, value_parser = parse_scale)]
     pub min_crop_scale: f64,
     /// Turn off the random horizontal flip (for data where mirroring changes the class).
-    #[arg(long, env = "TCHRUN_NO_HFLIP")]
+    #[arg(help_heading = "Data", long, env = "TCHRUN_NO_HFLIP")]
     pub no_hflip: bool,
     /// Skip (and count in the log) images that cannot be decoded instead of failing.
-    #[arg(long, env = "TCHRUN_SKIP_BAD_IMAGES")]
+    #[arg(help_heading = "Data", long, env = "TCHRUN_SKIP_BAD_IMAGES")]
     pub skip_bad_images: bool,
     /// Refuse images whose header declares more pixels than this (decompression bombs).
-    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = crate::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(help_heading = "Data", long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = crate::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
     /// Decode/augment threads per rank (default: cores / ranks on the node).
-    #[arg(long, env = "TCHRUN_LOADER_THREADS", value_parser = clap::value_parser!(u32).range(1..=crate::counts::MAX_LOADER_THREADS as i64))]
+    #[arg(help_heading = "Data", short = 'j', visible_alias = "workers", long, env = "TCHRUN_LOADER_THREADS", value_parser = clap::value_parser!(u32).range(1..=crate::counts::MAX_LOADER_THREADS as i64))]
     pub loader_threads: Option<u32>,
     /// Mixed precision on CUDA (ignored on CPU).
-    #[arg(long, env = "TCHRUN_AMP", value_enum, default_value_t = Amp::Off)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_AMP", value_enum, default_value_t = Amp::Off)]
     pub amp: Amp,
     /// Keep PyTorch's default NCHW layout instead of channels-last (NHWC in memory) for the
     /// convolution weights and the input batches. Channels-last is the faster layout for
     /// oneDNN and cuDNN convolutions; the weights written to --output are standard NCHW either way.
-    #[arg(long, env = "TCHRUN_NO_CHANNELS_LAST")]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_NO_CHANNELS_LAST")]
     pub no_channels_last: bool,
     /// Gradient bucket cap in MiB (DDP's bucket_cap_mb): each bucket's all-reduce starts as
     /// soon as backward has filled it. The first bucket is capped at 1 MiB (or this, if less).
-    #[arg(long, env = "TCHRUN_BUCKET_CAP_MB", default_value_t = BUCKET_CAP_MB, value_parser = parse_bucket_mb)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_BUCKET_CAP_MB", default_value_t = BUCKET_CAP_MB, value_parser = parse_bucket_mb)]
     pub bucket_cap_mb: f64,
     /// Continue from the last checkpoint in --output.
-    #[arg(long, env = "TCHRUN_RESUME")]
+    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_RESUME")]
     pub resume: bool,
     /// Start over in an --output that holds an interrupted run's checkpoint or a trained
     /// model: its checkpoints, metrics and model are replaced by this run's.
-    #[arg(long, env = "TCHRUN_OVERWRITE", conflicts_with = "resume")]
+    #[arg(
+        help_heading = "Fault tolerance",
+        long,
+        env = "TCHRUN_OVERWRITE",
+        conflicts_with = "resume"
+    )]
     pub overwrite: bool,
     /// Fine-tuning: train the classifier only (`fc` / `classifier`). Every other parameter and
     /// batch-norm statistic stays as it started, bit for bit: no gradient, no all-reduce, batch
     /// norm in inference mode.
-    #[arg(long, env = "TCHRUN_FREEZE_BACKBONE")]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_FREEZE_BACKBONE")]
     pub freeze_backbone: bool,
     /// Fine-tuning: the LR of everything but the classifier is the scheduled LR × S (the
     /// classifier's is the scheduled LR). 1 trains all layers alike.
-    #[arg(long, env = "TCHRUN_BACKBONE_LR_SCALE", default_value_t = 1.0, value_parser = parse_nonneg, conflicts_with = "freeze_backbone")]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_BACKBONE_LR_SCALE", default_value_t = 1.0, value_parser = parse_nonneg, conflicts_with = "freeze_backbone")]
     pub backbone_lr_scale: f64,
     /// Also checkpoint every STEPS optimizer steps (besides each epoch's end; 0: epoch ends
     /// only). Rank 0 writes in the background: no rank waits on its storage.
-    #[arg(long, env = "TCHRUN_CHECKPOINT_EVERY", default_value_t = 0)]
+    #[arg(
+        help_heading = "Fault tolerance",
+        long,
+        env = "TCHRUN_CHECKPOINT_EVERY",
+        default_value_t = 0
+    )]
     pub checkpoint_every: u64,
     /// Images per optimizer step over all ranks. Each rank then accumulates the gradients of
     /// G / (world size × --batch-size) micro-batches of --batch-size images per step, the
     /// micro-batches cut from each step's G images in one fixed way: the same samples form the
     /// same steps at any world size. Must be a multiple of world size × --batch-size.
-    #[arg(long, env = "TCHRUN_GLOBAL_BATCH_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_GLOBAL_BATCH_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
     pub global_batch_size: Option<u32>,
     /// How the effective LR follows the batch: k = world size (with --global-batch-size:
     /// G / --batch-size); linear: lr × k, sqrt: lr × √k, none: lr.
-    #[arg(long, env = "TCHRUN_LR_SCALING", value_enum, default_value_t = LrScaling::Linear)]
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_SCALING", value_enum, default_value_t = LrScaling::Linear)]
     pub lr_scaling: LrScaling,
     /// A rank slower than the others (compute 1.3x the median of the other ranks, or a data
     /// wait 10 points above theirs, three --print-freq windows in a row) is named; warn: that
     /// is all; exclude: a host slow for a whole epoch is left out at a restart from that
     /// epoch's checkpoint (needs --max-restarts and --hostfile).
-    #[arg(long, env = "TCHRUN_STRAGGLER_ACTION", value_enum, default_value_t = StragglerAction::Warn)]
+    #[arg(help_heading = "Observability", long, env = "TCHRUN_STRAGGLER_ACTION", value_enum, default_value_t = StragglerAction::Warn)]
     pub straggler_action: StragglerAction,
 }
 
@@ -508,16 +520,21 @@ impl TrainOptions {
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct TrainJob {
     /// Untrained model directory (made by `tchrun model init`).
-    #[arg(long, env = "TCHRUN_MODEL")]
+    #[arg(long, help_heading = "Inputs and outputs", env = "TCHRUN_MODEL")]
     pub model: PathBuf,
     /// Training image directory (one sub-folder per class), or a .zip/.tar/.tar.gz archive of one.
-    #[arg(long, env = "TCHRUN_TRAIN")]
+    #[arg(long, help_heading = "Inputs and outputs", env = "TCHRUN_TRAIN")]
     pub train: PathBuf,
     /// Validation image directory (the same classes), or a .zip/.tar/.tar.gz archive of one.
-    #[arg(long, env = "TCHRUN_VALID")]
+    #[arg(long, help_heading = "Inputs and outputs", env = "TCHRUN_VALID")]
     pub valid: PathBuf,
     /// Trained model directory to write (model.json, model.safetensors, metrics).
-    #[arg(long, env = "TCHRUN_OUTPUT")]
+    #[arg(
+        long,
+        help_heading = "Inputs and outputs",
+        env = "TCHRUN_OUTPUT",
+        visible_alias = "output-dir"
+    )]
     pub output: PathBuf,
     #[command(flatten)]
     pub params: TrainParams,

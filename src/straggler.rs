@@ -2,7 +2,7 @@
 //! compute, communication; `metrics.rs`'s) is gathered on every rank, and each rank is compared
 //! with the median of the *other* ranks: a rank whose compute per step is [`COMPUTE_FACTOR`]×
 //! theirs, or whose data-wait share is [`WAIT_MARGIN`] above theirs (and at least twice it), in
-//! [`WINDOWS`] windows in a row, is a straggler until a window finds it level again. The
+//! [`WINDOWS`] windows in a row holding [`MIN_STEPS`] steps or more, is a straggler until a window finds it level again. The
 //! others' median, not everyone's: with two ranks the median of both would halve the margin.
 //! Communication is not compared (it holds the time the others wait for the slow one).
 //!
@@ -18,8 +18,10 @@ pub const COMPUTE_MIN_EXCESS_S: f64 = 0.001;
 /// Data-wait share above the others' median share that counts as slow (and it must be at least
 /// twice theirs).
 pub const WAIT_MARGIN: f64 = 0.10;
-/// Windows in a row a rank must be slow in before it is named.
+/// Windows in a row a rank must be slow in before it is named, and the steps they must hold
+/// at least (a window can be one step: an epoch's first, `--print-freq 1`).
 pub const WINDOWS: u32 = 3;
+pub const MIN_STEPS: u64 = 8;
 
 /// One rank's window: seconds waiting for the loader, computing and communicating, the
 /// window's wall time and its optimizer steps.
@@ -88,6 +90,8 @@ struct Run {
     windows: u32,
     steps: u64,
     since_step: u64,
+    /// Named already in this run of windows.
+    named: bool,
 }
 
 /// The rule above, window after window.
@@ -171,9 +175,11 @@ impl Detector {
                 }
                 run.windows += 1;
                 run.steps += steps;
-                if run.windows < WINDOWS {
+                if run.windows < WINDOWS || run.steps < MIN_STEPS {
                     continue;
                 }
+                let new = !run.named;
+                run.named = true;
                 let (kind, value, median) = if k == 0 {
                     (SlowKind::Compute, c, mc)
                 } else {
@@ -187,7 +193,7 @@ impl Detector {
                     median,
                     steps: run.steps,
                     since_step: run.since_step,
-                    new: run.windows == WINDOWS,
+                    new,
                 });
             }
         }
@@ -304,6 +310,22 @@ mod tests {
         let mut w = even(2);
         w[0].steps = 0;
         assert!(Detector::new().observe(10, &w).is_empty());
+    }
+
+    #[test]
+    fn three_tiny_windows_are_not_enough() {
+        let mut d = Detector::new();
+        let mut w = even(2);
+        for s in &mut w {
+            s.steps = 1;
+        }
+        w[0].compute_s = 1.6;
+        for step in 1..=7 {
+            assert!(d.observe(step, &w).is_empty(), "{step} steps");
+        }
+        let f = d.observe(8, &w);
+        assert_eq!((f.len(), f[0].steps, f[0].new), (1, 8, true));
+        assert!(!d.observe(9, &w)[0].new);
     }
 
     #[test]

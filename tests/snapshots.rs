@@ -123,6 +123,82 @@ fn dry_run_plan() {
     insta::assert_snapshot!("dry run train", text);
 }
 
+/// torchrun's and torchvision's flag names are aliases: the same plan, to the byte, as
+/// tchrun's own names.
+#[test]
+fn torchrun_and_torchvision_flag_names_give_the_same_plan() {
+    let t = tempdir();
+    let (model, data) = job(t.path());
+    let plan = |flags: &[&str], out: &str| {
+        let mut c = clean(tchrun());
+        c.arg("train")
+            .arg("--model")
+            .arg(&model)
+            .arg("--train")
+            .arg(data.join("train"))
+            .arg("--valid")
+            .arg(data.join("valid"))
+            .args(flags)
+            .arg(t.path().join("out"))
+            .args(["--epochs", "3", "--dry-run"])
+            .env("TCHRUN_DATA_CACHE", t.path().join("cache"));
+        let r = run(&mut c, LIMIT);
+        assert_eq!(r.code, Some(0), "{out}: {}", r.explain());
+        // The plan (the index lines say built, then reused).
+        r.stdout
+            .lines()
+            .filter(|l| !l.starts_with("tchrun: "))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    let ours = plan(
+        &[
+            "--procs-per-node",
+            "2",
+            "--nodes",
+            "1",
+            "--loader-threads",
+            "1",
+            "--warmup-epochs",
+            "1",
+            "--output",
+        ],
+        "tchrun's names",
+    );
+    let theirs = plan(
+        &[
+            "--nproc-per-node",
+            "2",
+            "--nnodes",
+            "1",
+            "-j",
+            "1",
+            "--lr-warmup-epochs",
+            "1",
+            "--output-dir",
+        ],
+        "aliases",
+    );
+    assert_eq!(ours, theirs);
+    assert!(
+        ours.contains("--loader-threads=1") && ours.contains("--warmup-epochs"),
+        "{ours}"
+    );
+    let workers = plan(
+        &[
+            "--nproc-per-node",
+            "2",
+            "--workers",
+            "1",
+            "--lr-warmup-epochs",
+            "1",
+            "--output",
+        ],
+        "--workers",
+    );
+    assert_eq!(ours, workers);
+}
+
 #[test]
 fn sbatch_script() {
     let t = tempdir();

@@ -17,42 +17,57 @@ pub enum LauncherKind {
 #[derive(Args, Debug, Clone)]
 pub struct LaunchArgs {
     /// Nodes to run on.
-    #[arg(long, env = "TCHRUN_NODES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    #[arg(help_heading = "Launch", visible_alias = "nnodes", long, env = "TCHRUN_NODES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     pub nodes: u32,
     /// Ranks per node (at most the GPUs per node on CUDA, the cores on CPU).
-    #[arg(long, env = "TCHRUN_PROCS_PER_NODE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    #[arg(help_heading = "Launch", visible_alias = "nproc-per-node", long, env = "TCHRUN_PROCS_PER_NODE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     pub procs_per_node: u32,
     /// How to start the ranks.
-    #[arg(long, env = "TCHRUN_LAUNCHER", value_enum, default_value_t = LauncherKind::Auto)]
+    #[arg(help_heading = "Launch", long, env = "TCHRUN_LAUNCHER", value_enum, default_value_t = LauncherKind::Auto)]
     pub launcher: LauncherKind,
     /// OpenMPI hostfile (`host slots=N` lines).
-    #[arg(long, env = "TCHRUN_HOSTFILE", conflicts_with = "hosts")]
+    #[arg(
+        help_heading = "Launch",
+        long,
+        env = "TCHRUN_HOSTFILE",
+        conflicts_with = "hosts"
+    )]
     pub hostfile: Option<PathBuf>,
     /// Comma-separated hosts (instead of --hostfile).
-    #[arg(long, env = "TCHRUN_HOSTS", value_delimiter = ',')]
+    #[arg(
+        help_heading = "Launch",
+        long,
+        env = "TCHRUN_HOSTS",
+        value_delimiter = ','
+    )]
     pub hosts: Vec<String>,
     /// Allow more ranks than slots/cores (mpirun --oversubscribe).
-    #[arg(long, env = "TCHRUN_OVERSUBSCRIBE")]
+    #[arg(help_heading = "Launch", long, env = "TCHRUN_OVERSUBSCRIBE")]
     pub oversubscribe: bool,
     /// Print the exact command and environment, start nothing.
-    #[arg(long, env = "TCHRUN_DRY_RUN")]
+    #[arg(help_heading = "Launch", long, env = "TCHRUN_DRY_RUN")]
     pub dry_run: bool,
     /// The tchrun-worker binary (default: the one beside tchrun, which must exist at the same
     /// path on every node).
-    #[arg(long, env = "TCHRUN_WORKER")]
+    #[arg(help_heading = "Launch", long, env = "TCHRUN_WORKER")]
     pub worker: Option<PathBuf>,
     /// Seconds the ranks get to stop cleanly (checkpoint) after Ctrl-C/SIGTERM before they are
     /// killed.
-    #[arg(long, env = "TCHRUN_GRACE_PERIOD", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
+    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_GRACE_PERIOD", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
     pub grace_period: u64,
     /// End the job when no rank made progress for this many seconds (0: off). Unset: a rank
     /// that stops beating while the others wait in a collective ends the job, and so does no
     /// step for max(60 s, 10 × the slowest step; 30 min in validation and writes); exec's
     /// programs are watched only with a number (their driver logs' writes).
-    #[arg(long, env = "TCHRUN_HANG_TIMEOUT", value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
+    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_HANG_TIMEOUT", value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
     pub hang_timeout: Option<u64>,
     /// Extra arguments for mpirun, one string (e.g. "--mca btl self,tcp").
-    #[arg(long, env = "TCHRUN_MPIRUN_ARGS", allow_hyphen_values = true)]
+    #[arg(
+        help_heading = "Launch",
+        long,
+        env = "TCHRUN_MPIRUN_ARGS",
+        allow_hyphen_values = true
+    )]
     pub mpirun_args: Option<String>,
 }
 

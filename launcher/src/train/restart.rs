@@ -25,16 +25,25 @@ pub struct RestartArgs {
     /// Restarts of the whole job after a rank failure, each resuming from the last complete
     /// checkpoint (only when the failed attempt wrote a newer one: a job that fails before
     /// making progress is not retried). 0: fail as soon as a rank fails.
-    #[arg(long, env = "TCHRUN_MAX_RESTARTS", default_value_t = 0)]
+    #[arg(
+        help_heading = "Fault tolerance",
+        long,
+        env = "TCHRUN_MAX_RESTARTS",
+        default_value_t = 0
+    )]
     pub max_restarts: u32,
     /// Leave out a host whose ranks failed in two attempts: the next attempt runs on the
     /// remaining hosts of --hostfile with fewer ranks, resuming from the checkpoint (needs
     /// --hostfile and --max-restarts).
-    #[arg(long, env = "TCHRUN_EXCLUDE_FAILED_HOSTS")]
+    #[arg(
+        help_heading = "Fault tolerance",
+        long,
+        env = "TCHRUN_EXCLUDE_FAILED_HOSTS"
+    )]
     pub exclude_failed_hosts: bool,
     /// With --exclude-failed-hosts: the fewest nodes the job goes on with; when leaving out a
     /// failing host would leave fewer, the job stops (exit 4).
-    #[arg(long, env = "TCHRUN_MIN_NODES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true, requires = "exclude_failed_hosts")]
+    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_MIN_NODES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true, requires = "exclude_failed_hosts")]
     pub min_nodes: u32,
 }
 

@@ -45,8 +45,10 @@ pub(super) struct Live {
     rank: usize,
     detector: Detector,
     mark: Mark,
-    /// Windows observed in this run (the first is the warm-up: not judged).
+    /// Windows observed in this run and in this epoch (the run's first and each epoch's first
+    /// are warm-up, the loader starting: not judged).
     windows: u64,
+    epoch_windows: u64,
     /// Every rank's host and device (rank 0; others keep their own only).
     places: Vec<(String, String)>,
     /// The stragglers named now, and this epoch's (each rank and kind's last finding).
@@ -112,6 +114,7 @@ impl Live {
                 at: Instant::now(),
             },
             windows: 0,
+            epoch_windows: 0,
             places,
             now: Vec::new(),
             epoch: Vec::new(),
@@ -121,6 +124,7 @@ impl Live {
 
     /// A new epoch: its counters start at zero now.
     pub(super) fn begin_epoch(&mut self) {
+        self.epoch_windows = 0;
         self.mark = Mark {
             wait_s: 0.0,
             compute_s: 0.0,
@@ -185,12 +189,11 @@ impl Live {
             sum[2] += s.wall_s;
         }
         self.windows += 1;
-        let findings = if self.windows > 1 {
-            self.detector.observe(end.step, &samples)
-        } else {
-            Vec::new()
-        };
-        self.name(&findings, say);
+        self.epoch_windows += 1;
+        if self.windows > 1 && self.epoch_windows > 1 {
+            let findings = self.detector.observe(end.step, &samples);
+            self.name(&findings, say);
+        }
         if self.rank != 0 {
             return Ok(());
         }

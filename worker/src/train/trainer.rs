@@ -430,8 +430,14 @@ impl<'a> Trainer<'a> {
         let p = &job.params;
         let steps_per_epoch = self.plan.steps_per_epoch;
         let step = self.s.step;
-        if (it + 1) % p.print_freq as u64 == 0 || it + 1 == steps_per_epoch {
+        // The epoch's first step too (as torchvision prints iteration 0): the first line comes
+        // when training has started, not `--print-freq` steps later.
+        if e.steps == 1 || (it + 1) % p.print_freq as u64 == 0 || it + 1 == steps_per_epoch {
+            // The window's all-gather (and rank 0's writes, which the others wait for in it):
+            // communication, so that the time split adds up to the loop's time.
+            let t = Instant::now();
             self.progress(e, it, stats.loss)?;
+            e.comm_s += t.elapsed().as_secs_f64();
         }
         // The state after this step, mid-epoch (a stop's checkpoint, or `--checkpoint-every`'s).
         let partial = (
