@@ -253,8 +253,9 @@ mod tests {
     }
 }
 
-/// How the effective LR follows the batch of one optimizer step: k = the world size, or with
-/// `--global-batch-size G`, k = G / --batch-size (world size × accumulation steps).
+/// How the effective LR follows the batch of one optimizer step: k = its images / the batch
+/// `--lr` is given for (`schedule::lr_reference_batch`): the world size by default, 1 with
+/// `--global-batch-size G` unless `--lr-reference-batch` says otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LrScaling {
     /// lr × k (Goyal et al.'s linear scaling rule).
@@ -438,10 +439,19 @@ pub struct TrainOptions {
     /// same steps at any world size. Must be a multiple of world size × --batch-size.
     #[arg(long, env = "TCHRUN_GLOBAL_BATCH_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
     pub global_batch_size: Option<u32>,
-    /// How the effective LR follows the batch: k = world size (with --global-batch-size:
-    /// G / --batch-size); linear: lr × k, sqrt: lr × √k, none: lr.
+    /// How the effective LR follows the batch: k = images per optimizer step / the batch --lr
+    /// is given for (--lr-reference-batch): the world size by default, G / G = 1 with
+    /// --global-batch-size G; linear: lr × k, sqrt: lr × √k, none: lr. --batch-size never
+    /// changes the LR when G is given.
     #[arg(long, env = "TCHRUN_LR_SCALING", value_enum, default_value_t = LrScaling::Linear)]
     pub lr_scaling: LrScaling,
+    /// The batch (images per optimizer step over all ranks) --lr is given for; --lr-scaling
+    /// scales it by (images per step) / R. Default: --global-batch-size G when given (--lr is
+    /// the LR of the global batch, as torchvision's --lr is that of the batch it was tuned
+    /// with), else --batch-size (--lr is one rank's LR, × world size). E.g. 256 for Goyal et
+    /// al.'s "0.1 per 256 images".
+    #[arg(long, env = "TCHRUN_LR_REFERENCE_BATCH", value_parser = clap::value_parser!(u32).range(1..))]
+    pub lr_reference_batch: Option<u32>,
     /// A rank slower than the others (compute 1.3x the median of the other ranks, or a data
     /// wait 10 points above theirs, three --print-freq windows in a row) is named; warn: that
     /// is all; exclude: a host slow for a whole epoch is left out at a restart from that
@@ -493,6 +503,9 @@ impl TrainOptions {
         }
         if self.lr_scaling != LrScaling::Linear {
             v.push(format!("--lr-scaling={}", self.lr_scaling.as_str()));
+        }
+        if let Some(r) = self.lr_reference_batch {
+            v.push(format!("--lr-reference-batch={r}"));
         }
         if self.straggler_action != StragglerAction::Warn {
             v.push(format!(

@@ -266,6 +266,8 @@ impl Trainer<'_> {
                 backbone_lr_scale: job.options.backbone_lr_scale,
                 global_batch_size: job.options.global_batch_size,
                 lr_scaling: self.plan.scaling.as_str().into(),
+                lr_reference_batch: Some(self.plan.reference),
+                threads: u32::try_from(tch::get_num_threads()).ok(),
             }),
             metrics: best_metrics
                 .as_ref()
