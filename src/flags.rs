@@ -107,6 +107,12 @@ pub struct RankFlags {
     /// "[ranks 0-3] ...". The driver logs keep every line.
     #[arg(long, env = "TCHRUN_CONSOLE", default_value_t = Selection::default(), value_parser = Selection::parse)]
     pub console: Selection,
+    /// Intra-op (libtorch) threads of each rank (default: this node's cores / its ranks). More
+    /// ranks × threads than cores, or a node already busy, slows every rank: tchrun warns
+    /// before the ranks start, and the run report says "CPU oversubscribed". The same model
+    /// at any world size needs the same --threads.
+    #[arg(long, env = "TCHRUN_THREADS", value_parser = clap::value_parser!(u32).range(1..=crate::counts::MAX_LOADER_THREADS as i64))]
+    pub threads: Option<u32>,
 }
 
 impl RankFlags {
@@ -124,7 +130,18 @@ impl RankFlags {
         if let Some(d) = &self.log_dir {
             v.push(format!("--log-dir={}", d.display()));
         }
+        if let Some(t) = self.threads {
+            v.push(format!("--threads={t}"));
+        }
         v
+    }
+
+    /// Each rank's intra-op threads with `local_size` ranks on its node: `--threads`, else the
+    /// node's cores shared among its ranks (`env::threads_per_rank`).
+    pub fn threads_per_rank(&self, local_size: usize) -> usize {
+        self.threads
+            .map(|t| t as usize)
+            .unwrap_or_else(|| crate::env::threads_per_rank(local_size))
     }
 }
 
@@ -242,6 +259,8 @@ mod tests {
             "-3",
             "--backend",
             "gloo",
+            "--threads",
+            "3",
         ])
         .expect("parse");
         let mut argv = vec!["x".to_string()];

@@ -76,6 +76,7 @@ impl Trainer<'_> {
             comm_max_s: split.max[2],
             stragglers,
             slowest,
+            cpu_oversubscribed: crate::rank::start::cpu_oversubscribed(),
         };
         (self.ctx.say)(&format!(
             "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",

@@ -428,7 +428,7 @@ fn lr_why(
     let (o, s) = (&job.options, job.options.lr_scaling.as_str());
     let r = match o.lr_reference_batch {
         Some(r) => format!("--lr-reference-batch {r}"),
-        None if global => format!("--lr given for the global batch {reference}"),
+        None if global => format!("reference batch {reference}: --lr is the global batch's LR"),
         None => format!("--batch-size {reference}"),
     };
     match (global, o.lr_scaling, o.lr_reference_batch) {
