@@ -271,13 +271,18 @@ impl Verdict {
             ),
             None => split,
         };
+        // An oversubscribed CPU is said with its fix; compute-bound is then no longer "as it
+        // should be".
         if let Some(w) = self.cpu_oversubscribed.as_ref().and_then(CpuUse::warning) {
-            let bound = match self.bound {
-                Bound::Input => "input-bound",
-                Bound::Compute => "compute-bound",
-                Bound::Communication => "communication-bound",
-            };
-            return format!("{w} ({bound} on an oversubscribed CPU: {split})");
+            if self.bound == Bound::Compute {
+                return format!("compute-bound: {split}; {w}");
+            }
+            let line = Verdict {
+                cpu_oversubscribed: None,
+                ..self.clone()
+            }
+            .line();
+            return format!("{line}; {w}");
         }
         match self.bound {
             Bound::Input => format!(
@@ -422,10 +427,19 @@ mod tests {
         assert_eq!(back, rows[1]);
         assert_eq!(
             verdict(&rows).expect("verdict").line(),
-            "CPU oversubscribed: load average 5.3 before the ranks started > 2 cores (other \
-             processes use them); the ranks' threads wait for one another's cores: use --threads \
-             1 or fewer --procs-per-node (compute-bound on an oversubscribed CPU: data wait 5% \
-             (slowest rank 5%), compute 90%, communication 5% of the step time)"
+            "compute-bound: data wait 5% (slowest rank 5%), compute 90%, communication 5% of \
+             the step time; CPU oversubscribed: load average 5.3 before the ranks started > 2 \
+             cores (other processes use them); the ranks' threads wait for one another's cores: \
+             use --threads 1 or fewer --procs-per-node"
+        );
+        let mut slow = vec![row(10.0, 5.0, 6.0, 3.0, 2.0)];
+        slow[0].cpu_oversubscribed = Some(cpu(2, 4, None));
+        let line = verdict(&slow).expect("verdict").line();
+        assert!(
+            line.starts_with("input-bound: ")
+                && line.contains("--loader-threads")
+                && line.ends_with("use --threads 1 or fewer --procs-per-node"),
+            "{line}"
         );
     }
 }

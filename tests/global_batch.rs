@@ -146,8 +146,10 @@ fn four_ranks_and_two_ranks_accumulating_two_train_the_same_model() {
     let (four, two) = (t.path().join("four"), t.path().join("two"));
     // One step of 64 per epoch: the four-way sums' rounding (~1e-7) is not yet amplified by
     // many small-batch steps (8 steps of micro-batches of 4 at LR 0.08 drift up to 0.3 apart).
-    ok(&train(&model, &four, 4, 16, &["--global-batch-size", "64"]));
-    ok(&train(&model, &two, 2, 16, &["--global-batch-size", "64"]));
+    // --lr given for 16 images: k = 4, the LR this test was measured at.
+    let g = ["--global-batch-size", "64", "--lr-reference-batch", "16"];
+    ok(&train(&model, &four, 4, 16, &g));
+    ok(&train(&model, &two, 2, 16, &g));
     let (d, name) = max_diff(&four, &two);
     assert!(d <= 1e-6, "{name} differs by {d}");
 }

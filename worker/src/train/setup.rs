@@ -439,7 +439,8 @@ fn lr_why(
             job.params.batch_size
         ),
         (true, _, _) => format!(
-            "{factor_text} (--lr-scaling {s}, --global-batch-size {step_images} / {r};              --batch-size does not change it)"
+            "{factor_text} (--lr-scaling {s}, --global-batch-size {step_images} / {r}; \
+             --batch-size does not change it)"
         ),
     }
 }
