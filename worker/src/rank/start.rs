@@ -118,8 +118,10 @@ fn set_threads(flags: &RankFlags, local_rank: usize, local_size: usize) {
     tch::set_num_threads(n as i32);
     let cpu = tchrun::metrics::CpuUse::of_this_host(local_size, n);
     if local_rank == 0 {
+        // The launcher said it on the console (once); the driver log keeps it at info level,
+        // which stays off the console.
         if let Some(w) = cpu.warning() {
-            tracing::warn!("{w}");
+            tracing::info!("warning: {w}");
         }
     }
     let _ = CPU_AT_START.set(cpu);
