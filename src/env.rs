@@ -93,7 +93,8 @@ pub const TCHRUN_MASTER_ADDR: &str = "TCHRUN_MASTER_ADDR";
 /// (`data::index::upfront_limit`); above it each image is checked when first decoded.
 /// Default `data::index::UPFRONT_VERIFY_LIMIT` (50,000); 0 never checks up front.
 pub const TCHRUN_VERIFY_UPFRONT_MAX: &str = "TCHRUN_VERIFY_UPFRONT_MAX";
-/// Intra-op (libtorch) threads of each rank; default: [`threads_per_rank`].
+/// `--threads`' variable: intra-op (libtorch) threads of each rank; default:
+/// [`threads_per_rank`].
 pub const TCHRUN_THREADS: &str = "TCHRUN_THREADS";
 /// The driver log's `tracing` filter (`EnvFilter` syntax, e.g. `debug`); default `info`.
 pub const TCHRUN_LOG: &str = "TCHRUN_LOG";
@@ -130,6 +131,12 @@ pub fn threads_per_rank(local_size: usize) -> usize {
         .map(|n| n.get())
         .unwrap_or(1);
     (cores / local_size.max(1)).max(1)
+}
+
+/// This host's 1-minute load average (`/proc/loadavg`), if it can be read.
+pub fn load_average() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    s.split_whitespace().next()?.parse().ok()
 }
 
 /// Prefixes of variables the launcher forwards to remote ranks.

@@ -109,6 +109,12 @@ pub struct RankFlags {
     /// "[ranks 0-3] ...". The driver logs keep every line.
     #[arg(help_heading = "Observability", long, env = "TCHRUN_CONSOLE", default_value_t = Selection::default(), value_parser = Selection::parse)]
     pub console: Selection,
+    /// Intra-op (libtorch) threads of each rank (default: this node's cores / its ranks). More
+    /// ranks × threads than cores, or a node already busy, slows every rank: tchrun warns
+    /// before the ranks start, and the run report says "CPU oversubscribed". The same model
+    /// at any world size needs the same --threads.
+    #[arg(help_heading = "Launch", long, env = "TCHRUN_THREADS", value_parser = clap::value_parser!(u32).range(1..=crate::counts::MAX_LOADER_THREADS as i64))]
+    pub threads: Option<u32>,
 }
 
 impl RankFlags {
@@ -126,7 +132,18 @@ impl RankFlags {
         if let Some(d) = &self.log_dir {
             v.push(format!("--log-dir={}", d.display()));
         }
+        if let Some(t) = self.threads {
+            v.push(format!("--threads={t}"));
+        }
         v
+    }
+
+    /// Each rank's intra-op threads with `local_size` ranks on its node: `--threads`, else the
+    /// node's cores shared among its ranks (`env::threads_per_rank`).
+    pub fn threads_per_rank(&self, local_size: usize) -> usize {
+        self.threads
+            .map(|t| t as usize)
+            .unwrap_or_else(|| crate::env::threads_per_rank(local_size))
     }
 }
 
@@ -244,6 +261,8 @@ mod tests {
             "-3",
             "--backend",
             "gloo",
+            "--threads",
+            "3",
         ])
         .expect("parse");
         let mut argv = vec!["x".to_string()];
@@ -255,8 +274,9 @@ mod tests {
     }
 }
 
-/// How the effective LR follows the batch of one optimizer step: k = the world size, or with
-/// `--global-batch-size G`, k = G / --batch-size (world size × accumulation steps).
+/// How the effective LR follows the batch of one optimizer step: k = its images / the batch
+/// `--lr` is given for (`schedule::lr_reference_batch`): the world size by default, 1 with
+/// `--global-batch-size G` unless `--lr-reference-batch` says otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LrScaling {
     /// lr × k (Goyal et al.'s linear scaling rule).
@@ -450,10 +470,19 @@ pub struct TrainOptions {
     /// same steps at any world size. Must be a multiple of world size × --batch-size.
     #[arg(help_heading = "Training", long, env = "TCHRUN_GLOBAL_BATCH_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
     pub global_batch_size: Option<u32>,
-    /// How the effective LR follows the batch: k = world size (with --global-batch-size:
-    /// G / --batch-size); linear: lr × k, sqrt: lr × √k, none: lr.
+    /// How the effective LR follows the batch: k = images per optimizer step / the batch --lr
+    /// is given for (--lr-reference-batch): the world size by default, G / G = 1 with
+    /// --global-batch-size G; linear: lr × k, sqrt: lr × √k, none: lr. --batch-size never
+    /// changes the LR when G is given.
     #[arg(help_heading = "Training", long, env = "TCHRUN_LR_SCALING", value_enum, default_value_t = LrScaling::Linear)]
     pub lr_scaling: LrScaling,
+    /// The batch (images per optimizer step over all ranks) --lr is given for; --lr-scaling
+    /// scales it by (images per step) / R. Default: --global-batch-size G when given (--lr is
+    /// the LR of the global batch, as torchvision's --lr is that of the batch it was tuned
+    /// with), else --batch-size (--lr is one rank's LR, × world size). E.g. 256 for Goyal et
+    /// al.'s "0.1 per 256 images".
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_REFERENCE_BATCH", value_parser = clap::value_parser!(u32).range(1..))]
+    pub lr_reference_batch: Option<u32>,
     /// A rank slower than the others (compute 1.3x the median of the other ranks, or a data
     /// wait 10 points above theirs, three --print-freq windows in a row) is named; warn: that
     /// is all; exclude: a host slow for a whole epoch is left out at a restart from that
@@ -505,6 +534,9 @@ impl TrainOptions {
         }
         if self.lr_scaling != LrScaling::Linear {
             v.push(format!("--lr-scaling={}", self.lr_scaling.as_str()));
+        }
+        if let Some(r) = self.lr_reference_batch {
+            v.push(format!("--lr-reference-batch={r}"));
         }
         if self.straggler_action != StragglerAction::Warn {
             v.push(format!(

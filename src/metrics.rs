@@ -56,6 +56,75 @@ pub struct EpochMetrics {
     /// host: where a slow node shows first. Absent with one rank and in older rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowest: Option<Slowest>,
+    /// Rank 0's node when its ranks × intra-op threads or its load average at the start
+    /// exceeded its cores (`CpuUse::oversubscribed`). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_oversubscribed: Option<CpuUse>,
+}
+
+/// A node's CPU cores against what a job asks of them: its ranks × intra-op threads
+/// (`--threads`), and the load average before the job's ranks start. More of either than cores
+/// makes the ranks' threads wait for one another: one CPU rank ran 13× slower with the default
+/// threads than with `--threads 1` on a loaded node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuUse {
+    pub cores: usize,
+    /// Ranks on the node and intra-op threads of each.
+    pub ranks: usize,
+    pub threads: usize,
+    /// The 1-minute load average at the start (absent where it cannot be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_average: Option<f64>,
+}
+
+impl CpuUse {
+    /// This host: its cores and load average now, with `ranks` ranks of `threads` threads.
+    pub fn of_this_host(ranks: usize, threads: usize) -> CpuUse {
+        CpuUse {
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            ranks,
+            threads,
+            load_average: crate::env::load_average(),
+        }
+    }
+
+    /// Ranks × threads, or the load average, exceed the cores.
+    pub fn oversubscribed(&self) -> bool {
+        !self.reasons().is_empty()
+    }
+
+    fn reasons(&self) -> Vec<String> {
+        let mut why = Vec::new();
+        let asked = self.ranks * self.threads;
+        if asked > self.cores {
+            why.push(format!(
+                "{} rank(s) × {} intra-op thread(s) = {asked} > {} cores",
+                self.ranks, self.threads, self.cores
+            ));
+        }
+        if let Some(l) = self.load_average.filter(|l| *l > self.cores as f64) {
+            why.push(format!(
+                "load average {l:.1} before the ranks started > {} cores (other processes use \
+                 them)",
+                self.cores
+            ));
+        }
+        why
+    }
+
+    /// The warning (without a `tchrun: warning: ` prefix), when oversubscribed.
+    pub fn warning(&self) -> Option<String> {
+        let why = self.reasons();
+        (!why.is_empty()).then(|| {
+            format!(
+                "CPU oversubscribed: {}; the ranks' threads wait for one another's cores: use \
+                 --threads 1 or fewer --procs-per-node",
+                why.join(" and ")
+            )
+        })
+    }
 }
 
 /// The slowest rank of an epoch: its rank, host, and shares of its wall time.
@@ -104,6 +173,8 @@ pub struct Verdict {
     /// The rank (and host) that was the slowest in the most epochs (the latest on a tie), with
     /// its shares in the last of them.
     pub slowest: Option<Slowest>,
+    /// The CPU was oversubscribed (the last epoch that said so): the verdict says that first.
+    pub cpu_oversubscribed: Option<CpuUse>,
 }
 
 /// Input-bound when the slowest rank's data wait reaches [`INPUT_BOUND_SHARE`] of the step
@@ -147,6 +218,7 @@ pub fn verdict(rows: &[EpochMetrics]) -> Option<Verdict> {
         compute,
         comm,
         slowest,
+        cpu_oversubscribed: rows.iter().rev().find_map(|m| m.cpu_oversubscribed.clone()),
     })
 }
 
@@ -199,6 +271,19 @@ impl Verdict {
             ),
             None => split,
         };
+        // An oversubscribed CPU is said with its fix; compute-bound is then no longer "as it
+        // should be".
+        if let Some(w) = self.cpu_oversubscribed.as_ref().and_then(CpuUse::warning) {
+            if self.bound == Bound::Compute {
+                return format!("compute-bound: {split}; {w}");
+            }
+            let line = Verdict {
+                cpu_oversubscribed: None,
+                ..self.clone()
+            }
+            .line();
+            return format!("{line}; {w}");
+        }
         match self.bound {
             Bound::Input => format!(
                 "input-bound: {split}; the loader is the limit: raise --loader-threads, or store \
@@ -310,6 +395,51 @@ mod tests {
                 .contains("; slowest host node2 (rank 3: data wait 5%, compute 90%); the device"),
             "{}",
             v.line()
+        );
+    }
+
+    #[test]
+    fn an_oversubscribed_cpu_is_the_verdict_with_its_fix() {
+        let cpu = |ranks, threads, load| CpuUse {
+            cores: 2,
+            ranks,
+            threads,
+            load_average: load,
+        };
+        assert_eq!(cpu(2, 1, Some(2.0)).warning(), None);
+        assert_eq!(
+            cpu(2, 4, None).warning().as_deref(),
+            Some(
+                "CPU oversubscribed: 2 rank(s) × 4 intra-op thread(s) = 8 > 2 cores; the ranks' \
+                 threads wait for one another's cores: use --threads 1 or fewer --procs-per-node"
+            )
+        );
+        let busy = cpu(1, 2, Some(5.3));
+        assert!(busy.oversubscribed());
+        let mut rows = vec![row(10.0, 0.5, 0.5, 9.0, 0.5), row(10.0, 0.5, 0.5, 9.0, 0.5)];
+        assert!(verdict(&rows)
+            .expect("verdict")
+            .line()
+            .starts_with("compute-bound"));
+        rows[1].cpu_oversubscribed = Some(busy);
+        let back: EpochMetrics =
+            serde_json::from_str(&serde_json::to_string(&rows[1]).expect("json")).expect("row");
+        assert_eq!(back, rows[1]);
+        assert_eq!(
+            verdict(&rows).expect("verdict").line(),
+            "compute-bound: data wait 5% (slowest rank 5%), compute 90%, communication 5% of \
+             the step time; CPU oversubscribed: load average 5.3 before the ranks started > 2 \
+             cores (other processes use them); the ranks' threads wait for one another's cores: \
+             use --threads 1 or fewer --procs-per-node"
+        );
+        let mut slow = vec![row(10.0, 5.0, 6.0, 3.0, 2.0)];
+        slow[0].cpu_oversubscribed = Some(cpu(2, 4, None));
+        let line = verdict(&slow).expect("verdict").line();
+        assert!(
+            line.starts_with("input-bound: ")
+                && line.contains("--loader-threads")
+                && line.ends_with("use --threads 1 or fewer --procs-per-node"),
+            "{line}"
         );
     }
 }

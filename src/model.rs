@@ -39,9 +39,9 @@ pub struct TrainingRecord {
     /// `--batch-size` per rank.
     pub batch_size: u32,
     pub warmup_epochs: u32,
-    /// `--lr` (per rank).
+    /// `--lr`, the LR of a batch of `lr_reference_batch` images.
     pub lr: f64,
-    /// The peak LR after scaling by the world size.
+    /// The peak LR after `--lr-scaling` (by default × world size; see `lr_reference_batch`).
     pub effective_lr: f64,
     pub world_size: usize,
     pub seed: i64,
@@ -65,6 +65,15 @@ pub struct TrainingRecord {
     /// `--lr-scaling` (effective LR = lr × factor).
     #[serde(default = "linear")]
     pub lr_scaling: String,
+    /// The batch `--lr` is given for (`--lr-reference-batch`, else G, else `--batch-size`): the
+    /// effective LR is `lr` scaled by (images per optimizer step) / this. Absent in files
+    /// written before it existed (their reference was `--batch-size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr_reference_batch: Option<u32>,
+    /// Each rank's intra-op (libtorch) threads (`--threads`): the same model at any world size
+    /// holds at equal threads per rank. Absent in files written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
 }
 
 fn linear() -> String {

@@ -1,6 +1,7 @@
 //! The learning-rate schedule: effective LR = lr scaled by the batch of one optimizer step
-//! (`--lr-scaling`: × k, × √k or × 1, k = world size, or G / --batch-size with
-//! `--global-batch-size G`); linear warmup over the first `warmup_epochs`; then polynomial decay
+//! (`--lr-scaling`: × k, × √k or × 1, k = the images of one optimizer step over the batch
+//! `--lr` is given for, `lr_reference_batch`: the world size by default, 1 with
+//! `--global-batch-size G`, never a function of the micro-batch then); linear warmup over the first `warmup_epochs`; then polynomial decay
 //! `(1 - t)^power` reaching 0 at the end of the last step. Also the accumulation steps of
 //! `--global-batch-size` (`accumulation_steps`) and early stopping.
 use crate::flags::LrScaling;
@@ -45,12 +46,30 @@ fn divisors(n: u64) -> Vec<u64> {
         .collect()
 }
 
-/// The LR factor for `k` (world size, or global batch / --batch-size) under `scaling`, and how
-/// the log writes it ("4", "√8", "1").
-pub fn lr_factor(scaling: LrScaling, k: usize) -> (f64, String) {
+/// The batch `--lr` is given for: `--lr-reference-batch` when set; else, with
+/// `--global-batch-size G`, G itself (`--lr` is the LR of the global batch, as torchvision's
+/// `--lr` is that of the batch it was tuned with); else `--batch-size` (`--lr` is the LR of one
+/// rank's batch, so the factor is the world size). Never the micro-batch when G is given: that
+/// is a memory choice and must not change the training.
+pub fn lr_reference_batch(batch_size: u32, global: Option<u32>, reference: Option<u32>) -> u32 {
+    reference.or(global).unwrap_or(batch_size)
+}
+
+/// The LR factor for `k` = `step_images` / `reference` (the images of one optimizer step over
+/// every rank against the batch `--lr` is given for) under `scaling`, and how the log writes
+/// it ("4", "√8", "1", "32/256").
+pub fn lr_factor(scaling: LrScaling, step_images: u64, reference: u32) -> (f64, String) {
+    let r = u64::from(reference.max(1));
+    let k = step_images as f64 / r as f64;
+    let text = if step_images.is_multiple_of(r) {
+        (step_images / r).to_string()
+    } else {
+        format!("{step_images}/{r}")
+    };
     match scaling {
-        LrScaling::Linear => (k as f64, k.to_string()),
-        LrScaling::Sqrt => ((k as f64).sqrt(), format!("√{k}")),
+        LrScaling::Linear => (k, text),
+        LrScaling::Sqrt if step_images.is_multiple_of(r) => (k.sqrt(), format!("√{text}")),
+        LrScaling::Sqrt => (k.sqrt(), format!("√({text})")),
         LrScaling::None => (1.0, "1".into()),
     }
 }
@@ -152,14 +171,27 @@ mod tests {
 
     #[test]
     fn lr_scaling_follows_the_factor() {
-        assert_eq!(lr_factor(LrScaling::Linear, 8), (8.0, "8".to_string()));
-        let (f, s) = lr_factor(LrScaling::Sqrt, 16);
+        assert_eq!(lr_factor(LrScaling::Linear, 8, 1), (8.0, "8".to_string()));
+        assert_eq!(
+            lr_factor(LrScaling::Linear, 32, 256),
+            (0.125, "32/256".to_string())
+        );
+        assert_eq!(lr_factor(LrScaling::Sqrt, 64, 256).1, "√(64/256)");
+        let (f, s) = lr_factor(LrScaling::Sqrt, 16, 1);
         assert_eq!((f, s.as_str()), (4.0, "√16"));
-        assert_eq!(lr_factor(LrScaling::None, 8), (1.0, "1".to_string()));
+        assert_eq!(lr_factor(LrScaling::None, 8, 1), (1.0, "1".to_string()));
+        // The reference batch: the flag, else G, else --batch-size (k = world size); with a
+        // global batch never the micro-batch.
+        assert_eq!(lr_reference_batch(16, None, None), 16);
+        for micro in [4, 8, 16] {
+            assert_eq!(lr_reference_batch(micro, Some(32), None), 32);
+            assert_eq!(lr_reference_batch(micro, Some(32), Some(256)), 256);
+        }
+        assert_eq!(lr_reference_batch(16, None, Some(256)), 256);
         // The default (linear over the world size) is today's schedule, bit for bit.
-        let s = LrSchedule::with_peak(0.01 * lr_factor(LrScaling::Linear, 4).0, 2, 5, 10, 1.0);
+        let s = LrSchedule::with_peak(0.01 * lr_factor(LrScaling::Linear, 4, 1).0, 2, 5, 10, 1.0);
         assert_eq!(s, LrSchedule::new(0.01, 4, 2, 5, 10, 1.0));
-        let q = LrSchedule::with_peak(0.01 * lr_factor(LrScaling::Sqrt, 4).0, 0, 1, 10, 1.0);
+        let q = LrSchedule::with_peak(0.01 * lr_factor(LrScaling::Sqrt, 4, 1).0, 0, 1, 10, 1.0);
         assert_eq!(q.lr(0), 0.02);
     }
 

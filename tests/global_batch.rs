@@ -104,7 +104,8 @@ fn two_ranks_and_one_rank_accumulating_two_train_the_same_model() {
     let t = tempdir();
     let model = model_dir(t.path(), "resnet18", 32);
     let (two, one) = (t.path().join("two"), t.path().join("one"));
-    let r = train(&model, &two, 2, 8, &["--global-batch-size", "16"]);
+    let g = ["--global-batch-size", "16", "--lr-reference-batch", "8"];
+    let r = train(&model, &two, 2, 8, &g);
     ok(&r);
     assert!(
         r.stdout.contains(
@@ -116,7 +117,7 @@ fn two_ranks_and_one_rank_accumulating_two_train_the_same_model() {
         "{}",
         r.explain()
     );
-    let r = train(&model, &one, 1, 8, &["--global-batch-size", "16"]);
+    let r = train(&model, &one, 1, 8, &g);
     ok(&r);
     assert!(
         r.stdout
@@ -145,8 +146,10 @@ fn four_ranks_and_two_ranks_accumulating_two_train_the_same_model() {
     let (four, two) = (t.path().join("four"), t.path().join("two"));
     // One step of 64 per epoch: the four-way sums' rounding (~1e-7) is not yet amplified by
     // many small-batch steps (8 steps of micro-batches of 4 at LR 0.08 drift up to 0.3 apart).
-    ok(&train(&model, &four, 4, 16, &["--global-batch-size", "64"]));
-    ok(&train(&model, &two, 2, 16, &["--global-batch-size", "64"]));
+    // --lr given for 16 images: k = 4, the LR this test was measured at.
+    let g = ["--global-batch-size", "64", "--lr-reference-batch", "16"];
+    ok(&train(&model, &four, 4, 16, &g));
+    ok(&train(&model, &two, 2, 16, &g));
     let (d, name) = max_diff(&four, &two);
     assert!(d <= 1e-6, "{name} differs by {d}");
 }
@@ -183,14 +186,23 @@ fn lr_scaling_sqrt_and_none_set_the_logged_lr() {
         &out,
         1,
         4,
-        &["--global-batch-size", "16", "--lr-scaling", "sqrt"],
+        &[
+            "--global-batch-size",
+            "16",
+            "--lr-reference-batch",
+            "4",
+            "--lr-scaling",
+            "sqrt",
+        ],
     );
     ok(&r);
     // k = 16 / 4 = 4: lr × √4.
     assert!(
         r.stdout.contains("effective LR 4e-2 (--lr 2e-2 × √4)")
-            && r.stdout
-                .contains("--lr-scaling sqrt, --global-batch-size 16 / --batch-size 4 = 4"),
+            && r.stdout.contains(
+                "(--lr-scaling sqrt, --global-batch-size 16 / --lr-reference-batch 4; \
+                 --batch-size does not change it)"
+            ),
         "{}",
         r.explain()
     );
@@ -262,4 +274,64 @@ fn a_resume_on_fewer_ranks_continues_the_same_training() {
     );
     let (d, name) = max_diff(&full, &killed);
     assert_eq!(d, 0.0, "the resumed model differs: {name} by {d}");
+}
+
+/// Issue 31 item 4: with --global-batch-size, --batch-size is a memory choice only. One G = 16
+/// at micro-batches 4, 8 and 16 (4, 2 and 1 accumulation steps) trains at the same effective
+/// LR (--lr is the global batch's LR: × 1) and logs the same LR at every step to TensorBoard.
+#[test]
+fn the_micro_batch_does_not_change_the_lr_of_a_global_batch() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let mut runs = Vec::new();
+    for micro in [4u32, 8, 16] {
+        let out = t.path().join(format!("micro{micro}"));
+        let r = train(&model, &out, 1, micro, &["--global-batch-size", "16"]);
+        ok(&r);
+        let line = format!(
+            "global batch 16 images per optimizer step = 1 rank(s) × {} accumulation step(s) × \
+             --batch-size {micro}; effective LR 2e-2 = --lr 2e-2 × 1 (--lr-scaling linear, \
+             --global-batch-size 16 / reference batch 16: --lr is the global batch's LR; \
+             --batch-size does not change it)",
+            16 / micro
+        );
+        assert!(
+            r.stdout.contains(&line)
+                && r.stdout
+                    .contains("4 steps/epoch, effective LR 2e-2 (--lr 2e-2 × 1)"),
+            "{line}\n{}",
+            r.explain()
+        );
+        let m: serde_json::Value =
+            serde_json::from_str(&read(&out.join("model.json"))).expect("model.json");
+        let tr = &m["training"];
+        assert_eq!(
+            (
+                tr["batch_size"].as_u64(),
+                tr["lr_reference_batch"].as_u64(),
+                tr["threads"].as_u64()
+            ),
+            (Some(micro as u64), Some(16), Some(1)),
+            "{m}"
+        );
+        let mut lr: Vec<(i64, f32)> = Vec::new();
+        let files = tchrun::tensorboard::event_files(&out.join("tensorboard")).expect("events");
+        for f in files {
+            for e in tchrun::tensorboard::read_events(&f).expect("read events") {
+                for (tag, v) in e.scalars() {
+                    if tag == "train/lr" {
+                        lr.push((e.step, v));
+                    }
+                }
+            }
+        }
+        lr.sort_by_key(|p| p.0);
+        assert_eq!(lr.len(), 8, "2 epochs of 4 steps: {lr:?}");
+        runs.push((tr["effective_lr"].as_f64(), lr));
+    }
+    assert_eq!(runs[0].0, Some(0.02));
+    assert!(
+        runs.iter().all(|r| *r == runs[0]),
+        "the LR follows the micro-batch: {runs:?}"
+    );
 }

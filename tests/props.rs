@@ -192,6 +192,8 @@ fn record(c: Counts, r: Rest) -> TrainingRecord {
         backbone_lr_scale,
         global_batch_size: (n % 3 == 0).then_some(n as u32),
         lr_scaling: "linear".into(),
+        lr_reference_batch: None,
+        threads: None,
     }
 }
 

@@ -346,6 +346,43 @@ fn jobs_that_cannot_learn_are_refused_before_any_rank_starts() {
         r.explain()
     );
     assert!(no_rank_started(&logs), "refused before any rank starts");
+    // Issue 31 item 7: ranks × --threads above this node's cores is said once, before any
+    // rank starts, with the fix (here 2 ranks × as many threads as cores).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.to_string();
+    let r = train(
+        &tiny,
+        &[
+            "--procs-per-node",
+            "2",
+            "--oversubscribe",
+            "--threads",
+            &threads,
+            "--dry-run",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let warned: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("CPU oversubscribed"))
+        .collect();
+    let head = format!(
+        "tchrun: warning: CPU oversubscribed: 2 rank(s) × {cores} intra-op thread(s) = {} > \
+         {cores} cores",
+        2 * cores
+    );
+    let tail = "; the ranks' threads wait for one another's cores: use --threads 1 or fewer \
+                --procs-per-node";
+    // A busy machine's load average may add its own reason between the two.
+    assert!(
+        warned.len() == 1
+            && (warned[0] == format!("{head}{tail}")
+                || (warned[0].starts_with(&format!("{head} and load average "))
+                    && warned[0].ends_with(tail))),
+        "{}",
+        r.explain()
+    );
 }
 
 #[test]

@@ -21,6 +21,10 @@ pub struct RunRecord {
     pub warmup_epochs: u32,
     pub lr: f64,
     pub lr_scaling: String,
+    /// The batch `--lr` is given for (`schedule::lr_reference_batch`); absent in checkpoints
+    /// written before it existed, whose reference was `--batch-size`.
+    #[serde(default)]
+    pub lr_reference_batch: Option<u32>,
     pub lr_power: f64,
     pub momentum: f64,
     pub weight_decay: f64,
@@ -47,6 +51,11 @@ impl RunRecord {
             warmup_epochs: p.warmup_epochs,
             lr: p.lr,
             lr_scaling: o.lr_scaling.as_str().to_string(),
+            lr_reference_batch: Some(crate::schedule::lr_reference_batch(
+                p.batch_size,
+                o.global_batch_size,
+                o.lr_reference_batch,
+            )),
             lr_power: o.lr_power,
             momentum: o.momentum,
             weight_decay: o.weight_decay,
@@ -131,6 +140,19 @@ impl RunRecord {
             opt(self.global_batch_size),
             opt(now.global_batch_size),
         );
+        // The batch --lr is given for (a checkpoint without it: --batch-size, the old rule);
+        // without a global batch and the flag it is --batch-size, compared above.
+        let reference = |r: &RunRecord| r.lr_reference_batch.unwrap_or(r.batch_size);
+        let plain = |r: &RunRecord| r.global_batch_size.is_none() && reference(r) == r.batch_size;
+        if !(plain(self) && plain(now)) {
+            flag(
+                &mut out,
+                "--lr-reference-batch",
+                fl("lr-reference-batch", reference(self).to_string()),
+                reference(self).to_string(),
+                reference(now).to_string(),
+            );
+        }
         let f = |x: f64| format!("{x}");
         for (name, was, is) in [
             (
@@ -458,6 +480,7 @@ mod tests {
             warmup_epochs: 0,
             lr: 0.001,
             lr_scaling: "linear".into(),
+            lr_reference_batch: Some(8),
             lr_power: 1.0,
             momentum: 0.9,
             weight_decay: 1e-4,
@@ -479,6 +502,7 @@ mod tests {
         now.epochs = 5; // may grow: not a mismatch
         assert!(was.mismatches(&now).is_empty());
         now.batch_size = 16;
+        now.lr_reference_batch = Some(16);
         now.input_size = 64;
         now.class_names = vec!["b".into(), "a".into()];
         now.no_hflip = false;
@@ -495,7 +519,21 @@ mod tests {
         let (mut a, mut b) = (record(), record());
         a.global_batch_size = Some(32);
         b.global_batch_size = Some(32);
+        (a.lr_reference_batch, b.lr_reference_batch) = (Some(32), Some(32));
         b.batch_size = 16;
         assert!(a.mismatches(&b).is_empty());
+        // A checkpoint from before the reference batch: its LR was --lr × G / --batch-size.
+        a.lr_reference_batch = None;
+        let m = a.mismatches(&b);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!(
+            (
+                m[0].what.as_str(),
+                m[0].checkpoint.as_str(),
+                m[0].now.as_str()
+            ),
+            ("--lr-reference-batch", "8", "32")
+        );
+        assert_eq!(m[0].fix, "--lr-reference-batch 8");
     }
 }

@@ -98,6 +98,21 @@ impl Plan {
     pub fn world_size(&self) -> u32 {
         self.nodes * self.procs_per_node
     }
+
+    /// The ranks run on this node (no hosts, no Slurm): its cores are theirs.
+    pub fn on_this_node(&self) -> bool {
+        self.kind != LauncherKind::Srun && self.hostfile.is_none() && self.node_names.is_empty()
+    }
+
+    /// On this node, the warning when its ranks × `threads` each, or its load average now,
+    /// exceed its cores (`tchrun::metrics::CpuUse`), said once before any rank starts.
+    pub fn cpu_warning(&self, flags: &tchrun::flags::RankFlags) -> Option<String> {
+        if !self.on_this_node() {
+            return None;
+        }
+        let ranks = self.procs_per_node as usize;
+        tchrun::metrics::CpuUse::of_this_host(ranks, flags.threads_per_rank(ranks)).warning()
+    }
 }
 
 /// One process to spawn.

@@ -213,6 +213,9 @@ fn prepare(
     for w in tchrun::preflight::check_job(&checked.inputs, &job, plan.world_size() as usize)? {
         errln!("tchrun: {w}");
     }
+    if let Some(w) = plan.cpu_warning(&rank) {
+        errln!("tchrun: warning: {w}");
+    }
     if !launch.dry_run {
         check_writable(&job.output)?;
     }

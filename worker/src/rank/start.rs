@@ -110,13 +110,29 @@ fn resolve(
     Ok((device, backend))
 }
 
-/// Intra-op threads: the host's cores shared among the ranks on it (no oversubscription).
-fn set_threads(local_size: usize) {
-    let n = std::env::var(tchrun::env::TCHRUN_THREADS)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| tchrun::env::threads_per_rank(local_size));
+/// Intra-op threads: `--threads`, else the host's cores shared among the ranks on it. The
+/// host's first rank says in its driver log when ranks × threads or the load average exceed
+/// the cores (the launcher said it on the console).
+fn set_threads(flags: &RankFlags, local_rank: usize, local_size: usize) {
+    let n = flags.threads_per_rank(local_size);
     tch::set_num_threads(n as i32);
+    let cpu = tchrun::metrics::CpuUse::of_this_host(local_size, n);
+    if local_rank == 0 {
+        // The launcher said it on the console (once); the driver log keeps it at info level,
+        // which stays off the console.
+        if let Some(w) = cpu.warning() {
+            tracing::info!("warning: {w}");
+        }
+    }
+    let _ = CPU_AT_START.set(cpu);
+}
+
+static CPU_AT_START: std::sync::OnceLock<tchrun::metrics::CpuUse> = std::sync::OnceLock::new();
+
+/// This rank's node as the rank found it at start (cores, ranks × threads, load average), when
+/// that was oversubscribed: the epoch metrics record it and the run report's verdict says it.
+pub fn cpu_oversubscribed() -> Option<tchrun::metrics::CpuUse> {
+    CPU_AT_START.get().filter(|c| c.oversubscribed()).cloned()
 }
 
 /// Identify the rank, open its driver log, join the store and build the process group.
@@ -232,7 +248,7 @@ pub fn start_rank(
         .map_err(|e| (None, Fatal::rank(e)))?;
     crate::heartbeat::start(log_dir.clone(), id.place.rank, &id.place.host);
     crate::memory::start(log_dir.clone(), id.place.rank, &id.place.host);
-    set_threads(id.place.local_size);
+    set_threads(flags, id.place.local_rank, id.place.local_size);
     let timeout = Duration::from_secs(flags.timeout);
     let joined = match id.join(timeout) {
         Ok(j) => j,

@@ -76,6 +76,7 @@ impl Trainer<'_> {
             comm_max_s: split.max[2],
             stragglers,
             slowest,
+            cpu_oversubscribed: crate::rank::start::cpu_oversubscribed(),
         };
         (self.ctx.say)(&format!(
             "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
@@ -266,6 +267,8 @@ impl Trainer<'_> {
                 backbone_lr_scale: job.options.backbone_lr_scale,
                 global_batch_size: job.options.global_batch_size,
                 lr_scaling: self.plan.scaling.as_str().into(),
+                lr_reference_batch: Some(self.plan.reference),
+                threads: u32::try_from(tch::get_num_threads()).ok(),
             }),
             metrics: best_metrics
                 .as_ref()

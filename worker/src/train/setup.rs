@@ -379,21 +379,24 @@ fn plan_steps(
         }
     };
     let scaling = job.options.lr_scaling;
-    let k = cut.map(|c| c.global_batch() / c.batch).unwrap_or(world);
-    let (factor, factor_text) = tchrun::schedule::lr_factor(scaling, k);
-    let lr_why = match (cut, scaling) {
-        (None, LrScaling::Linear) => format!("world size {world}"),
-        (None, s) => format!(
-            "{factor_text} (--lr-scaling {}, world size {world})",
-            s.as_str()
-        ),
-        (Some(c), s) => format!(
-            "{factor_text} (--lr-scaling {}, --global-batch-size {} / --batch-size {} = {k})",
-            s.as_str(),
-            c.global_batch(),
-            c.batch
-        ),
+    let reference = tchrun::schedule::lr_reference_batch(
+        p.batch_size,
+        job.options.global_batch_size,
+        job.options.lr_reference_batch,
+    );
+    let step_images = match cut {
+        Some(c) => c.global_batch() as u64,
+        None => world as u64 * u64::from(p.batch_size),
     };
+    let (factor, factor_text) = tchrun::schedule::lr_factor(scaling, step_images, reference);
+    let lr_why = lr_why(
+        job,
+        cut.is_some(),
+        world,
+        step_images,
+        reference,
+        &factor_text,
+    );
     Ok(Plan {
         cut,
         micro_batches: cut.map(|c| c.accumulation).unwrap_or(1),
@@ -408,7 +411,38 @@ fn plan_steps(
         scaling,
         lr_why,
         factor_text,
+        reference,
     })
+}
+
+/// What scaled `--lr` (the console line's and the divergence error's words): "world size 2"
+/// by default, else the factor, the rule and the batch `--lr` is given for.
+fn lr_why(
+    job: &TrainJob,
+    global: bool,
+    world: usize,
+    step_images: u64,
+    reference: u32,
+    factor_text: &str,
+) -> String {
+    let (o, s) = (&job.options, job.options.lr_scaling.as_str());
+    let r = match o.lr_reference_batch {
+        Some(r) => format!("--lr-reference-batch {r}"),
+        None if global => format!("reference batch {reference}: --lr is the global batch's LR"),
+        None => format!("--batch-size {reference}"),
+    };
+    match (global, o.lr_scaling, o.lr_reference_batch) {
+        (false, LrScaling::Linear, None) => format!("world size {world}"),
+        (false, _, None) => format!("{factor_text} (--lr-scaling {s}, world size {world})"),
+        (false, _, Some(_)) => format!(
+            "{factor_text} (--lr-scaling {s}, {world} rank(s) × --batch-size {} = {step_images}              images per step / {r})",
+            job.params.batch_size
+        ),
+        (true, _, _) => format!(
+            "{factor_text} (--lr-scaling {s}, --global-batch-size {step_images} / {r}; \
+             --batch-size does not change it)"
+        ),
+    }
 }
 
 /// The state a checkpoint resumes (said on the console; rank 0 rewrites `metrics.jsonl` to
@@ -514,7 +548,7 @@ fn say_start(
             p.lr,
             plan.lr_why
         ));
-    } else if plan.scaling != LrScaling::Linear {
+    } else if plan.scaling != LrScaling::Linear || job.options.lr_reference_batch.is_some() {
         (ctx.say)(&format!(
             "effective LR {:e} = --lr {:e} × {}",
             peak, p.lr, plan.lr_why

@@ -34,6 +34,8 @@ pub(super) struct Plan {
     /// What scaled `--lr`, in words ("world size 2", ...), for the divergence error.
     pub(super) lr_why: String,
     pub(super) factor_text: String,
+    /// The batch `--lr` is given for (`schedule::lr_reference_batch`).
+    pub(super) reference: u32,
 }
 
 /// The training state that changes step by step (what a checkpoint records, and this run's
