@@ -1,6 +1,8 @@
 //! `--console`: whose lines reach the launcher's terminal. A rank decides with [`Selection`]
 //! whether it prints its own lines there (its warnings and errors always go); the launcher
 //! folds identical lines of several ranks into one. The driver logs keep everything either way.
+//! A program's stderr lines (`tchrun exec`) that look like warnings or errors count as a rank's
+//! warnings and errors ([`StderrWarnings`]).
 use std::fmt;
 
 /// The ranks whose lines reach the console (`--console`): `all`, rank numbers (`0,3`, `0-3`) or
@@ -144,6 +146,46 @@ impl fmt::Display for Selection {
     }
 }
 
+/// Which of a program's stderr lines (`tchrun exec`) are its warnings and errors, shown on the
+/// console from every rank whatever `--console` selects (the rank's other lines follow the
+/// selection). A line counts when it holds one of [`StderrWarnings::WORDS`] in any case
+/// (`warning`, `UserWarning`, `RuntimeError`, `Traceback`, `FATAL`, `panicked`), and so do the
+/// lines that continue one: the indented lines right after it (a warning's source line, a
+/// traceback's frames) and everything from a Python `Traceback` line to its exception's line,
+/// the first line after it that is not indented (`KeyboardInterrupt`, `ValueError: bad`).
+/// stdout lines never count. One per stream of a rank: the state is the lines before.
+#[derive(Debug, Default, Clone)]
+pub struct StderrWarnings {
+    /// The previous line counted: an indented line continues it.
+    previous: bool,
+    /// Inside a Python traceback: up to its first line that is not indented.
+    traceback: bool,
+}
+
+impl StderrWarnings {
+    /// The words (matched in any case) that make a line a warning or an error.
+    pub const WORDS: [&'static str; 6] =
+        ["warn", "error", "exception", "traceback", "fatal", "panic"];
+
+    /// Whether `line`, the next line of the stream, is a warning or an error.
+    pub fn counts(&mut self, line: &str) -> bool {
+        let indented = line.starts_with([' ', '\t']);
+        let lower = line.to_ascii_lowercase();
+        let counts = if self.traceback {
+            // The frames and the source lines are indented; the exception's line ends it.
+            self.traceback = indented || line.is_empty();
+            true
+        } else {
+            (self.previous && indented) || Self::WORDS.iter().any(|w| lower.contains(w))
+        };
+        if lower.starts_with("traceback (most recent call last)") {
+            self.traceback = true;
+        }
+        self.previous = counts;
+        counts
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +245,35 @@ mod tests {
         let h = Selection::parse("host:node2").expect("parses");
         assert!(h.selects("node2", 5) && h.selects("node2.cluster", 1) && !h.selects("node1", 0));
         assert_eq!(h.count(4), None);
+    }
+
+    #[test]
+    fn a_programs_warnings_and_tracebacks_count_and_its_other_lines_do_not() {
+        let mut w = StderrWarnings::default();
+        let lines = [
+            ("loading shards", false),
+            (
+                "/x/train.py:3: UserWarning: TypedStorage is deprecated",
+                true,
+            ),
+            ("  return _C._get_float32_matmul_precision()", true),
+            ("epoch 1 done", false),
+            ("    indented after a plain line", false),
+            ("Traceback (most recent call last):", true),
+            ("  File \"/x/train.py\", line 9, in <module>", true),
+            ("    main()", true),
+            ("KeyboardInterrupt", true),
+            ("epoch 2 starts", false),
+            (
+                "[rank1]: torch.distributed.DistBackendError: NCCL error",
+                true,
+            ),
+            ("E1124 12:00:00 FATAL something", true),
+            ("thread 'main' panicked at src/main.rs:2:5:", true),
+            ("WARNING:root:low disk", true),
+        ];
+        for (line, counts) in lines {
+            assert_eq!(w.counts(line), counts, "{line:?}");
+        }
     }
 }

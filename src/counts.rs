@@ -23,6 +23,15 @@ pub const MAX_SECONDS: u64 = 365 * 24 * 3600;
 /// The most decode threads one rank may start (`--loader-threads`).
 pub const MAX_LOADER_THREADS: u32 = 1024;
 
+/// "1 rank", "4 ranks": a count of ranks in words.
+pub fn ranks(n: usize) -> String {
+    if n == 1 {
+        "1 rank".to_string()
+    } else {
+        format!("{n} ranks")
+    }
+}
+
 /// A count or a product of counts out of range; the message names the flags and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -87,6 +96,14 @@ pub fn images_per_step(batch: u32, world: u32, global: Option<u32>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_rank_is_singular() {
+        assert_eq!(
+            (ranks(1), ranks(0), ranks(4)),
+            ("1 rank".into(), "0 ranks".into(), "4 ranks".into())
+        );
+    }
 
     #[test]
     fn products_are_refused_not_wrapped() {

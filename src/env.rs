@@ -105,8 +105,12 @@ pub const TCHRUN_BACKEND: &str = "TCHRUN_BACKEND";
 /// Build time (`worker/build.rs`, which reads it by name): `1` builds the shim without NCCL
 /// even where the libtorch wheel ships CUDA.
 pub const TCHRUN_NO_NCCL: &str = "TCHRUN_NO_NCCL";
-/// Where the launcher looks for `mpirun` and `srun`.
+/// Where the launcher looks for `mpirun` and `srun` (and `tensorboard`, for the command it
+/// prints after training).
 pub const PATH: &str = "PATH";
+/// The active Python virtual environment: where the launcher looks for `tensorboard` when it is
+/// not on PATH.
+pub const VIRTUAL_ENV: &str = "VIRTUAL_ENV";
 /// Set inside a Slurm allocation: the launcher's default launch is then srun, and the rank's
 /// Slurm contract uses it (with the step id) to pick a port.
 pub const SLURM_JOB_ID: &str = "SLURM_JOB_ID";
@@ -143,6 +147,11 @@ pub fn load_average() -> Option<f64> {
 pub const FORWARD_PREFIXES: &[&str] = &["TCHRUN_", "NCCL_", "CUDA_", "GLOO_", "TORCH_", "OMP_"];
 /// Exact names the launcher forwards to remote ranks.
 pub const FORWARD_NAMES: &[&str] = &["LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "VIRTUAL_ENV"];
+
+/// `tchrun-worker exec` sets it to `1` for the program unless the environment has it (set it
+/// empty to keep Python's buffering): a Python program's prints then reach the driver log and
+/// the console as it prints them, not when a buffer fills or the program ends.
+pub const PYTHONUNBUFFERED: &str = "PYTHONUNBUFFERED";
 
 /// The variables that mark a process as an MPI rank. `tchrun-worker exec` finalizes MPI and
 /// removes them before exec'ing the program, which then joins through torchrun's variables.

@@ -158,6 +158,103 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
     )
 }
 
+/// A job's own log directory in `base`, the default log directory of the commands that have no
+/// output folder (`exec`, `selftest`; `score` beside its CSV): `<base>/<command>-<UTC time>`,
+/// as `exec-20261124-153000`, with `-2`, `-3`... when a job of the same second has it. So jobs
+/// do not overwrite each other's logs, and `tchrun logs` finds the newest ([`job_dirs_in`]).
+/// With `reserve` the folder is created (at once and atomically: two jobs started together get
+/// two folders) and removed again if the job leaves it empty ([`NewLogDir`]); a dry run only
+/// names it.
+pub fn job_log_dir(base: &Path, command: &str, reserve: bool) -> std::io::Result<NewLogDir> {
+    let stamp: String = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    let name = format!("{command}-{}-{}", &stamp[..8], &stamp[8..]);
+    let base_created = reserve && !base.exists();
+    if reserve {
+        std::fs::create_dir_all(base)?;
+    }
+    for n in 1u32.. {
+        let dir = match n {
+            1 => base.join(&name),
+            n => base.join(format!("{name}-{n}")),
+        };
+        let taken = if reserve {
+            match std::fs::create_dir(&dir) {
+                Ok(()) => false,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => true,
+                Err(e) => return Err(e),
+            }
+        } else {
+            dir.exists()
+        };
+        if !taken {
+            return Ok(NewLogDir {
+                dir,
+                created: reserve,
+                base_created,
+            });
+        }
+    }
+    unreachable!("a free name among 2^32")
+}
+
+/// A job's own log directory ([`job_log_dir`]); removed when dropped if the job wrote nothing
+/// there (it stopped before its ranks started, e.g. on a refused flag), and so is the folder
+/// of job folders if it made it and it is empty.
+#[derive(Debug)]
+pub struct NewLogDir {
+    pub dir: PathBuf,
+    created: bool,
+    base_created: bool,
+}
+
+impl Drop for NewLogDir {
+    fn drop(&mut self) {
+        // `remove_dir` fails, as wanted, on a folder that holds anything.
+        if self.created && std::fs::remove_dir(&self.dir).is_ok() && self.base_created {
+            if let Some(base) = self.dir.parent() {
+                let _ = std::fs::remove_dir(base);
+            }
+        }
+    }
+}
+
+/// The folders in `base` named as [`job_log_dir`] names them, oldest first.
+pub fn job_dirs_in(base: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<(String, u32, PathBuf)> = std::fs::read_dir(base)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.is_dir())
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?.to_string();
+            let (stamp, n) = job_dir_stamp(&name)?;
+            Some((stamp, n, p))
+        })
+        .collect();
+    dirs.sort();
+    dirs.into_iter().map(|(_, _, p)| p).collect()
+}
+
+/// `exec-20261124-153000-2` → ("20261124-153000", 2): the time and the number of a job folder's
+/// name.
+fn job_dir_stamp(name: &str) -> Option<(String, u32)> {
+    let parts: Vec<&str> = name.split('-').collect();
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    let at = parts
+        .windows(2)
+        .position(|w| digits(w[0], 8) && digits(w[1], 6))?;
+    let n = match &parts[at + 2..] {
+        [] => 1,
+        [n] => n.parse().ok()?,
+        _ => return None,
+    };
+    (at > 0).then(|| (format!("{}-{}", parts[at], parts[at + 1]), n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +288,52 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn each_job_gets_its_own_log_folder_and_the_newest_sorts_last() {
+        let base = std::env::temp_dir().join(format!("tchrun-jobdirs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let named = job_log_dir(&base, "exec", false).expect("named");
+        assert!(!base.exists(), "a dry run creates nothing");
+        let a = job_log_dir(&base, "exec", true).expect("first");
+        let b = job_log_dir(&base, "exec", true).expect("second");
+        assert_ne!(a.dir, b.dir);
+        let name = a
+            .dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        assert!(
+            name.starts_with("exec-") && name.len() == "exec-20261124-153000".len(),
+            "{name}"
+        );
+        assert!(named.dir.file_name() <= a.dir.file_name());
+        std::fs::write(b.dir.join(MPI_LOG), "x").expect("write");
+        std::fs::create_dir(base.join("selftest-20000101-000000")).expect("mkdir");
+        std::fs::create_dir(base.join("notes")).expect("mkdir");
+        let dirs = job_dirs_in(&base);
+        assert_eq!(dirs.len(), 3, "{dirs:?}");
+        assert_eq!(dirs[0], base.join("selftest-20000101-000000"));
+        assert_eq!(dirs[2], b.dir);
+        drop((a, b));
+        assert_eq!(
+            job_dirs_in(&base).len(),
+            2,
+            "the empty one is removed, the other kept"
+        );
+        let other = base.join("new-base");
+        drop(job_log_dir(&other, "score", true).expect("reserved"));
+        assert!(
+            !other.exists(),
+            "an unused folder of job folders is removed too"
+        );
+        assert_eq!(
+            job_dir_stamp("score-20261124-153000-12"),
+            Some(("20261124-153000".into(), 12))
+        );
+        assert_eq!(job_dir_stamp("20261124-153000"), None);
+        let _ = std::fs::remove_dir_all(&base);
     }
 }
 

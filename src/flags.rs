@@ -117,6 +117,20 @@ pub struct RankFlags {
     pub threads: Option<u32>,
 }
 
+/// `--console` of `tchrun exec` and `tchrun-worker exec`: the same selection as the other
+/// commands', said in a program's terms (its stdout and stderr lines).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct ProgramConsole {
+    /// Whose output reaches the terminal, line by line as the program prints it: all, ranks (0,3
+    /// or 0-3) or host:NAME[,NAME]. These ranks' stdout and stderr lines are shown; of every
+    /// rank, the stderr lines that look like a warning or an error (with warn, error, exception,
+    /// traceback, fatal or panic in them, the indented lines after them, a Python traceback to
+    /// its last line). A line several ranks print alike is shown once, as "[ranks 0-3] ...".
+    /// The driver logs keep every line.
+    #[arg(long, env = "TCHRUN_CONSOLE", default_value_t = Selection::default(), value_parser = Selection::parse)]
+    pub console: Selection,
+}
+
 impl RankFlags {
     /// The flags as command-line arguments for a rank.
     pub fn to_args(&self) -> Vec<String> {

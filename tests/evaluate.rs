@@ -146,7 +146,20 @@ fn evaluate_equals_scikit_learn_and_three_ranks_write_what_one_writes() {
         a == b,
         "score differs between 1 and 3 ranks:\n{a}\n---\n{b}"
     );
-    assert!(t.path().join("s3/tchrun-logs/70_driver_log_2").is_file());
+    // Each score job has a log folder of its own in tchrun-logs beside the CSV.
+    let jobs: Vec<_> = std::fs::read_dir(t.path().join("s3/tchrun-logs"))
+        .expect("tchrun-logs beside the CSV")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        jobs.len() == 1
+            && jobs[0]
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("score-"))
+            && jobs[0].join("70_driver_log_2").is_file(),
+        "{jobs:?}"
+    );
     let predicted = |text: &str, col: usize| -> Vec<String> {
         text.lines()
             .skip(1)

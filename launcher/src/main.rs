@@ -67,17 +67,17 @@ enum Cmd {
     Data(data_cmd::DataCmd),
     /// Print every rank's stacks of a running job (what each rank's threads are doing), without stopping it.
     Stacks {
-        /// The job's log directory (a training --output: its logs/), seen from this machine.
-        #[arg(default_value = tchrun::flags::DEFAULT_LOG_DIR)]
-        dir: PathBuf,
+        /// The job's log directory (a training --output: its logs/), seen from this machine
+        /// [default: the newest job in ./tchrun-logs]
+        dir: Option<PathBuf>,
     },
     /// Where a training job is (state, progress, ETA, each host's ranks, stragglers), from its status.json.
     Status(status::StatusArgs),
     /// Print the failure summary of a job's log directory, or a per-rank overview.
     Logs {
-        /// The job's log directory (a training --output: its logs/).
-        #[arg(default_value = tchrun::flags::DEFAULT_LOG_DIR)]
-        dir: PathBuf,
+        /// The job's log directory (a training --output: its logs/; a folder of job folders: its
+        /// newest job) [default: the newest job in ./tchrun-logs]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -150,9 +150,11 @@ struct ExecArgs {
     /// does); cpu checks nothing. Without it the program's device is its own: a note only.
     #[arg(long, env = "TCHRUN_DEVICE", value_enum)]
     device: Option<tchrun::flags::Device>,
-    /// Directory of the per-rank driver logs.
+    /// Directory of the per-rank driver logs (default: a new folder per job in ./tchrun-logs).
     #[arg(long, env = "TCHRUN_LOG_DIR")]
     log_dir: Option<PathBuf>,
+    #[command(flatten)]
+    console: tchrun::flags::ProgramConsole,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     program: Vec<String>,
@@ -161,55 +163,17 @@ struct ExecArgs {
 fn main() -> ExitCode {
     let cli: Cli = tchrun::flags::parse_or_exit();
     let result = match cli.cmd {
-        Cmd::Selftest(a) => {
-            let mut args = vec!["selftest".to_string()];
-            let mut rank = a.rank.clone();
-            let log_dir = preflight::absolute(
-                rank.log_dir
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR)),
-            );
-            rank.log_dir = Some(log_dir.clone());
-            args.extend(rank.to_args());
-            if !a.sizes.is_empty() {
-                let s: Vec<String> = a.sizes.iter().map(|s| s.to_string()).collect();
-                args.push(format!("--sizes={}", s.join(",")));
-            }
-            if let Some(i) = a.iters {
-                args.push(format!("--iters={i}"));
-            }
-            let usage = gpus::GpuUse::Ranks(a.rank.device);
-            run::run_job(&a.launch, log_dir, args, usage, &a.rank.console)
-        }
-        Cmd::Exec(a) => {
-            let log_dir = preflight::absolute(
-                a.log_dir
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR)),
-            );
-            let mut args = vec![
-                "exec".to_string(),
-                format!("--log-dir={}", log_dir.display()),
-            ];
-            // Each rank checks its own node too (where the launcher cannot see the GPUs).
-            if let Some(d) = a.device {
-                args.push(format!("--device={}", d.as_str()));
-            }
-            args.push("--".into());
-            args.extend(a.program.iter().cloned());
-            let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
-            // A program's output goes to its driver log: the console shows its ranks' errors.
-            run::run_job(&a.launch, log_dir, args, usage, &Default::default())
-        }
+        Cmd::Selftest(a) => run_selftest(&a),
+        Cmd::Exec(a) => run_exec(&a),
         Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank, &a.restarts),
         Cmd::Sbatch(a) => sbatch::run(&a),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
         Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
         Cmd::Evaluate(a) => inference::run_evaluate(&a.job, &a.launch, &a.rank),
         Cmd::Data(c) => data_cmd::run(&c),
-        Cmd::Stacks { dir } => stacks::run(&dir),
+        Cmd::Stacks { dir } => stacks::run(dir.as_deref()),
         Cmd::Status(a) => status::run(&a),
-        Cmd::Logs { dir } => match report::logs_command(&dir) {
+        Cmd::Logs { dir } => match report::logs_command(dir.as_deref()) {
             Ok(text) => {
                 {
                     use std::io::Write as _;
@@ -230,4 +194,50 @@ fn main() -> ExitCode {
             ExitCode::from(e.kind().exit_code() as u8)
         }
     }
+}
+
+/// `tchrun selftest`: the ranks' collectives checked and timed.
+fn run_selftest(a: &SelftestArgs) -> Result<i32, error::JobError> {
+    let mut args = vec!["selftest".to_string()];
+    let mut rank = a.rank.clone();
+    let (log_dir, _new) = preflight::own_log_dir(
+        rank.log_dir.clone(),
+        PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR),
+        "selftest",
+        a.launch.dry_run,
+    )?;
+    rank.log_dir = Some(log_dir.clone());
+    args.extend(rank.to_args());
+    if !a.sizes.is_empty() {
+        let s: Vec<String> = a.sizes.iter().map(|s| s.to_string()).collect();
+        args.push(format!("--sizes={}", s.join(",")));
+    }
+    if let Some(i) = a.iters {
+        args.push(format!("--iters={i}"));
+    }
+    let usage = gpus::GpuUse::Ranks(a.rank.device);
+    run::run_job(&a.launch, log_dir, args, usage, &a.rank.console)
+}
+
+/// `tchrun exec`: the user's program as the ranks.
+fn run_exec(a: &ExecArgs) -> Result<i32, error::JobError> {
+    let (log_dir, _new) = preflight::own_log_dir(
+        a.log_dir.clone(),
+        PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR),
+        "exec",
+        a.launch.dry_run,
+    )?;
+    let mut args = vec![
+        "exec".to_string(),
+        format!("--log-dir={}", log_dir.display()),
+    ];
+    // Each rank checks its own node too (where the launcher cannot see the GPUs).
+    if let Some(d) = a.device {
+        args.push(format!("--device={}", d.as_str()));
+    }
+    args.push(format!("--console={}", a.console.console));
+    args.push("--".into());
+    args.extend(a.program.iter().cloned());
+    let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
+    run::run_job(&a.launch, log_dir, args, usage, &a.console.console)
 }

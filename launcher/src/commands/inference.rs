@@ -5,9 +5,12 @@
 use crate::error::JobError;
 use crate::plan::gpus::GpuUse;
 use crate::plan::launch::{LaunchArgs, Plan};
-use crate::plan::preflight::{absolute, check_disjoint, check_writable, lock_job, validate};
+use crate::plan::preflight::{
+    absolute, check_disjoint, check_writable, lock_job, own_log_dir, validate,
+};
 use crate::run::{run_planned, RankEnv};
 use std::path::{Path, PathBuf};
+use tchrun::files::NewLogDir;
 use tchrun::flags::{Inference, InferenceJob, RankFlags};
 use tchrun::overlap::Named;
 
@@ -65,12 +68,23 @@ fn check_images_dir(images: &Path) -> Result<(), JobError> {
     }
 }
 
-/// The rank flags with the log directory made absolute (`default` when unset).
-fn with_log_dir(rank: &RankFlags, default: PathBuf) -> (RankFlags, PathBuf) {
+/// The rank flags with the log directory made absolute; unset, `evaluate`'s is its output's
+/// `logs/`, `score`'s a folder of the job's own in `tchrun-logs` beside the CSV (held while
+/// the second value lives).
+fn with_log_dir(
+    rank: &RankFlags,
+    job: &InferenceJob,
+    kind: Inference,
+    dry_run: bool,
+) -> Result<(RankFlags, Option<NewLogDir>), JobError> {
     let mut rank = rank.clone();
-    let log_dir = absolute(rank.log_dir.clone().unwrap_or(default));
-    rank.log_dir = Some(log_dir.clone());
-    (rank, log_dir)
+    let default = job.default_log_dir(kind);
+    let (log_dir, new) = match kind {
+        Inference::Score => own_log_dir(rank.log_dir.clone(), default, "score", dry_run)?,
+        Inference::Evaluate => (absolute(rank.log_dir.clone().unwrap_or(default)), None),
+    };
+    rank.log_dir = Some(log_dir);
+    Ok((rank, new))
 }
 
 /// The job's paths made absolute, then the launch pre-flight (hosts, launcher, GPUs) before
@@ -80,14 +94,15 @@ fn launch_preflight(
     kind: Inference,
     launch: &LaunchArgs,
     rank: &RankFlags,
-) -> Result<(InferenceJob, RankFlags, Plan), JobError> {
+) -> Result<(InferenceJob, RankFlags, Plan, Option<NewLogDir>), JobError> {
     let mut job = job.clone();
     job.model = absolute(job.model);
     job.images = absolute(job.images);
     job.output = absolute(job.output);
-    let (rank, log_dir) = with_log_dir(rank, job.default_log_dir(kind));
+    let (rank, new) = with_log_dir(rank, &job, kind, launch.dry_run)?;
+    let log_dir = rank.log_dir.clone().unwrap_or_default();
     let plan = validate(launch, log_dir, GpuUse::Ranks(rank.device), &rank.console)?;
-    Ok((job, rank, plan))
+    Ok((job, rank, plan, new))
 }
 
 /// `tchrun score`.
@@ -96,7 +111,8 @@ pub fn run_score(
     launch: &LaunchArgs,
     rank: &RankFlags,
 ) -> Result<i32, JobError> {
-    let (mut job, rank, plan) = launch_preflight(job, Inference::Score, launch, rank)?;
+    let (mut job, rank, plan, _new_log_dir) =
+        launch_preflight(job, Inference::Score, launch, rank)?;
     check_outputs(
         launch,
         &plan,
@@ -139,7 +155,7 @@ pub fn run_evaluate(
     launch: &LaunchArgs,
     rank: &RankFlags,
 ) -> Result<i32, JobError> {
-    let (mut job, rank, plan) = launch_preflight(job, Inference::Evaluate, launch, rank)?;
+    let (mut job, rank, plan, _) = launch_preflight(job, Inference::Evaluate, launch, rank)?;
     let paths = [job.model.as_path(), &job.images, &job.output];
     check_outputs(launch, &plan, paths, "the evaluation directory")?;
     let cfg = check_model(&job.model, job.batch_size)?;

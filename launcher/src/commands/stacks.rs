@@ -9,7 +9,10 @@ use crate::run::capture;
 use std::path::Path;
 use tchrun::job_record::heartbeat::{Heartbeat, Phase};
 
-pub fn run(dir: &Path) -> Result<i32, JobError> {
+/// `dir`: the log directory given, if any (`report::find_log_dir` picks the one meant).
+pub fn run(dir: Option<&Path>) -> Result<i32, JobError> {
+    let (dir, note) = crate::report::find_log_dir(dir);
+    let dir = dir.as_path();
     let beats = Heartbeat::read_all(dir);
     if beats.is_empty() {
         return Err(JobError::invalid(format!(
@@ -26,7 +29,7 @@ pub fn run(dir: &Path) -> Result<i32, JobError> {
         )));
     }
     let (stacks, summary) = capture::capture(dir, &beats, "tchrun stacks", capture::ANSWER_LIMIT);
-    let out = capture::render(dir, &stacks, &summary);
+    let out = format!("{note}{}", capture::render(dir, &stacks, &summary));
     {
         use std::io::Write as _;
         let _ = write!(std::io::stdout(), "{out}");

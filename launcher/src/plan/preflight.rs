@@ -17,6 +17,28 @@ pub fn absolute(p: PathBuf) -> PathBuf {
     }
 }
 
+/// The log directory of a job: `--log-dir` as given (made absolute), else a folder of the job's
+/// own in `base` (`tchrun::files::job_log_dir`: `<base>/<command>-<time>`), created unless
+/// `dry_run` and held (removed if the job leaves it empty) as long as the second value lives.
+pub fn own_log_dir(
+    given: Option<PathBuf>,
+    base: PathBuf,
+    command: &str,
+    dry_run: bool,
+) -> Result<(PathBuf, Option<tchrun::files::NewLogDir>), JobError> {
+    if let Some(dir) = given {
+        return Ok((absolute(dir), None));
+    }
+    let base = absolute(base);
+    let new = tchrun::files::job_log_dir(&base, command, !dry_run).map_err(|e| {
+        JobError::invalid(format!(
+            "cannot create the job's log directory in {}: {e}; give a writable --log-dir",
+            base.display()
+        ))
+    })?;
+    Ok((new.dir.clone(), Some(new)))
+}
+
 fn on_path(program: &str) -> bool {
     std::env::var_os(tchrun::env::PATH)
         .map(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))

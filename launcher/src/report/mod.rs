@@ -2,8 +2,14 @@
 //! first and why, and renders the summary (terminal and `failure.json`); also the per-rank
 //! overview of `tchrun logs DIR` and the end-of-run reports. Must not know how the ranks were
 //! planned, started or supervised, nor the restart policy. `cause.rs`: the typed cause of the
-//! first failing rank, from its record or the evidence of its death.
+//! first failing rank, from its record or the evidence of its death; `logs.rs`: `tchrun logs`
+//! and which log directory a user means; `tensorboard.rs`: a TensorBoard command that runs
+//! here.
 pub mod cause;
+mod logs;
+mod tensorboard;
+
+pub use logs::{find_log_dir, log_dir_of, logs_command};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -358,67 +364,6 @@ pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
     let _ = s.write(log_dir);
 }
 
-/// The log directory a user meant by `dir` when it is a training `--output` (the obvious
-/// guess): its `logs/`, when `dir` itself holds no log (`holds`) and `logs/` does; `None`:
-/// `dir` is meant as it is.
-pub fn log_dir_of(dir: &Path, holds: impl Fn(&Path) -> bool) -> Option<PathBuf> {
-    let sub = dir.join(files::DEFAULT_LOG_SUBDIR);
-    (!holds(dir) && holds(&sub)).then_some(sub)
-}
-
-/// `tchrun logs DIR`: the stored failure summary, or a per-rank overview.
-pub fn logs_command(dir: &Path) -> Result<String, String> {
-    if !dir.is_dir() {
-        return Err(format!(
-            "{}: not a directory; give a job's log directory (<output>/logs for a training job, \
-             ./{} for score, evaluate, exec and selftest by default)",
-            dir.display(),
-            tchrun::flags::DEFAULT_LOG_DIR
-        ));
-    }
-    let has_logs =
-        |d: &Path| d.join(files::FAILURE_JSON).is_file() || !read_driver_logs(d).is_empty();
-    let (dir, note) = match log_dir_of(dir, has_logs) {
-        Some(sub) => (
-            sub,
-            format!(
-                "(the log directory of the training output {})\n",
-                dir.display()
-            ),
-        ),
-        None => (dir.to_path_buf(), String::new()),
-    };
-    let dir = dir.as_path();
-    if let Ok(Some(s)) = FailureSummary::read(dir) {
-        return Ok(format!("{note}{}", render(&s, dir)));
-    }
-    let logs = read_driver_logs(dir);
-    if logs.is_empty() {
-        let mpi_log = files::mpi_log(dir);
-        return Err(format!(
-            "no driver logs and no failure summary in {}{}; give the job's log directory \
-             (<output>/logs for a training job, ./{} by default for the others)",
-            dir.display(),
-            if mpi_log.is_file() {
-                format!(" (the launcher's output is in {})", mpi_log.display())
-            } else {
-                String::new()
-            },
-            tchrun::flags::DEFAULT_LOG_DIR
-        ));
-    }
-    let mut out = format!(
-        "{note}{} ranks logged in {}; no failure recorded\n",
-        logs.len(),
-        dir.display()
-    );
-    for l in &logs {
-        let last = l.tail.last().map(String::as_str).unwrap_or("");
-        out.push_str(&format!("  rank {:>3} {:<16} {}\n", l.rank, l.host, last));
-    }
-    Ok(out)
-}
-
 /// Distinct image files the ranks dropped under `--skip-bad-images` (each rank names each file
 /// once, with the `files::SKIPPED_IMAGE` prefix; several ranks may meet the same file).
 pub fn skipped_images(logs: &[RankLog]) -> usize {
@@ -439,9 +384,17 @@ pub fn skipped_images(logs: &[RankLog]) -> usize {
 
 /// The end-of-run report from the ranks' summaries: throughput, slowest rank, LR used.
 pub fn run_report(logs: &[RankLog]) {
+    if let Some(line) = run_report_line(logs) {
+        outln!("{line}");
+    }
+}
+
+/// The end-of-run report's line; `None` when no rank left its summary. One rank's report has
+/// its compute time only (its communication is with itself).
+pub fn run_report_line(logs: &[RankLog]) -> Option<String> {
     let with: Vec<&RankLog> = logs.iter().filter(|l| l.summary.is_some()).collect();
     if with.is_empty() {
-        return;
+        return None;
     }
     let images: f64 = with.iter().filter_map(|l| l.summary.map(|s| s.0)).sum();
     let wall = with
@@ -464,16 +417,20 @@ pub fn run_report(logs: &[RankLog]) {
         .and_then(|l| l.lr.as_ref())
         .map(|(eff, lr, factor)| format!("{eff:e} (--lr {lr:e} × {factor})"));
     let mut line = format!(
-        "tchrun: run report: {} ranks, {:.1} images/s in training steps",
-        with.len(),
+        "tchrun: run report: {}, {:.1} images/s in training steps",
+        tchrun::counts::ranks(with.len()),
         images / wall.max(1e-9)
     );
     if let Some(s) = slowest {
         let (_, c, m) = s.summary.unwrap_or_default();
-        line.push_str(&format!(
-            "; slowest rank {} ({}): compute {:.1}s, communication {:.1}s",
-            s.rank, s.host, c, m
-        ));
+        line.push_str(&if with.len() == 1 {
+            format!("; rank {} ({}): compute {:.1}s", s.rank, s.host, c)
+        } else {
+            format!(
+                "; slowest rank {} ({}): compute {:.1}s, communication {:.1}s",
+                s.rank, s.host, c, m
+            )
+        });
     }
     if let Some(lr) = lr {
         line.push_str(&format!("; effective LR {lr}"));
@@ -484,7 +441,7 @@ pub fn run_report(logs: &[RankLog]) {
             "; {skipped} bad image(s) skipped (--skip-bad-images), named in the driver logs"
         ));
     }
-    outln!("{line}");
+    Some(line)
 }
 
 /// After a successful training job: the verdict on what limited the training steps
@@ -507,8 +464,8 @@ pub fn training_report(output: &Path) -> Vec<String> {
     let tb = output.join(tchrun::tensorboard::DIR);
     if tb.is_dir() {
         lines.push(format!(
-            "tchrun: TensorBoard: tensorboard --logdir {}",
-            tb.display()
+            "tchrun: TensorBoard: {}",
+            tensorboard::command(&tb)
         ));
     }
     lines

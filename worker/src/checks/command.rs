@@ -70,8 +70,8 @@ pub fn run_selftest(a: SelftestArgs) -> RankResult {
         tracing::info!("\n{table}");
         if pg.rank() == 0 {
             console.out(&format!(
-                "selftest: {} ranks on {} ({}): all_reduce, broadcast, all_gather, barrier correct",
-                pg.size(),
+                "selftest: {} on {} ({}): all_reduce, broadcast, all_gather, barrier correct",
+                tchrun::counts::ranks(pg.size()),
                 pg::device_name(device),
                 pg.backend().name()
             ));

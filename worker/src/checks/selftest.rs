@@ -176,7 +176,10 @@ pub fn human_bytes(b: usize) -> String {
 
 /// The table rank 0 prints.
 pub fn format_table(rows: &[BandwidthRow], world: usize, backend: &str) -> String {
-    let mut s = format!("all-reduce bandwidth ({backend}, {world} ranks, float32, sum)\n");
+    let mut s = format!(
+        "all-reduce bandwidth ({backend}, {}, float32, sum)\n",
+        tchrun::counts::ranks(world)
+    );
     s.push_str(&format!(
         "{:>10} {:>7} {:>12} {:>12} {:>12}\n",
         "size", "iters", "time (us)", "algbw GB/s", "busbw GB/s"

@@ -73,9 +73,9 @@ pub fn init() -> Result<Dist, DistError> {
             return Err(DistError::Group(C10dError {
                 op: "ProcessGroup create",
                 message: format!(
-                    "{} ranks on this node but {gpus} GPU(s) visible: NCCL needs one GPU per rank; \
+                    "{} on this node but {gpus} GPU(s) visible: NCCL needs one GPU per rank; \
                      start fewer ranks per node or set TCHRUN_BACKEND=gloo",
-                    info.place.local_size
+                    tchrun::counts::ranks(info.place.local_size)
                 ),
             }));
         }

@@ -201,19 +201,27 @@ pub struct Console {
 impl Console {
     /// A line for the user on the original stdout, when `--console` selects this rank.
     pub fn out(&self, line: &str) {
-        if !self.selected {
-            return;
-        }
-        if let Ok(mut f) = self.out.lock() {
-            let _ = writeln!(f, "{}{line}", self.prefix);
-            let _ = f.flush();
+        if self.selected {
+            self.write(&self.out, line);
         }
     }
     /// A line for the user on the original stderr, whatever `--console` selects (an error).
     pub fn err(&self, line: &str) {
-        if let Ok(mut f) = self.err.lock() {
-            let _ = writeln!(f, "{}{line}", self.prefix);
-            let _ = f.flush();
+        self.write(&self.err, line);
+    }
+    /// Whether `--console` selects this rank.
+    pub fn selected(&self) -> bool {
+        self.selected
+    }
+    /// The console's stdout and stderr descriptors (`exec`'s reader keeps them, and only them).
+    pub fn fds(&self) -> [i32; 2] {
+        let fd = |m: &Mutex<File>| m.lock().map(|f| f.as_raw_fd()).unwrap_or(-1);
+        [fd(&self.out), fd(&self.err)]
+    }
+    /// The prefixed line in one write: a pipe keeps it whole beside other ranks' lines.
+    fn write(&self, file: &Mutex<File>, line: &str) {
+        if let Ok(mut f) = file.lock() {
+            let _ = f.write_all(format!("{}{line}\n", self.prefix).as_bytes());
         }
     }
 }

@@ -1,8 +1,9 @@
 //! `tchrun-worker exec`: torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR, ...)
-//! set from the bootstrap, then the user's program exec'd in place of the rank.
+//! set from the bootstrap, then the user's program exec'd in place of the rank, its output
+//! read line by line into the driver log and the console (`output`).
 use crate::comm::bootstrap;
-use crate::rank::driver_log;
 use crate::rank::start::{command_line, cuda_devices, Fatal, RankResult};
+use crate::rank::{driver_log, output};
 use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
@@ -17,6 +18,8 @@ pub struct ExecArgs {
     /// Directory of the per-rank driver logs.
     #[arg(long, env = "TCHRUN_LOG_DIR", default_value = DEFAULT_LOG_DIR)]
     pub log_dir: PathBuf,
+    #[command(flatten)]
+    pub console: tchrun::flags::ProgramConsole,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub program: Vec<String>,
@@ -63,7 +66,7 @@ pub fn run(a: ExecArgs) -> RankResult {
         command: &command_line(),
         started_by: &format!("{:?}", id.place.started_by),
     };
-    let (_path, console) = driver_log::open(&a.log_dir, &header, &Default::default())
+    let (_path, console) = driver_log::open(&a.log_dir, &header, &a.console.console)
         .with_context(|| {
             format!(
                 "cannot write the driver log in {} (check --log-dir)",
@@ -81,6 +84,20 @@ pub fn run(a: ExecArgs) -> RankResult {
     for m in c::MPI_MARKERS {
         cmd.env_remove(m);
     }
+    if std::env::var_os(c::PYTHONUNBUFFERED).is_none() {
+        cmd.env(c::PYTHONUNBUFFERED, "1");
+    }
+    // The program's output to the driver log and, line by line, to the console; without the
+    // reader (no process left) it goes to the driver log alone, as it is.
+    let streams = match output::start(&console).and_then(|s| s.redirect().map(|()| s)) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(
+                "the program's output goes to the driver log only, not to the console: {e}"
+            );
+            None
+        }
+    };
     let err = cmd
         .args(&a.program[1..])
         .env(c::RANK, info.place.rank.to_string())
@@ -91,6 +108,9 @@ pub fn run(a: ExecArgs) -> RankResult {
         .env(c::MASTER_ADDR, &info.master_addr)
         .env(c::MASTER_PORT, info.master_port.to_string())
         .exec();
+    if let Some(s) = streams {
+        s.restore();
+    }
     Err((
         Some(console),
         Fatal::invalid(anyhow::anyhow!("cannot run {:?}: {err}", a.program[0])),
