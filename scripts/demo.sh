@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything (apt packages, venv with torch, release build) and runs the demo job:
 # a ResNet-18 trained data-parallel on 2 local ranks on the handwritten-digits images that
-# scikit-learn bundles (no download), then scored.
+# scikit-learn bundles (no download), then scored and evaluated.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -16,5 +16,7 @@ target/release/tchrun train --model "$OUT/untrained" --train "$OUT/digits/train"
   --output "$OUT/model" --procs-per-node 2 --epochs 4 --batch-size 32 --lr 0.025 \
   --min-crop-scale 0.5 --no-hflip --print-freq 20
 target/release/tchrun score --model "$OUT/model" --images "$OUT/digits/valid" --output "$OUT/scores.csv"
+target/release/tchrun evaluate --model "$OUT/model" --images "$OUT/digits/valid" --output "$OUT/eval"
 echo "demo: model in $OUT/model (model.json, model.safetensors, metrics.jsonl, metrics.png),"
-echo "      driver logs in $OUT/model/logs, predictions in $OUT/scores.csv"
+echo "      driver logs in $OUT/model/logs, predictions in $OUT/scores.csv,"
+echo "      metrics and the confusion matrix in $OUT/eval"

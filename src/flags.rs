@@ -4,7 +4,7 @@ use crate::console::Selection;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
-/// Parses `--lr`: a finite float >= f64::EPSILON (the seed's `>=double.Epsilon`).
+/// Parses `--lr`: a finite float >= f64::EPSILON ("Train PyTorch Model"'s `>=double.Epsilon`).
 pub fn parse_lr(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim()
@@ -31,8 +31,9 @@ pub struct TrainParams {
     /// Epochs of linear learning-rate warmup.
     #[arg(help_heading = "Training", visible_alias = "lr-warmup-epochs", long, env = "TCHRUN_WARMUP_EPOCHS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..), allow_negative_numbers = true)]
     pub warmup_epochs: u32,
-    /// Base learning rate; the effective LR is lr × world size (see --lr-scaling). The seed's
-    /// table says 0.1, its text 0.001: tchrun uses 0.001.
+    /// Base learning rate; the effective LR is lr × world size (see --lr-scaling). Azure ML's
+    /// "Train PyTorch Model" documents 0.001 in its text (0.1 in its parameter table): tchrun
+    /// uses 0.001.
     #[arg(help_heading = "Training", long, env = "TCHRUN_LR", default_value_t = 0.001, value_parser = parse_lr, allow_negative_numbers = true)]
     pub lr: f64,
     /// Seeds weight init, shuffling and augmentation.
@@ -408,7 +409,7 @@ impl TrainOptions {
     }
 }
 
-/// Optimizer and input-pipeline options beyond the seed's parameters (documented, overridable).
+/// Optimizer and input-pipeline options beyond "Train PyTorch Model"'s parameters (documented, overridable).
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct TrainOptions {
     /// SGD momentum.

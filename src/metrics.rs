@@ -60,6 +60,10 @@ pub struct EpochMetrics {
     /// exceeded its cores (`CpuUse::oversubscribed`). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_oversubscribed: Option<CpuUse>,
+    /// The job's ranks (0 in rows written before it was recorded). With one rank there is no
+    /// gradient all-reduce: what `comm_s` holds is the step's bookkeeping, said as "other".
+    #[serde(default)]
+    pub ranks: u32,
 }
 
 /// A node's CPU cores against what a job asks of them: its ranks × intra-op threads
@@ -175,6 +179,8 @@ pub struct Verdict {
     pub slowest: Option<Slowest>,
     /// The CPU was oversubscribed (the last epoch that said so): the verdict says that first.
     pub cpu_oversubscribed: Option<CpuUse>,
+    /// Every row is of a 1-rank job: no communication to speak of (`comm` is then "other").
+    pub one_rank: bool,
 }
 
 /// Input-bound when the slowest rank's data wait reaches [`INPUT_BOUND_SHARE`] of the step
@@ -204,9 +210,10 @@ pub fn verdict(rows: &[EpochMetrics]) -> Option<Verdict> {
         .values()
         .max()
         .and_then(|(_, i)| rows[*i].slowest.clone());
+    let one_rank = rows.iter().all(|m| m.ranks == 1);
     let bound = if data_wait >= INPUT_BOUND_SHARE {
         Bound::Input
-    } else if comm > compute {
+    } else if comm > compute && !one_rank {
         Bound::Communication
     } else {
         Bound::Compute
@@ -219,6 +226,7 @@ pub fn verdict(rows: &[EpochMetrics]) -> Option<Verdict> {
         comm,
         slowest,
         cpu_oversubscribed: rows.iter().rev().find_map(|m| m.cpu_oversubscribed.clone()),
+        one_rank,
     })
 }
 
@@ -253,14 +261,24 @@ pub fn straggler_lines(rows: &[EpochMetrics]) -> Vec<String> {
 impl Verdict {
     /// One line for the end-of-run report: the verdict, the split, and the flag to change.
     pub fn line(&self) -> String {
-        let split = format!(
-            "data wait {:.0}% (slowest rank {:.0}%), compute {:.0}%, communication {:.0}% of \
-             the step time",
-            100.0 * self.data_wait_mean,
-            100.0 * self.data_wait,
-            100.0 * self.compute,
-            100.0 * self.comm
-        );
+        let split = if self.one_rank {
+            // One rank: no all-reduce, no slower rank to wait for; the rest is bookkeeping.
+            format!(
+                "data wait {:.0}%, compute {:.0}%, other {:.0}% of the step time",
+                100.0 * self.data_wait_mean,
+                100.0 * self.compute,
+                100.0 * self.comm
+            )
+        } else {
+            format!(
+                "data wait {:.0}% (slowest rank {:.0}%), compute {:.0}%, communication {:.0}% of \
+                 the step time",
+                100.0 * self.data_wait_mean,
+                100.0 * self.data_wait,
+                100.0 * self.compute,
+                100.0 * self.comm
+            )
+        };
         let split = match &self.slowest {
             Some(sl) => format!(
                 "{split}; slowest host {} (rank {}: data wait {:.0}%, compute {:.0}%)",
@@ -322,6 +340,25 @@ mod tests {
         m.compute_s = compute;
         m.comm_s = comm;
         m
+    }
+
+    #[test]
+    fn a_one_rank_job_has_no_communication_in_its_verdict() {
+        let mut m = row(10.0, 1.0, 1.0, 4.0, 5.0);
+        m.ranks = 1;
+        let v = verdict(&[m.clone()]).expect("a verdict");
+        assert_eq!(v.bound, Bound::Compute);
+        assert!(
+            v.line().starts_with(
+                "compute-bound: data wait 10%, compute 40%, other 50% of the step time;"
+            ),
+            "{}",
+            v.line()
+        );
+        m.ranks = 2;
+        let v = verdict(&[m]).expect("a verdict");
+        assert_eq!(v.bound, Bound::Communication);
+        assert!(v.line().contains("communication 50% of the step time"), "{}", v.line());
     }
 
     #[test]

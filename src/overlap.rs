@@ -151,10 +151,10 @@ pub fn check_disjoint(outputs: &[Named], inputs: &[Named]) -> Result<(), Box<Ove
 
 /// A training job's outputs (`--output`, the log directory) and inputs (`--model`, `--train`,
 /// `--valid`), for `tchrun train`, `tchrun sbatch` and `tchrun-worker train`. An archive's
-/// extraction in `--output`'s cache (`.tchrun-data/`, where `tchrun train` puts it and then
-/// gives the ranks the extracted folder) is tchrun's own copy, not an input to protect.
+/// extraction in the data cache (`archives/`, where `tchrun train` puts it and then gives the
+/// ranks the extracted folder) is tchrun's own copy, not an input to protect.
 pub fn train_job(job: &crate::flags::TrainJob, log_dir: &Path) -> (Vec<Named>, Vec<Named>) {
-    let cache = resolve(&job.output.join(crate::data::archive::CACHE_SUBDIR));
+    let cache = resolve(&crate::data::archive::cache_root());
     let data = [
         ("--train", "the training data", &job.train),
         ("--valid", "the validation data", &job.valid),
@@ -183,21 +183,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_archives_extraction_in_the_outputs_cache_is_not_an_input() {
+    fn an_archives_extraction_in_the_data_cache_is_not_an_input() {
         use clap::Parser;
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
             job: crate::flags::TrainJob,
         }
+        // A data cache inside the output (TCHRUN_DATA_CACHE set so) holds no input either.
+        let cache = crate::data::archive::data_cache();
         let cli = Cli::parse_from([
-            "t",
-            "--model=/m",
-            "--train=/out/.tchrun-data/train-1/digits",
-            "--valid=/v",
-            "--output=/out",
+            "t".to_string(),
+            "--model=/m".into(),
+            format!("--train={}/archives/train-1/digits", cache.display()),
+            "--valid=/v".into(),
+            format!("--output={}", cache.display()),
         ]);
-        let (outputs, inputs) = train_job(&cli.job, Path::new("/out/logs"));
+        let (outputs, inputs) = train_job(&cli.job, &cache.join("logs"));
         let flags: Vec<&str> = inputs.iter().map(|n| n.flag.as_str()).collect();
         assert_eq!(flags, ["--model", "--valid"]);
         assert!(check_disjoint(&outputs, &inputs).is_ok());

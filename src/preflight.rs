@@ -245,8 +245,8 @@ pub fn check_train_job_with(
     verification: Verification,
 ) -> Result<Checked, PreflightError> {
     let cfg = check_model(job)?;
-    // Archives become their extracted folders (once, cached next to --output).
-    let cache = crate::data::archive::cache_root(&job.output);
+    // Archives become their extracted folders (once, in the data cache).
+    let cache = crate::data::archive::cache_root();
     let mut extracted = Vec::new();
     let mut folder = |flag: &'static str, src: &Path| -> Result<PathBuf, PreflightError> {
         match crate::data::archive::resolve(src, &cache).map_err(ds(flag))? {

@@ -118,8 +118,14 @@ fn train_and_score_from_archives() {
     archive("targz", &d.valid, &tgz, None);
     archive("tar", &d.valid, &tar, None);
     let out = t.join("out");
+    // The default data cache (issue 31 item 12): `$XDG_CACHE_HOME/tchrun/archives`, never the
+    // output, so copying the model does not copy the dataset.
+    let xdg = t.join("xdg");
     let r = run(
-        tchrun_train(&d.model, &zip, &tgz, &out).args([
+        tchrun_train(&d.model, &zip, &tgz, &out)
+            .env_remove("TCHRUN_DATA_CACHE")
+            .env("XDG_CACHE_HOME", &xdg)
+            .args([
             "--epochs",
             "1",
             "--batch-size",
@@ -130,7 +136,11 @@ fn train_and_score_from_archives() {
         LIMIT,
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
-    let cache = out.join(".tchrun-data");
+    let cache = xdg.join("tchrun/archives");
+    assert!(
+        !out.join(".tchrun-data").exists() && !out.join("archives").exists(),
+        "nothing of the dataset in the output"
+    );
     for (archive, files) in [("train.zip", 50), ("valid.tar.gz", 20)] {
         assert!(
             r.stdout
@@ -209,9 +219,9 @@ fn archive_cache_reuse_and_rewrite() {
         assert_eq!(r.code, Some(0), "{}", r.explain());
         r
     };
-    // The extracted folders (the cache also keeps the dataset indexes, in `index/`).
+    // The extracted folders, in the cache's `archives/` (its `index/` keeps the dataset indexes).
     let dirs = || -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(&cache)
+        let mut v: Vec<PathBuf> = std::fs::read_dir(cache.join("archives"))
             .expect("cache")
             .flatten()
             .map(|e| e.path())
@@ -382,7 +392,7 @@ fn bad_archives_are_refused() {
         for e in expect {
             assert!(r.stderr.contains(e), "{case}: no {e:?} in {}", r.explain());
         }
-        let left: Vec<_> = std::fs::read_dir(&cache)
+        let left: Vec<_> = std::fs::read_dir(cache.join("archives"))
             .map(|rd| rd.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
         assert!(left.is_empty(), "{case}: left behind {left:?}");
@@ -405,8 +415,11 @@ fn files_of(dir: &Path) -> BTreeSet<String> {
 }
 
 fn split(src: &Path, out: &Path, fraction: &str, seed: &str) -> Run {
+    let xdg = out.parent().unwrap_or(out).join("xdg");
     run(
         tchrun()
+            .env_remove("TCHRUN_DATA_CACHE")
+            .env("XDG_CACHE_HOME", xdg)
             .args(["data", "split"])
             .arg(src)
             .args(["--fraction", fraction, "--seed", seed, "--output"])
@@ -460,7 +473,7 @@ fn data_split_is_stratified_and_reproducible() {
         .iter()
         .any(|f| f.contains("hidden") || f.ends_with(".txt")));
     assert!(
-        r.stdout.contains("class c has 1 image")
+        r.stdout.contains("1 class has 1 image (c)")
             && r.stdout
                 .contains("files are hard links to the originals (46 files)"),
         "{}",
@@ -545,7 +558,7 @@ fn data_split_copies_across_file_systems() {
     }
 }
 
-/// `data split` also takes an archive: extracted into the cache beside `--output`, then split
+/// `data split` also takes an archive: extracted into the data cache, then split
 /// like the folder itself (the same seed gives the same split as from the folder).
 #[test]
 fn data_split_from_an_archive() {
@@ -563,7 +576,7 @@ fn data_split_from_an_archive() {
         "{}",
         r.explain()
     );
-    assert!(t.path().join(".tchrun-data").is_dir());
+    assert!(t.path().join("xdg/tchrun/archives").is_dir());
     assert_eq!(split(&src, &from_dir, "0.8", "7").code, Some(0));
     for side in ["train", "valid"] {
         assert_eq!(

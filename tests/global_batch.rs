@@ -268,8 +268,9 @@ fn a_resume_on_fewer_ranks_continues_the_same_training() {
     assert_resumed(&r, &killed);
     assert!(
         r.stdout
-            .contains("world size 1 (checkpoint: 2): the same --global-batch-size 16"),
-        "{}",
+            .contains("world size 1 (checkpoint: 2): the same --global-batch-size 16")
+            && !r.stdout.contains("intra-op thread"),
+        "the same threads: nothing said of them\n{}",
         r.explain()
     );
     let (d, name) = max_diff(&full, &killed);
@@ -333,5 +334,37 @@ fn the_micro_batch_does_not_change_the_lr_of_a_global_batch() {
     assert!(
         runs.iter().all(|r| *r == runs[0]),
         "the LR follows the micro-batch: {runs:?}"
+    );
+}
+
+/// Issue 31 item 8: the same model at any world size holds at equal intra-op threads per rank.
+/// A `--global-batch-size` run resumed at another thread count (`--threads 2` after 1) says so
+/// on the console, with the flag that gives the checkpoint's count back.
+#[test]
+fn a_resume_at_another_thread_count_is_said() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let d = tiny_digits();
+    let job = |epochs: &str, threads: &str, extra: &[&str]| {
+        let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), &out);
+        c.args(["--epochs", epochs, "--launcher", "local", "--procs-per-node", "1"])
+            .args(["--batch-size", "8", "--global-batch-size", "16", "--threads", threads])
+            .args(extra)
+            .env_remove("TCHRUN_THREADS")
+            .env_remove("TCHRUN_ATTEMPT");
+        run(&mut c, LIMIT)
+    };
+    ok(&job("1", "1", &[]));
+    let r = job("2", "2", &["--resume"]);
+    assert_resumed(&r, &out);
+    assert!(
+        r.stdout.contains(
+            "--resume: note: this job runs 2 intra-op thread(s) per rank, the checkpoint's run \
+             ran 1: with --global-batch-size the model is the same at any world size only at \
+             equal threads per rank"
+        ) && r.stdout.contains("--threads 1 gives the checkpoint's"),
+        "{}",
+        r.explain()
     );
 }

@@ -81,22 +81,22 @@ fn train_small(out: &Path, model: &Path, extra: &[&str]) -> std::process::Comman
 }
 
 /// The per-epoch scalars equal `metrics.jsonl`'s rows (as the f32 TensorBoard stores), at the
-/// step each epoch ended.
+/// step each epoch ended; top-1 and top-5 in percent, as the console shows them.
 fn check_epochs_equal_metrics(ev: &Events, out: &Path, steps_per_epoch: u64) {
     let rows = metrics_rows(out);
-    for (tag, key) in [
-        ("epoch/train_loss", "train_loss"),
-        ("epoch/valid_loss", "val_loss"),
-        ("epoch/top1", "top1"),
-        ("epoch/top5", "top5"),
-        ("epoch/images_per_sec", "train_images_per_sec"),
-        ("epoch/lr", "lr"),
+    for (tag, key, scale) in [
+        ("epoch/train_loss", "train_loss", 1.0),
+        ("epoch/valid_loss", "val_loss", 1.0),
+        ("epoch/top1", "top1", 100.0),
+        ("epoch/top5", "top5", 100.0),
+        ("epoch/images_per_sec", "train_images_per_sec", 1.0),
+        ("epoch/lr", "lr", 1.0),
     ] {
         let want: Vec<(u64, f64)> = rows
             .iter()
             .map(|r| {
                 let e = r["epoch"].as_u64().expect("epoch");
-                let v = r[key].as_f64().expect(key);
+                let v = scale * r[key].as_f64().expect(key);
                 (e * steps_per_epoch, v as f32 as f64)
             })
             .collect();

@@ -532,9 +532,11 @@ fn an_interrupted_extraction_is_removed_and_said_with_exit_130_or_143() {
 
     // Ctrl-C during `tchrun train --train data.tar.gz`.
     let out = root.join("out");
-    let cache = out.join(".tchrun-data");
+    let cache = root.join("xdg/tchrun/archives");
     let mut c = tchrun_train(&model, &archive, &small.join("valid"), &out);
-    c.args(FLAGS);
+    c.args(FLAGS)
+        .env_remove("TCHRUN_DATA_CACHE")
+        .env("XDG_CACHE_HOME", root.join("xdg"));
     let (code, text) = interrupt_extraction(&mut c, &cache, &root, "train", Signal::SIGINT);
     assert_eq!(code, Some(130), "{text}");
     assert!(
@@ -546,14 +548,15 @@ fn an_interrupted_extraction_is_removed_and_said_with_exit_130_or_143() {
     );
     assert_eq!(tree(&cache), Vec::<PathBuf>::new(), "{text}");
 
-    // SIGTERM during `tchrun data split data.tar.gz` (the cache beside its output).
+    // SIGTERM during `tchrun data split data.tar.gz` (the data cache).
     let split = root.join("split");
     let mut c = tchrun();
-    c.args(["data", "split"])
+    c.env_remove("TCHRUN_DATA_CACHE")
+        .env("XDG_CACHE_HOME", root.join("xdg"))
+        .args(["data", "split"])
         .arg(&archive)
         .args(["--fraction", "0.5", "--output"])
         .arg(&split);
-    let cache = root.join(".tchrun-data");
     let (code, text) = interrupt_extraction(&mut c, &cache, &root, "split", Signal::SIGTERM);
     assert_eq!(code, Some(143), "{text}");
     assert!(

@@ -60,8 +60,10 @@ fn leftovers(dir: &Path, prefix: &str) -> Vec<String> {
 }
 
 /// The pack read by `webdataset`: every sample's image bytes equal the original file's, `cls`
-/// equals the label, the order is the folder's scan order, keys hold no dot although the
-/// original names do, the extension is the original lower-cased; small shards give several.
+/// equals the label, the keys number the folder's scan order, keys hold no dot although the
+/// original names do, the extension is the original lower-cased; small shards give several,
+/// and the samples are spread over them in a seeded random order (the first shard holds more
+/// than one class; the seed is in the index; the same seed packs the same bytes).
 /// The packed directory opens as the same sample list. An existing output is refused.
 #[test]
 fn webdataset_reads_the_pack_byte_for_byte() {
@@ -79,9 +81,23 @@ fn webdataset_reads_the_pack_byte_for_byte() {
 
     let json = t.path().join("wds.json");
     py(&["read".as_ref(), out.as_os_str(), json.as_os_str()]);
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&read(&json)).expect("json");
+    let mut rows: Vec<serde_json::Value> = serde_json::from_str(&read(&json)).expect("json");
     let f = tchrun::data::ImageFolder::scan(&src).expect("scan");
     assert_eq!(rows.len(), f.samples.len());
+    let first_shard: std::collections::BTreeSet<String> = rows
+        .iter()
+        .filter(|r| r["shard"].as_str().is_some_and(|s| s.ends_with("shard-000000.tar")))
+        .map(|r| r["cls"].to_string())
+        .collect();
+    assert!(first_shard.len() >= 2, "shard 0 mixes the classes: {first_shard:?}");
+    let in_order: Vec<String> = rows.iter().map(|r| r["key"].to_string()).collect();
+    let mut sorted = in_order.clone();
+    sorted.sort();
+    assert_ne!(in_order, sorted, "the shards hold the samples in a shuffled order");
+    rows.sort_by_key(|r| r["key"].to_string());
+    let index: serde_json::Value =
+        serde_json::from_str(&read(&out.join("tchrun-pack.json"))).expect("index");
+    assert_eq!(index["shuffle_seed"], 1, "the default seed, recorded");
     let shards: std::collections::BTreeSet<&str> =
         rows.iter().map(|r| r["shard"].as_str().unwrap()).collect();
     assert!(shards.len() >= 3, "{shards:?}");
@@ -106,6 +122,15 @@ fn webdataset_reads_the_pack_byte_for_byte() {
             b.path.strip_prefix(&src).unwrap()
         );
     }
+
+    // The same seed packs the same bytes; another seed another order.
+    let again = t.path().join("again");
+    assert_eq!(pack(&src, &again, &["--shard-size", "16K"]).code, Some(0));
+    let shard = |d: &std::path::Path| std::fs::read(d.join("shard-000000.tar")).expect("shard");
+    assert_eq!(shard(&out), shard(&again));
+    let other = t.path().join("other");
+    assert_eq!(pack(&src, &other, &["--shard-size", "16K", "--seed", "7"]).code, Some(0));
+    assert_ne!(shard(&out), shard(&other));
 
     // An existing, non-empty output is refused before anything is written.
     let r = pack(&src, &out, &[]);

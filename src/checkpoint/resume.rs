@@ -35,6 +35,11 @@ pub struct RunRecord {
     pub freeze_backbone: bool,
     pub backbone_lr_scale: f64,
     pub amp: String,
+    /// Each rank's intra-op (libtorch) threads, as the ranks ran them (the launcher's record
+    /// has none). Not compared: a resume at another thread count is allowed, and said
+    /// (`threads_note`), since sums over other thread splits round differently.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intra_op_threads: Option<u32>,
 }
 
 impl RunRecord {
@@ -66,7 +71,23 @@ impl RunRecord {
             freeze_backbone: o.freeze_backbone,
             backbone_lr_scale: o.backbone_lr_scale,
             amp: o.amp.as_str().to_string(),
+            intra_op_threads: None,
         }
+    }
+
+    /// What a resume at `threads` intra-op threads per rank says when the checkpoint's run
+    /// used another count with `--global-batch-size` (whose promise, the same model at any
+    /// world size, holds at equal threads per rank); `None` when nothing is to be said.
+    pub fn threads_note(&self, threads: u32) -> Option<String> {
+        let was = self.intra_op_threads?;
+        (self.global_batch_size.is_some() && was != threads).then(|| {
+            format!(
+                "this job runs {threads} intra-op thread(s) per rank, the checkpoint's run ran \
+                 {was}: with --global-batch-size the model is the same at any world size only at \
+                 equal threads per rank (sums split over other threads round differently); \
+                 --threads {was} gives the checkpoint's"
+            )
+        })
     }
 
     /// The differences that a resume refuses (what, the checkpoint's value, this job's value,
@@ -469,6 +490,26 @@ pub fn check(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_global_batch_resumed_at_another_thread_count_is_said() {
+        let mut r: RunRecord = serde_json::from_value(serde_json::json!({
+            "arch": "resnet18", "input_size": 32, "class_names": ["a"], "epochs": 2,
+            "batch_size": 8, "global_batch_size": 16, "warmup_epochs": 0, "lr": 0.1,
+            "lr_scaling": "linear", "lr_power": 2.0, "momentum": 0.9, "weight_decay": 0.0001,
+            "seed": 1, "patience": 0, "min_crop_scale": 0.08, "no_hflip": false,
+            "freeze_backbone": false, "backbone_lr_scale": 1.0, "amp": "off"
+        }))
+        .expect("a record from before the thread count");
+        assert_eq!(r.threads_note(2), None, "no count recorded: nothing to compare");
+        r.intra_op_threads = Some(1);
+        assert_eq!(r.threads_note(1), None);
+        let note = r.threads_note(2).expect("a note");
+        assert!(note.starts_with("this job runs 2 intra-op thread(s) per rank, the checkpoint's run ran 1"), "{note}");
+        assert!(note.ends_with("--threads 1 gives the checkpoint's"), "{note}");
+        r.global_batch_size = None;
+        assert_eq!(r.threads_note(2), None, "without a global batch no promise is at stake");
+    }
+
     fn record() -> RunRecord {
         RunRecord {
             arch: "resnet18".into(),
@@ -491,6 +532,7 @@ mod tests {
             freeze_backbone: false,
             backbone_lr_scale: 1.0,
             amp: "off".into(),
+            intra_op_threads: None,
         }
     }
 

@@ -305,11 +305,7 @@ impl Headers {
 
 /// Where `root`'s index is kept (see the module docs).
 pub fn location(root: &Path) -> PathBuf {
-    let cache = std::env::var_os(super::archive::DATA_CACHE_ENV)
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("tchrun")))
-        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/tchrun")))
-        .unwrap_or_else(|| std::env::temp_dir().join("tchrun-cache"));
+    let cache = super::archive::data_cache();
     let key = {
         use sha2::Digest;
         let canonical = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());

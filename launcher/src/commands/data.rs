@@ -48,6 +48,16 @@ pub struct PackArgs {
     /// Leave out (and list) images whose header is bad instead of refusing the pack.
     #[arg(long, env = "TCHRUN_SKIP_BAD_IMAGES")]
     pub skip_bad_images: bool,
+    /// Seeds the order in which samples are spread over the shards (every shard a random mix
+    /// of the classes, for readers that stream shards in order); recorded in the index. The
+    /// index keeps the folder's order, so training reads the same samples as from the folder.
+    #[arg(
+        long,
+        env = "TCHRUN_SEED",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
+    pub seed: i64,
     /// Refuse images whose header declares more pixels than this (decompression bombs).
     #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
@@ -90,19 +100,12 @@ pub fn run(cmd: &DataCmd) -> Result<i32, JobError> {
     }
 }
 
-/// `SRC` of `split` and `pack`: an image folder, or an archive extracted into the cache beside
-/// `output` (said on the console); its path and its scan.
-fn source_folder(
-    src: &std::path::Path,
-    output: &std::path::Path,
-) -> Result<(PathBuf, tchrun::data::ImageFolder), JobError> {
+/// `SRC` of `split` and `pack`: an image folder, or an archive extracted into the data cache
+/// (said on the console); its path and its scan.
+fn source_folder(src: &std::path::Path) -> Result<(PathBuf, tchrun::data::ImageFolder), JobError> {
     let invalid = |e: &dyn std::fmt::Display| JobError::invalid(e.to_string());
     let src = absolute(src.to_path_buf());
-    let cache_parent = output
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let cache = tchrun::data::archive::cache_root(&cache_parent);
+    let cache = tchrun::data::archive::cache_root();
     let folder_path = match tchrun::data::archive::resolve(&src, &cache)
         .map_err(|e| JobError::from_dataset(e, |e| invalid(&e)))?
     {
@@ -139,8 +142,9 @@ fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
     check_source_and_output(&a.src, &output)?;
     // Refuse a bad output before extracting anything.
     pack::check_output(&output).map_err(|e| invalid(&e))?;
-    let (folder_path, folder) = source_folder(&a.src, &output)?;
+    let (folder_path, folder) = source_folder(&a.src)?;
     let opts = pack::PackOptions {
+        seed: a.seed,
         shard_size: a.shard_size,
         skip_bad: a.skip_bad_images,
         max_pixels: a.max_image_pixels,
@@ -264,7 +268,7 @@ fn run_split(a: &SplitArgs) -> Result<i32, JobError> {
     if !(a.fraction > 0.0 && a.fraction < 1.0) {
         return Err(invalid(&split::SplitError::Fraction(a.fraction)));
     }
-    let (folder_path, folder) = source_folder(&a.src, &output)?;
+    let (folder_path, folder) = source_folder(&a.src)?;
     let plan = split::plan_split(&folder, a.fraction, a.seed).map_err(|e| invalid(&e))?;
     let report = split::write_split(&plan, &output).map_err(|e| invalid(&e))?;
     let (n_train, n_valid) = plan
@@ -282,22 +286,11 @@ fn run_split(a: &SplitArgs) -> Result<i32, JobError> {
         n_valid,
         output.join(SPLIT_VALID).display()
     );
-    for c in &plan {
-        outln!(
-            "tchrun:   class {}: {} train, {} valid",
-            c.class,
-            c.train.len(),
-            c.valid.len()
-        );
-        if c.valid.is_empty() {
-            outln!(
-                "tchrun: note: class {} has 1 image: it went to {} only, so {} lacks the class \
-                 (add images to it before training with this split)",
-                c.class,
-                SPLIT_TRAIN,
-                SPLIT_VALID
-            );
-        }
+    for line in split_summary(
+        plan.iter()
+            .map(|c| (c.class.as_str(), c.train.len(), c.valid.len())),
+    ) {
+        outln!("tchrun: {line}");
     }
     match (&report.copy_reason, report.linked) {
         (None, _) => outln!("tchrun: files are hard links to the originals ({} files)", report.linked),
@@ -312,4 +305,72 @@ fn run_split(a: &SplitArgs) -> Result<i32, JobError> {
         ),
     }
     Ok(0)
+}
+
+/// The lines `data split` prints about its classes (one summary, however many classes: not a
+/// line per class): how many images a class got on each side (least, median, most), and the
+/// classes whose only image went to `train` (named, the first few).
+fn split_summary<'a>(classes: impl Iterator<Item = (&'a str, usize, usize)>) -> Vec<String> {
+    const NAMED: usize = 5;
+    let (mut train, mut valid, mut lone) = (Vec::new(), Vec::new(), Vec::new());
+    for (class, t, v) in classes {
+        train.push(t);
+        valid.push(v);
+        if v == 0 {
+            lone.push(class);
+        }
+    }
+    let spread = |v: &mut Vec<usize>| {
+        v.sort_unstable();
+        match (v.first(), v.get(v.len() / 2), v.last()) {
+            (Some(lo), Some(mid), Some(hi)) => format!("{lo} to {hi} (median {mid})"),
+            _ => "none".to_string(),
+        }
+    };
+    let mut lines = vec![format!(
+        "  images per class: {SPLIT_TRAIN} {}, {SPLIT_VALID} {}",
+        spread(&mut train),
+        spread(&mut valid)
+    )];
+    if !lone.is_empty() {
+        let mut names = lone.iter().take(NAMED).copied().collect::<Vec<_>>().join(", ");
+        if lone.len() > NAMED {
+            names.push_str(&format!(" and {} more", lone.len() - NAMED));
+        }
+        let (n, has, it) = match lone.len() {
+            1 => ("1 class".to_string(), "has", "it"),
+            n => (format!("{n} classes"), "have", "they"),
+        };
+        lines.push(format!(
+            "note: {n} {has} 1 image ({names}): {it} went to {SPLIT_TRAIN} only, so {SPLIT_VALID} \
+             lacks {} (add images before training with this split)",
+            if lone.len() == 1 { "the class" } else { "them" }
+        ));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_of_many_classes_is_summarised_in_two_lines() {
+        let names: Vec<String> = (0..1000).map(|i| format!("n{i:04}")).collect();
+        let lines = split_summary(names.iter().enumerate().map(|(i, n)| {
+            let v = usize::from(i >= 7);
+            (n.as_str(), 4 + i % 3, v)
+        }));
+        assert_eq!(
+            lines,
+            [
+                "  images per class: train 4 to 6 (median 5), valid 0 to 1 (median 1)",
+                "note: 7 classes have 1 image (n0000, n0001, n0002, n0003, n0004 and 2 more): \
+                 they went to train only, so valid lacks them (add images before training with \
+                 this split)"
+            ]
+        );
+        let one = split_summary([("a", 32, 8), ("c", 1, 0)].into_iter());
+        assert!(one[1].starts_with("note: 1 class has 1 image (c): it went to train only"));
+    }
 }

@@ -42,10 +42,10 @@ fn check_outputs(
     )
 }
 
-/// `--images` as a folder: an archive becomes its extracted folder (cached in `cache_parent`'s
-/// `.tchrun-data`, or `$TCHRUN_DATA_CACHE`).
-fn images_folder(images: &Path, cache_parent: &Path) -> Result<PathBuf, JobError> {
-    let cache = tchrun::data::archive::cache_root(cache_parent);
+/// `--images` as a folder: an archive becomes its extracted folder (in the data cache,
+/// `tchrun::data::archive::cache_root`).
+fn images_folder(images: &Path) -> Result<PathBuf, JobError> {
+    let cache = tchrun::data::archive::cache_root();
     match tchrun::data::archive::resolve(images, &cache)
         .map_err(|e| JobError::from_dataset(e, JobError::Images))?
     {
@@ -120,9 +120,7 @@ pub fn run_score(
         "the scores CSV",
     )?;
     check_model(&job.model, job.batch_size)?;
-    if let Some(parent) = job.output.parent() {
-        job.images = images_folder(&job.images, parent)?;
-    }
+    job.images = images_folder(&job.images)?;
     check_images_dir(&job.images)?;
     if job.output.is_dir() {
         return Err(JobError::invalid(format!(
@@ -159,7 +157,7 @@ pub fn run_evaluate(
     let paths = [job.model.as_path(), &job.images, &job.output];
     check_outputs(launch, &plan, paths, "the evaluation directory")?;
     let cfg = check_model(&job.model, job.batch_size)?;
-    job.images = images_folder(&job.images, &job.output)?;
+    job.images = images_folder(&job.images)?;
     check_images_dir(&job.images)?;
     let folder = tchrun::data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;
     tchrun::evaluation::map_classes(&job.images, &folder.classes, &cfg.class_names)

@@ -1,9 +1,12 @@
 //! Image-folder archives (`.zip`, `.tar`, `.tar.gz`/`.tgz`), as Azure ML's "Convert to Image
 //! Directory" accepts them: extracted once into a cache directory, checked, and reused.
 //!
-//! * Where: `<cache root>/<archive stem>-<key>/`, the cache root being `$TCHRUN_DATA_CACHE`
-//!   or a default the command picks (`<output>/.tchrun-data` for `train` and `evaluate`, the
-//!   CSV's folder's `.tchrun-data` for `score`). `<key>` is 12 hex digits of the sha256 of the
+//! * Where: `<data cache>/archives/<archive stem>-<key>/`, the data cache being
+//!   `$TCHRUN_DATA_CACHE`, else `$XDG_CACHE_HOME/tchrun`, else `~/.cache/tchrun` ([`data_cache`];
+//!   the dataset indexes live in its `index/`): never inside a job's output, so copying a model
+//!   does not copy its dataset, and every job on the same archive reuses one extraction. Ranks on
+//!   other nodes read the extracted folder at the same path: on a cluster whose home folders are
+//!   not shared, set `TCHRUN_DATA_CACHE` to a shared folder. `<key>` is 12 hex digits of the sha256 of the
 //!   archive's absolute path, size and modification time: an archive rewritten in place is
 //!   extracted again; an unchanged one is reused without reading it.
 //! * Complete or absent: members are written into a hidden `.<name>.partial-<host>-<pid>`
@@ -38,8 +41,8 @@ use extract::{extract_checked, find_root};
 pub const DATA_CACHE_ENV: &str = "TCHRUN_DATA_CACHE";
 /// Environment variable overriding [`DEFAULT_MAX_UNPACKED_BYTES`] (a byte count).
 pub const MAX_UNPACKED_ENV: &str = "TCHRUN_DATA_MAX_UNPACKED_BYTES";
-/// Default cache sub-folder (of `--output`, or of the CSV's folder for `score`).
-pub const CACHE_SUBDIR: &str = ".tchrun-data";
+/// The data cache's folder of extracted archives.
+pub const CACHE_SUBDIR: &str = "archives";
 /// Largest total unpacked size of one archive by default: 256 GiB.
 pub const DEFAULT_MAX_UNPACKED_BYTES: u64 = 256 << 30;
 /// Most members one archive may hold.
@@ -126,12 +129,19 @@ struct Marker {
     bytes: u64,
 }
 
-/// The cache root: `$TCHRUN_DATA_CACHE`, else `<default_parent>/.tchrun-data`.
-pub fn cache_root(default_parent: &Path) -> PathBuf {
-    match std::env::var_os(DATA_CACHE_ENV) {
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => default_parent.join(CACHE_SUBDIR),
-    }
+/// tchrun's data cache (extracted archives, dataset indexes): `$TCHRUN_DATA_CACHE`, else
+/// `$XDG_CACHE_HOME/tchrun`, else `~/.cache/tchrun`, else the temporary folder's `tchrun-cache`.
+pub fn data_cache() -> PathBuf {
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    set(DATA_CACHE_ENV)
+        .or_else(|| set("XDG_CACHE_HOME").map(|d| d.join("tchrun")))
+        .or_else(|| set("HOME").map(|d| d.join(".cache/tchrun")))
+        .unwrap_or_else(|| std::env::temp_dir().join("tchrun-cache"))
+}
+
+/// Where archives are extracted: the data cache's `archives/` ([`data_cache`]).
+pub fn cache_root() -> PathBuf {
+    data_cache().join(CACHE_SUBDIR)
 }
 
 /// The unpacked-size limit: `$TCHRUN_DATA_MAX_UNPACKED_BYTES` or the default.

@@ -8,7 +8,10 @@
 //!   `--skip-bad-images`) is the two members `KEY.EXT` (the original bytes, the original
 //!   extension lower-cased) and `KEY.cls` (the label as ASCII decimal), `KEY` = `i` in 8 digits
 //!   (no dot: WebDataset splits a member name at the first dot of its basename). Python's
-//!   `webdataset` package reads them as they are (`tests/python/pack_check.py`).
+//!   `webdataset` package reads them as they are (`tests/python/pack_check.py`). The samples
+//!   are spread over the shards in a seeded random order (`--seed`, recorded in the index as
+//!   `shuffle_seed`; [`shard_order`]), not class by class: a reader that streams the shards in
+//!   order, or only some of them, sees every class from the start.
 //! * [`PACK_INDEX`] (JSON, written last): the class names, per shard its size, per sample its
 //!   shard, the byte offset, length and CRC-32C of its image member's data, label, dimensions
 //!   and original relative path.
@@ -174,7 +177,23 @@ pub struct PackIndex {
     pub source: String,
     pub classes: Vec<String>,
     pub shards: Vec<ShardEntry>,
+    /// In the source folder's scan order (what training reads); each names its shard.
     pub samples: Vec<SampleEntry>,
+    /// The seed of the order in which the samples were written to the shards ([`shard_order`]);
+    /// absent in packs written in scan order (before this field existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle_seed: Option<i64>,
+}
+
+/// The order in which `n` samples are written to the shards: a permutation of `0..n` (Fisher-Yates,
+/// `rand` 0.8's `SliceRandom::shuffle`, by a ChaCha8 generator seeded with `seed`), so that each
+/// shard holds a random mix of the classes and the same seed and folder give the same pack.
+pub fn shard_order(n: usize, seed: i64) -> Vec<usize> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed as u64));
+    order
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -345,6 +364,7 @@ mod tests {
 
     fn opts(shard_size: u64) -> PackOptions {
         PackOptions {
+            seed: 1,
             shard_size,
             skip_bad: false,
             max_pixels: 1_000_000,
@@ -380,11 +400,15 @@ mod tests {
         let p = ImageFolder::scan(&out).expect("open");
         assert_eq!(p.classes, f.classes);
         let mut buf = Vec::new();
+        // One sample a shard, written in `shard_order`: sample i is in the shard at its position.
+        let order = shard_order(8, 1);
+        assert_ne!(order, (0..8).collect::<Vec<_>>(), "shuffled");
         for (i, (a, b)) in p.samples.iter().zip(&f.samples).enumerate() {
             assert_eq!(a.label, b.label);
             assert_eq!(a.path, out.join(b.path.strip_prefix(&f.root).unwrap()));
             let m = a.member.as_ref().expect("member");
-            assert_eq!(*m.shard, *out.join(shard_name(i)));
+            let at = order.iter().position(|&j| j == i).expect("in the order");
+            assert_eq!(*m.shard, *out.join(shard_name(at)));
             assert_eq!(m.pixels, 63);
             sample_bytes(a, &mut buf).expect("read");
             assert_eq!(buf, fs::read(&b.path).expect("orig"));

@@ -16,6 +16,8 @@ pub enum PackError {
 #[derive(Debug, Clone)]
 pub struct PackOptions {
     pub shard_size: u64,
+    /// Seeds the order of the samples over the shards (`shard_order`).
+    pub seed: i64,
     pub skip_bad: bool,
     pub max_pixels: u64,
 }
@@ -233,10 +235,12 @@ fn write_pack(
     opts: &PackOptions,
 ) -> Result<PackIndex, PackError> {
     let mut shards = Vec::new();
-    let mut entries = Vec::with_capacity(folder.samples.len());
+    let mut entries: Vec<Option<SampleEntry>> = vec![None; folder.samples.len()];
     let mut cur: Option<ShardWriter> = None;
     let mut buf = Vec::new();
-    for (i, smp) in folder.samples.iter().enumerate() {
+    // Written in a seeded random order (classes mixed in every shard); indexed in scan order.
+    for i in shard_order(folder.samples.len(), opts.seed) {
+        let smp = &folder.samples[i];
         sample_bytes(smp, &mut buf)?;
         let orig = smp
             .path
@@ -281,7 +285,7 @@ fn write_pack(
         w_.append(&format!("{}.cls", sample_key(i)), cls.as_bytes())
             .map_err(io(&path))?;
         w_.samples += 1;
-        entries.push(SampleEntry(
+        entries[i] = Some(SampleEntry(
             shards.len(),
             offset,
             buf.len() as u64,
@@ -302,6 +306,7 @@ fn write_pack(
         source: folder.root.display().to_string(),
         classes: folder.classes.clone(),
         shards,
-        samples: entries,
+        samples: entries.into_iter().flatten().collect(),
+        shuffle_seed: Some(opts.seed),
     })
 }

@@ -15,7 +15,8 @@
 //! of a block. Both build the same parameters under the same names in the same order: a seed
 //! gives the same weights, and the same safetensors load into either.
 use crate::comm::ffi;
-use tch::{nn, nn::Conv2D, nn::ModuleT, Tensor};
+use super::init;
+use tch::{nn, nn::init::FanInOut, nn::Conv2D, nn::ModuleT, Tensor};
 use tchrun::model::Family;
 
 fn conv2d(p: nn::Path, c_in: i64, c_out: i64, ksize: i64, padding: i64, stride: i64) -> Conv2D {
@@ -23,6 +24,7 @@ fn conv2d(p: nn::Path, c_in: i64, c_out: i64, ksize: i64, padding: i64, stride: 
         stride,
         padding,
         bias: false,
+        ws_init: init::conv(FanInOut::FanIn),
         ..Default::default()
     };
     nn::conv2d(p, c_in, c_out, ksize, cfg)
@@ -94,9 +96,9 @@ impl DenseLayer {
     fn new(p: nn::Path, c_in: i64, bn_size: i64, growth: i64) -> DenseLayer {
         let c_inter = bn_size * growth;
         DenseLayer {
-            norm1: nn::batch_norm2d(&p / "norm1", c_in, Default::default()),
+            norm1: nn::batch_norm2d(&p / "norm1", c_in, init::batch_norm()),
             conv1: conv2d(&p / "conv1", c_in, c_inter, 1, 0, 1),
-            norm2: nn::batch_norm2d(&p / "norm2", c_inter, Default::default()),
+            norm2: nn::batch_norm2d(&p / "norm2", c_inter, init::batch_norm()),
             conv2: conv2d(&p / "conv2", c_inter, growth, 3, 1, 1),
         }
     }
@@ -123,7 +125,7 @@ impl DenseLayer {
 
 fn transition(p: nn::Path, c_in: i64, c_out: i64) -> nn::SequentialT {
     nn::seq_t()
-        .add(nn::batch_norm2d(&p / "norm", c_in, Default::default()))
+        .add(nn::batch_norm2d(&p / "norm", c_in, init::batch_norm()))
         .add_fn(|xs| xs.relu())
         .add(conv2d(&p / "conv", c_in, c_out, 1, 0, 1))
         // Not tch's `avg_pool2d_default`, which passes divisor_override = 1 (a 2x2 *sum*).
@@ -196,7 +198,7 @@ pub fn densenet(p: &nn::Path, family: Family, classes: i64, memory_efficient: bo
     // then each block's layers and transition, norm5, classifier; the seed draws in this order.
     let stem = nn::seq_t()
         .add(conv2d(&fp / "conv0", 3, c_in, 7, 3, 2))
-        .add(nn::batch_norm2d(&fp / "norm0", c_in, Default::default()))
+        .add(nn::batch_norm2d(&fp / "norm0", c_in, init::batch_norm()))
         .add_fn(|xs| xs.relu().max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false));
     let mut nfeat = c_in;
     let mut dense_blocks = Vec::with_capacity(block_config.len());
@@ -220,8 +222,8 @@ pub fn densenet(p: &nn::Path, family: Family, classes: i64, memory_efficient: bo
         });
         dense_blocks.push(DenseBlock { layers, transition });
     }
-    let norm5 = nn::batch_norm2d(&fp / "norm5", nfeat, Default::default());
-    let classifier = nn::linear(p / "classifier", nfeat, classes, Default::default());
+    let norm5 = nn::batch_norm2d(&fp / "norm5", nfeat, init::batch_norm());
+    let classifier = nn::linear(p / "classifier", nfeat, classes, init::linear(true));
     DenseNet {
         stem,
         blocks: dense_blocks,

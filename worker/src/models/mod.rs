@@ -3,6 +3,7 @@
 //! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`) and their
 //! weights; knows nothing of ranks, data loading or training.
 pub mod densenet;
+pub mod init;
 pub mod resnet;
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,9 +1,9 @@
 //! ResNet, ResNeXt and Wide ResNet as torchvision builds them (`torchvision.models.resnet.ResNet`
 //! with `groups` and `width_per_group`): the same layers, names and strides. tch's
-//! `vision::resnet` has neither grouped nor widened bottlenecks; for the plain ResNets this
-//! module creates the same variables in the same order as tch's, so a seed gives the same
-//! initial weights as before.
-use tch::{nn, nn::Conv2D, nn::ModuleT};
+//! `vision::resnet` has neither grouped nor widened bottlenecks. From scratch, the layers are
+//! initialised as torchvision initialises them (`init`).
+use super::init;
+use tch::{nn, nn::init::FanInOut, nn::Conv2D, nn::ModuleT};
 use tchrun::model::Family;
 
 fn conv2d(p: nn::Path, c_in: i64, c_out: i64, ksize: i64, stride: i64, groups: i64) -> Conv2D {
@@ -12,6 +12,7 @@ fn conv2d(p: nn::Path, c_in: i64, c_out: i64, ksize: i64, stride: i64, groups: i
         padding: ksize / 2,
         groups,
         bias: false,
+        ws_init: init::conv(FanInOut::FanOut),
         ..Default::default()
     };
     nn::conv2d(p, c_in, c_out, ksize, cfg)
@@ -21,7 +22,7 @@ fn downsample(p: nn::Path, c_in: i64, c_out: i64, stride: i64) -> nn::Sequential
     if stride != 1 || c_in != c_out {
         nn::seq_t()
             .add(conv2d(&p / "0", c_in, c_out, 1, stride, 1))
-            .add(nn::batch_norm2d(&p / "1", c_out, Default::default()))
+            .add(nn::batch_norm2d(&p / "1", c_out, init::batch_norm()))
     } else {
         nn::seq_t()
     }
@@ -29,9 +30,9 @@ fn downsample(p: nn::Path, c_in: i64, c_out: i64, stride: i64) -> nn::Sequential
 
 fn basic_block(p: nn::Path, c_in: i64, planes: i64, stride: i64) -> impl ModuleT {
     let conv1 = conv2d(&p / "conv1", c_in, planes, 3, stride, 1);
-    let bn1 = nn::batch_norm2d(&p / "bn1", planes, Default::default());
+    let bn1 = nn::batch_norm2d(&p / "bn1", planes, init::batch_norm());
     let conv2 = conv2d(&p / "conv2", planes, planes, 3, 1, 1);
-    let bn2 = nn::batch_norm2d(&p / "bn2", planes, Default::default());
+    let bn2 = nn::batch_norm2d(&p / "bn2", planes, init::batch_norm());
     let downsample = downsample(&p / "downsample", c_in, planes, stride);
     nn::func_t(move |xs, train| {
         let ys = xs
@@ -56,11 +57,11 @@ fn bottleneck(
 ) -> impl ModuleT {
     let width = planes * width_per_group / 64 * groups;
     let conv1 = conv2d(&p / "conv1", c_in, width, 1, 1, 1);
-    let bn1 = nn::batch_norm2d(&p / "bn1", width, Default::default());
+    let bn1 = nn::batch_norm2d(&p / "bn1", width, init::batch_norm());
     let conv2 = conv2d(&p / "conv2", width, width, 3, stride, groups);
-    let bn2 = nn::batch_norm2d(&p / "bn2", width, Default::default());
+    let bn2 = nn::batch_norm2d(&p / "bn2", width, init::batch_norm());
     let conv3 = conv2d(&p / "conv3", width, 4 * planes, 1, 1, 1);
-    let bn3 = nn::batch_norm2d(&p / "bn3", 4 * planes, Default::default());
+    let bn3 = nn::batch_norm2d(&p / "bn3", 4 * planes, init::batch_norm());
     let downsample = downsample(&p / "downsample", c_in, 4 * planes, stride);
     nn::func_t(move |xs, train| {
         let ys = xs
@@ -102,7 +103,7 @@ pub fn resnet(p: &nn::Path, family: Family, classes: i64) -> impl ModuleT {
             ..Default::default()
         },
     );
-    let bn1 = nn::batch_norm2d(p / "bn1", 64, Default::default());
+    let bn1 = nn::batch_norm2d(p / "bn1", 64, init::batch_norm());
     let mut layers = Vec::with_capacity(4);
     let mut c_in = 64;
     for (s, &n) in blocks.iter().enumerate() {
@@ -128,7 +129,7 @@ pub fn resnet(p: &nn::Path, family: Family, classes: i64) -> impl ModuleT {
         }
         layers.push(layer);
     }
-    let fc = nn::linear(p / "fc", 512 * expansion, classes, Default::default());
+    let fc = nn::linear(p / "fc", 512 * expansion, classes, init::linear(false));
     nn::func_t(move |xs, train| {
         let mut ys = xs.apply(&conv1).apply_t(&bn1, train).relu().max_pool2d(
             [3, 3],

@@ -124,8 +124,9 @@ impl Board {
             &[
                 ("epoch/train_loss", m.train_loss),
                 ("epoch/valid_loss", m.val_loss),
-                ("epoch/top1", m.top1),
-                ("epoch/top5", m.top5),
+                // In percent, as the console and the report say them (metrics.jsonl: fractions).
+                ("epoch/top1", 100.0 * m.top1),
+                ("epoch/top5", 100.0 * m.top5),
                 ("epoch/images_per_sec", m.train_images_per_sec),
                 ("epoch/data_wait_share", m.data_wait_share()),
                 ("epoch/lr", m.lr),

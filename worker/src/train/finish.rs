@@ -77,6 +77,7 @@ impl Trainer<'_> {
             stragglers,
             slowest,
             cpu_oversubscribed: crate::rank::start::cpu_oversubscribed(),
+            ranks: self.world as u32,
         };
         (self.ctx.say)(&format!(
             "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",

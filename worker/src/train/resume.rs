@@ -21,6 +21,18 @@ pub(super) struct Resume {
     pub(super) loss_scale: Option<f64>,
 }
 
+/// This rank's record of the run (`last.json`'s `run`): the job's, with the intra-op threads
+/// it runs.
+pub(super) fn run_record(
+    job: &TrainJob,
+    cfg: &tchrun::model::ModelConfig,
+    classes: &[String],
+) -> tchrun::checkpoint::RunRecord {
+    let mut r = tchrun::checkpoint::RunRecord::of(job, cfg, classes);
+    r.intra_op_threads = u32::try_from(tch::get_num_threads()).ok();
+    r
+}
+
 pub(super) fn fresh(patience: u32) -> Resume {
     Resume {
         epoch: 0,
@@ -122,10 +134,14 @@ pub(super) fn load_resume(
                 announce(&Announce::Complete, &[])?;
                 return Ok(Start::Complete);
             }
-            Decision::Resume { notes, .. } => {
+            Decision::Resume { notes, last } => {
                 // The launcher printed them before the ranks started; the driver log keeps them.
                 for n in notes {
                     tracing::info!("--resume: {n}");
+                }
+                let threads = u32::try_from(tch::get_num_threads()).unwrap_or(0);
+                if let Some(n) = last.run.as_ref().and_then(|r| r.threads_note(threads)) {
+                    (ctx.say)(&format!("--resume: note: {n}"));
                 }
             }
         }

@@ -154,7 +154,7 @@ impl<'a> Trainer<'a> {
         Ok(Some(Trainer {
             job,
             ctx,
-            run_record: checkpoint::RunRecord::of(job, &cfg, &train.classes),
+            run_record: super::resume::run_record(job, &cfg, &train.classes),
             threads: loader_threads(job, ctx.local_size),
             preflight_skipped: skipped.len() as u64,
             // A frozen backbone runs batch norm in inference mode: one image is fine.

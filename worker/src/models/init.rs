@@ -1,0 +1,113 @@
+//! torchvision's initialisation of the layers it builds from scratch (tch's layer defaults
+//! differ: batch-norm weights Uniform(0, 1), convolutions Kaiming-uniform, linear weights
+//! Kaiming-uniform with the ReLU gain). So `model init` without `--weights` starts training
+//! where PyTorch starts it:
+//! * ResNet/ResNeXt/Wide ResNet convolutions: `kaiming_normal_(mode="fan_out",
+//!   nonlinearity="relu")`; DenseNet's: `kaiming_normal_()` (fan in, gain √2).
+//! * Batch norm: weight 1, bias 0 (and zero-init residual when asked: `zero_init_residual`).
+//! * The classifier: `nn.Linear`'s own default, weight and bias Uniform(±1/√fan_in)
+//!   (`kaiming_uniform_(a=√5)`); DenseNet then sets its bias to 0.
+use tch::nn::{self, init::FanInOut, init::NonLinearity, init::NormalOrUniform, Init};
+
+/// Kaiming normal with the ReLU gain, over fan out (ResNet) or fan in (DenseNet).
+pub fn conv(fan: FanInOut) -> Init {
+    Init::Kaiming {
+        dist: NormalOrUniform::Normal,
+        fan,
+        non_linearity: NonLinearity::ReLU,
+    }
+}
+
+/// Batch norm as torchvision initialises it: weight 1, bias 0 (torch's defaults otherwise).
+pub fn batch_norm() -> nn::BatchNormConfig {
+    nn::BatchNormConfig {
+        ws_init: Init::Const(1.0),
+        bs_init: Init::Const(0.0),
+        ..Default::default()
+    }
+}
+
+/// `nn.Linear`'s default: weight Uniform(±1/√fan_in) (gain √(1/3) on Kaiming-uniform's
+/// √(3/fan_in)); bias Uniform(±1/√fan_in) (tch's `bs_init: None`), or 0 with `zero_bias`.
+pub fn linear(zero_bias: bool) -> nn::LinearConfig {
+    nn::LinearConfig {
+        ws_init: Init::Kaiming {
+            dist: NormalOrUniform::Uniform,
+            fan: FanInOut::FanIn,
+            non_linearity: NonLinearity::ExplicitGain((1.0f64 / 3.0).sqrt()),
+        },
+        bs_init: zero_bias.then_some(Init::Const(0.0)),
+        bias: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::models::build;
+    use tch::{nn, Device, Kind};
+    use tchrun::model::Arch;
+
+    /// The standard deviation and the largest magnitude of a tensor.
+    fn stats(t: &tch::Tensor) -> (f64, f64) {
+        (
+            t.to_kind(Kind::Double).std(true).double_value(&[]),
+            t.abs().max().double_value(&[]),
+        )
+    }
+
+    /// A from-scratch model's tensors follow torchvision's rules (statistically, on the
+    /// largest tensors: within 3 % of the standard deviation torchvision draws from).
+    #[test]
+    fn from_scratch_models_are_initialised_as_torchvision_does() {
+        for (arch, conv_fan_out, bias_zero) in [
+            ("resnet18", true, false),
+            ("resnext50_32x4d", true, false),
+            ("densenet121", false, true),
+        ] {
+            tch::manual_seed(1);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let arch: Arch = arch.parse().expect("arch");
+            let _model = build(arch, &vs.root(), 10, false);
+            let vars = vs.variables();
+            let mut convs = 0;
+            for (name, t) in &vars {
+                let dims = t.size();
+                if dims.len() == 4 {
+                    let rf: i64 = dims[2] * dims[3];
+                    let fan = if conv_fan_out { dims[0] * rf } else { dims[1] * rf };
+                    let want = (2.0 / fan as f64).sqrt();
+                    if t.numel() >= 20_000 {
+                        let (std, _) = stats(t);
+                        assert!((std / want - 1.0).abs() < 0.03, "{arch:?} {name}: std {std}, torchvision {want}");
+                        convs += 1;
+                    }
+                } else if name.ends_with(".weight") && dims.len() == 1 {
+                    assert!(bool::try_from(t.eq(1.0).all()).expect("bool"), "{arch:?} {name}: not all 1");
+                } else if name.ends_with(".bias") && dims.len() == 1 && dims[0] != 10 {
+                    assert!(bool::try_from(t.eq(0.0).all()).expect("bool"), "{arch:?} {name}: not all 0");
+                }
+            }
+            assert!(convs >= 5, "{arch:?}: {convs} large convolutions");
+            let head = vars
+                .iter()
+                .find(|(n, t)| n.ends_with(".weight") && t.size() == [10, t.size()[1]])
+                .map(|(_, t)| t)
+                .expect("the classifier");
+            let fan_in = head.size()[1] as f64;
+            let (std, max) = stats(head);
+            let bound = 1.0 / fan_in.sqrt();
+            assert!(max <= bound && (std / (bound / 3f64.sqrt()) - 1.0).abs() < 0.05, "{arch:?} head: std {std}, max {max}, bound {bound}");
+            let bias = vars
+                .iter()
+                .find(|(n, t)| n.ends_with(".bias") && t.size() == [10])
+                .map(|(_, t)| t)
+                .expect("the classifier's bias");
+            let (_, bmax) = stats(bias);
+            if bias_zero {
+                assert_eq!(bmax, 0.0, "{arch:?}: DenseNet's classifier bias is 0");
+            } else {
+                assert!(bmax > 0.0 && bmax <= bound, "{arch:?} bias: {bmax} vs {bound}");
+            }
+        }
+    }
+}
