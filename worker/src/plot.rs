@@ -254,9 +254,7 @@ where
         let (plot_area, legend_area) = area.split_horizontally(w.saturating_sub(LEGEND_W));
         match panel.axis {
             YAxis::Linear { lo, hi } => chart(&plot_area, panel, x_min..x_max, lo..hi)?,
-            YAxis::Log { lo, hi } => {
-                chart(&plot_area, panel, x_min..x_max, (lo..hi).log_scale())?
-            }
+            YAxis::Log { lo, hi } => chart(&plot_area, panel, x_min..x_max, (lo..hi).log_scale())?,
         }
         // The legend in its own column, level with the plot's top.
         for (k, c) in panel.curves.iter().enumerate() {
@@ -366,7 +364,12 @@ mod tests {
     }
 
     /// The pixels of `color` inside a panel's plot column (left of its legend), as (x, y).
-    fn in_plot(buf: &[u8], color: RGBColor, right_half: bool, bottom_half: bool) -> Vec<(u32, u32)> {
+    fn in_plot(
+        buf: &[u8],
+        color: RGBColor,
+        right_half: bool,
+        bottom_half: bool,
+    ) -> Vec<(u32, u32)> {
         let (w, h) = (SIZE.0 / 2, SIZE.1 / 2);
         let x0 = if right_half { w } else { 0 };
         let y0 = if bottom_half { h } else { 0 };

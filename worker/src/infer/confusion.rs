@@ -67,7 +67,13 @@ fn shares(m: &[Vec<u64>]) -> Vec<Vec<f64>> {
         .map(|row| {
             let total: u64 = row.iter().sum();
             row.iter()
-                .map(|&v| if total == 0 { 0.0 } else { v as f64 / total as f64 })
+                .map(|&v| {
+                    if total == 0 {
+                        0.0
+                    } else {
+                        v as f64 / total as f64
+                    }
+                })
                 .collect()
         })
         .collect()
@@ -163,8 +169,7 @@ fn draw(classes: &[String], m: &[Vec<u64>]) -> Result<(Vec<u8>, u32, u32), Strin
                 let x0 = (left + p as u32 * cell) as i32;
                 let y0 = (top + t as u32 * cell) as i32;
                 let rect = [(x0, y0), (x0 + cell as i32, y0 + cell as i32)];
-                root.draw(&Rectangle::new(rect, fill.filled()))
-                    .map_err(e)?;
+                root.draw(&Rectangle::new(rect, fill.filled())).map_err(e)?;
                 if counted && v > 0 {
                     let color = text_on(fill);
                     let style = ("sans-serif", count_font)
@@ -284,7 +289,10 @@ mod tests {
         let one = cell_color(false, s[0][1], worst);
         assert_eq!(one, error_shade(1.0));
         assert!(from_white(one) >= 200, "{one:?}");
-        assert!(from_white(shade(1.0 / 33.0)) < 20, "the old tint, for contrast");
+        assert!(
+            from_white(shade(1.0 / 33.0)) < 20,
+            "the old tint, for contrast"
+        );
         // Beside a worse error (10 in 33), one in 33 is lighter but still clearly red.
         let lighter = cell_color(false, 1.0 / 33.0, 10.0 / 33.0);
         assert!(from_white(lighter) >= 80, "{lighter:?}");
