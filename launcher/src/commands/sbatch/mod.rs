@@ -273,12 +273,18 @@ fn write_script(path: &Path, text: &str) -> Result<(), JobError> {
 }
 
 /// What to change when Slurm refuses the job's shape ("Requested node configuration is not
-/// available"): the per-node request, in the flags that make it.
+/// available": the per-node request, in the flags that make it) or its `--constraint`.
 fn refusal_hint(stderr: &str, b: &BatchJob) -> String {
+    let d = &b.directives;
+    if stderr.contains("Invalid feature specification") {
+        return format!(
+            "; --constraint {}: no node has that feature (`sinfo -o '%N %f'` lists them)",
+            d.constraint.as_deref().unwrap_or("")
+        );
+    }
     if !stderr.contains("node configuration is not available") {
         return String::new();
     }
-    let d = &b.directives;
     format!(
         "; each node must have {} CPUs ({} ranks × --cpus-per-task {}){}{}: lower --cpus-per-task, --procs-per-node{}{}",
         b.procs_per_node.saturating_mul(d.cpus_per_task.max(1)),
