@@ -708,14 +708,13 @@ fn slurm_accepts_the_scripts_directives_and_tchrun_explains_a_refusal() {
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(r.stderr.contains("using 4 processors"), "{}", r.explain());
-    // The default --cpus-per-task (4 + 4) × 2 ranks is more than the node's 4 CPUs: Slurm
-    // refuses, tchrun says which flags make the request.
-    let r = sbatch(&["--submit"]);
+    // More memory than the node has: Slurm refuses, tchrun says which flags make the request.
+    let r = sbatch(&["--cpus-per-task", "1", "--mem", "100G", "--submit"]);
     assert_eq!(r.code, Some(3), "{}", r.explain());
     assert!(
-        r.stderr
-            .contains("each node must have 16 CPUs (2 ranks × --cpus-per-task 8)")
-            && r.stderr.contains("lower --cpus-per-task, --procs-per-node"),
+        r.stderr.contains(
+            "each node must have 2 CPUs (2 ranks × --cpus-per-task 1), 100G of memory: lower --cpus-per-task, --procs-per-node or --mem"
+        ),
         "{}",
         r.explain()
     );
