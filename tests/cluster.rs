@@ -480,6 +480,9 @@ impl Slurm {
                     "10",
                     "--job-name",
                     "tchrun-test",
+                    // The node has 4 CPUs: the default (--threads + --loader-threads) is more.
+                    "--cpus-per-task",
+                    "2",
                 ])
                 .args(extra)
                 .arg("--submit"),
@@ -587,9 +590,42 @@ fn slurm_sbatch_trains_to_completion() {
     let model = model_init(t.path());
     let out = t.path().join("out");
     let start = Instant::now();
-    let id = slurm.submit_training(&model, &out, 1, &[]);
+    // Slurm's options reach the job (--mem, --sbatch-arg lines), and rank 1 is killed at step 7
+    // of the first attempt (the test hook, in the job's environment through --export): the
+    // script restarts the ranks in the allocation from the step-6 checkpoint (--max-restarts).
+    let id = slurm.submit_training(
+        &model,
+        &out,
+        1,
+        &[
+            "--mem",
+            "100M",
+            "--sbatch-arg=--comment=tchrun-test",
+            "--sbatch-arg=--export=ALL,TCHRUN_TEST_KILL_AT_STEP=1:7",
+            "--max-restarts",
+            "1",
+            "--checkpoint-every",
+            "3",
+        ],
+    );
     let script = out.join("logs/tchrun-job.sbatch");
     assert!(script.is_file(), "no batch script {}", script.display());
+    let shown = run(
+        slurm.cmd("scontrol").args(["show", "job", &id.to_string()]),
+        Duration::from_secs(10),
+    )
+    .stdout;
+    for want in [
+        "Comment=tchrun-test",
+        "MinMemoryNode=100M",
+        "NumCPUs=4",
+        "CPUs/Task=2",
+    ] {
+        assert!(
+            shown.contains(want),
+            "{want} not in scontrol show job:\n{shown}"
+        );
+    }
     let (state, code) = slurm.wait_job(id, Duration::from_secs(180));
     let logs = out.join("logs");
     let mpi_log = std::fs::read_to_string(logs.join("70_mpi_log")).unwrap_or_default();
@@ -597,6 +633,18 @@ fn slurm_sbatch_trains_to_completion() {
         (state.as_str(), code.as_str()),
         ("COMPLETED", "0:0"),
         "job {id}\n--- 70_mpi_log\n{mpi_log}"
+    );
+    assert!(
+        mpi_log.contains("tchrun: attempt 1 failed (exit ")
+            && mpi_log
+                .contains("restarting all ranks in 1 s with --resume (restart 1 of at most 1"),
+        "{mpi_log}"
+    );
+    let killed =
+        std::fs::read_to_string(logs.join("attempt-1/70_driver_log_1")).unwrap_or_default();
+    assert!(
+        killed.contains("TCHRUN_TEST_KILL_AT_STEP: SIGKILL at step 7"),
+        "attempt 1's rank 1 log:\n{killed}\n--- 70_mpi_log\n{mpi_log}"
     );
     for f in ["model.json", "model.safetensors", "metrics.jsonl"] {
         assert!(
@@ -617,8 +665,66 @@ fn slurm_sbatch_trains_to_completion() {
         "{mpi_log}"
     );
     eprintln!(
-        "sbatch --submit → COMPLETED (2 ranks, 1 epoch): {:.1}s",
+        "sbatch --submit → killed, restarted, COMPLETED (2 ranks, 1 epoch): {:.1}s",
         start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn slurm_accepts_the_scripts_directives_and_tchrun_explains_a_refusal() {
+    let Some(slurm) = Slurm::start() else { return };
+    let t = tempdir();
+    let model = model_init(t.path());
+    let out = t.path().join("out");
+    let sbatch = |extra: &[&str]| {
+        run(
+            slurm
+                .tchrun()
+                .arg("sbatch")
+                .args(train_args(&model, &out, 1))
+                .args(["--procs-per-node", "2"])
+                .args(extra),
+            Duration::from_secs(30),
+        )
+    };
+    // Account and QOS (this cluster has no accounting, so `--test-only` checks their syntax).
+    let r = sbatch(&[
+        "--cpus-per-task",
+        "2",
+        "--account",
+        "proj42",
+        "--qos",
+        "high",
+        "--mem",
+        "100M",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let r = run(
+        slurm
+            .cmd("sbatch")
+            .arg("--test-only")
+            .arg(out.join("logs/tchrun-job.sbatch")),
+        Duration::from_secs(10),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(r.stderr.contains("using 4 processors"), "{}", r.explain());
+    // More memory than the node has: Slurm refuses, tchrun says which flags make the request.
+    let r = sbatch(&["--cpus-per-task", "1", "--mem", "100G", "--submit"]);
+    assert_eq!(r.code, Some(3), "{}", r.explain());
+    assert!(
+        r.stderr.contains(
+            "each node must have 2 CPUs (2 ranks × --cpus-per-task 1), 100G of memory: lower --cpus-per-task, --procs-per-node or --mem"
+        ),
+        "{}",
+        r.explain()
+    );
+    let r = sbatch(&["--cpus-per-task", "1", "--constraint", "a100", "--submit"]);
+    assert_eq!(r.code, Some(3), "{}", r.explain());
+    assert!(
+        r.stderr
+            .contains("--constraint a100: no node has that feature"),
+        "{}",
+        r.explain()
     );
 }
 

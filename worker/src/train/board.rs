@@ -1,6 +1,6 @@
 //! Rank 0's TensorBoard events (`<output>/tensorboard/`, see `tchrun::tensorboard`) and the
-//! per-step training losses the metrics plot draws (kept across `--resume`: they come back
-//! from the events file).
+//! per-step training losses and learning rates the metrics plot draws (kept across
+//! `--resume`: they come back from the events file).
 //!
 //! Events are cosmetic: a failure to write them is logged once (driver log and console, with
 //! the reason) and the run goes on without them; it never stops a long job.
@@ -17,6 +17,8 @@ pub(super) struct Board {
     writer: Option<EventWriter>,
     /// (step, training loss) at each logged step, this run's and (after a resume) the kept ones.
     pub(super) losses: Vec<(u64, f64)>,
+    /// (step, learning rate) at the same steps.
+    pub(super) lrs: Vec<(u64, f64)>,
 }
 
 impl Board {
@@ -25,6 +27,7 @@ impl Board {
         Board {
             writer: None,
             losses: Vec::new(),
+            lrs: Vec::new(),
         }
     }
 
@@ -42,18 +45,20 @@ impl Board {
         match opened {
             Ok((w, kept)) => {
                 tracing::info!("TensorBoard events: {}", w.path().display());
-                let losses = kept
-                    .iter()
-                    .flat_map(|e| {
-                        e.scalars()
-                            .into_iter()
-                            .filter(|(tag, _)| *tag == STEP_LOSS)
-                            .map(move |(_, v)| (e.step.max(0) as u64, v as f64))
-                    })
-                    .collect();
+                let series = |name: &'static str| -> Vec<(u64, f64)> {
+                    kept.iter()
+                        .flat_map(|e| {
+                            e.scalars()
+                                .into_iter()
+                                .filter(move |(tag, _)| *tag == name)
+                                .map(move |(_, v)| (e.step.max(0) as u64, v as f64))
+                        })
+                        .collect()
+                };
                 Board {
                     writer: Some(w),
-                    losses,
+                    losses: series(STEP_LOSS),
+                    lrs: series(STEP_LR),
                 }
             }
             Err(e) => {
@@ -98,6 +103,7 @@ impl Board {
             return;
         }
         self.losses.push((step, loss));
+        self.lrs.push((step, lr));
         self.scalars(
             step,
             &[

@@ -286,8 +286,11 @@ impl Trainer<'_> {
             &trained,
             &state_dict,
             history,
-            &self.board.losses,
-            self.plan.steps_per_epoch,
+            &crate::plot::StepSeries {
+                loss: &self.board.losses,
+                lr: &self.board.lrs,
+                per_epoch: self.plan.steps_per_epoch,
+            },
         )
         .map_err(TrainError::Output)?;
         let meta = self.meta(history.len() as u32, 0, (0.0, 0.0, 0.0), true);

@@ -81,8 +81,7 @@ pub fn write_model_dir(
     cfg: &ModelConfig,
     state: &[(String, Tensor)],
     history: &[EpochMetrics],
-    steps: &[(u64, f64)],
-    steps_per_epoch: u64,
+    steps: &crate::plot::StepSeries,
 ) -> Result<(), String> {
     std::fs::create_dir_all(output).map_err(|e| format!("{}: {e}", output.display()))?;
     let staging = output.join(format!(".staging-{}", std::process::id()));
@@ -99,7 +98,7 @@ pub fn write_model_dir(
             .and_then(|f| f.sync_all())
             .map_err(|e| format!("{}: {e}", weights.display()))?;
         let plot = staging.join(METRICS_PLOT);
-        match crate::plot::metrics_png(history, steps, steps_per_epoch, &plot) {
+        match crate::plot::metrics_png(history, steps, &plot) {
             Ok(()) => {
                 let _ = tchrun::files::narrow_mode(&plot);
             }
