@@ -358,7 +358,11 @@ mod tests {
         m.ranks = 2;
         let v = verdict(&[m]).expect("a verdict");
         assert_eq!(v.bound, Bound::Communication);
-        assert!(v.line().contains("communication 50% of the step time"), "{}", v.line());
+        assert!(
+            v.line().contains("communication 50% of the step time"),
+            "{}",
+            v.line()
+        );
     }
 
     #[test]

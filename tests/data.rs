@@ -126,13 +126,13 @@ fn train_and_score_from_archives() {
             .env_remove("TCHRUN_DATA_CACHE")
             .env("XDG_CACHE_HOME", &xdg)
             .args([
-            "--epochs",
-            "1",
-            "--batch-size",
-            "8",
-            "--min-crop-scale",
-            "0.5",
-        ]),
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--min-crop-scale",
+                "0.5",
+            ]),
         LIMIT,
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());

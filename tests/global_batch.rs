@@ -348,11 +348,25 @@ fn a_resume_at_another_thread_count_is_said() {
     let d = tiny_digits();
     let job = |epochs: &str, threads: &str, extra: &[&str]| {
         let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), &out);
-        c.args(["--epochs", epochs, "--launcher", "local", "--procs-per-node", "1"])
-            .args(["--batch-size", "8", "--global-batch-size", "16", "--threads", threads])
-            .args(extra)
-            .env_remove("TCHRUN_THREADS")
-            .env_remove("TCHRUN_ATTEMPT");
+        c.args([
+            "--epochs",
+            epochs,
+            "--launcher",
+            "local",
+            "--procs-per-node",
+            "1",
+        ])
+        .args([
+            "--batch-size",
+            "8",
+            "--global-batch-size",
+            "16",
+            "--threads",
+            threads,
+        ])
+        .args(extra)
+        .env_remove("TCHRUN_THREADS")
+        .env_remove("TCHRUN_ATTEMPT");
         run(&mut c, LIMIT)
     };
     ok(&job("1", "1", &[]));

@@ -86,14 +86,24 @@ fn webdataset_reads_the_pack_byte_for_byte() {
     assert_eq!(rows.len(), f.samples.len());
     let first_shard: std::collections::BTreeSet<String> = rows
         .iter()
-        .filter(|r| r["shard"].as_str().is_some_and(|s| s.ends_with("shard-000000.tar")))
+        .filter(|r| {
+            r["shard"]
+                .as_str()
+                .is_some_and(|s| s.ends_with("shard-000000.tar"))
+        })
         .map(|r| r["cls"].to_string())
         .collect();
-    assert!(first_shard.len() >= 2, "shard 0 mixes the classes: {first_shard:?}");
+    assert!(
+        first_shard.len() >= 2,
+        "shard 0 mixes the classes: {first_shard:?}"
+    );
     let in_order: Vec<String> = rows.iter().map(|r| r["key"].to_string()).collect();
     let mut sorted = in_order.clone();
     sorted.sort();
-    assert_ne!(in_order, sorted, "the shards hold the samples in a shuffled order");
+    assert_ne!(
+        in_order, sorted,
+        "the shards hold the samples in a shuffled order"
+    );
     rows.sort_by_key(|r| r["key"].to_string());
     let index: serde_json::Value =
         serde_json::from_str(&read(&out.join("tchrun-pack.json"))).expect("index");
@@ -129,7 +139,10 @@ fn webdataset_reads_the_pack_byte_for_byte() {
     let shard = |d: &std::path::Path| std::fs::read(d.join("shard-000000.tar")).expect("shard");
     assert_eq!(shard(&out), shard(&again));
     let other = t.path().join("other");
-    assert_eq!(pack(&src, &other, &["--shard-size", "16K", "--seed", "7"]).code, Some(0));
+    assert_eq!(
+        pack(&src, &other, &["--shard-size", "16K", "--seed", "7"]).code,
+        Some(0)
+    );
     assert_ne!(shard(&out), shard(&other));
 
     // An existing, non-empty output is refused before anything is written.

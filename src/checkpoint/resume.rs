@@ -500,14 +500,30 @@ mod tests {
             "freeze_backbone": false, "backbone_lr_scale": 1.0, "amp": "off"
         }))
         .expect("a record from before the thread count");
-        assert_eq!(r.threads_note(2), None, "no count recorded: nothing to compare");
+        assert_eq!(
+            r.threads_note(2),
+            None,
+            "no count recorded: nothing to compare"
+        );
         r.intra_op_threads = Some(1);
         assert_eq!(r.threads_note(1), None);
         let note = r.threads_note(2).expect("a note");
-        assert!(note.starts_with("this job runs 2 intra-op thread(s) per rank, the checkpoint's run ran 1"), "{note}");
-        assert!(note.ends_with("--threads 1 gives the checkpoint's"), "{note}");
+        assert!(
+            note.starts_with(
+                "this job runs 2 intra-op thread(s) per rank, the checkpoint's run ran 1"
+            ),
+            "{note}"
+        );
+        assert!(
+            note.ends_with("--threads 1 gives the checkpoint's"),
+            "{note}"
+        );
         r.global_batch_size = None;
-        assert_eq!(r.threads_note(2), None, "without a global batch no promise is at stake");
+        assert_eq!(
+            r.threads_note(2),
+            None,
+            "without a global batch no promise is at stake"
+        );
     }
 
     fn record() -> RunRecord {

@@ -333,7 +333,12 @@ fn split_summary<'a>(classes: impl Iterator<Item = (&'a str, usize, usize)>) -> 
         spread(&mut valid)
     )];
     if !lone.is_empty() {
-        let mut names = lone.iter().take(NAMED).copied().collect::<Vec<_>>().join(", ");
+        let mut names = lone
+            .iter()
+            .take(NAMED)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
         if lone.len() > NAMED {
             names.push_str(&format!(" and {} more", lone.len() - NAMED));
         }

@@ -132,7 +132,11 @@ struct Marker {
 /// tchrun's data cache (extracted archives, dataset indexes): `$TCHRUN_DATA_CACHE`, else
 /// `$XDG_CACHE_HOME/tchrun`, else `~/.cache/tchrun`, else the temporary folder's `tchrun-cache`.
 pub fn data_cache() -> PathBuf {
-    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let set = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     set(DATA_CACHE_ENV)
         .or_else(|| set("XDG_CACHE_HOME").map(|d| d.join("tchrun")))
         .or_else(|| set("HOME").map(|d| d.join(".cache/tchrun")))

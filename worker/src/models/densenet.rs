@@ -14,8 +14,8 @@
 //! layer returns `cat([xs, new])`), so what backward keeps grows quadratically with the layers
 //! of a block. Both build the same parameters under the same names in the same order: a seed
 //! gives the same weights, and the same safetensors load into either.
-use crate::comm::ffi;
 use super::init;
+use crate::comm::ffi;
 use tch::{nn, nn::init::FanInOut, nn::Conv2D, nn::ModuleT, Tensor};
 use tchrun::model::Family;
 

@@ -151,10 +151,10 @@ mod tests {
     use tch::{Device, Kind, Tensor};
     use tchrun::model::Arch;
 
-    /// For the plain ResNets the same seed gives the same variables as tch's own builders, so
-    /// nothing trained before this module changes.
+    /// The plain ResNets have the variables of tch's own builders, by name and shape (their
+    /// initial values are torchvision's, `init`, not tch's).
     #[test]
-    fn plain_resnets_initialize_as_tch_did() {
+    fn plain_resnets_have_the_variables_of_tchs_builders() {
         let _seed = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
         for (arch, tch_build) in [
             (
@@ -172,7 +172,7 @@ mod tests {
             let (va, vb) = (a.variables(), b.variables());
             assert_eq!(va.len(), vb.len(), "{}", arch.name());
             for (name, t) in &va {
-                assert!(t.equal(&vb[name]), "{}: {name} differs", arch.name());
+                assert_eq!(t.size(), vb[name].size(), "{}: {name} differs", arch.name());
             }
         }
         tch::manual_seed(7);
@@ -182,7 +182,11 @@ mod tests {
         let b = nn::VarStore::new(Device::Cpu);
         let _ = tch::vision::resnet::resnet50(&b.root(), 5);
         for (name, t) in a.variables() {
-            assert!(t.equal(&b.variables()[&name]), "resnet50: {name} differs");
+            assert_eq!(
+                t.size(),
+                b.variables()[&name].size(),
+                "resnet50: {name} differs"
+            );
         }
     }
 
