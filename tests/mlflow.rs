@@ -52,7 +52,11 @@ impl Server {
             log,
         };
         let up = wait_for(Duration::from_secs(60), || health(port));
-        assert!(up, "mlflow server did not answer on port {port}:\n{}", s.output(dir));
+        assert!(
+            up,
+            "mlflow server did not answer on port {port}:\n{}",
+            s.output(dir)
+        );
         s
     }
 
@@ -91,7 +95,8 @@ fn health(port: u16) -> bool {
     let mut answer = String::new();
     s.write_all(req.as_bytes()).is_ok()
         && s.read_to_string(&mut answer).is_ok()
-        && answer.starts_with("HTTP/1.") && answer.contains(" 200 ")
+        && answer.starts_with("HTTP/1.")
+        && answer.contains(" 200 ")
 }
 
 /// Two ranks, small digits, `epochs` epochs (10 steps each), one thread per rank (the same
@@ -99,12 +104,19 @@ fn health(port: u16) -> bool {
 fn train(model: &Path, out: &Path, epochs: &str, extra: &[&str]) -> Run {
     let d = small_digits();
     let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), out);
-    c.args(["--procs-per-node", "2", "--threads", "1", "--batch-size", "20"])
-        .args(["--lr", "0.05", "--min-crop-scale", "0.5", "--no-hflip"])
-        .args(["--epochs", epochs])
-        .args(extra)
-        .env_remove("MLFLOW_TRACKING_URI")
-        .env_remove("MLFLOW_EXPERIMENT_NAME");
+    c.args([
+        "--procs-per-node",
+        "2",
+        "--threads",
+        "1",
+        "--batch-size",
+        "20",
+    ])
+    .args(["--lr", "0.05", "--min-crop-scale", "0.5", "--no-hflip"])
+    .args(["--epochs", epochs])
+    .args(extra)
+    .env_remove("MLFLOW_TRACKING_URI")
+    .env_remove("MLFLOW_EXPERIMENT_NAME");
     run(&mut c, LIMIT)
 }
 
@@ -130,7 +142,12 @@ fn a_tracking_server_gets_the_flags_every_epochs_metrics_and_the_model() {
         &model,
         &out,
         "2",
-        &["--mlflow-tracking-uri", &server.uri, "--mlflow-experiment", "digits"],
+        &[
+            "--mlflow-tracking-uri",
+            &server.uri,
+            "--mlflow-experiment",
+            "digits",
+        ],
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(!r.stderr.contains("MLflow"), "{}", r.explain());
@@ -139,7 +156,12 @@ fn a_tracking_server_gets_the_flags_every_epochs_metrics_and_the_model() {
         .lines()
         .filter(|l| l.contains("MLflow run: "))
         .collect();
-    assert_eq!(url_lines.len(), 1, "the run's page said once:\n{}", r.explain());
+    assert_eq!(
+        url_lines.len(),
+        1,
+        "the run's page said once:\n{}",
+        r.explain()
+    );
     let v = read_back(&server.uri, "digits");
     let runs = v["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 1, "{v}");
@@ -164,14 +186,24 @@ fn a_tracking_server_gets_the_flags_every_epochs_metrics_and_the_model() {
     ] {
         assert_eq!(p[k], want, "param {k}: {p}");
     }
-    assert_eq!(p["lr"].as_str().map(|s| s.parse::<f64>().ok()), Some(Some(0.05)));
+    assert_eq!(
+        p["lr"].as_str().map(|s| s.parse::<f64>().ok()),
+        Some(Some(0.05))
+    );
     assert_eq!(p["output"].as_str(), Some(out.to_str().expect("utf-8")));
     assert!(p.get("mlflow-tracking-uri").is_none(), "{p}");
     // Every number of every metrics.jsonl row, at step = epoch, exactly.
     let rows = metrics_rows(&out);
     assert_eq!(rows.len(), 2);
     let metrics = run["metrics"].as_object().expect("metrics");
-    for key in ["train_loss", "val_loss", "top1", "top5", "lr", "train_images_per_sec"] {
+    for key in [
+        "train_loss",
+        "val_loss",
+        "top1",
+        "top5",
+        "lr",
+        "train_images_per_sec",
+    ] {
         assert!(metrics.contains_key(key), "{key} missing: {metrics:?}");
     }
     for (key, history) in metrics {
@@ -194,14 +226,29 @@ fn a_tracking_server_gets_the_flags_every_epochs_metrics_and_the_model() {
         .iter()
         .filter_map(|a| a.as_str())
         .collect();
-    for f in ["model.json", "model.safetensors", "metrics.jsonl", "metrics.png"] {
+    for f in [
+        "model.json",
+        "model.safetensors",
+        "metrics.jsonl",
+        "metrics.png",
+    ] {
         let name = format!("model/{f}");
         assert!(artifacts.contains(&name.as_str()), "{name}: {artifacts:?}");
-        let stored = server.artifacts.join(exp).join(id).join("artifacts").join(&name);
+        let stored = server
+            .artifacts
+            .join(exp)
+            .join(id)
+            .join("artifacts")
+            .join(&name);
         let (a, b) = (std::fs::read(&stored), std::fs::read(out.join(f)));
-        assert!(a.is_ok() && a.ok() == b.ok(), "{} differs", stored.display());
+        assert!(
+            a.is_ok() && a.ok() == b.ok(),
+            "{} differs",
+            stored.display()
+        );
     }
-    let cfg: serde_json::Value = serde_json::from_str(&read(&out.join("model.json"))).expect("json");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&read(&out.join("model.json"))).expect("json");
     assert_eq!(cfg["training"]["mlflow_run_id"], id, "{cfg}");
 }
 
@@ -216,11 +263,7 @@ fn a_tracking_server_that_is_not_there_costs_one_warning_and_nothing_else() {
     let uri = format!("http://127.0.0.1:{}", free_port());
     let r = train(&model, &down, "1", &["--mlflow-tracking-uri", &uri]);
     assert_eq!(r.code, Some(0), "{}", r.explain());
-    let warnings: Vec<&str> = r
-        .stderr
-        .lines()
-        .filter(|l| l.contains("MLflow"))
-        .collect();
+    let warnings: Vec<&str> = r.stderr.lines().filter(|l| l.contains("MLflow")).collect();
     assert_eq!(warnings.len(), 1, "one warning:\n{}", r.explain());
     assert!(
         warnings[0].contains("warning: MLflow: the tracking server")
@@ -249,7 +292,8 @@ fn a_tracking_server_that_is_not_there_costs_one_warning_and_nothing_else() {
         };
         assert!(rows(&plain) == rows(&down), "{f} differs");
     }
-    let cfg: serde_json::Value = serde_json::from_str(&read(&down.join("model.json"))).expect("json");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&read(&down.join("model.json"))).expect("json");
     assert!(cfg["training"].get("mlflow_run_id").is_none(), "{cfg}");
 }
 
@@ -276,11 +320,16 @@ fn a_tracking_uri_that_is_not_http_is_refused_before_any_rank_starts() {
     let r = run(&mut c, LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
-        r.stderr.contains("MLFLOW_TRACKING_URI=databricks is not an http(s) URI"),
+        r.stderr
+            .contains("MLFLOW_TRACKING_URI=databricks is not an http(s) URI"),
         "{}",
         r.explain()
     );
-    assert!(!r.stdout.contains("--mlflow-tracking-uri"), "{}", r.explain());
+    assert!(
+        !r.stdout.contains("--mlflow-tracking-uri"),
+        "{}",
+        r.explain()
+    );
     // An http(s) one is passed to the ranks as the flag.
     let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), &out);
     c.args(["--dry-run", "--procs-per-node", "2"])
@@ -289,7 +338,8 @@ fn a_tracking_uri_that_is_not_http_is_refused_before_any_rank_starts() {
     let r = run(&mut c, LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
-        r.stdout.contains("--mlflow-tracking-uri=http://127.0.0.1:5000")
+        r.stdout
+            .contains("--mlflow-tracking-uri=http://127.0.0.1:5000")
             && r.stdout.contains("--mlflow-experiment=exp"),
         "{}",
         r.explain()
