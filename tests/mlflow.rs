@@ -2,7 +2,8 @@
 //! started here on loopback), read back with MLflow's own Python client: the flags as
 //! parameters, every epoch's `metrics.jsonl` numbers as metrics at step = epoch, the model
 //! directory as artifacts (byte for byte), the run FINISHED and its id in `model.json`. A
-//! tracking server that is not there costs one warning, and the same model is written.
+//! tracking server that is not there, or never answers, costs one warning, and the same model
+//! is written.
 mod common;
 use common::*;
 use std::io::{Read, Write};
@@ -295,6 +296,57 @@ fn a_tracking_server_that_is_not_there_costs_one_warning_and_nothing_else() {
     let cfg: serde_json::Value =
         serde_json::from_str(&read(&down.join("model.json"))).expect("json");
     assert!(cfg["training"].get("mlflow_run_id").is_none(), "{cfg}");
+}
+
+/// A loopback "server" that takes connections and never answers (until dropped).
+struct Silent {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Silent {
+    fn start() -> Silent {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.set_nonblocking(true).expect("nonblocking");
+        let port = l.local_addr().expect("addr").port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        std::thread::spawn(move || {
+            let (start, mut held) = (Instant::now(), Vec::new());
+            while !s.load(std::sync::atomic::Ordering::Relaxed) && start.elapsed() < LIMIT {
+                if let Ok((c, _)) = l.accept() {
+                    held.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Silent { port, stop }
+    }
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_tracking_server_that_never_answers_does_not_stall_training() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let silent = Silent::start();
+    let uri = format!("http://127.0.0.1:{}", silent.port);
+    let out = t.path().join("out");
+    let r = train(&model, &out, "1", &["--mlflow-tracking-uri", &uri]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let warnings = r.stderr.lines().filter(|l| l.contains("MLflow")).count();
+    assert_eq!(warnings, 1, "one warning:\n{}", r.explain());
+    assert!(
+        r.stderr.contains("timed out") || r.stderr.contains("imeout"),
+        "{}",
+        r.explain()
+    );
+    assert!(out.join("model.json").is_file() && out.join("model.safetensors").is_file());
 }
 
 #[test]
