@@ -131,6 +131,14 @@ impl MlflowFlags {
         if self.mlflow_experiment.is_none() && self.mlflow_tracking_uri.is_some() {
             self.mlflow_experiment = get(MLFLOW_EXPERIMENT_NAME).filter(|v| !v.is_empty());
         }
+        if let (Some(e), None, None) =
+            (&self.mlflow_experiment, &self.mlflow_tracking_uri, &warning)
+        {
+            warning = Some(format!(
+                "--mlflow-experiment {e} without a tracking server: this job does not log to \
+                 MLflow (add --mlflow-tracking-uri http://HOST:PORT)"
+            ));
+        }
         warning
     }
 }

@@ -66,6 +66,16 @@ fn mlflows_variables_fill_what_the_flags_leave_out() {
         .expect("a warning");
     assert!(w.contains("MLFLOW_TRACKING_URI=databricks") && w.contains("--mlflow-tracking-uri"));
     assert_eq!(f, MlflowFlags::default());
+    // An experiment without a server is named.
+    let mut f = MlflowFlags {
+        mlflow_experiment: Some("e".into()),
+        ..MlflowFlags::default()
+    };
+    let w = f.resolve(env(&[])).expect("a warning");
+    assert!(
+        w.contains("--mlflow-experiment e without a tracking server"),
+        "{w}"
+    );
     // What the launcher passes on parses back.
     assert_eq!(
         before.to_args(),
