@@ -504,6 +504,8 @@ pub struct TrainOptions {
     /// epoch's checkpoint (needs --max-restarts and --hostfile).
     #[arg(help_heading = "Observability", long, env = "TCHRUN_STRAGGLER_ACTION", value_enum, default_value_t = StragglerAction::Warn)]
     pub straggler_action: StragglerAction,
+    #[command(flatten)]
+    pub mlflow: crate::mlflow::MlflowFlags,
 }
 
 impl TrainOptions {
@@ -559,6 +561,7 @@ impl TrainOptions {
                 self.straggler_action.as_str()
             ));
         }
+        v.extend(self.mlflow.to_args());
         v
     }
 }

@@ -41,6 +41,7 @@ pub mod weights;
 
 // Machinery (no contract of its own).
 pub mod data;
+pub mod mlflow;
 pub mod stacks;
 pub mod tensorboard;
 pub use tchrun_pth as pth;

@@ -74,6 +74,10 @@ pub struct TrainingRecord {
     /// holds at equal threads per rank. Absent in files written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// The MLflow run rank 0 logged this training to (`--mlflow-tracking-uri`), when the
+    /// tracking server had made it by the time the model was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlflow_run_id: Option<String>,
 }
 
 fn linear() -> String {

@@ -153,6 +153,10 @@ fn prepare(
     job.train = absolute(job.train);
     job.valid = absolute(job.valid);
     job.output = absolute(job.output);
+    // MLflow's own variables where the flags are silent, passed to the ranks as flags.
+    if let Some(w) = job.options.mlflow.resolve(|k| std::env::var(k).ok()) {
+        errln!("tchrun: warning: {w}");
+    }
     let mut rank = rank.clone();
     let log_dir = absolute(
         rank.log_dir

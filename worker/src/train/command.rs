@@ -92,6 +92,8 @@ pub fn run(a: TrainArgs) -> RankResult {
         tracing::info!("{line}");
         console.out(line);
     };
+    let host = &joined.info.place.host;
+    let tracking = super::tracking::Tracking::start(&a.job, is_rank0, pg.size(), host);
     let ctx = super::RankCtx {
         pg: &pg,
         store: &joined.store,
@@ -100,9 +102,12 @@ pub fn run(a: TrainArgs) -> RankResult {
         host: &joined.info.place.host,
         log_dir: &log_dir,
         say: &say,
+        tracking: &tracking,
     };
     let r = super::train(&a.job, inputs, &ctx);
     leave(pg, joined, r.is_ok());
+    // After the group is left: no other rank waits while the last MLflow calls drain.
+    tracking.finish(&r, &a.job.output, &say);
     r.map_err(|e| {
         (
             Some(console),

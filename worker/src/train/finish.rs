@@ -124,6 +124,7 @@ impl Trainer<'_> {
                 .map_err(TrainError::Checkpoint)?;
             outputs::append_metrics(&self.job.output, &m).map_err(TrainError::Output)?;
             self.board.epoch(self.s.step, &m, self.ctx.say);
+            self.ctx.tracking.epoch(&m, self.ctx.say);
         }
         if exclude && decision != Decision::Stop {
             return Err(self.leave_out(&whole, epoch + 1)?);
@@ -270,6 +271,7 @@ impl Trainer<'_> {
                 lr_scaling: self.plan.scaling.as_str().into(),
                 lr_reference_batch: Some(self.plan.reference),
                 threads: u32::try_from(tch::get_num_threads()).ok(),
+                mlflow_run_id: self.ctx.tracking.run_id(),
             }),
             metrics: best_metrics
                 .as_ref()

@@ -12,6 +12,7 @@ pub mod outputs;
 mod resume;
 mod setup;
 pub(crate) mod step;
+pub mod tracking;
 mod trainer;
 mod validate;
 
@@ -153,6 +154,8 @@ pub struct RankCtx<'a> {
     pub host: &'a str,
     pub log_dir: &'a std::path::Path,
     pub say: &'a dyn Fn(&str),
+    /// Rank 0's MLflow run (`--mlflow-tracking-uri`); off elsewhere.
+    pub tracking: &'a tracking::Tracking,
 }
 
 fn to_input(batch: &data::Batch, device: Device, channels_last: bool) -> (Tensor, Tensor) {
