@@ -71,10 +71,10 @@ fn evaluate_equals_scikit_learn_and_three_ranks_write_what_one_writes() {
     let r3 = infer("evaluate", &model, &images, &three, 3);
     assert!(
         r1.stdout
-            .contains("evaluated 100 image(s) on 1 rank(s): top-1 ")
+            .contains("evaluated 100 image(s) on 1 rank: top-1 ")
             && r3
                 .stdout
-                .contains("evaluated 100 image(s) on 3 rank(s): top-1 "),
+                .contains("evaluated 100 image(s) on 3 ranks: top-1 "),
         "{}\n{}",
         r1.explain(),
         r3.explain()

@@ -131,8 +131,8 @@ pub fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
             let n = score::score(&a.model, &a.images, &a.output, compute, ranks)?;
             if ranks.rank == 0 {
                 say(&format!(
-                    "scored {n} image(s) on {} rank(s) into {}",
-                    ranks.world,
+                    "scored {n} image(s) on {} into {}",
+                    tchrun::counts::ranks(ranks.world),
                     a.output.display()
                 ));
             }
@@ -161,10 +161,10 @@ pub fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
             if let Some(e) = score::evaluate(&a.model, &a.images, &a.output, compute, ranks)? {
                 let m = &e.metrics;
                 say(&format!(
-                "evaluated {} image(s) on {} rank(s): top-1 {:.2}%, top-5 {:.2}%, log loss {:.4}, \
+                "evaluated {} image(s) on {}: top-1 {:.2}%, top-5 {:.2}%, log loss {:.4}, \
                  macro F1 {:.4}; scores.csv, metrics.json and confusion_matrix.csv/.png in {}",
                 e.images,
-                ranks.world,
+                tchrun::counts::ranks(ranks.world),
                 100.0 * m.top1,
                 100.0 * m.top5,
                 m.log_loss,
