@@ -95,7 +95,7 @@ fn worker_with_cuda_linked_starts_on_a_host_without_a_gpu() {
     assert_eq!(r.code, Some(0), "{}", r.explain());
     if !has_gpu() {
         assert!(
-            r.stdout.contains("selftest: 1 ranks on cpu (gloo)"),
+            r.stdout.contains("selftest: 1 rank on cpu (gloo)"),
             "{}",
             r.explain()
         );
