@@ -40,6 +40,10 @@ pub struct RunRecord {
     /// (`threads_note`), since sums over other thread splits round differently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intra_op_threads: Option<u32>,
+    /// The recipe flags (`--lr-scheduler`, `--label-smoothing`, ...); absent in checkpoints
+    /// written before they existed, which read as the old behaviour.
+    #[serde(flatten, default)]
+    pub recipe: crate::recipe::RecipeRecord,
 }
 
 impl RunRecord {
@@ -72,6 +76,7 @@ impl RunRecord {
             backbone_lr_scale: o.backbone_lr_scale,
             amp: o.amp.as_str().to_string(),
             intra_op_threads: None,
+            recipe: o.recipe.record(),
         }
     }
 
@@ -227,6 +232,9 @@ impl RunRecord {
             };
             let word = |b: bool| if b { "on" } else { "off" }.to_string();
             flag(&mut out, &format!("--{name}"), fix, word(was), word(is));
+        }
+        for (what, was, is, fix) in self.recipe.differences(&now.recipe) {
+            flag(&mut out, &what, fix, was, is);
         }
         out
     }
@@ -549,6 +557,7 @@ mod tests {
             backbone_lr_scale: 1.0,
             amp: "off".into(),
             intra_op_threads: None,
+            recipe: Default::default(),
         }
     }
 
