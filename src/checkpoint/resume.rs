@@ -508,6 +508,8 @@ mod tests {
             "freeze_backbone": false, "backbone_lr_scale": 1.0, "amp": "off"
         }))
         .expect("a record from before the thread count");
+        // A checkpoint from before the recipe flags: their defaults, the old behaviour.
+        assert_eq!(r.recipe, crate::recipe::RecipeRecord::default());
         assert_eq!(
             r.threads_note(2),
             None,
@@ -602,5 +604,22 @@ mod tests {
             ("--lr-reference-batch", "8", "32")
         );
         assert_eq!(m[0].fix, "--lr-reference-batch 8");
+        // The recipe flags: each difference names the flag that gives the checkpoint's back.
+        let mut now = record();
+        now.recipe.lr_scheduler = "cosineannealinglr".into();
+        now.recipe.label_smoothing = 0.1;
+        let m = record().mismatches(&now);
+        let fixes: Vec<&str> = m.iter().map(|m| m.fix.as_str()).collect();
+        assert_eq!(fixes, ["--lr-scheduler poly", "--label-smoothing 0"]);
+        // A run record round-trips with the recipe flattened into it.
+        let text = serde_json::to_string(&now).expect("json");
+        assert!(
+            text.contains("\"lr_scheduler\":\"cosineannealinglr\""),
+            "{text}"
+        );
+        assert_eq!(
+            serde_json::from_str::<RunRecord>(&text).expect("reads"),
+            now
+        );
     }
 }
