@@ -505,6 +505,8 @@ pub struct TrainOptions {
     #[arg(help_heading = "Observability", long, env = "TCHRUN_STRAGGLER_ACTION", value_enum, default_value_t = StragglerAction::Warn)]
     pub straggler_action: StragglerAction,
     #[command(flatten)]
+    pub recipe: crate::recipe::RecipeFlags,
+    #[command(flatten)]
     pub mlflow: crate::mlflow::MlflowFlags,
 }
 
@@ -561,6 +563,7 @@ impl TrainOptions {
                 self.straggler_action.as_str()
             ));
         }
+        v.extend(self.recipe.to_args());
         v.extend(self.mlflow.to_args());
         v
     }

@@ -78,6 +78,10 @@ pub struct TrainingRecord {
     /// tracking server had made it by the time the model was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlflow_run_id: Option<String>,
+    /// The recipe flags (`--lr-scheduler`, `--label-smoothing`, ...); absent in files written
+    /// before they existed (the old behaviour).
+    #[serde(flatten, default)]
+    pub recipe: crate::recipe::RecipeRecord,
 }
 
 fn linear() -> String {

@@ -2,9 +2,11 @@
 //! (`--lr-scaling`: × k, × √k or × 1, k = the images of one optimizer step over the batch
 //! `--lr` is given for, `lr_reference_batch`: the world size by default, 1 with
 //! `--global-batch-size G`, never a function of the micro-batch then); linear warmup over the first `warmup_epochs`; then polynomial decay
-//! `(1 - t)^power` reaching 0 at the end of the last step. Also the accumulation steps of
+//! `(1 - t)^power` reaching 0 at the end of the last step; or, with `--lr-scheduler` one of
+//! torchvision's (`epoch_lr`), its LR per epoch, constant within the epoch. Also the accumulation steps of
 //! `--global-batch-size` (`accumulation_steps`) and early stopping.
 use crate::flags::LrScaling;
+use crate::recipe::{RecipeFlags, WarmupMethod};
 
 /// `--global-batch-size G` with `--batch-size B` on `world` ranks: the micro-batches each rank
 /// accumulates per optimizer step, `A = G / (world × B)`, which must be a positive integer.
@@ -75,13 +77,20 @@ pub fn lr_factor(scaling: LrScaling, step_images: u64, reference: u32) -> (f64, 
 }
 
 /// A schedule over `total_steps` optimizer steps.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LrSchedule {
     /// The scaled LR (by default `lr × world_size`, the seed's "actual learning rate").
     pub peak: f64,
     pub warmup_steps: u64,
     pub total_steps: u64,
     pub power: f64,
+    /// Poly's warmup other than the default linear rise from peak/warmup steps
+    /// (`--lr-warmup-method`, `--lr-warmup-decay`), per optimizer step `s < W`: linear, torch's
+    /// LinearLR law `d + (1 - d) · s / W`; constant, `d`.
+    pub warmup_law: Option<(WarmupMethod, f64)>,
+    /// torchvision's per-epoch schedulers: each epoch's LR (`epoch_lr::epoch_lrs`) and the
+    /// optimizer steps of an epoch.
+    pub per_epoch: Option<(Vec<f64>, u64)>,
 }
 
 impl LrSchedule {
@@ -117,11 +126,51 @@ impl LrSchedule {
             warmup_steps,
             total_steps,
             power,
+            warmup_law: None,
+            per_epoch: None,
+        }
+    }
+
+    /// The schedule of `recipe` (`--lr-scheduler` and its warmup flags) over `epochs` epochs
+    /// of `steps_per_epoch` optimizer steps, `warmup_epochs` of them warmup. Poly with the
+    /// default warmup is `with_peak`'s schedule, unchanged.
+    pub fn of_recipe(
+        self,
+        recipe: &RecipeFlags,
+        warmup_epochs: u32,
+        epochs: u32,
+        steps_per_epoch: u64,
+    ) -> LrSchedule {
+        if recipe.lr_scheduler.per_epoch() {
+            let lrs = crate::epoch_lr::epoch_lrs(self.peak, epochs, warmup_epochs, recipe);
+            return LrSchedule {
+                per_epoch: Some((lrs, steps_per_epoch.max(1))),
+                ..self
+            };
+        }
+        let law = recipe.warmup_decay().map(|d| (recipe.lr_warmup_method, d));
+        LrSchedule {
+            warmup_law: law,
+            ..self
         }
     }
 
     /// The LR used by optimizer step `step` (0-based).
     pub fn lr(&self, step: u64) -> f64 {
+        if let Some((lrs, per_epoch)) = &self.per_epoch {
+            let e = (step / per_epoch) as usize;
+            return lrs.get(e).or(lrs.last()).copied().unwrap_or(self.peak);
+        }
+        if let Some((method, d)) = self.warmup_law {
+            if step < self.warmup_steps {
+                return match method {
+                    WarmupMethod::Linear => {
+                        self.peak * (d + (1.0 - d) * step as f64 / self.warmup_steps as f64)
+                    }
+                    WarmupMethod::Constant => self.peak * d,
+                };
+            }
+        }
         if step + 1 < self.warmup_steps {
             return self.peak * (step + 1) as f64 / self.warmup_steps as f64;
         }

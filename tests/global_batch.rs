@@ -139,6 +139,52 @@ fn two_ranks_and_one_rank_accumulating_two_train_the_same_model() {
     assert_eq!(m["training"]["steps"], 8, "{m}");
 }
 
+/// torchvision's recipe flags keep the promise: a cosine schedule with a linear warmup (per
+/// epoch, as torchvision), label smoothing and gradient clipping on 2 ranks and on 1 rank
+/// accumulating 2 micro-batches give the same weights, bit for bit.
+#[test]
+fn recipe_flags_train_the_same_model_at_any_world_size() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let (two, one) = (t.path().join("two"), t.path().join("one"));
+    let g = [
+        "--global-batch-size",
+        "16",
+        "--lr-scheduler",
+        "cosineannealinglr",
+        "--warmup-epochs",
+        "1",
+        "--lr-warmup-method",
+        "linear",
+        "--label-smoothing",
+        "0.1",
+        "--clip-grad-norm",
+        "0.5",
+    ];
+    ok(&train(&model, &two, 2, 8, &g));
+    ok(&train(&model, &one, 1, 8, &g));
+    let (d, name) = max_diff(&two, &one);
+    assert_eq!(d, 0.0, "not bit-identical: {name} differs by {d}");
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&one.join("model.json"))).expect("model.json");
+    let tr = &m["training"];
+    assert_eq!(tr["lr_scheduler"], "cosineannealinglr", "{m}");
+    assert_eq!(tr["lr_warmup_decay"], 0.01, "{m}");
+    assert_eq!(tr["label_smoothing"], 0.1, "{m}");
+    assert_eq!(tr["clip_grad_norm"], 0.5, "{m}");
+    // Each epoch's LR is torch's: epoch 1 the warmup's 0.01 × the peak, epoch 2 the peak.
+    let lrs: Vec<f64> = read(&one.join("metrics.jsonl"))
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["lr"].as_f64())
+        .collect();
+    assert_eq!(lrs.len(), 2, "{lrs:?}");
+    assert!(
+        (lrs[0] - 0.02 * 0.01).abs() < 1e-15 && lrs[1] == 0.02,
+        "{lrs:?}"
+    );
+}
+
 #[test]
 fn four_ranks_and_two_ranks_accumulating_two_train_the_same_model() {
     let t = tempdir();

@@ -195,6 +195,7 @@ fn record(c: Counts, r: Rest) -> TrainingRecord {
         lr_reference_batch: None,
         threads: None,
         mlflow_run_id: (n % 2 == 0).then(|| format!("run{n}")),
+        recipe: Default::default(),
     }
 }
 

@@ -40,6 +40,10 @@ pub struct RunRecord {
     /// (`threads_note`), since sums over other thread splits round differently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intra_op_threads: Option<u32>,
+    /// The recipe flags (`--lr-scheduler`, `--label-smoothing`, ...); absent in checkpoints
+    /// written before they existed, which read as the old behaviour.
+    #[serde(flatten, default)]
+    pub recipe: crate::recipe::RecipeRecord,
 }
 
 impl RunRecord {
@@ -72,6 +76,7 @@ impl RunRecord {
             backbone_lr_scale: o.backbone_lr_scale,
             amp: o.amp.as_str().to_string(),
             intra_op_threads: None,
+            recipe: o.recipe.record(),
         }
     }
 
@@ -227,6 +232,9 @@ impl RunRecord {
             };
             let word = |b: bool| if b { "on" } else { "off" }.to_string();
             flag(&mut out, &format!("--{name}"), fix, word(was), word(is));
+        }
+        for (what, was, is, fix) in self.recipe.differences(&now.recipe) {
+            flag(&mut out, &what, fix, was, is);
         }
         out
     }
@@ -500,6 +508,8 @@ mod tests {
             "freeze_backbone": false, "backbone_lr_scale": 1.0, "amp": "off"
         }))
         .expect("a record from before the thread count");
+        // A checkpoint from before the recipe flags: their defaults, the old behaviour.
+        assert_eq!(r.recipe, crate::recipe::RecipeRecord::default());
         assert_eq!(
             r.threads_note(2),
             None,
@@ -549,6 +559,7 @@ mod tests {
             backbone_lr_scale: 1.0,
             amp: "off".into(),
             intra_op_threads: None,
+            recipe: Default::default(),
         }
     }
 
@@ -593,5 +604,22 @@ mod tests {
             ("--lr-reference-batch", "8", "32")
         );
         assert_eq!(m[0].fix, "--lr-reference-batch 8");
+        // The recipe flags: each difference names the flag that gives the checkpoint's back.
+        let mut now = record();
+        now.recipe.lr_scheduler = "cosineannealinglr".into();
+        now.recipe.label_smoothing = 0.1;
+        let m = record().mismatches(&now);
+        let fixes: Vec<&str> = m.iter().map(|m| m.fix.as_str()).collect();
+        assert_eq!(fixes, ["--lr-scheduler poly", "--label-smoothing 0"]);
+        // A run record round-trips with the recipe flattened into it.
+        let text = serde_json::to_string(&now).expect("json");
+        assert!(
+            text.contains("\"lr_scheduler\":\"cosineannealinglr\""),
+            "{text}"
+        );
+        assert_eq!(
+            serde_json::from_str::<RunRecord>(&text).expect("reads"),
+            now
+        );
     }
 }

@@ -102,6 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         train: true,
         amp,
         device,
+        label_smoothing: 0.0,
     };
     // Loss scaling is fp16 training's (off here, as it was: scale 1, every step taken).
     let mut scaler = LossScaler::new(false);
@@ -127,6 +128,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 opt: &mut opt,
                 scaler: &mut scaler,
                 lr: 0.01,
+                clip: None,
             }),
             None,
             |_| Ok(()),

@@ -97,6 +97,7 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::comm::pg::C10dError> {
                 train: true,
                 amp: false,
                 device: dev,
+                label_smoothing: 0.0,
             },
             (n_local > 0).then_some((&xs, &ys)),
             false,

@@ -272,6 +272,7 @@ impl Trainer<'_> {
                 lr_reference_batch: Some(self.plan.reference),
                 threads: u32::try_from(tch::get_num_threads()).ok(),
                 mlflow_run_id: self.ctx.tracking.run_id(),
+                recipe: job.options.recipe.record(),
             }),
             metrics: best_metrics
                 .as_ref()

@@ -4,6 +4,7 @@
 //! early stopping on validation loss, NaN stops every rank together, rank 0 writes the model.
 mod board;
 pub mod checkpoint;
+mod clip;
 pub mod command;
 mod finish;
 mod live;

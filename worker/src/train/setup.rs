@@ -407,6 +407,12 @@ fn plan_steps(
             p.epochs,
             steps_per_epoch,
             job.options.lr_power,
+        )
+        .of_recipe(
+            &job.options.recipe,
+            p.warmup_epochs,
+            p.epochs,
+            steps_per_epoch,
         ),
         scaling,
         lr_why,

@@ -18,6 +18,8 @@ pub(crate) struct StepModel<'a> {
     /// Autocast (CUDA; its dtype set beforehand).
     pub(crate) amp: bool,
     pub(crate) device: Device,
+    /// `--label-smoothing` of the cross entropy (0: plain cross entropy, as before).
+    pub(crate) label_smoothing: f64,
 }
 
 /// The optimizer part of a step.
@@ -25,6 +27,8 @@ pub(crate) struct Update<'a> {
     pub(crate) opt: &'a mut Sgd,
     pub(crate) scaler: &'a mut LossScaler,
     pub(crate) lr: f64,
+    /// `--clip-grad-norm`: the reduced, unscaled gradients' total norm clipped to this.
+    pub(crate) clip: Option<f64>,
 }
 
 /// What a step did.
@@ -91,6 +95,9 @@ pub(crate) fn train_step<E: From<C10dError>>(
     crate::heartbeat::phase(Phase::Optimizer);
     if let Some(u) = update {
         if any_sample && u.scaler.unscale_and_check(u.opt.params())? {
+            if let Some(max) = u.clip {
+                super::clip::clip_grad_norm(u.opt.params(), max);
+            }
             u.opt.step(u.lr);
             updated = true;
         }
@@ -103,18 +110,25 @@ pub(crate) fn train_step<E: From<C10dError>>(
     })
 }
 
-/// Forward and the mean cross entropy of `batch` (0 without one).
+/// Forward and the mean cross entropy of `batch` (0 without one), with the model's label
+/// smoothing (torch's `F.cross_entropy(label_smoothing=...)`).
 fn forward_loss(model: &StepModel, batch: Option<(&Tensor, &Tensor)>) -> Tensor {
     match batch {
         Some((x, y)) => tch::autocast(model.amp, || {
-            model
-                .net
-                .forward_t(x, model.train)
-                .to_kind(Kind::Float)
-                .cross_entropy_for_logits(y)
+            let logits = model.net.forward_t(x, model.train).to_kind(Kind::Float);
+            cross_entropy(&logits, y, model.label_smoothing)
         }),
         None => Tensor::zeros([], (Kind::Float, model.device)),
     }
+}
+
+/// The mean cross entropy of float `logits` against `labels` with label smoothing `eps`
+/// (torch's `F.cross_entropy`); 0: the plain cross entropy, computed as before.
+pub(crate) fn cross_entropy(logits: &Tensor, labels: &Tensor, eps: f64) -> Tensor {
+    if eps == 0.0 {
+        return logits.cross_entropy_for_logits(labels);
+    }
+    logits.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, eps)
 }
 
 /// A micro-batch that is not its step's last (`--global-batch-size`): forward (its batch-norm

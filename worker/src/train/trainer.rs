@@ -324,6 +324,7 @@ impl<'a> Trainer<'a> {
                     train: !self.frozen,
                     amp: self.amp,
                     device: self.device,
+                    label_smoothing: self.job.options.recipe.label_smoothing,
                 };
                 accumulate_micro_batch(&model, input, &self.replicas, a, self.scaler.scale)?;
             }
@@ -370,6 +371,7 @@ impl<'a> Trainer<'a> {
             train: !self.frozen,
             amp: self.amp,
             device: self.device,
+            label_smoothing: job.options.recipe.label_smoothing,
         };
         let (guard, lr_why, lr) = (&mut self.guard, &self.plan.lr_why, self.s.lr);
         let done = train_step(
@@ -381,6 +383,7 @@ impl<'a> Trainer<'a> {
                 opt: &mut self.opt,
                 scaler: &mut self.scaler,
                 lr: next_lr,
+                clip: job.options.recipe.clip_grad_norm,
             }),
             e.acc.take(),
             |stats| {

@@ -1,0 +1,383 @@
+//! The modern recipe's flags, with torchvision's names, meanings and defaults (its
+//! `references/classification/train.py`): the LR scheduler and its warmup, label smoothing and
+//! gradient clipping. Both binaries parse them (`RecipeFlags`, flattened into
+//! `TrainOptions`), the launcher hands them to the ranks (`to_args`), and the checkpoint's run
+//! record and `model.json`'s training record keep them (`RecipeRecord`: a checkpoint or model
+//! written before they existed reads as the old behaviour).
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+/// `--lr-scheduler`: tchrun's per-step polynomial decay (the default), or one of torchvision's
+/// per-epoch schedulers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum LrScheduler {
+    /// lr × (1 - t)^--lr-power, per optimizer step (tchrun's default).
+    #[default]
+    Poly,
+    /// torch's CosineAnnealingLR(T_max = epochs - warmup epochs, eta_min = --lr-min), per epoch.
+    Cosineannealinglr,
+    /// torch's StepLR(step_size = --lr-step-size, gamma = --lr-gamma), per epoch.
+    Steplr,
+    /// torch's ExponentialLR(gamma = --lr-gamma), per epoch.
+    Exponentiallr,
+}
+
+impl LrScheduler {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LrScheduler::Poly => "poly",
+            LrScheduler::Cosineannealinglr => "cosineannealinglr",
+            LrScheduler::Steplr => "steplr",
+            LrScheduler::Exponentiallr => "exponentiallr",
+        }
+    }
+
+    /// torchvision's schedulers step per epoch (poly steps per optimizer step).
+    pub fn per_epoch(self) -> bool {
+        self != LrScheduler::Poly
+    }
+}
+
+/// `--lr-warmup-method`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum WarmupMethod {
+    /// torch's LinearLR: the LR rises linearly to the scheduled one.
+    #[default]
+    Linear,
+    /// torch's ConstantLR: the LR × --lr-warmup-decay until the warmup ends.
+    Constant,
+}
+
+impl WarmupMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarmupMethod::Linear => "linear",
+            WarmupMethod::Constant => "constant",
+        }
+    }
+}
+
+/// torchvision's `--lr-warmup-decay` default (LinearLR's start_factor, ConstantLR's factor).
+pub const WARMUP_DECAY: f64 = 0.01;
+
+/// The recipe flags (help heading "Training").
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct RecipeFlags {
+    /// The LR schedule after warmup. poly: lr × (1 - t)^--lr-power per optimizer step (tchrun's
+    /// default); cosineannealinglr, steplr, exponentiallr: torch's schedulers, stepped per epoch
+    /// as torchvision's train.py does (the LR is constant within an epoch).
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_SCHEDULER", value_enum, default_value_t = LrScheduler::Poly)]
+    pub lr_scheduler: LrScheduler,
+    /// steplr: multiply the LR by --lr-gamma every this many epochs (after warmup).
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_STEP_SIZE", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub lr_step_size: u32,
+    /// steplr and exponentiallr: the LR's factor (per --lr-step-size epochs; per epoch).
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_GAMMA", default_value_t = 0.1, value_parser = parse_positive, allow_negative_numbers = true)]
+    pub lr_gamma: f64,
+    /// cosineannealinglr: the LR it decays to (torch's eta_min), not scaled by --lr-scaling.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_MIN", default_value_t = 0.0, value_parser = parse_nonneg, allow_negative_numbers = true)]
+    pub lr_min: f64,
+    /// How the LR warms up over --warmup-epochs: linear (torch's LinearLR from --lr-warmup-decay
+    /// × LR) or constant (torch's ConstantLR: --lr-warmup-decay × LR). torchvision's default is
+    /// constant; tchrun's is linear, its warmup before these flags existed.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_WARMUP_METHOD", value_enum, default_value_t = WarmupMethod::Linear)]
+    pub lr_warmup_method: WarmupMethod,
+    /// The warmup's first LR factor (LinearLR's start_factor, ConstantLR's factor), in (0, 1].
+    /// Default: 0.01 (torchvision's); with poly and a linear warmup, not given, the warmup
+    /// rises per step from peak/warmup steps to the peak, as before.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LR_WARMUP_DECAY", value_parser = parse_unit, allow_negative_numbers = true)]
+    pub lr_warmup_decay: Option<f64>,
+    /// The training loss's label smoothing (torch's cross_entropy label_smoothing), in [0, 1].
+    /// The validation loss stays plain cross entropy.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_LABEL_SMOOTHING", default_value_t = 0.0, value_parser = parse_closed_unit, allow_negative_numbers = true)]
+    pub label_smoothing: f64,
+    /// Clip the gradients' total L2 norm to this (torch's clip_grad_norm_, on the gradient
+    /// averaged over every rank, after AMP's unscaling, before the optimizer step).
+    #[arg(help_heading = "Training", long, env = "TCHRUN_CLIP_GRAD_NORM", value_parser = parse_positive, allow_negative_numbers = true)]
+    pub clip_grad_norm: Option<f64>,
+}
+
+impl Default for RecipeFlags {
+    fn default() -> RecipeFlags {
+        RecipeFlags {
+            lr_scheduler: LrScheduler::Poly,
+            lr_step_size: 30,
+            lr_gamma: 0.1,
+            lr_min: 0.0,
+            lr_warmup_method: WarmupMethod::Linear,
+            lr_warmup_decay: None,
+            label_smoothing: 0.0,
+            clip_grad_norm: None,
+        }
+    }
+}
+
+impl RecipeFlags {
+    /// The flags as arguments for a rank (only those not at their default).
+    pub fn to_args(&self) -> Vec<String> {
+        let d = RecipeFlags::default();
+        let mut v = Vec::new();
+        if self.lr_scheduler != d.lr_scheduler {
+            v.push(format!("--lr-scheduler={}", self.lr_scheduler.as_str()));
+        }
+        if self.lr_step_size != d.lr_step_size {
+            v.push(format!("--lr-step-size={}", self.lr_step_size));
+        }
+        if self.lr_gamma != d.lr_gamma {
+            v.push(format!("--lr-gamma={:e}", self.lr_gamma));
+        }
+        if self.lr_min != d.lr_min {
+            v.push(format!("--lr-min={:e}", self.lr_min));
+        }
+        if self.lr_warmup_method != d.lr_warmup_method {
+            v.push(format!(
+                "--lr-warmup-method={}",
+                self.lr_warmup_method.as_str()
+            ));
+        }
+        if let Some(x) = self.lr_warmup_decay {
+            v.push(format!("--lr-warmup-decay={x:e}"));
+        }
+        if self.label_smoothing != d.label_smoothing {
+            v.push(format!("--label-smoothing={:e}", self.label_smoothing));
+        }
+        if let Some(x) = self.clip_grad_norm {
+            v.push(format!("--clip-grad-norm={x:e}"));
+        }
+        v
+    }
+
+    /// The warmup's first factor: the flag, else torchvision's 0.01, else (poly with a linear
+    /// warmup) `None`: tchrun's warmup from peak/warmup steps.
+    pub fn warmup_decay(&self) -> Option<f64> {
+        match self.lr_warmup_decay {
+            Some(x) => Some(x),
+            None if self.lr_scheduler == LrScheduler::Poly
+                && self.lr_warmup_method == WarmupMethod::Linear =>
+            {
+                None
+            }
+            None => Some(WARMUP_DECAY),
+        }
+    }
+
+    /// What the checkpoint and `model.json` record.
+    pub fn record(&self) -> RecipeRecord {
+        RecipeRecord {
+            lr_scheduler: self.lr_scheduler.as_str().into(),
+            lr_step_size: self.lr_step_size,
+            lr_gamma: self.lr_gamma,
+            lr_min: self.lr_min,
+            lr_warmup_method: self.lr_warmup_method.as_str().into(),
+            lr_warmup_decay: self.warmup_decay(),
+            label_smoothing: self.label_smoothing,
+            clip_grad_norm: self.clip_grad_norm,
+        }
+    }
+}
+
+/// The recipe as recorded (flattened into the run record and `model.json`'s training record).
+/// Each field absent in a file written before it existed reads as the old behaviour
+/// (`Default`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecipeRecord {
+    pub lr_scheduler: String,
+    pub lr_step_size: u32,
+    pub lr_gamma: f64,
+    pub lr_min: f64,
+    pub lr_warmup_method: String,
+    /// The warmup's first factor (`RecipeFlags::warmup_decay`); none: tchrun's linear warmup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr_warmup_decay: Option<f64>,
+    pub label_smoothing: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
+}
+
+impl Default for RecipeRecord {
+    fn default() -> RecipeRecord {
+        RecipeFlags::default().record()
+    }
+}
+
+impl RecipeRecord {
+    /// The fields that differ between `self` (the checkpoint's) and `now`: (flag, the
+    /// checkpoint's value, this job's, the flag(s) that give the checkpoint's value back).
+    pub fn differences(&self, now: &RecipeRecord) -> Vec<(String, String, String, String)> {
+        let f = |x: f64| format!("{x}");
+        let o = |x: Option<f64>| x.map(f);
+        let mut out = Vec::new();
+        for (name, was, is) in [
+            (
+                "lr-scheduler",
+                Some(self.lr_scheduler.clone()),
+                Some(now.lr_scheduler.clone()),
+            ),
+            (
+                "lr-step-size",
+                Some(self.lr_step_size.to_string()),
+                Some(now.lr_step_size.to_string()),
+            ),
+            ("lr-gamma", Some(f(self.lr_gamma)), Some(f(now.lr_gamma))),
+            ("lr-min", Some(f(self.lr_min)), Some(f(now.lr_min))),
+            (
+                "lr-warmup-method",
+                Some(self.lr_warmup_method.clone()),
+                Some(now.lr_warmup_method.clone()),
+            ),
+            (
+                "lr-warmup-decay",
+                o(self.lr_warmup_decay),
+                o(now.lr_warmup_decay),
+            ),
+            (
+                "label-smoothing",
+                Some(f(self.label_smoothing)),
+                Some(f(now.label_smoothing)),
+            ),
+            (
+                "clip-grad-norm",
+                o(self.clip_grad_norm),
+                o(now.clip_grad_norm),
+            ),
+        ] {
+            if was == is {
+                continue;
+            }
+            let fix = match &was {
+                Some(v) => format!("--{name} {v}"),
+                None => format!("no --{name}"),
+            };
+            let show = |v: Option<String>| v.unwrap_or_else(|| "(none)".into());
+            out.push((format!("--{name}"), show(was), show(is), fix));
+        }
+        out
+    }
+}
+
+fn number(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number"))?;
+    if !v.is_finite() {
+        return Err(format!("must be a finite number, got {s}"));
+    }
+    Ok(v)
+}
+
+fn parse_positive(s: &str) -> Result<f64, String> {
+    let v = number(s)?;
+    if v <= 0.0 {
+        return Err(format!("must be > 0, got {s}"));
+    }
+    Ok(v)
+}
+
+fn parse_nonneg(s: &str) -> Result<f64, String> {
+    let v = number(s)?;
+    if v < 0.0 {
+        return Err(format!("must be >= 0, got {s}"));
+    }
+    Ok(v)
+}
+
+/// (0, 1]: torch's LinearLR refuses a start factor of 0.
+fn parse_unit(s: &str) -> Result<f64, String> {
+    let v = number(s)?;
+    if v <= 0.0 || v > 1.0 {
+        return Err(format!("must be in (0, 1], got {s}"));
+    }
+    Ok(v)
+}
+
+/// [0, 1]: torch's cross_entropy refuses label smoothing outside.
+fn parse_closed_unit(s: &str) -> Result<f64, String> {
+    let v = number(s)?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("must be in [0, 1], got {s}"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        r: RecipeFlags,
+    }
+
+    #[test]
+    fn defaults_round_trip_and_old_records_read_as_before() {
+        let c = Cli::try_parse_from(["x"]).expect("defaults");
+        assert_eq!(c.r, RecipeFlags::default());
+        assert!(c.r.to_args().is_empty());
+        let mut args = vec!["x".to_string()];
+        let r = Cli::try_parse_from([
+            "x",
+            "--lr-scheduler",
+            "cosineannealinglr",
+            "--lr-min",
+            "1e-5",
+            "--lr-warmup-method",
+            "constant",
+            "--label-smoothing",
+            "0.1",
+            "--clip-grad-norm",
+            "2",
+            "--lr-gamma",
+            "0.5",
+            "--lr-step-size",
+            "3",
+            "--lr-warmup-decay",
+            "0.1",
+        ])
+        .expect("valid")
+        .r;
+        args.extend(r.to_args());
+        assert_eq!(Cli::try_parse_from(&args).expect("round trip").r, r);
+        // torchvision's default decay with its schedulers; none for poly's linear warmup.
+        let mut c = RecipeFlags {
+            lr_scheduler: LrScheduler::Steplr,
+            ..RecipeFlags::default()
+        };
+        assert_eq!(c.warmup_decay(), Some(0.01));
+        c.lr_scheduler = LrScheduler::Poly;
+        assert_eq!(c.warmup_decay(), None);
+        let old: RecipeRecord = serde_json::from_str("{}").expect("old record");
+        assert_eq!(old, RecipeFlags::default().record());
+        assert!(old.differences(&RecipeFlags::default().record()).is_empty());
+        let d = old.differences(&r.record());
+        assert!(d
+            .iter()
+            .any(|x| x.0 == "--lr-scheduler" && x.3 == "--lr-scheduler poly"));
+        assert!(d
+            .iter()
+            .any(|x| x.0 == "--clip-grad-norm" && x.3 == "no --clip-grad-norm"));
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (flag, v) in [
+            ("--lr-warmup-decay", "0"),
+            ("--lr-warmup-decay", "1.5"),
+            ("--label-smoothing", "-0.1"),
+            ("--label-smoothing", "2"),
+            ("--clip-grad-norm", "0"),
+            ("--lr-gamma", "-1"),
+            ("--lr-min", "-1"),
+            ("--lr-step-size", "0"),
+            ("--lr-scheduler", "onecycle"),
+        ] {
+            let e = Cli::try_parse_from(["x", flag, v])
+                .expect_err(flag)
+                .to_string();
+            assert!(e.contains(flag), "{e}");
+        }
+    }
+}
