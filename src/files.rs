@@ -77,13 +77,17 @@ impl std::error::Error for AtomicWriteError {
     }
 }
 
-/// The temporary file beside `path` that an atomic write fills: `.<name>.<pid>.tmp`.
+/// The temporary file beside `path` that an atomic write fills: `.<name>.<pid>.<n>.tmp`.
 fn atomic_tmp(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+    // Unique per write, not only per process: two threads of a rank writing the same file (the
+    // status thread and the main thread's last word) must not rename each other's temp file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
 }
 
 /// Writes `path` atomically: `fill` writes a temporary file beside it (the path it is given),
@@ -258,6 +262,36 @@ fn job_dir_stamp(name: &str) -> Option<(String, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_threads_writing_one_file_atomically_never_fail() {
+        let d = std::env::temp_dir().join(format!("tchrun-atomic-threads-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let path = d.join("status.json");
+        std::thread::scope(|s| {
+            for t in 0..2u8 {
+                let path = &path;
+                s.spawn(move || {
+                    for i in 0..300u32 {
+                        write_atomic(path, format!("{t}:{i}").as_bytes())
+                            .unwrap_or_else(|e| panic!("thread {t}, write {i}: {e}"));
+                    }
+                });
+            }
+        });
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            left,
+            [std::ffi::OsString::from("status.json")],
+            "no temp file left"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     #[test]
     fn driver_log_round_trip() {
