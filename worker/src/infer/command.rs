@@ -161,16 +161,16 @@ pub fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
             if let Some(e) = score::evaluate(&a.model, &a.images, &a.output, compute, ranks)? {
                 let m = &e.metrics;
                 say(&format!(
-                "evaluated {} image(s) on {}: top-1 {:.2}%, top-5 {:.2}%, log loss {:.4}, \
+                    "evaluated {} image(s) on {}: top-1 {:.2}%, top-5 {:.2}%, log loss {:.4}, \
                  macro F1 {:.4}; scores.csv, metrics.json and confusion_matrix.csv/.png in {}",
-                e.images,
-                tchrun::counts::ranks(ranks.world),
-                100.0 * m.top1,
-                100.0 * m.top5,
-                m.log_loss,
-                m.macro_avg.f1,
-                a.output.display()
-            ));
+                    e.images,
+                    tchrun::counts::ranks(ranks.world),
+                    100.0 * m.top1,
+                    100.0 * m.top5,
+                    m.log_loss,
+                    m.macro_avg.f1,
+                    a.output.display()
+                ));
             }
             Ok(())
         },
