@@ -9,6 +9,7 @@ use crate::comm::pg::{C10dError, Store};
 use crate::comm::probe;
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::time::Duration;
+use tchrun::driver_log::BOOTSTRAP_PREFIX;
 use tchrun::env::{self as contract, EnvError, StartedBy};
 
 /// Where this rank sits: known before any store exists (so the driver log can be opened
@@ -229,8 +230,8 @@ impl Identity {
                 .clone()
                 .unwrap_or_else(|| ("127.0.0.1".into(), 0));
             let how = match self.place.started_by {
-                StartedBy::Single => format!("bootstrap: {addr} (one rank)"),
-                by => format!("bootstrap: {addr} from the environment ({by:?}), not probed"),
+                StartedBy::Single => format!("{BOOTSTRAP_PREFIX}{addr} (one rank)"),
+                by => format!("{BOOTSTRAP_PREFIX}{addr} from the environment ({by:?}), not probed"),
             };
             if self.place.rank == 0 {
                 let (v, actual) = serve(&addr, port)?;
@@ -349,7 +350,7 @@ impl Identity {
         };
         let c = &cands[i];
         let mut line = format!(
-            "bootstrap: {} ({}), reached by all {}",
+            "{BOOTSTRAP_PREFIX}{} ({}), reached by all {}",
             c.addr,
             c.iface,
             tchrun::counts::ranks(place.world_size)
