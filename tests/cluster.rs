@@ -320,6 +320,34 @@ fn ip(args: &[&str]) {
     assert_eq!(r.code, Some(0), "{}", r.explain());
 }
 
+/// Gives node `k` an interface `tchrun-d0` (one end of a veth pair inside the node) with
+/// `addr`, a network no other node routes. With `first`, it comes before eth0 in the kernel's
+/// order (eth0 leaves the namespace and comes back with a higher index), so rank 0 offers its
+/// address first.
+fn extra_interface(k: usize, addr: &str, first: bool) {
+    let ns = format!("tchrun-node{k}");
+    let pid = std::process::id().to_string();
+    if first {
+        ip(&["-n", &ns, "link", "set", "eth0", "down"]);
+        ip(&["-n", &ns, "link", "set", "eth0", "name", "tchrun-e1"]);
+        ip(&["-n", &ns, "link", "set", "tchrun-e1", "netns", &pid]);
+    }
+    ip(&["link", "add", "tchrun-d0", "netns", &ns, "type", "veth"]
+        .into_iter()
+        .chain(["peer", "name", "tchrun-d0p", "netns", &ns])
+        .collect::<Vec<_>>());
+    ip(&["-n", &ns, "addr", "add", addr, "dev", "tchrun-d0"]);
+    ip(&["-n", &ns, "link", "set", "tchrun-d0", "up"]);
+    ip(&["-n", &ns, "link", "set", "tchrun-d0p", "up"]);
+    if first {
+        ip(&["link", "set", "tchrun-e1", "netns", &ns]);
+        ip(&["-n", &ns, "link", "set", "tchrun-e1", "name", "eth0"]);
+        let own = format!("10.250.0.{}/24", 10 + k);
+        ip(&["-n", &ns, "addr", "add", &own, "dev", "eth0"]);
+        ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+    }
+}
+
 /// A selftest of 2 nodes × 2 ranks over the namespaces, with `extra` flags.
 fn netns_selftest(t: &Path, logs: &Path, extra: &[&str]) -> Run {
     let ompi = t.join("ompi");
@@ -338,22 +366,19 @@ fn netns_selftest(t: &Path, logs: &Path, extra: &[&str]) -> Run {
     )
 }
 
-/// Issue 33: rank 0's node offers first an address node 2 cannot route (10.251.0.11, put on
-/// eth0 before its reachable 10.250.0.11): the probe skips it, the job starts on the
-/// reachable one, and every driver log and ranks.json say which.
+/// Issue 33: rank 0's node offers first an address node 2 cannot route (10.251.0.11 on an
+/// interface before eth0): the probe skips it, the job starts on the reachable 10.250.0.11,
+/// and every driver log and ranks.json say which.
 #[test]
 fn netns_bootstrap_skips_an_address_other_nodes_cannot_reach() {
     let Some(_nodes) = Nodes::up(2) else { return };
-    let n1 = "tchrun-node1";
-    ip(&["-n", n1, "addr", "flush", "dev", "eth0"]);
-    ip(&["-n", n1, "addr", "add", "10.251.0.11/24", "dev", "eth0"]);
-    ip(&["-n", n1, "addr", "add", "10.250.0.11/24", "dev", "eth0"]);
+    extra_interface(1, "10.251.0.11/24", true);
     let t = tempdir();
     let logs = t.path().join("logs");
     let r = netns_selftest(t.path(), &logs, &[]);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let line = "bootstrap: 10.250.0.11 (eth0), reached by all 4 ranks; \
-                not reached by every rank: 10.251.0.11 (eth0)";
+                not reached by every rank: 10.251.0.11 (tchrun-d0)";
     for (rank, text) in driver_logs(&logs, 4).iter().enumerate() {
         assert!(text.contains(line), "rank {rank}:\n{text}");
     }
@@ -374,12 +399,8 @@ fn netns_bootstrap_skips_an_address_other_nodes_cannot_reach() {
 #[test]
 fn netns_bootstrap_unreachable_forced_interface_is_exit_3_naming_the_ranks() {
     let Some(_nodes) = Nodes::up(2) else { return };
-    for (k, addr) in [(1, "10.252.1.1/24"), (2, "10.252.2.1/24")] {
-        let ns = format!("tchrun-node{k}");
-        ip(&["-n", &ns, "link", "add", "tchrun-d0", "type", "dummy"]);
-        ip(&["-n", &ns, "addr", "add", addr, "dev", "tchrun-d0"]);
-        ip(&["-n", &ns, "link", "set", "tchrun-d0", "up"]);
-    }
+    extra_interface(1, "10.252.1.1/24", false);
+    extra_interface(2, "10.252.2.1/24", false);
     let t = tempdir();
     let logs = t.path().join("logs");
     let r = netns_selftest(t.path(), &logs, &["--ifname", "tchrun-d0"]);
