@@ -56,8 +56,6 @@ impl ErrorKind {
         match code {
             code::OK => None,
             code::INVALID_INPUT => Some(ErrorKind::InvalidInput),
-            // The bootstrap found the network unusable (no interface, no address reached).
-            code::LAUNCH_FAILED => Some(ErrorKind::LaunchFailed),
             code::DIVERGED => Some(ErrorKind::Diverged),
             _ => Some(ErrorKind::RankFailed),
         }
