@@ -89,6 +89,15 @@ pub const TCHRUN_LOCK_HELD: &str = "TCHRUN_LOCK_HELD";
 /// Rank 0's address as the other ranks reach it (store and process group): overrides the
 /// first non-loopback IPv4 address of rank 0's host (multi-node) or 127.0.0.1 (one node).
 pub const TCHRUN_MASTER_ADDR: &str = "TCHRUN_MASTER_ADDR";
+/// `--ifname`'s variable: the network interface every rank uses (rank 0 offers only its
+/// addresses; Gloo binds it; `GLOO_SOCKET_IFNAME`/`NCCL_SOCKET_IFNAME` are set to it).
+pub const TCHRUN_IFNAME: &str = "TCHRUN_IFNAME";
+/// PyTorch's Gloo interfaces (comma-separated; one Gloo device each). Honoured as PyTorch
+/// honours it; set by each rank to its chosen interface unless the user set it.
+pub const GLOO_SOCKET_IFNAME: &str = "GLOO_SOCKET_IFNAME";
+/// NCCL's socket interfaces (prefixes; `=` exact, `^` excludes). Honoured (NCCL reads it); set
+/// by each rank to its chosen interface unless the user set it.
+pub const NCCL_SOCKET_IFNAME: &str = "NCCL_SOCKET_IFNAME";
 /// The most never-verified image headers a training job checks before its first step
 /// (`data::index::upfront_limit`); above it each image is checked when first decoded.
 /// Default `data::index::UPFRONT_VERIFY_LIMIT` (50,000); 0 never checks up front.

@@ -116,6 +116,17 @@ pub struct RankFlags {
     /// at any world size needs the same --threads.
     #[arg(help_heading = "Launch", long, env = "TCHRUN_THREADS", value_parser = clap::value_parser!(u32).range(1..=crate::counts::MAX_LOADER_THREADS as i64))]
     pub threads: Option<u32>,
+    /// The network interface every rank uses (e.g. eth0, ib0; the same name on every node):
+    /// rank 0 offers only its addresses, Gloo binds it, and GLOO_SOCKET_IFNAME and
+    /// NCCL_SOCKET_IFNAME are set to it unless already set. Default: rank 0 offers all its
+    /// addresses and the first one every rank reaches within seconds is used.
+    #[arg(
+        help_heading = "Launch",
+        long,
+        env = "TCHRUN_IFNAME",
+        value_name = "NAME"
+    )]
+    pub ifname: Option<String>,
 }
 
 /// `--console` of `tchrun exec` and `tchrun-worker exec`: the same selection as the other
@@ -149,6 +160,9 @@ impl RankFlags {
         }
         if let Some(t) = self.threads {
             v.push(format!("--threads={t}"));
+        }
+        if let Some(n) = &self.ifname {
+            v.push(format!("--ifname={n}"));
         }
         v
     }

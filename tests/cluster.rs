@@ -314,6 +314,113 @@ fn netns_two_nodes_training() {
     );
 }
 
+/// Runs `ip ARGS` (in a node's namespace with `-n NODE`); panics with its output on failure.
+fn ip(args: &[&str]) {
+    let r = run(Command::new("ip").args(args), Duration::from_secs(10));
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+}
+
+/// Gives node `k` an interface `tchrun-d0` (one end of a veth pair inside the node) with
+/// `addr`, a network no other node routes. With `first`, it comes before eth0 in the kernel's
+/// order (eth0 leaves the namespace and comes back with a higher index), so rank 0 offers its
+/// address first.
+fn extra_interface(k: usize, addr: &str, first: bool) {
+    let ns = format!("tchrun-node{k}");
+    let pid = std::process::id().to_string();
+    if first {
+        ip(&["-n", &ns, "link", "set", "eth0", "down"]);
+        ip(&["-n", &ns, "link", "set", "eth0", "name", "tchrun-e1"]);
+        ip(&["-n", &ns, "link", "set", "tchrun-e1", "netns", &pid]);
+    }
+    ip(&["link", "add", "tchrun-d0", "netns", &ns, "type", "veth"]
+        .into_iter()
+        .chain(["peer", "name", "tchrun-d0p", "netns", &ns])
+        .collect::<Vec<_>>());
+    ip(&["-n", &ns, "addr", "add", addr, "dev", "tchrun-d0"]);
+    ip(&["-n", &ns, "link", "set", "tchrun-d0", "up"]);
+    ip(&["-n", &ns, "link", "set", "tchrun-d0p", "up"]);
+    if first {
+        ip(&["link", "set", "tchrun-e1", "netns", &ns]);
+        ip(&["-n", &ns, "link", "set", "tchrun-e1", "name", "eth0"]);
+        let own = format!("10.250.0.{}/24", 10 + k);
+        ip(&["-n", &ns, "addr", "add", &own, "dev", "eth0"]);
+        ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+    }
+}
+
+/// A selftest of 2 nodes × 2 ranks over the namespaces, with `extra` flags.
+fn netns_selftest(t: &Path, logs: &Path, extra: &[&str]) -> Run {
+    let ompi = t.join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    run(
+        tchrun()
+            .env("TMPDIR", &ompi)
+            .args(["selftest", "--nodes", "2", "--procs-per-node", "2"])
+            .arg("--hostfile")
+            .arg(Nodes::hostfile(t, 2, 2))
+            .args(["--sizes", "4096", "--iters", "2", "--log-dir"])
+            .arg(logs)
+            .args(extra)
+            .arg(format!("--mpirun-args={}", Nodes::mpirun_args(&ompi))),
+        LIMIT,
+    )
+}
+
+/// Issue 33: rank 0's node offers first an address node 2 cannot route (10.251.0.11 on an
+/// interface before eth0): the probe skips it, the job starts on the reachable 10.250.0.11,
+/// and every driver log and ranks.json say which.
+#[test]
+fn netns_bootstrap_skips_an_address_other_nodes_cannot_reach() {
+    let Some(_nodes) = Nodes::up(2) else { return };
+    extra_interface(1, "10.251.0.11/24", true);
+    let t = tempdir();
+    let logs = t.path().join("logs");
+    let r = netns_selftest(t.path(), &logs, &[]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let line = "bootstrap: 10.250.0.11 (eth0), reached by all 4 ranks; \
+                not reached by every rank: 10.251.0.11 (tchrun-d0)";
+    for (rank, text) in driver_logs(&logs, 4).iter().enumerate() {
+        assert!(text.contains(line), "rank {rank}:\n{text}");
+    }
+    let ranks = std::fs::read_to_string(logs.join("ranks.json")).expect("ranks.json");
+    assert!(
+        ranks.contains("\"bootstrap\": \"10.250.0.11 (eth0), reached by all 4 ranks"),
+        "{ranks}"
+    );
+    eprintln!(
+        "probe past an unreachable address: {:.1}s",
+        r.elapsed.as_secs_f64()
+    );
+}
+
+/// Issue 33: `--ifname` forces an interface whose network only rank 0's node has (a dummy
+/// of the same name on each node, on different subnets): every rank fails within seconds,
+/// exit 3, and the message names the ranks of node 2, what was tried and the fix.
+#[test]
+fn netns_bootstrap_unreachable_forced_interface_is_exit_3_naming_the_ranks() {
+    let Some(_nodes) = Nodes::up(2) else { return };
+    extra_interface(1, "10.252.1.1/24", false);
+    extra_interface(2, "10.252.2.1/24", false);
+    let t = tempdir();
+    let logs = t.path().join("logs");
+    let r = netns_selftest(t.path(), &logs, &["--ifname", "tchrun-d0"]);
+    assert_eq!(r.code, Some(3), "{}", r.explain());
+    assert!(r.elapsed < Duration::from_secs(30), "{}", r.explain());
+    let all = format!("{}{}", r.stdout, r.stderr);
+    for want in [
+        "no address of rank 0 (tchrun-node1) was reached by every rank within 3 s",
+        "tried 10.252.1.1 (tchrun-d0), chosen by --ifname tchrun-d0",
+        "rank 2 (tchrun-node2) reached none; rank 3 (tchrun-node2) reached none",
+        "fix: pass --ifname (or TCHRUN_IFNAME)",
+    ] {
+        assert!(all.contains(want), "{want:?} missing:\n{}", r.explain());
+    }
+    eprintln!(
+        "unreachable forced interface: exit 3 in {:.1}s",
+        r.elapsed.as_secs_f64()
+    );
+}
+
 /// Issue 28: a rank stopped with SIGSTOP on node 2 (2 nodes × 2 ranks through mpirun) is named
 /// with its host; its stacks are taken on its own host by the live rank there (rank 2), and the
 /// launcher on node 1 reads them from the log directory: the verdict groups ranks 0-2 waiting

@@ -378,3 +378,49 @@ fn exec_sets_the_torchrun_contract() {
     );
     assert!(r.stderr.contains("failed first"), "{}", r.explain());
 }
+
+/// A user's GLOO_SOCKET_IFNAME is honoured as PyTorch honours it: `lo` works (Gloo binds it),
+/// and a name that is no interface of the host is refused at once by name, exit 3, under
+/// mpirun (rank 0 offers and every rank probes) and under the local launcher alike.
+#[test]
+fn gloo_socket_ifname_is_honoured_and_a_missing_interface_is_exit_3() {
+    let t = tempdir();
+    for launcher in ["mpirun", "local"] {
+        let logs = t.path().join(format!("nope-{launcher}"));
+        let r = run(
+            tchrun()
+                .env("GLOO_SOCKET_IFNAME", "nope0")
+                .args(["selftest", "--procs-per-node", "2", "--launcher", launcher])
+                .args(["--sizes", "4096", "--iters", "2", "--log-dir"])
+                .arg(&logs),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(3), "{}", r.explain());
+        let all = format!("{}{}", r.stdout, r.stderr);
+        assert!(
+            all.contains("GLOO_SOCKET_IFNAME=nope0: no such network interface on")
+                && all.contains("its interfaces: lo")
+                && all.contains("set it to one of them or unset it"),
+            "{}",
+            r.explain()
+        );
+        assert!(r.elapsed < Duration::from_secs(30), "{}", r.explain());
+    }
+    let logs = t.path().join("lo");
+    let r = run(
+        tchrun()
+            .env("GLOO_SOCKET_IFNAME", "lo")
+            .args(["selftest", "--procs-per-node", "2"])
+            .args(["--sizes", "4096", "--iters", "2", "--log-dir"])
+            .arg(&logs),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    for text in driver_logs(&logs, 2) {
+        assert!(
+            text.contains("bootstrap: 127.0.0.1 (lo), reached by all 2 ranks")
+                && text.contains("Gloo binds interface lo"),
+            "{text}"
+        );
+    }
+}

@@ -153,6 +153,12 @@ struct ExecArgs {
     /// Directory of the per-rank driver logs (default: a new folder per job in ./tchrun-logs).
     #[arg(long, env = "TCHRUN_LOG_DIR")]
     log_dir: Option<PathBuf>,
+    /// The network interface every rank uses (e.g. eth0; the same name on every node): rank 0
+    /// offers only its addresses as MASTER_ADDR, and the program gets GLOO_SOCKET_IFNAME and
+    /// NCCL_SOCKET_IFNAME set to it unless already set. Default: the first address of rank 0
+    /// every rank reaches within seconds.
+    #[arg(long, env = "TCHRUN_IFNAME", value_name = "NAME")]
+    ifname: Option<String>,
     #[command(flatten)]
     console: tchrun::flags::ProgramConsole,
     /// The program and its arguments.
@@ -234,6 +240,9 @@ fn run_exec(a: &ExecArgs) -> Result<i32, error::JobError> {
     // Each rank checks its own node too (where the launcher cannot see the GPUs).
     if let Some(d) = a.device {
         args.push(format!("--device={}", d.as_str()));
+    }
+    if let Some(n) = &a.ifname {
+        args.push(format!("--ifname={n}"));
     }
     args.push(format!("--console={}", a.console.console));
     args.push("--".into());

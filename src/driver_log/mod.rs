@@ -39,6 +39,8 @@ pub const MAGIC: &str = "tchrun driver log";
 pub const HEADER_END: &str = "---";
 /// What starts a failure record line (the JSON body follows).
 pub const FAILURE_RECORD_PREFIX: &str = "tchrun failure record: ";
+/// The line a rank logs when it knows how rank 0's address was chosen (issue 33).
+pub const BOOTSTRAP_PREFIX: &str = "bootstrap: ";
 
 /// A driver log that does not follow the contract.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -73,6 +75,8 @@ pub struct Parsed {
     pub exit: Option<RankExit>,
     pub summary: Option<RankSummary>,
     pub training_start: Option<TrainingStart>,
+    /// How rank 0's address was chosen: the rank's `bootstrap: ...` line, without the prefix.
+    pub bootstrap: Option<String>,
     /// Time and message of the first ERROR event.
     pub first_error: Option<(String, String)>,
     /// Every failure record, in order.
@@ -116,6 +120,7 @@ pub fn parse(text: &str) -> Parsed {
         exit: None,
         summary: None,
         training_start: None,
+        bootstrap: None,
         first_error: None,
         failures: Vec::new(),
         before_failure: Vec::new(),
@@ -133,6 +138,8 @@ pub fn parse(text: &str) -> Parsed {
         };
         if let Some(e) = RankExit::parse(ev.message) {
             p.exit = Some(e);
+        } else if let Some(b) = ev.message.strip_prefix(BOOTSTRAP_PREFIX) {
+            p.bootstrap = Some(b.trim().to_string());
         } else if let Some(s) = RankSummary::parse(ev.message) {
             p.summary = Some(s);
         } else if p.training_start.is_none() {

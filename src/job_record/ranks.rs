@@ -13,6 +13,10 @@ pub struct RankRow {
     pub device: String,
     pub log: String,
     pub status: String,
+    /// How rank 0's address was chosen, as the rank logged it (`10.0.0.1 (eth0), reached by
+    /// all 4 ranks; this rank: ...`); absent until the rank got that far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<String>,
 }
 
 #[cfg(test)]
@@ -31,6 +35,7 @@ mod tests {
             device: "cpu".into(),
             log: "/o/logs/70_driver_log_0".into(),
             status: "exited 0".into(),
+            bootstrap: None,
         }];
         rows.write(t.path()).unwrap();
         let text = std::fs::read_to_string(t.path().join("ranks.json")).unwrap();

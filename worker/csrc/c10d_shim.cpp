@@ -142,16 +142,30 @@ char* tchrun_store_get(tchrun_store* store, const char* key, uint8_t** out, size
 }
 
 char* tchrun_pg_new(tchrun_store* store, const char* prefix, const char* backend, int rank,
-                    int size, int64_t timeout_ms, const char* gloo_host, int cuda_device,
-                    tchrun_pg** out) {
+                    int size, int64_t timeout_ms, const char* gloo_host, const char* gloo_ifaces,
+                    int cuda_device, tchrun_pg** out) {
   PROTECT({
     auto timeout = std::chrono::milliseconds(timeout_ms);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), store->store);
     std::string name(backend);
     if (name == "gloo") {
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-      opts->devices.push_back(
-          c10d::ProcessGroupGloo::createDeviceForHostname(std::string(gloo_host)));
+      // As PyTorch reads GLOO_SOCKET_IFNAME: one device per listed interface.
+      std::string ifaces(gloo_ifaces);
+      size_t start = 0;
+      while (start < ifaces.size()) {
+        size_t end = ifaces.find(',', start);
+        if (end == std::string::npos) end = ifaces.size();
+        if (end > start) {
+          opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(
+              ifaces.substr(start, end - start)));
+        }
+        start = end + 1;
+      }
+      if (opts->devices.empty()) {
+        opts->devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForHostname(std::string(gloo_host)));
+      }
       auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
       *out = new tchrun_pg{pg, true, size, timeout};
     } else if (name == "nccl") {

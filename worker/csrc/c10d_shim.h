@@ -31,12 +31,14 @@ char* tchrun_store_set(tchrun_store* store, const char* key, const uint8_t* valu
 char* tchrun_store_get(tchrun_store* store, const char* key, uint8_t** out, size_t* out_len);
 
 // Process groups. Each group gets its own PrefixStore over `store` named `prefix`.
-// backend: "gloo" or "nccl". gloo_host: address this rank's Gloo device binds (ignored by nccl).
+// backend: "gloo" or "nccl". gloo_ifaces: comma-separated interfaces, one Gloo device each
+// (GLOO_SOCKET_IFNAME's meaning in PyTorch); when empty, gloo_host: the address this rank's one
+// Gloo device binds. Both ignored by nccl.
 // cuda_device: the rank's CUDA device index, or -1 (CPU). nccl needs one: the shim makes it the
 // current device before the group exists and binds the group to it.
 char* tchrun_pg_new(tchrun_store* store, const char* prefix, const char* backend, int rank,
-                    int size, int64_t timeout_ms, const char* gloo_host, int cuda_device,
-                    tchrun_pg** out);
+                    int size, int64_t timeout_ms, const char* gloo_host, const char* gloo_ifaces,
+                    int cuda_device, tchrun_pg** out);
 void tchrun_pg_free(tchrun_pg* pg);
 // op: 0 sum, 1 avg (gloo: sum then divide), 2 max, 3 min. In place on every tensor.
 char* tchrun_pg_allreduce(tchrun_pg* pg, tchrun_tensor* tensors, size_t n, int op);

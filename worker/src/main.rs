@@ -122,6 +122,11 @@ fn failure_kind(f: &Fatal) -> FailureKind {
         if let Some(e) = cause.downcast_ref::<tchrun_worker::train::TrainError>() {
             return e.failure_kind(by_exit);
         }
+        if let Some(b) = cause.downcast_ref::<tchrun_worker::comm::bootstrap::BootstrapError>() {
+            if b.is_network() {
+                return FailureKind::Communication;
+            }
+        }
         if let Some(c) = cause.downcast_ref::<pg::C10dError>() {
             return driver_log::torch_failure_kind(&c.to_string(), FailureKind::Communication);
         }

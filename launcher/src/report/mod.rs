@@ -40,6 +40,9 @@ pub struct RankLog {
     /// `(effective LR, --lr, their ratio as written)` from the training's first line.
     #[serde(default)]
     pub lr: Option<(f64, f64, String)>,
+    /// How rank 0's address was chosen (the rank's `bootstrap: ...` line).
+    #[serde(default)]
+    pub bootstrap: Option<String>,
     /// The last meaningful lines before the failure record (all lines without one), stack
     /// frames left out.
     pub tail: Vec<String>,
@@ -94,6 +97,7 @@ pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
             .training_start
             .as_ref()
             .map(|t| (t.effective_lr, t.lr, t.lr_factor.clone())),
+        bootstrap: parsed.bootstrap.clone(),
         tail,
     })
 }

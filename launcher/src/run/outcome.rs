@@ -133,8 +133,18 @@ pub fn conclude(
         return AttemptOutcome::failed(error, Some(summary), logs);
     }
     // Which rank: local ranks are one process each; mpirun names the first one.
-    let kind = ErrorKind::from_worker_exit(code).unwrap_or(ErrorKind::RankFailed);
     let culprit = report::first_failing(&logs, hint_rank);
+    // A rank that recorded exit 3 itself found the network unusable at bootstrap (no such
+    // interface, rank 0 unreachable): the launch failed. A program's own 3 is a failed rank.
+    let recorded = culprit
+        .and_then(|c| c.failure.as_ref())
+        .and_then(|f| f.exit_code);
+    let kind = match ErrorKind::from_worker_exit(code) {
+        _ if code == ErrorKind::LaunchFailed.exit_code() && recorded == Some(code) => {
+            ErrorKind::LaunchFailed
+        }
+        k => k.unwrap_or(ErrorKind::RankFailed),
+    };
     let signal = match first.ended {
         Ended::Signal(s) => Some(s),
         Ended::Code(_) => None,

@@ -42,6 +42,7 @@ fn planned(plan: &Plan, attempt: u32) -> Vec<RankRow> {
                     .display()
                     .to_string(),
                 status: "starting".into(),
+                bootstrap: None,
             }
         })
         .collect()
@@ -79,6 +80,7 @@ pub fn finish(plan: &Plan, attempt: u32, logs: &[RankLog], outcome: &Outcome) {
         match logs.iter().find(|l| l.rank == row.rank as usize) {
             Some(l) => {
                 row.host = l.host.clone();
+                row.bootstrap = l.bootstrap.clone();
                 if let Some(d) = &l.device {
                     row.device = d.clone();
                 }

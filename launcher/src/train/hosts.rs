@@ -304,6 +304,7 @@ mod tests {
                 exit_code: Some(4),
             }),
             lr: None,
+            bootstrap: None,
             tail: Vec::new(),
         };
         let logs = vec![

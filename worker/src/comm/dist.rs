@@ -65,7 +65,12 @@ pub fn init() -> Result<Dist, DistError> {
         _ if tch::Cuda::is_available() && crate::comm::pg::has_nccl() => BackendKind::Nccl,
         _ => BackendKind::Gloo,
     };
-    let joined = bootstrap::identify()?.join(timeout)?;
+    let mut id = bootstrap::identify()?;
+    let ifname = std::env::var(tchrun::env::TCHRUN_IFNAME).ok();
+    let nccl = backend == BackendKind::Nccl;
+    id.check_network(ifname.as_deref(), !nccl, nccl)?;
+    let joined = id.join(timeout)?;
+    tracing::info!("{}", joined.info.bootstrap);
     let info = joined.info.clone();
     let device = if backend == BackendKind::Nccl {
         let gpus = tch::Cuda::device_count().max(0) as usize;
@@ -90,7 +95,7 @@ pub fn init() -> Result<Dist, DistError> {
         info.place.rank,
         info.place.world_size,
         timeout,
-        &info.local_addr,
+        &info.gloo,
         device,
     )?;
     Ok(Dist {

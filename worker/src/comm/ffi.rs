@@ -49,6 +49,7 @@ extern "C" {
         size: c_int,
         timeout_ms: i64,
         gloo_host: *const c_char,
+        gloo_ifaces: *const c_char,
         cuda_device: c_int,
         out: *mut *mut Pg,
     ) -> *mut c_char;

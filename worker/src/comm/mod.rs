@@ -6,4 +6,6 @@ pub mod bootstrap;
 pub mod ddp;
 pub mod dist;
 pub(crate) mod ffi;
+pub mod netif;
 pub mod pg;
+pub mod probe;

@@ -1,6 +1,7 @@
 //! Safe wrapper over the c10d shim: `Store` (TCPStore) and `ProcessGroup` (Gloo or NCCL).
 //! Every shim call goes through `check`, which turns a returned C++ message into `C10dError`.
 use crate::comm::ffi;
+use crate::comm::netif::GlooDevice;
 use std::ffi::{CStr, CString};
 use std::os::raw::c_char;
 use std::time::Duration;
@@ -289,7 +290,7 @@ unsafe impl Send for ProcessGroup {}
 
 impl ProcessGroup {
     /// Creates the group on its own `PrefixStore` named `name` (two groups on one raw store
-    /// collide). `local_addr` is the address this rank's Gloo device binds. `device`: the rank's
+    /// collide). `gloo`: what this rank's Gloo device binds. `device`: the rank's
     /// device; NCCL needs a CUDA one, which becomes the current device before the group exists
     /// and the group's bound device.
     #[allow(clippy::too_many_arguments)]
@@ -300,7 +301,7 @@ impl ProcessGroup {
         rank: usize,
         size: usize,
         timeout: Duration,
-        local_addr: &str,
+        gloo: &GlooDevice,
         device: tch::Device,
     ) -> Result<ProcessGroup, C10dError> {
         let op = "ProcessGroup create";
@@ -333,7 +334,10 @@ impl ProcessGroup {
         }
         let prefix = cstring(op, name)?;
         let b = cstring(op, backend.name())?;
-        let host = cstring(op, local_addr)?;
+        let (host, ifaces) = match gloo {
+            GlooDevice::Address(a) => (cstring(op, a)?, cstring(op, "")?),
+            GlooDevice::Interfaces(names) => (cstring(op, "")?, cstring(op, &names.join(","))?),
+        };
         let mut raw = std::ptr::null_mut();
         check(op, unsafe {
             ffi::tchrun_pg_new(
@@ -344,6 +348,7 @@ impl ProcessGroup {
                 size as i32,
                 millis(timeout),
                 host.as_ptr(),
+                ifaces.as_ptr(),
                 cuda_device,
                 &mut raw,
             )

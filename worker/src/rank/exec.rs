@@ -18,6 +18,10 @@ pub struct ExecArgs {
     /// Directory of the per-rank driver logs.
     #[arg(long, env = "TCHRUN_LOG_DIR", default_value = DEFAULT_LOG_DIR)]
     pub log_dir: PathBuf,
+    /// The network interface every rank uses (see `tchrun train --help`); the program gets
+    /// GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to it unless they are set.
+    #[arg(long, env = "TCHRUN_IFNAME", value_name = "NAME")]
+    pub ifname: Option<String>,
     #[command(flatten)]
     pub console: tchrun::flags::ProgramConsole,
     /// The program and its arguments.
@@ -28,7 +32,7 @@ pub struct ExecArgs {
 /// Runs the program as this rank (returns only on failure).
 pub fn run(a: ExecArgs) -> RankResult {
     use std::os::unix::process::CommandExt;
-    let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
+    let mut id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
     if let Some(device @ (DeviceFlag::Auto | DeviceFlag::Cuda)) = a.device {
         // The launcher's GPU pre-flight, on this rank's own node (before the driver log, like
         // `resolve`): the program has not started yet.
@@ -74,10 +78,15 @@ pub fn run(a: ExecArgs) -> RankResult {
             )
         })
         .map_err(|e| (None, Fatal::rank(e)))?;
+    // The program may use either backend: both variables are checked.
+    if let Err(e) = id.check_network(a.ifname.as_deref(), true, true) {
+        return Err((Some(console), Fatal::bootstrap(e, "joining the job")));
+    }
     let info = match id.master_for_program() {
         Ok(i) => i,
-        Err(e) => return Err((Some(console), Fatal::rank(e.into()))),
+        Err(e) => return Err((Some(console), Fatal::bootstrap(e, "joining the job"))),
     };
+    tracing::info!("{}", info.bootstrap);
     use tchrun::env as c;
     tracing::info!(program = %a.program.join(" "), master = %format!("{}:{}", info.master_addr, info.master_port), "exec");
     let mut cmd = std::process::Command::new(&a.program[0]);

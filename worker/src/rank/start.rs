@@ -28,6 +28,18 @@ impl Fatal {
             err,
         }
     }
+    /// A bootstrap failure: the network's fault (exit 3) or the rank's.
+    pub fn bootstrap(e: bootstrap::BootstrapError, context: &'static str) -> Fatal {
+        let kind = if e.is_network() {
+            ErrorKind::LaunchFailed
+        } else {
+            ErrorKind::RankFailed
+        };
+        Fatal {
+            kind,
+            err: anyhow::Error::new(e).context(context),
+        }
+    }
 }
 
 /// What a command returns: the console to report on (once the driver log is open) and the
@@ -214,7 +226,7 @@ pub fn start_rank(
     lock_dirs: &[(&'static str, PathBuf)],
 ) -> Result<Rank, (Option<driver_log::Console>, Fatal)> {
     let t0 = Instant::now();
-    let id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
+    let mut id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
     // Before the driver log: a refused rank 0 overwrites nothing of the other job's.
     let locks = lock_as_rank0(id.place.rank, lock_dirs, command)?;
     let (device, backend) = resolve(
@@ -250,16 +262,16 @@ pub fn start_rank(
     crate::memory::start(log_dir.clone(), id.place.rank, &id.place.host);
     set_threads(flags, id.place.local_rank, id.place.local_size);
     let timeout = Duration::from_secs(flags.timeout);
+    let nccl = backend == pg::BackendKind::Nccl;
+    if let Err(e) = id.check_network(flags.ifname.as_deref(), !nccl, nccl) {
+        return Err((Some(console), Fatal::bootstrap(e, "joining the job")));
+    }
     let joined = match id.join(timeout) {
         Ok(j) => j,
-        Err(e) => {
-            return Err((
-                Some(console),
-                Fatal::rank(anyhow::Error::new(e).context("joining the job")),
-            ))
-        }
+        Err(e) => return Err((Some(console), Fatal::bootstrap(e, "joining the job"))),
     };
     let info = &joined.info;
+    tracing::info!("{}", info.bootstrap);
     tracing::info!(
         rank = info.place.rank,
         world_size = info.place.world_size,
@@ -276,7 +288,7 @@ pub fn start_rank(
         info.place.rank,
         info.place.world_size,
         timeout,
-        &info.local_addr,
+        &info.gloo,
         device,
     ) {
         Ok(pg) => pg,
