@@ -77,6 +77,12 @@ impl std::error::Error for AtomicWriteError {
     }
 }
 
+/// Whether `p` is a regular file with an execute bit (a program `PATH` lookups may run).
+pub fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
 /// The temporary file beside `path` that an atomic write fills: `.<name>.<pid>.<n>.tmp`.
 fn atomic_tmp(path: &Path) -> PathBuf {
     let name = path

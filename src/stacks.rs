@@ -8,7 +8,7 @@
 use crate::job_record::heartbeat::Heartbeat;
 use crate::job_record::stacks::{RankStacks, ThreadStack};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -340,16 +340,8 @@ fn tool() -> Result<&'static str, StackError> {
 
 fn on_path(name: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| {
-            let f = d.join(name);
-            f.is_file() && is_executable(&f)
-        })
+        std::env::split_paths(&p).any(|d| crate::files::is_executable(&d.join(name)))
     })
-}
-
-fn is_executable(f: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(f).is_ok_and(|m| m.permissions().mode() & 0o111 != 0)
 }
 
 /// Runs the tool on `pid` within `limit`; frames by thread.

@@ -36,13 +36,16 @@ pub fn command(logdir: &Path) -> String {
 pub fn command_with(logdir: &Path, path: &[PathBuf], venvs: &[PathBuf]) -> String {
     let q = |p: &Path| shell_words::quote(&p.display().to_string()).into_owned();
     let logdir = q(logdir);
-    if path.iter().any(|d| is_executable(&d.join("tensorboard"))) {
+    if path
+        .iter()
+        .any(|d| tchrun::files::is_executable(&d.join("tensorboard")))
+    {
         return format!("tensorboard --logdir {logdir}");
     }
     if let Some(tb) = venvs
         .iter()
         .map(|v| v.join("bin/tensorboard"))
-        .find(|t| is_executable(t))
+        .find(|t| tchrun::files::is_executable(t))
     {
         return format!("{} --logdir {logdir}", q(&tb));
     }
@@ -50,7 +53,7 @@ pub fn command_with(logdir: &Path, path: &[PathBuf], venvs: &[PathBuf]) -> Strin
         .iter()
         .filter(|v| has_package(v, "tensorboard"))
         .map(|v| v.join("bin/python"))
-        .find(|p| is_executable(p))
+        .find(|p| tchrun::files::is_executable(p))
     {
         return format!("{} -m tensorboard.main --logdir {logdir}", q(&py));
     }
@@ -58,11 +61,6 @@ pub fn command_with(logdir: &Path, path: &[PathBuf], venvs: &[PathBuf]) -> Strin
         "tensorboard --logdir {logdir} (no tensorboard on PATH or in a virtual environment \
          here: pip install tensorboard)"
     )
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Whether the venv `venv` has the package `name` (`lib/python3.*/site-packages/<name>/`).
