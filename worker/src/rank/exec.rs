@@ -1,6 +1,6 @@
 //! `tchrun-worker exec`: torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR, ...)
-//! set from the bootstrap, then the user's program exec'd in place of the rank, its output
-//! read line by line into the driver log and the console (`output`).
+//! set from the bootstrap, then the user's program run as the rank's child, its output read
+//! line by line into the driver log and the console (`output`); the rank ends as it ended.
 use crate::comm::bootstrap;
 use crate::rank::start::{command_line, cuda_devices, Fatal, RankResult};
 use crate::rank::{driver_log, output};
@@ -31,7 +31,6 @@ pub struct ExecArgs {
 
 /// Runs the program as this rank (returns only on failure).
 pub fn run(a: ExecArgs) -> RankResult {
-    use std::os::unix::process::CommandExt;
     let mut id = bootstrap::identify().map_err(|e| (None, Fatal::invalid(e.into())))?;
     if let Some(device @ (DeviceFlag::Auto | DeviceFlag::Cuda)) = a.device {
         // The launcher's GPU pre-flight, on this rank's own node (before the driver log, like
@@ -96,32 +95,36 @@ pub fn run(a: ExecArgs) -> RankResult {
     if std::env::var_os(c::PYTHONUNBUFFERED).is_none() {
         cmd.env(c::PYTHONUNBUFFERED, "1");
     }
-    // The program's output to the driver log and, line by line, to the console; without the
-    // reader (no process left) it goes to the driver log alone, as it is.
-    let streams = match output::start(&console).and_then(|s| s.redirect().map(|()| s)) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(
-                "the program's output goes to the driver log only, not to the console: {e}"
-            );
-            None
-        }
-    };
-    let err = cmd
-        .args(&a.program[1..])
+    cmd.args(&a.program[1..])
         .env(c::RANK, info.place.rank.to_string())
         .env(c::WORLD_SIZE, info.place.world_size.to_string())
         .env(c::LOCAL_RANK, info.place.local_rank.to_string())
         .env(c::LOCAL_WORLD_SIZE, info.place.local_size.to_string())
         .env(c::NODE_RANK, info.place.node_rank.to_string())
         .env(c::MASTER_ADDR, &info.master_addr)
-        .env(c::MASTER_PORT, info.master_port.to_string())
-        .exec();
-    if let Some(s) = streams {
-        s.restore();
+        .env(c::MASTER_PORT, info.master_port.to_string());
+    // The program runs as this rank's child; its output goes to the driver log and, line by
+    // line, to the console, and the rank ends as it ended, after its last line went out.
+    let status = match output::run(cmd, &console) {
+        Ok(s) => s,
+        Err(err) => {
+            return Err((
+                Some(console),
+                Fatal::invalid(anyhow::anyhow!("cannot run {:?}: {err}", a.program[0])),
+            ))
+        }
+    };
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(sig) = status.signal() {
+        tracing::info!("the program ended by signal {sig}");
+        // The rank ends by the same signal: its default action, whatever handler was set.
+        // SAFETY: resets one signal's disposition and raises it; the rank is ending.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
     }
-    Err((
-        Some(console),
-        Fatal::invalid(anyhow::anyhow!("cannot run {:?}: {err}", a.program[0])),
-    ))
+    let code = status.code().unwrap_or(1);
+    tracing::info!("the program exited with code {code}");
+    std::process::exit(code)
 }

@@ -1,121 +1,83 @@
-//! A program's stdout and stderr (`exec`), read as it prints them by a reader process of their
-//! own: every byte into the driver log as the program wrote it, each line on the rank's console
-//! behind its `host:rank ` prefix when `--console` selects the rank, and its stderr warnings
-//! and errors (`tchrun::console::StderrWarnings`) whatever it selects. The program stays the
-//! rank's process (its pid, signals and exit status are the rank's, as with a plain exec); the
-//! reader is forked before the exec and detached (a grandchild in a session of its own: the
-//! program has no child it did not start, and a kill of the rank's process group spares it),
-//! ignores the stop signals so that it keeps reading the program's last words, and ends when the
-//! program and everything it started have closed their output.
+//! A program's stdout and stderr (`exec`), read as it prints them by the rank, which runs the
+//! program as its child and stays until it ended: every byte into the driver log as the program
+//! wrote it, each line on the rank's console behind its `host:rank ` prefix when `--console`
+//! selects the rank, and its stderr warnings and errors (`tchrun::console::StderrWarnings`)
+//! whatever it selects. The rank exits only after the program's last line went out (a launcher
+//! that aborts the job when the program fails has its traceback), with the program's exit
+//! status: its exit code, or the signal that ended it. The stop signals the rank receives are
+//! passed on to the program (`signals::forward_to`); the program dies with the rank
+//! (`PR_SET_PDEATHSIG`) and shares its process group.
 //! Must not know what the program is or how the rank was started.
 use crate::rank::driver_log::Console;
-use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, RawFd};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 use tchrun::console::StderrWarnings;
 
 /// A line longer than this without a newline is shown in pieces of this size.
 const LONGEST_LINE: usize = 64 * 1024;
 
-/// The program's end of the reader's pipes, and the driver log to go back to.
-pub struct Streams {
-    out: OwnedFd,
-    err: OwnedFd,
-    /// The driver log (fd 2 until `redirect`), close-on-exec.
-    log: OwnedFd,
-}
+/// How long the program's output is still read after it ended, while something it started
+/// keeps its stdout or stderr open.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
-/// Starts the reader of the program's output (call after the driver log is open, right before
-/// the exec); fds 1 and 2 still write to the driver log until [`Streams::redirect`].
-pub fn start(console: &Console) -> std::io::Result<Streams> {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    use nix::unistd::{fork, pipe2, ForkResult};
-    let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC)?;
-    let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC)?;
-    let log = fcntl(2, FcntlArg::F_DUPFD_CLOEXEC(3))?;
-    // SAFETY: `log` is a fresh descriptor that we own.
-    let log = unsafe { OwnedFd::from_raw_fd(log) };
-    // SAFETY: the first child forks once more and `_exit`s. The grandchild runs `read` alone:
-    // it reads, writes and allocates (glibc's malloc is reset for the child of a fork), and
-    // takes no lock but the console's, which only this thread uses; it never returns.
-    match unsafe { fork() }? {
-        ForkResult::Child => {
-            let code = match unsafe { fork() } {
-                Ok(ForkResult::Child) => read([out_r.as_raw_fd(), err_r.as_raw_fd()], console),
-                Ok(ForkResult::Parent { .. }) => 0,
-                Err(_) => 1,
-            };
-            // SAFETY: ends this child at once; nothing of the parent's state is touched.
-            unsafe { libc::_exit(code) }
-        }
-        ForkResult::Parent { child } => {
-            use nix::sys::wait::{waitpid, WaitStatus};
-            if !matches!(waitpid(child, None)?, WaitStatus::Exited(_, 0)) {
-                return Err(std::io::Error::other(
-                    "cannot fork the reader of the program's output",
-                ));
+/// Signals passed on to the program beside the stop signals (`signals` handles those).
+const FORWARDED: [i32; 3] = [libc::SIGHUP, libc::SIGUSR2, libc::SIGQUIT];
+
+/// Runs `cmd` as the rank's child, its output read into the driver log and the console until
+/// it ended and its output closed; returns how it ended. Err: it could not be started.
+pub fn run(mut cmd: Command, console: &Console) -> std::io::Result<ExitStatus> {
+    use std::os::unix::process::CommandExt;
+    // The program inherits none of the rank's descriptors but its stdin and the two pipes: the
+    // console's and the driver log's stay the rank's (a daemon the program leaves behind does
+    // not hold the launcher's output open).
+    close_on_exec_above(2);
+    cmd.stdin(Stdio::inherit())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: `prctl` is async-signal-safe; the closure allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    crate::rank::signals::forward_to(child.id());
+    forward_others(child.id());
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        return child.wait();
+    };
+    let mut lines = Lines::new(console);
+    let mut open: Vec<(bool, Box<dyn ReadFd>)> =
+        vec![(false, Box::new(out)), (true, Box::new(err))];
+    let mut buf = vec![0u8; LONGEST_LINE];
+    let mut ended: Option<(ExitStatus, Instant)> = None;
+    while !open.is_empty() {
+        if ended.is_none() {
+            if let Some(status) = child.try_wait()? {
+                ended = Some((status, Instant::now()));
             }
         }
-    }
-    drop((out_r, err_r));
-    Ok(Streams {
-        out: out_w,
-        err: err_w,
-        log,
-    })
-}
-
-impl Streams {
-    /// The program's fds 1 and 2 become the reader's pipes (they stay open across the exec).
-    pub fn redirect(&self) -> std::io::Result<()> {
-        nix::unistd::dup2(self.out.as_raw_fd(), 1)?;
-        nix::unistd::dup2(self.err.as_raw_fd(), 2)?;
-        Ok(())
-    }
-
-    /// The program could not be started: fds 1 and 2 write to the driver log again, and the
-    /// reader ends (its pipes close).
-    pub fn restore(self) {
-        let _ = nix::unistd::dup2(self.log.as_raw_fd(), 1);
-        let _ = nix::unistd::dup2(self.log.as_raw_fd(), 2);
-    }
-}
-
-/// The reader process: reads the two pipes `fds` (stdout, stderr) until both are closed, then
-/// `_exit`s. Its fds 1 and 2 are the driver log.
-fn read(fds: [RawFd; 2], console: &Console) -> ! {
-    use nix::sys::signal::{signal, SigHandler, Signal};
-    for sig in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGUSR1,
-        Signal::SIGHUP,
-        Signal::SIGPIPE,
-    ] {
-        // SAFETY: SIG_IGN installs no handler.
-        let _ = unsafe { signal(sig, SigHandler::SigIgn) };
-    }
-    // A session of its own: a launcher that kills the rank's process group at once (mpirun's
-    // SIGKILL after a failure elsewhere) does not kill the reader before it passed on the
-    // lines the program wrote last; it ends when their pipes close.
-    let _ = nix::unistd::setsid();
-    close_all_but(&[1, 2, fds[0], fds[1], console.fds()[0], console.fds()[1]]);
-    let mut lines = Lines::new(console);
-    // SAFETY: the pipes' read ends, owned by this process alone from here on.
-    let mut open: Vec<(usize, File)> = fds
-        .iter()
-        .enumerate()
-        .map(|(i, &fd)| (i, unsafe { File::from_raw_fd(fd) }))
-        .collect();
-    let mut buf = vec![0u8; LONGEST_LINE];
-    while !open.is_empty() {
+        if let Some((_, at)) = ended {
+            if at.elapsed() >= DRAIN_AFTER_EXIT {
+                tracing::warn!(
+                    "the program ended but something it started still holds its output open; \
+                     its lines after this one are not read"
+                );
+                break;
+            }
+        }
         let ready = {
             use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
             let mut polled: Vec<PollFd> = open
                 .iter()
-                .map(|(_, f)| PollFd::new(std::os::fd::AsFd::as_fd(f), PollFlags::POLLIN))
+                .map(|(_, f)| PollFd::new(f.fd(), PollFlags::POLLIN))
                 .collect();
-            match poll(&mut polled, PollTimeout::NONE) {
+            match poll(&mut polled, PollTimeout::from(100u8)) {
                 Ok(_) => polled
                     .iter()
                     .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
@@ -125,29 +87,59 @@ fn read(fds: [RawFd; 2], console: &Console) -> ! {
             }
         };
         let mut closed = Vec::new();
-        for (k, ((stream, file), ready)) in open.iter_mut().zip(ready).enumerate() {
+        for (k, ((stderr, file), ready)) in open.iter_mut().zip(ready).enumerate() {
             if !ready {
                 continue;
             }
             match file.read(&mut buf) {
                 Ok(0) => closed.push(k),
-                Ok(n) => lines.bytes(*stream == 1, &buf[..n]),
+                Ok(n) => lines.bytes(*stderr, &buf[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => closed.push(k),
             }
         }
         for k in closed.into_iter().rev() {
-            let (stream, _) = open.remove(k);
-            lines.end(stream == 1);
+            let (stderr, _) = open.remove(k);
+            lines.end(stderr);
         }
     }
-    // SAFETY: ends the reader; everything it wrote went out unbuffered.
-    unsafe { libc::_exit(0) }
+    for (stderr, _) in &open {
+        lines.end(*stderr);
+    }
+    match ended {
+        Some((status, _)) => Ok(status),
+        None => child.wait(),
+    }
 }
 
-/// Closes every descriptor of this process but `keep` (the reader holds no socket, lock or
-/// pipe end of the rank's: the program's port and the ranks' pipes are the program's alone).
-fn close_all_but(keep: &[RawFd]) {
+/// A pipe end the loop polls and reads.
+trait ReadFd: Read {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_>;
+}
+impl<T: Read + AsFd> ReadFd for T {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
+/// SIGHUP, SIGUSR2 and SIGQUIT reach the program as if it were the rank (a watcher thread).
+fn forward_others(pid: u32) {
+    let Ok(mut signals) = signal_hook::iterator::Signals::new(FORWARDED) else {
+        return;
+    };
+    let _ = std::thread::Builder::new()
+        .name("forward".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                // SAFETY: `kill` sends a signal; the program is this rank's child.
+                unsafe { libc::kill(pid as libc::pid_t, sig) };
+            }
+        });
+}
+
+/// Marks every descriptor of this process above `last` close-on-exec.
+fn close_on_exec_above(last: RawFd) {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map(|rd| {
             rd.flatten()
@@ -155,9 +147,11 @@ fn close_all_but(keep: &[RawFd]) {
                 .collect()
         })
         .unwrap_or_default();
-    for fd in open {
-        if !keep.contains(&fd) {
-            let _ = nix::unistd::close(fd);
+    for fd in open.into_iter().filter(|&fd| fd > last) {
+        // Only the flag changes; a descriptor closed since makes `fcntl` fail, which is ignored.
+        if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFD) {
+            let flags = FdFlag::from_bits_truncate(flags) | FdFlag::FD_CLOEXEC;
+            let _ = fcntl(fd, FcntlArg::F_SETFD(flags));
         }
     }
 }
@@ -185,7 +179,9 @@ impl<'a> Lines<'a> {
     /// Bytes the program wrote to stdout (`stderr` false) or stderr.
     fn bytes(&mut self, stderr: bool, bytes: &[u8]) {
         // SAFETY: fd 2 is the driver log; `ManuallyDrop` leaves it open.
-        let mut log = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(2) });
+        let mut log = std::mem::ManuallyDrop::new(unsafe {
+            <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(2)
+        });
         if let Err(e) = log.write_all(bytes) {
             if !self.log_failed {
                 self.log_failed = true;

@@ -11,6 +11,8 @@ static REQUESTED: AtomicI32 = AtomicI32::new(0);
 /// Who sent the first signal (`SA_SIGINFO`'s `si_pid`, `si_uid`), when the kernel said.
 static SENDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 static GRACEFUL: AtomicBool = AtomicBool::new(false);
+/// The program `exec` runs as this rank's child (0: none): signals are passed on to it.
+static FORWARD: AtomicI32 = AtomicI32::new(0);
 
 /// The signal asked for a stop (0: none).
 pub fn requested() -> i32 {
@@ -20,6 +22,12 @@ pub fn requested() -> i32 {
 /// While true, a first signal only sets `requested()` (the training loop stops gracefully).
 pub fn set_graceful(on: bool) {
     GRACEFUL.store(on, Ordering::SeqCst);
+}
+
+/// From now on every stop signal is passed on to `pid` (`exec`'s program), which decides
+/// what it does; the rank waits for it.
+pub fn forward_to(pid: u32) {
+    FORWARD.store(pid as i32, Ordering::SeqCst);
 }
 
 /// The exit code for a stop caused by `sig` (130 for SIGINT, 143 otherwise).
@@ -80,6 +88,13 @@ pub fn install() -> std::io::Result<()> {
             let first = REQUESTED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst).is_ok();
             if let (true, Some(s)) = (first, sender) {
                 let _ = SENDER.set(s);
+            }
+            let program = FORWARD.load(Ordering::SeqCst);
+            if program > 0 {
+                tracing::warn!("received {}{from}: passed on to the program (pid {program})", name(sig));
+                // SAFETY: `kill` sends a signal to the rank's own child.
+                unsafe { libc::kill(program, sig) };
+                continue;
             }
             if first && GRACEFUL.load(Ordering::SeqCst) {
                 tracing::warn!(
