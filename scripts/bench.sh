@@ -11,6 +11,9 @@
 #   --build       cargo build --release first (otherwise only when the binaries are missing)
 #   --cases LIST  a subset of train1,train2,first2,step,loader,busbw (table to OUT only)
 #   --gpu         the GPU mode (ResNet-50, bf16, channels-last; synthetic and decoded JPEGs)
+#   --matrix      the step-overhead matrix instead (benches/matrix.py --help): the step alone and
+#                 the whole trainer at 32/64/112/224 px, batch 16/64, 1 and 2 ranks, and the
+#                 whole small job, each a ratio against PyTorch in the same run
 #   more: --arch, --train-size, --train-images, --valid-images, --epochs, --batch-size,
 #         --big-images, --loader-size, --loader-batch, --loader-epochs, --sizes, --iters,
 #         --step-arch, --step-size, --step-batch, --step-steps
@@ -19,11 +22,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=0
+matrix=0
 args=()
 for a in "$@"; do
     case "$a" in
         --build) build=1 ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --matrix) matrix=1 ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) args+=("$a") ;;
     esac
 done
@@ -35,4 +40,7 @@ if [[ $build == 1 || ! -x target/release/tchrun || ! -x target/release/tchrun-wo
     timeout 1800 cargo build --release
 fi
 export PYTHONUNBUFFERED=1
+if [[ $matrix == 1 ]]; then
+    exec "${TCHRUN_BENCH_PYTHON:-.venv/bin/python}" benches/matrix.py --command "scripts/bench.sh $*" "${args[@]}"
+fi
 exec "${TCHRUN_BENCH_PYTHON:-.venv/bin/python}" benches/bench.py --command "scripts/bench.sh $*" "${args[@]}"

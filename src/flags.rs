@@ -454,10 +454,19 @@ pub struct TrainOptions {
     /// Mixed precision on CUDA (ignored on CPU).
     #[arg(help_heading = "Training", long, env = "TCHRUN_AMP", value_enum, default_value_t = Amp::Off)]
     pub amp: Amp,
-    /// Keep PyTorch's default NCHW layout instead of channels-last (NHWC in memory) for the
-    /// convolution weights and the input batches. Channels-last is the faster layout for
-    /// oneDNN and cuDNN convolutions; the weights written to --output are standard NCHW either way.
-    #[arg(help_heading = "Training", long, env = "TCHRUN_NO_CHANNELS_LAST")]
+    /// The convolutions' memory format: channels-last (NHWC in memory), PyTorch's NCHW, or
+    /// auto: the one measured faster for the device, architecture and input size
+    /// (channels-last on CUDA; on CPU from 96 px, NCHW below). The driver log says which and
+    /// why; the weights written to --output are standard NCHW either way.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_CHANNELS_LAST", value_enum, default_value_t = crate::layout::ChannelsLast::Auto)]
+    pub channels_last: crate::layout::ChannelsLast,
+    /// The same as --channels-last off (kept for existing scripts).
+    #[arg(
+        long,
+        hide = true,
+        env = "TCHRUN_NO_CHANNELS_LAST",
+        conflicts_with = "channels_last"
+    )]
     pub no_channels_last: bool,
     /// Gradient bucket cap in MiB (DDP's bucket_cap_mb): each bucket's all-reduce starts as
     /// soon as backward has filled it. The first bucket is capped at 1 MiB (or this, if less).
@@ -525,6 +534,15 @@ pub struct TrainOptions {
 }
 
 impl TrainOptions {
+    /// `--channels-last`, with the older `--no-channels-last` as `off`.
+    pub fn layout_setting(&self) -> crate::layout::ChannelsLast {
+        if self.no_channels_last {
+            crate::layout::ChannelsLast::Off
+        } else {
+            self.channels_last
+        }
+    }
+
     pub fn to_args(&self) -> Vec<String> {
         let mut v = vec![
             format!("--momentum={:e}", self.momentum),
@@ -541,9 +559,10 @@ impl TrainOptions {
         if self.skip_bad_images {
             v.push("--skip-bad-images".into());
         }
-        if self.no_channels_last {
-            v.push("--no-channels-last".into());
-        }
+        v.push(format!(
+            "--channels-last={}",
+            self.layout_setting().as_str()
+        ));
         if let Some(t) = self.loader_threads {
             v.push(format!("--loader-threads={t}"));
         }

@@ -30,6 +30,7 @@ pub mod hostfile;
 pub mod interrupt;
 pub mod job_record;
 pub mod kernel_log;
+pub mod layout;
 pub mod lock;
 pub mod memory;
 pub mod metrics;

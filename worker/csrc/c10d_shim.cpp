@@ -333,6 +333,24 @@ char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int
   })
 }
 
+// torch.optim.SGD(fused=True)'s kernel over one parameter group: `grads[i]` (+ weight decay)
+// into `bufs[i]` (momentum; set to the gradient when `first_step`), then `params[i]` updated,
+// in one pass per tensor. `bufs` is ignored when momentum is 0. One device and dtype per call.
+char* tchrun_fused_sgd(tchrun_tensor* params, tchrun_tensor* grads, tchrun_tensor* bufs, size_t n,
+                       double weight_decay, double momentum, double lr, int nesterov,
+                       int first_step) {
+  PROTECT({
+    if (n == 0) return nullptr;
+    auto p = tensor_vec(params, n);
+    auto g = tensor_vec(grads, n);
+    std::vector<at::Tensor> b;
+    if (momentum != 0.0) b = tensor_vec(bufs, n);
+    at::NoGradGuard no_grad;
+    at::_fused_sgd_(p, g, b, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov != 0,
+                    /*maximize=*/false, first_step != 0);
+  })
+}
+
 }  // extern "C"
 
 // ---------------------------------------------------------------------------------------------

@@ -35,8 +35,11 @@ pub struct Args {
     /// Autocast on CUDA (ignored on CPU).
     #[arg(long, value_enum, default_value_t = Amp::Off)]
     amp: Amp,
-    /// Keep NCHW instead of channels-last.
-    #[arg(long)]
+    /// The memory format, as `train --channels-last` (auto: the trainer's choice).
+    #[arg(long, value_enum, default_value_t = tchrun::layout::ChannelsLast::Auto)]
+    channels_last: tchrun::layout::ChannelsLast,
+    /// The same as --channels-last off.
+    #[arg(long, conflicts_with = "channels_last")]
     no_channels_last: bool,
     /// Intra-op threads (default: libtorch's).
     #[arg(long)]
@@ -80,7 +83,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let vs = tch::nn::VarStore::new(device);
     let net = models::build(a.arch, &vs.root(), a.classes, a.memory_efficient);
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
-    let channels_last = !a.no_channels_last;
+    let setting = if a.no_channels_last {
+        tchrun::layout::ChannelsLast::Off
+    } else {
+        a.channels_last
+    };
+    let channels_last =
+        tchrun::layout::choose(setting, device.is_cuda(), a.arch, a.size).channels_last;
     if channels_last {
         models::to_channels_last(&named);
     }

@@ -102,6 +102,17 @@ extern "C" {
     pub fn tchrun_cuda_set_device(device: c_int) -> *mut c_char;
     pub fn tchrun_cuda_bf16_supported(device: c_int, out: *mut c_int) -> *mut c_char;
     pub fn tchrun_l1_total(tensors: *mut *mut c_void, n: usize, out: *mut c_void) -> *mut c_char;
+    pub fn tchrun_fused_sgd(
+        params: *mut *mut c_void,
+        grads: *mut *mut c_void,
+        bufs: *mut *mut c_void,
+        n: usize,
+        weight_decay: f64,
+        momentum: f64,
+        lr: f64,
+        nesterov: c_int,
+        first_step: c_int,
+    ) -> *mut c_char;
     pub fn tchrun_amp_unscale(
         tensors: *mut *mut c_void,
         n: usize,

@@ -16,7 +16,7 @@ pub struct C10dError {
     pub message: String,
 }
 
-fn check(op: &'static str, err: *mut c_char) -> Result<(), C10dError> {
+pub(crate) fn check(op: &'static str, err: *mut c_char) -> Result<(), C10dError> {
     if err.is_null() {
         return Ok(());
     }

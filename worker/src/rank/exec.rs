@@ -124,7 +124,6 @@ pub fn run(a: ExecArgs) -> RankResult {
             libc::raise(sig);
         }
     }
-    let code = status.code().unwrap_or(1);
-    tracing::info!("the program exited with code {code}");
-    std::process::exit(code)
+    // The program's exit code is the rank's (the launcher reports it; nothing to add here).
+    std::process::exit(status.code().unwrap_or(1))
 }

@@ -7,6 +7,7 @@ pub mod checkpoint;
 mod clip;
 pub mod command;
 mod finish;
+mod fused;
 mod live;
 pub mod optim;
 pub mod outputs;
@@ -157,6 +158,20 @@ pub struct RankCtx<'a> {
     pub say: &'a dyn Fn(&str),
     /// Rank 0's MLflow run (`--mlflow-tracking-uri`); off elsewhere.
     pub tracking: &'a tracking::Tracking,
+}
+
+/// The memory format this rank's model and batches use (`--channels-last`; every rank alike).
+fn layout(
+    job: &TrainJob,
+    device: Device,
+    cfg: &tchrun::model::ModelConfig,
+) -> tchrun::layout::Layout {
+    tchrun::layout::choose(
+        job.options.layout_setting(),
+        device.is_cuda(),
+        cfg.arch,
+        cfg.input_size as i64,
+    )
 }
 
 fn to_input(batch: &data::Batch, device: Device, channels_last: bool) -> (Tensor, Tensor) {

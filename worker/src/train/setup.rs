@@ -70,7 +70,7 @@ impl<'a> Trainer<'a> {
         let head = tchrun::weights::head_prefix(cfg.arch);
         let is_fixed = |name: &str| frozen && !name.starts_with(head);
         let named: Vec<(String, Tensor)> = models::named(&built.vs).into_iter().collect();
-        freeze_and_lay_out(job, &named, &is_fixed, &built, head, ctx);
+        freeze_and_lay_out(job, &named, &is_fixed, &built, head, ctx, &cfg);
         let trainable: Vec<(String, Tensor)> = named
             .iter()
             .filter(|(n, t)| !models::is_buffer(n) && t.requires_grad())
@@ -124,14 +124,7 @@ impl<'a> Trainer<'a> {
         if let Some(s) = resume.loss_scale.filter(|_| scaler.enabled) {
             scaler.scale = s;
         }
-        let guard = Guard {
-            watched: named
-                .iter()
-                .filter(|(_, t)| t.kind() == Kind::Float)
-                .map(|(n, t)| (n.clone(), t.shallow_clone()))
-                .collect(),
-            pending: None,
-        };
+        let guard = Guard::watching(&named);
         let live = start_live(job, ctx, &plan, &resume);
         let s = State {
             epoch: resume.epoch,
@@ -159,6 +152,7 @@ impl<'a> Trainer<'a> {
             preflight_skipped: skipped.len() as u64,
             // A frozen backbone runs batch norm in inference mode: one image is fine.
             single_image_poisons_bn: !frozen && cfg.arch.last_feature_size(cfg.input_size) <= 1,
+            channels_last: super::layout(job, ctx.device, &cfg).channels_last,
             cfg,
             train,
             valid,
@@ -317,6 +311,7 @@ fn freeze_and_lay_out(
     built: &Built,
     head: &str,
     ctx: &RankCtx,
+    cfg: &ModelConfig,
 ) {
     if job.options.freeze_backbone {
         let mut n = 0;
@@ -345,9 +340,15 @@ fn freeze_and_lay_out(
             job.options.backbone_lr_scale
         ));
     }
-    if !job.options.no_channels_last {
+    let layout = super::layout(job, ctx.device, cfg);
+    if layout.channels_last {
         let n = models::to_channels_last(named);
-        tracing::info!("channels-last layout for {n} convolution weight(s) and the input batches");
+        tracing::info!(
+            "memory format: {} for {n} convolution weight(s) and the input batches",
+            layout.describe()
+        );
+    } else {
+        tracing::info!("memory format: {}", layout.describe());
     }
 }
 

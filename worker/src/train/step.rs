@@ -98,7 +98,7 @@ pub(crate) fn train_step<E: From<C10dError>>(
             if let Some(max) = u.clip {
                 super::clip::clip_grad_norm(u.opt.params(), max);
             }
-            u.opt.step(u.lr);
+            u.opt.step(u.lr)?;
             updated = true;
         }
     }
@@ -181,6 +181,18 @@ pub(crate) struct Guard {
 }
 
 impl Guard {
+    /// A guard over the float weights and buffers of `named`.
+    pub(crate) fn watching(named: &[(String, Tensor)]) -> Guard {
+        Guard {
+            watched: named
+                .iter()
+                .filter(|(_, t)| t.kind() == Kind::Float)
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect(),
+            pending: None,
+        }
+    }
+
     pub(crate) fn arm(&mut self, step: u64, epoch: u32, lr: f64) {
         if self.watched.is_empty() {
             return;

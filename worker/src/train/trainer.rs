@@ -115,6 +115,8 @@ pub(super) struct Trainer<'a> {
     pub(super) preflight_skipped: u64,
     /// One image would give the last batch-norm layer one value per channel.
     pub(super) single_image_poisons_bn: bool,
+    /// The input batches in channels-last (`--channels-last`, decided in setup).
+    pub(super) channels_last: bool,
     pub(super) writer: checkpoint::Writer,
     pub(super) board: Board,
     pub(super) scaler: LossScaler,
@@ -312,8 +314,7 @@ impl<'a> Trainer<'a> {
             }
             n_local = 0;
         }
-        let input =
-            (n_local > 0).then(|| to_input(batch, self.device, !self.job.options.no_channels_last));
+        let input = (n_local > 0).then(|| to_input(batch, self.device, self.channels_last));
         let input = input.as_ref().map(|(x, y)| (x, y));
         if e.micro + 1 < self.plan.micro_batches {
             // Not the step's last micro-batch: forward and backward, no communication.

@@ -52,6 +52,7 @@ pub(super) fn validate(
     // this rank's training epoch)], reduced exactly over the ranks.
     let mut totals = Tensor::zeros([5], (Kind::Double, ctx.device));
     let mut skipped_here = train_skipped;
+    let channels_last = super::layout(job, ctx.device, cfg).channels_last;
     for batch in loader {
         // Each batch is progress the hang watch sees (a long validation is not a hang).
         crate::heartbeat::progressed();
@@ -61,7 +62,7 @@ pub(super) fn validate(
         if batch.len == 0 {
             continue;
         }
-        let (x, y) = to_input(&batch, ctx.device, !job.options.no_channels_last);
+        let (x, y) = to_input(&batch, ctx.device, channels_last);
         tch::no_grad(|| {
             let logits = model.forward_t(&x, false).to_kind(Kind::Float);
             let loss =

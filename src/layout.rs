@@ -1,0 +1,118 @@
+//! The memory format of the convolutions: channels-last (NHWC in memory) or PyTorch's default
+//! NCHW, chosen by `--channels-last on|off|auto`. `auto` takes the format that was measured
+//! faster for the device, the architecture family and the input size (BENCHMARKS.md, "Memory
+//! format"): on CUDA channels-last (cuDNN's tensor-core convolutions want NHWC; PyTorch's
+//! performance guide); on CPU channels-last only from an input size where oneDNN's NHWC
+//! convolutions overtake NCHW, which is later for small feature maps. Every rank decides alike
+//! (the same inputs), so the same-model guarantee holds; the weights written are NCHW either way.
+//! Must not know tensors or devices beyond "CUDA or not".
+use crate::arch::{Arch, Family};
+
+/// `--channels-last`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChannelsLast {
+    /// Channels-last for every convolution weight and input batch.
+    On,
+    /// PyTorch's default NCHW.
+    Off,
+    /// The faster of the two for this device, architecture and input size, as measured.
+    #[default]
+    Auto,
+}
+
+impl ChannelsLast {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelsLast::On => "on",
+            ChannelsLast::Off => "off",
+            ChannelsLast::Auto => "auto",
+        }
+    }
+}
+
+/// On CPU, the smallest input side (pixels) from which channels-last was measured faster, per
+/// family (`tchrun-worker bench-step --channels-last on|off`, one intra-op thread, batch 16 and
+/// 64; BENCHMARKS.md "Memory format").
+const CPU_FROM_SIZE_RESNET: i64 = 96;
+const CPU_FROM_SIZE_DENSENET: i64 = 96;
+
+/// The decision and the reason, for the driver log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub channels_last: bool,
+    pub why: String,
+}
+
+impl Layout {
+    /// "channels-last (why)" or "NCHW (why)".
+    pub fn describe(&self) -> String {
+        let name = if self.channels_last {
+            "channels-last"
+        } else {
+            "NCHW"
+        };
+        format!("{name} ({})", self.why)
+    }
+}
+
+/// The layout for `arch` at `input_size` on CUDA (`cuda`) or the CPU.
+pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) -> Layout {
+    let fixed = |on: bool| Layout {
+        channels_last: on,
+        why: format!("--channels-last {}", setting.as_str()),
+    };
+    match setting {
+        ChannelsLast::On => return fixed(true),
+        ChannelsLast::Off => return fixed(false),
+        ChannelsLast::Auto => {}
+    }
+    if cuda {
+        return Layout {
+            channels_last: true,
+            why: "--channels-last auto: CUDA, cuDNN's NHWC convolutions".into(),
+        };
+    }
+    let (family, from) = match arch.family() {
+        Family::Resnet { .. } => ("ResNet", CPU_FROM_SIZE_RESNET),
+        Family::Densenet { .. } => ("DenseNet", CPU_FROM_SIZE_DENSENET),
+    };
+    let on = input_size >= from;
+    Layout {
+        channels_last: on,
+        why: format!(
+            "--channels-last auto: on CPU {family} runs faster {} from {from} px, this input is \
+             {input_size} px",
+            if on {
+                "in channels-last"
+            } else {
+                "in NCHW below, channels-last"
+            }
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_follows_the_device_and_the_measured_size_and_on_off_are_obeyed() {
+        let r18 = Arch::from_name("resnet18").expect("resnet18");
+        let d121 = Arch::from_name("densenet121").expect("densenet121");
+        assert!(choose(ChannelsLast::Auto, true, r18, 32).channels_last);
+        assert!(!choose(ChannelsLast::Auto, false, r18, 32).channels_last);
+        assert!(choose(ChannelsLast::Auto, false, r18, 224).channels_last);
+        assert!(!choose(ChannelsLast::Auto, false, d121, 32).channels_last);
+        assert!(choose(ChannelsLast::Auto, false, d121, CPU_FROM_SIZE_DENSENET).channels_last);
+        assert!(choose(ChannelsLast::On, false, r18, 32).channels_last);
+        assert!(!choose(ChannelsLast::Off, true, r18, 224).channels_last);
+        let l = choose(ChannelsLast::Auto, false, r18, 32);
+        assert_eq!(
+            l.describe(),
+            format!(
+                "NCHW (--channels-last auto: on CPU ResNet runs faster in NCHW below, \
+                 channels-last from {CPU_FROM_SIZE_RESNET} px, this input is 32 px)"
+            )
+        );
+    }
+}
