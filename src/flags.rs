@@ -456,7 +456,7 @@ pub struct TrainOptions {
     pub amp: Amp,
     /// The convolutions' memory format: channels-last (NHWC in memory), PyTorch's NCHW, or
     /// auto: the one measured faster for the device, architecture and input size
-    /// (channels-last on CUDA; on CPU from 96 px, NCHW below). The driver log says which and
+    /// (channels-last on CUDA and for DenseNet; ResNets on CPU in NCHW below 96 px). The driver log says which and
     /// why; the weights written to --output are standard NCHW either way.
     #[arg(help_heading = "Training", long, env = "TCHRUN_CHANNELS_LAST", value_enum, default_value_t = crate::layout::ChannelsLast::Auto)]
     pub channels_last: crate::layout::ChannelsLast,
