@@ -157,7 +157,8 @@ impl Optimizer {
             if let Some(t) = &slot.b {
                 out.insert(format!("{b}.{name}"), t.shallow_clone());
             }
-            if counts && slot.step > 0 {
+            // With its buffers, even at 0 (the placeholders of a resume's broadcast).
+            if counts && (slot.step > 0 || slot.a.is_some()) {
                 let s = Tensor::from_slice(&[slot.step as f64]).to_device(p.device());
                 out.insert(format!("{STEP}.{name}"), s);
             }
