@@ -208,25 +208,36 @@ pub(super) fn load_resume(
         *best = l.best;
         Ok(Start::Resume(Box::new(l.meta)))
     } else {
-        let text = ctx.store.get(KEY)?;
-        let meta = match serde_json::from_slice::<Announce>(&text).map_err(json)? {
-            Announce::Fresh => return Ok(Start::Fresh),
-            Announce::Complete => return Ok(Start::Complete),
-            Announce::Refused(msg) => return Err(TrainError::Invalid(msg)),
-            Announce::Resume(meta) => meta,
-        };
-        let names: Vec<String> =
-            serde_json::from_slice(&ctx.store.get(MOMENTUM_KEY)?).map_err(json)?;
-        // Placeholders the broadcast from rank 0 fills: exactly the state rank 0 has (which it
-        // checked against this model before announcing it).
-        let mut zeros = BTreeMap::new();
-        for name in names {
-            let t = opt.placeholder(&name).map_err(TrainError::Checkpoint)?;
-            zeros.insert(name, t);
-        }
-        opt.load_state(zeros).map_err(TrainError::Checkpoint)?;
-        Ok(Start::Resume(meta))
+        receive(ctx, opt, KEY, MOMENTUM_KEY)
     }
+}
+
+/// A rank other than 0: rank 0's decision from the store (`key`), and for a resume the
+/// placeholders of the optimizer state it announced (`state_key`), which its broadcast fills.
+fn receive(
+    ctx: &RankCtx,
+    opt: &mut Optimizer,
+    key: &str,
+    state_key: &str,
+) -> Result<Start, TrainError> {
+    let json = |e: serde_json::Error| TrainError::Checkpoint(e.to_string());
+    let text = ctx.store.get(key)?;
+    let meta = match serde_json::from_slice::<Announce>(&text).map_err(json)? {
+        Announce::Fresh => return Ok(Start::Fresh),
+        Announce::Complete => return Ok(Start::Complete),
+        Announce::Refused(msg) => return Err(TrainError::Invalid(msg)),
+        Announce::Resume(meta) => meta,
+    };
+    let names: Vec<String> = serde_json::from_slice(&ctx.store.get(state_key)?).map_err(json)?;
+    // Placeholders the broadcast from rank 0 fills: exactly the state rank 0 has (which it
+    // checked against this model before announcing it).
+    let mut zeros = BTreeMap::new();
+    for name in names {
+        let t = opt.placeholder(&name).map_err(TrainError::Checkpoint)?;
+        zeros.insert(name, t);
+    }
+    opt.load_state(zeros).map_err(TrainError::Checkpoint)?;
+    Ok(Start::Resume(meta))
 }
 
 /// Rank 0's optimizer state (a resumed checkpoint's; none on a fresh start) to every rank, so
