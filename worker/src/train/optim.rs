@@ -442,6 +442,61 @@ mod tests {
         assert_eq!(seen.len(), 4, "{seen:?}");
     }
 
+    /// `--opt sgd` is the step tchrun took before `--opt`, bit for bit: the old `Sgd::step`'s
+    /// arithmetic (kept here verbatim: decay added into the gradient, `buf = m·buf + d`, `p +=
+    /// d·(-lr·scale)`) on the same parameters and gradients gives identical bits.
+    #[test]
+    fn sgd_is_the_old_step_bit_for_bit() {
+        let gen = |seed: i64, n: i64| {
+            tch::manual_seed(seed);
+            Tensor::randn([n], (Kind::Float, Device::Cpu))
+        };
+        let (momentum, wd) = (0.9, 1e-4);
+        let ours: Vec<(String, Tensor)> = (0..2)
+            .map(|i| (format!("p{i}"), gen(i, 7).set_requires_grad(true)))
+            .collect();
+        let old: Vec<Tensor> = ours.iter().map(|(_, p)| p.detach().copy()).collect();
+        let mut opt =
+            Optimizer::new(Opt::Sgd, ours, momentum, wd).with_backbone_lr_scale(|n| n == "p1", 0.3);
+        let mut bufs: Vec<Option<Tensor>> = vec![None, None];
+        for (step, lr) in [0.1, 0.07, 0.2].into_iter().enumerate() {
+            for (i, (_, p)) in opt.params().iter().enumerate() {
+                let g = gen(100 + 10 * step as i64 + i as i64, 7);
+                set_grad(p, &Vec::<f32>::try_from(&g).expect("grad"));
+                // The old step, on the old copy.
+                tch::no_grad(|| {
+                    let scale = if i == 1 { 1.0 } else { 0.3 };
+                    let mut d = g.shallow_clone();
+                    let _ = d.g_add_(&(&old[i] * wd));
+                    let d = match &mut bufs[i] {
+                        Some(buf) => {
+                            let _ = buf.g_mul_scalar_(momentum).g_add_(&d);
+                            buf.shallow_clone()
+                        }
+                        None => {
+                            let buf = d.detach().copy();
+                            bufs[i] = Some(buf.shallow_clone());
+                            buf
+                        }
+                    };
+                    let mut p = old[i].shallow_clone();
+                    let _ = p.g_add_(&(d * (-lr * scale)));
+                });
+            }
+            opt.step(lr);
+            for ((_, p), q) in opt.params().iter().zip(&old) {
+                let (a, b) = (
+                    Vec::<f32>::try_from(p.detach()).expect("ours"),
+                    Vec::<f32>::try_from(q).expect("old"),
+                );
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "step {step}: {a:?} vs {b:?}"
+                );
+            }
+        }
+    }
+
     /// SGD's state keeps the checkpoint names it had before `--opt` (`momentum.<param>`);
     /// another optimizer's state is refused by name; RMSprop and AdamW count steps.
     #[test]
