@@ -357,6 +357,10 @@ pub fn check_job(
             train.classes.first().map(String::as_str).unwrap_or("none")
         )));
     }
+    job.options
+        .recipe
+        .check(job.options.momentum)
+        .map_err(PreflightError::Flags)?;
     let n = train.samples.len() as u64;
     let world64 = world as u64;
     if n < world64 {

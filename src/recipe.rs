@@ -1,6 +1,6 @@
 //! The modern recipe's flags, with torchvision's names, meanings and defaults (its
-//! `references/classification/train.py`): the LR scheduler and its warmup, label smoothing and
-//! gradient clipping. Both binaries parse them (`RecipeFlags`, flattened into
+//! `references/classification/train.py`): the LR scheduler and its warmup, label smoothing,
+//! gradient clipping, the optimizer and its weight-decay groups. Both binaries parse them (`RecipeFlags`, flattened into
 //! `TrainOptions`), the launcher hands them to the ranks (`to_args`), and the checkpoint's run
 //! record and `model.json`'s training record keep them (`RecipeRecord`: a checkpoint or model
 //! written before they existed reads as the old behaviour).
@@ -57,6 +57,33 @@ impl WarmupMethod {
     }
 }
 
+/// `--opt`: torchvision's optimizers, each exactly torch.optim's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Opt {
+    /// torch.optim.SGD(momentum = --momentum, weight_decay = --weight-decay).
+    #[default]
+    Sgd,
+    /// torch.optim.SGD(..., nesterov=True).
+    #[value(name = "sgd_nesterov")]
+    SgdNesterov,
+    /// torch.optim.RMSprop(momentum = --momentum, eps = 0.0316, alpha = 0.9), as torchvision's
+    /// train.py builds it.
+    Rmsprop,
+    /// torch.optim.AdamW(betas = (0.9, 0.999), eps = 1e-8), torch's defaults.
+    Adamw,
+}
+
+impl Opt {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Opt::Sgd => "sgd",
+            Opt::SgdNesterov => "sgd_nesterov",
+            Opt::Rmsprop => "rmsprop",
+            Opt::Adamw => "adamw",
+        }
+    }
+}
+
 /// torchvision's `--lr-warmup-decay` default (LinearLR's start_factor, ConstantLR's factor).
 pub const WARMUP_DECAY: f64 = 0.01;
 
@@ -95,6 +122,19 @@ pub struct RecipeFlags {
     /// averaged over every rank, after AMP's unscaling, before the optimizer step).
     #[arg(help_heading = "Training", long, env = "TCHRUN_CLIP_GRAD_NORM", value_parser = parse_positive, allow_negative_numbers = true)]
     pub clip_grad_norm: Option<f64>,
+    /// The optimizer (torchvision's --opt): sgd, sgd_nesterov, rmsprop (eps 0.0316, alpha 0.9,
+    /// as torchvision's train.py) or adamw (torch's defaults); --momentum is SGD's and
+    /// RMSprop's, AdamW has none.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_OPT", value_enum, default_value_t = Opt::Sgd)]
+    pub opt: Opt,
+    /// Weight decay of normalisation layers' parameters (torchvision's set_weight_decay).
+    /// Default: --weight-decay.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_NORM_WEIGHT_DECAY", value_parser = parse_nonneg, allow_negative_numbers = true)]
+    pub norm_weight_decay: Option<f64>,
+    /// Weight decay of every layer's bias, normalisation layers' too (torchvision's
+    /// set_weight_decay). Default: --weight-decay (or --norm-weight-decay for theirs).
+    #[arg(help_heading = "Training", long, env = "TCHRUN_BIAS_WEIGHT_DECAY", value_parser = parse_nonneg, allow_negative_numbers = true)]
+    pub bias_weight_decay: Option<f64>,
 }
 
 impl Default for RecipeFlags {
@@ -108,6 +148,9 @@ impl Default for RecipeFlags {
             lr_warmup_decay: None,
             label_smoothing: 0.0,
             clip_grad_norm: None,
+            opt: Opt::Sgd,
+            norm_weight_decay: None,
+            bias_weight_decay: None,
         }
     }
 }
@@ -144,7 +187,42 @@ impl RecipeFlags {
         if let Some(x) = self.clip_grad_norm {
             v.push(format!("--clip-grad-norm={x:e}"));
         }
+        if self.opt != d.opt {
+            v.push(format!("--opt={}", self.opt.as_str()));
+        }
+        if let Some(x) = self.norm_weight_decay {
+            v.push(format!("--norm-weight-decay={x:e}"));
+        }
+        if let Some(x) = self.bias_weight_decay {
+            v.push(format!("--bias-weight-decay={x:e}"));
+        }
         v
+    }
+
+    /// The combinations torch refuses: Nesterov momentum without momentum (torch.optim.SGD's
+    /// "Nesterov momentum requires a momentum and zero dampening").
+    pub fn check(&self, momentum: f64) -> Result<(), String> {
+        if self.opt == Opt::SgdNesterov && momentum == 0.0 {
+            return Err(
+                "--opt sgd_nesterov needs a momentum (torch.optim.SGD refuses Nesterov with \
+                 momentum 0): give --momentum > 0, or --opt sgd"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The weight decay of the trainable parameter `name`, as torchvision's `set_weight_decay`
+    /// groups them: a bias (its last name part is `bias`) takes --bias-weight-decay when given;
+    /// else a normalisation layer's parameter (`in_norm`) --norm-weight-decay when given; else
+    /// `weight_decay`.
+    pub fn weight_decay_of(&self, weight_decay: f64, name: &str, in_norm: bool) -> f64 {
+        let leaf = name.rsplit('.').next().unwrap_or(name);
+        match (self.bias_weight_decay, self.norm_weight_decay) {
+            (Some(b), _) if leaf == "bias" => b,
+            (_, Some(n)) if in_norm => n,
+            _ => weight_decay,
+        }
     }
 
     /// The warmup's first factor: the flag, else torchvision's 0.01, else (poly with a linear
@@ -172,8 +250,28 @@ impl RecipeFlags {
             lr_warmup_decay: self.warmup_decay(),
             label_smoothing: self.label_smoothing,
             clip_grad_norm: self.clip_grad_norm,
+            opt: self.opt.as_str().into(),
+            norm_weight_decay: self.norm_weight_decay,
+            bias_weight_decay: self.bias_weight_decay,
         }
     }
+}
+
+/// The normalisation layers' parameters among `names` (a model's variables, buffers included):
+/// those of a module that keeps running statistics (`<module>.running_mean`), which in
+/// torchvision's models are exactly the batch-norm layers (`nn.BatchNorm2d`, a `_BatchNorm`).
+pub fn norm_parameters<'a>(names: &[&'a str]) -> std::collections::BTreeSet<&'a str> {
+    let all: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+    names
+        .iter()
+        .copied()
+        .filter(|n| {
+            n.rsplit_once('.').is_some_and(|(module, leaf)| {
+                matches!(leaf, "weight" | "bias")
+                    && all.contains(format!("{module}.running_mean").as_str())
+            })
+        })
+        .collect()
 }
 
 /// The recipe as recorded (flattened into the run record and `model.json`'s training record).
@@ -193,6 +291,12 @@ pub struct RecipeRecord {
     pub label_smoothing: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_grad_norm: Option<f64>,
+    /// `--opt`; a record from before it: `sgd`.
+    pub opt: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub norm_weight_decay: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bias_weight_decay: Option<f64>,
 }
 
 impl Default for RecipeRecord {
@@ -240,6 +344,17 @@ impl RecipeRecord {
                 "clip-grad-norm",
                 o(self.clip_grad_norm),
                 o(now.clip_grad_norm),
+            ),
+            ("opt", Some(self.opt.clone()), Some(now.opt.clone())),
+            (
+                "norm-weight-decay",
+                o(self.norm_weight_decay),
+                o(now.norm_weight_decay),
+            ),
+            (
+                "bias-weight-decay",
+                o(self.bias_weight_decay),
+                o(now.bias_weight_decay),
             ),
         ] {
             if was == is {
@@ -336,6 +451,12 @@ mod tests {
             "3",
             "--lr-warmup-decay",
             "0.1",
+            "--opt",
+            "sgd_nesterov",
+            "--norm-weight-decay",
+            "0",
+            "--bias-weight-decay",
+            "1e-5",
         ])
         .expect("valid")
         .r;
@@ -359,6 +480,83 @@ mod tests {
         assert!(d
             .iter()
             .any(|x| x.0 == "--clip-grad-norm" && x.3 == "no --clip-grad-norm"));
+        // A checkpoint from before --opt was SGD's: another optimizer names the flag.
+        assert_eq!(old.opt, "sgd");
+        assert!(d.iter().any(|x| x.0 == "--opt"
+            && x.1 == "sgd"
+            && x.2 == "sgd_nesterov"
+            && x.3 == "--opt sgd"));
+        assert!(d
+            .iter()
+            .any(|x| x.0 == "--norm-weight-decay" && x.3 == "no --norm-weight-decay"));
+        for (opt, name) in [
+            (Opt::Sgd, "sgd"),
+            (Opt::SgdNesterov, "sgd_nesterov"),
+            (Opt::Rmsprop, "rmsprop"),
+            (Opt::Adamw, "adamw"),
+        ] {
+            let c = Cli::try_parse_from(["x", "--opt", name]).expect(name).r;
+            assert_eq!((c.opt, c.opt.as_str()), (opt, name));
+            assert_eq!(c.check(0.0).is_err(), opt == Opt::SgdNesterov, "{name}");
+            assert!(c.check(0.9).is_ok());
+        }
+    }
+
+    /// torchvision's set_weight_decay: a bias takes --bias-weight-decay (a norm layer's too),
+    /// a norm layer's weight --norm-weight-decay, anything else (and every parameter when
+    /// neither is given) --weight-decay.
+    #[test]
+    fn weight_decay_groups_follow_torchvision() {
+        let names = [
+            "conv1.weight",
+            "bn1.weight",
+            "bn1.bias",
+            "bn1.running_mean",
+            "bn1.running_var",
+            "bn1.num_batches_tracked",
+            "layer1.0.downsample.1.weight",
+            "layer1.0.downsample.1.running_mean",
+            "fc.weight",
+            "fc.bias",
+        ];
+        let norm = norm_parameters(&names);
+        assert_eq!(
+            norm.into_iter().collect::<Vec<_>>(),
+            ["bn1.bias", "bn1.weight", "layer1.0.downsample.1.weight"]
+        );
+        let none = RecipeFlags::default();
+        let both = RecipeFlags {
+            norm_weight_decay: Some(0.0),
+            bias_weight_decay: Some(2e-5),
+            ..RecipeFlags::default()
+        };
+        let norm_only = RecipeFlags {
+            norm_weight_decay: Some(0.0),
+            ..RecipeFlags::default()
+        };
+        for (name, in_norm, want_none, want_both, want_norm) in [
+            ("conv1.weight", false, 1e-4, 1e-4, 1e-4),
+            ("bn1.weight", true, 1e-4, 0.0, 0.0),
+            ("bn1.bias", true, 1e-4, 2e-5, 0.0),
+            ("fc.weight", false, 1e-4, 1e-4, 1e-4),
+            ("fc.bias", false, 1e-4, 2e-5, 1e-4),
+        ] {
+            assert_eq!(
+                none.weight_decay_of(1e-4, name, in_norm),
+                want_none,
+                "{name}"
+            );
+            assert_eq!(
+                both.weight_decay_of(1e-4, name, in_norm),
+                want_both,
+                "{name}"
+            );
+            assert_eq!(
+                norm_only.weight_decay_of(1e-4, name, in_norm),
+                want_norm,
+                "{name}"
+            );
+        }
     }
 
     #[test]
@@ -373,6 +571,9 @@ mod tests {
             ("--lr-min", "-1"),
             ("--lr-step-size", "0"),
             ("--lr-scheduler", "onecycle"),
+            ("--opt", "adam"),
+            ("--norm-weight-decay", "-1"),
+            ("--bias-weight-decay", "nan"),
         ] {
             let e = Cli::try_parse_from(["x", flag, v])
                 .expect_err(flag)

@@ -4,6 +4,11 @@
 F.cross_entropy with label_smoothing (worker/src/train/clip.rs).
 `lr CONFIG_JSON`: the LR of every epoch from torch.optim.lr_scheduler, built as torchvision's
 references/classification/train.py builds it (tests/lr_schedulers.rs).
+`optim`: torch.optim's SGD (plain and Nesterov), RMSprop and AdamW as torchvision's train.py
+builds them, stepped on given gradients with per-parameter groups (LR multiplier, weight
+decay) and a changing LR: the parameters after each step (worker/src/train/optim.rs).
+`decay NORM BIAS`: the weight decay of each parameter of resnet18 and densenet121 as
+torchvision's set_weight_decay groups them (tests/lr_schedulers.rs).
 """
 import json
 import sys
@@ -67,10 +72,109 @@ def lr(cfg):
     return {"lrs": out}
 
 
+OPTIM_PARAMS = [  # name, shape, LR multiplier, group ("other", "norm", "bias", "norm bias")
+    ("layer1.0.conv1.weight", (3, 4), 0.1, "other"),
+    ("layer1.0.bn1.weight", (5,), 0.1, "norm"),
+    ("layer1.0.bn1.bias", (5,), 0.1, "norm bias"),
+    ("fc.weight", (2, 3), 1.0, "other"),
+    ("fc.bias", (2,), 1.0, "bias"),
+]
+OPTIM_LRS = [0.1, 0.05, 0.2, 0.1, 0.01]
+
+
+def optim():
+    g = torch.Generator().manual_seed(1)
+    cases = []
+    for opt, momentum, wd, norm_wd, bias_wd in [
+        ("sgd", 0.9, 0.05, 0.0, 0.01),
+        ("sgd_nesterov", 0.9, 0.05, 0.0, 0.01),
+        ("sgd_nesterov", 0.5, 0.0, None, None),
+        ("rmsprop", 0.9, 0.05, 0.0, 0.01),
+        ("rmsprop", 0.0, 1e-4, None, 0.0),
+        ("rmsprop", 0.9, 0.05, 0.0, None),
+        ("adamw", 0.9, 0.05, 0.0, 0.01),
+        ("adamw", 0.9, 0.0, None, None),
+    ]:
+        params, groups = [], []
+        for name, shape, scale, group in OPTIM_PARAMS:
+            p = torch.nn.Parameter(torch.randn(shape, generator=g))
+            decay = {"other": wd,
+                     "norm": wd if norm_wd is None else norm_wd,
+                     "bias": wd if bias_wd is None else bias_wd,
+                     "norm bias": bias_wd if bias_wd is not None else
+                     (wd if norm_wd is None else norm_wd)}[group]
+            params.append(p)
+            groups.append({"params": [p], "lr": OPTIM_LRS[0] * scale, "weight_decay": decay})
+        init = [p.detach().clone() for p in params]
+        if opt.startswith("sgd"):
+            o = torch.optim.SGD(groups, lr=OPTIM_LRS[0], momentum=momentum, weight_decay=wd,
+                                nesterov="nesterov" in opt)
+        elif opt == "rmsprop":
+            o = torch.optim.RMSprop(groups, lr=OPTIM_LRS[0], momentum=momentum, weight_decay=wd,
+                                    eps=0.0316, alpha=0.9)
+        else:
+            o = torch.optim.AdamW(groups, lr=OPTIM_LRS[0], weight_decay=wd)
+        grads, after = [], []
+        for lr in OPTIM_LRS:
+            for grp, (_, _, scale, _) in zip(o.param_groups, OPTIM_PARAMS):
+                grp["lr"] = lr * scale
+            gs = [torch.randn(p.shape, generator=g) for p in params]
+            for p, x in zip(params, gs):
+                p.grad = x.clone()
+            o.step()
+            grads.append([x.flatten().tolist() for x in gs])
+            after.append([p.detach().flatten().tolist() for p in params])
+        cases.append({
+            "opt": opt, "momentum": momentum, "weight_decay": wd,
+            "norm_weight_decay": norm_wd, "bias_weight_decay": bias_wd,
+            "decays": [grp["weight_decay"] for grp in o.param_groups],
+            "init": [x.flatten().tolist() for x in init], "grads": grads, "after": after,
+        })
+    return {"params": [[n, list(s), sc] for n, s, sc, _ in OPTIM_PARAMS], "lrs": OPTIM_LRS,
+            "cases": cases}
+
+
+def weight_decay_groups(model, weight_decay, norm_weight_decay, bias_weight_decay):
+    """The weight decay of each trainable parameter as torchvision's train.py groups them
+    (references/classification/utils.py's set_weight_decay with custom key "bias"): a
+    parameter named "bias" takes bias_weight_decay when given, else one of a normalisation
+    module (by class, not by name) takes norm_weight_decay when given, else weight_decay."""
+    norm_classes = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm,
+                    torch.nn.GroupNorm, torch.nn.modules.instancenorm._InstanceNorm,
+                    torch.nn.LocalResponseNorm)
+    out = {}
+    for module_name, module in model.named_modules():
+        for leaf, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            full = f"{module_name}.{leaf}" if module_name else leaf
+            if bias_weight_decay is not None and leaf == "bias":
+                out[full] = bias_weight_decay
+            elif norm_weight_decay is not None and isinstance(module, norm_classes):
+                out[full] = norm_weight_decay
+            else:
+                out[full] = weight_decay
+    return out
+
+
+def decay(norm_wd, bias_wd):
+    import torchvision
+    out = {}
+    for arch in ["resnet18", "densenet121"]:
+        m = getattr(torchvision.models, arch)(num_classes=3)
+        out[arch] = weight_decay_groups(m, 1e-4, norm_wd, bias_wd)
+    return out
+
+
 if __name__ == "__main__":
     import warnings
     warnings.simplefilter("ignore")
     if sys.argv[1] == "clip":
         print(json.dumps(clip()))
+    elif sys.argv[1] == "optim":
+        print(json.dumps(optim()))
+    elif sys.argv[1] == "decay":
+        num = lambda s: None if s == "none" else float(s)
+        print(json.dumps(decay(num(sys.argv[2]), num(sys.argv[3]))))
     else:
         print(json.dumps([lr(c) for c in json.loads(sys.argv[2])]))

@@ -5,7 +5,7 @@
 //! `benches/reference/bench_step.py` (torchvision model, the same loop); used by
 //! `scripts/bench.sh` (CPU, and the GPU mode: ResNet-50, 224 × 224, bf16).
 use crate::models;
-use crate::train::optim::Sgd;
+use crate::train::optim::Optimizer;
 use crate::train::step::{train_step, LossScaler, StepModel, Update};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -98,7 +98,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .filter(|(n, t)| !models::is_buffer(n) && t.requires_grad())
         .map(|(n, t)| (n.clone(), t.shallow_clone()))
         .collect();
-    let mut opt = Sgd::new(trainable, 0.9, 1e-4);
+    let mut opt = Optimizer::new(tchrun::recipe::Opt::Sgd, trainable, 0.9, 1e-4);
     let x = Tensor::randn([a.batch_size, 3, a.size, a.size], (Kind::Float, device));
     let x = if channels_last {
         models::channels_last(&x)

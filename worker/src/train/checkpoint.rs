@@ -1,4 +1,4 @@
-//! Checkpoints in `<output>/checkpoints/`: `last` (model, optimizer momentum, epoch, step
+//! Checkpoints in `<output>/checkpoints/`: `last` (model, optimizer state, epoch, step
 //! within the epoch, LR schedule position, early-stopping state, metrics so far) and `best`
 //! (the weights of the best epoch). Written by rank 0 atomically (temp file, fsync, rename);
 //! the JSON is renamed last, so it only ever names complete tensor files. Safetensors only.
@@ -89,10 +89,10 @@ pub fn save(
     output: &Path,
     meta: &Meta,
     model: &[(String, Tensor)],
-    momentum: &BTreeMap<String, Tensor>,
+    optimizer: &BTreeMap<String, Tensor>,
     best: Option<&BTreeMap<String, Tensor>>,
 ) -> Result<(), String> {
-    save_with_pause(output, meta, model, momentum, best, None)
+    save_with_pause(output, meta, model, optimizer, best, None)
 }
 
 /// [`save`], pausing `pause` (the test hook `TCHRUN_TEST_CHECKPOINT_DELAY_S`) in the middle of
@@ -101,7 +101,7 @@ fn save_with_pause(
     output: &Path,
     meta: &Meta,
     model: &[(String, Tensor)],
-    momentum: &BTreeMap<String, Tensor>,
+    optimizer: &BTreeMap<String, Tensor>,
     best: Option<&BTreeMap<String, Tensor>>,
     pause: Option<std::time::Duration>,
 ) -> Result<(), String> {
@@ -129,10 +129,12 @@ fn save_with_pause(
         .iter()
         .map(|(n, t)| (format!("model.{n}"), t.shallow_clone()))
         .collect();
+    // The optimizer's state under its own names (`momentum.<parameter>` for SGD, as before
+    // `--opt`; `exp_avg.<parameter>`, `step.<parameter>`, ... for the others).
     all.extend(
-        momentum
+        optimizer
             .iter()
-            .map(|(n, t)| (format!("momentum.{n}"), t.shallow_clone())),
+            .map(|(n, t)| (n.clone(), t.shallow_clone())),
     );
     // Tensors under a name tied to the step, so the JSON switches atomically to a complete file.
     let file = format!("last-{}.safetensors", meta.step);
@@ -207,7 +209,7 @@ impl Writer {
         output: &Path,
         meta: &Meta,
         model: &[(String, Tensor)],
-        momentum: &BTreeMap<String, Tensor>,
+        optimizer: &BTreeMap<String, Tensor>,
         best: Option<&BTreeMap<String, Tensor>>,
     ) -> Result<(), String> {
         if let Some((step, h)) = &self.pending {
@@ -221,7 +223,7 @@ impl Writer {
         }
         self.wait()?;
         let model = host_copy(model.iter().map(|(n, t)| (n, t)));
-        let momentum: BTreeMap<String, Tensor> = host_copy(momentum.iter()).into_iter().collect();
+        let optimizer: BTreeMap<String, Tensor> = host_copy(optimizer.iter()).into_iter().collect();
         let best: Option<BTreeMap<String, Tensor>> =
             best.map(|b| host_copy(b.iter()).into_iter().collect());
         let (output, meta, delay) = (output.to_path_buf(), meta.clone(), self.delay);
@@ -230,7 +232,7 @@ impl Writer {
             .name("checkpoint".into())
             .spawn(move || {
                 let t0 = std::time::Instant::now();
-                let r = save_with_pause(&output, &meta, &model, &momentum, best.as_ref(), delay);
+                let r = save_with_pause(&output, &meta, &model, &optimizer, best.as_ref(), delay);
                 match &r {
                     Ok(()) => tracing::info!(
                         step = meta.step,
@@ -282,7 +284,8 @@ impl Drop for Writer {
 pub struct Loaded {
     pub meta: Meta,
     pub model: BTreeMap<String, Tensor>,
-    pub momentum: BTreeMap<String, Tensor>,
+    /// The optimizer's state by its names (`Optimizer::state`).
+    pub optimizer: BTreeMap<String, Tensor>,
     pub best: Option<BTreeMap<String, Tensor>>,
 }
 
@@ -296,13 +299,12 @@ pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
         tchrun::checkpoint::verify_tensors(p).map_err(|e| e.to_string())?;
         Tensor::read_safetensors(p).map_err(|e| format!("{}: {e}", p.display()))
     };
-    let (mut model, mut momentum) = (BTreeMap::new(), BTreeMap::new());
+    let (mut model, mut optimizer) = (BTreeMap::new(), BTreeMap::new());
     for (n, t) in read(&d.join(&meta.tensors))? {
-        if let Some(k) = n.strip_prefix("model.") {
-            model.insert(k.to_string(), t);
-        } else if let Some(k) = n.strip_prefix("momentum.") {
-            momentum.insert(k.to_string(), t);
-        }
+        match n.strip_prefix("model.") {
+            Some(k) => model.insert(k.to_string(), t),
+            None => optimizer.insert(n, t),
+        };
     }
     let best = match tchrun::checkpoint::best_file(output, &meta) {
         Some(p) => Some(read(&p)?.into_iter().collect()),
@@ -311,7 +313,7 @@ pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
     Ok(Some(Loaded {
         meta,
         model,
-        momentum,
+        optimizer,
         best,
     }))
 }

@@ -120,7 +120,13 @@ impl Trainer<'_> {
                 None
             };
             self.writer
-                .save(&self.job.output, &meta, &self.named, self.opt.state(), best)
+                .save(
+                    &self.job.output,
+                    &meta,
+                    &self.named,
+                    &self.opt.state(),
+                    best,
+                )
                 .map_err(TrainError::Checkpoint)?;
             outputs::append_metrics(&self.job.output, &m).map_err(TrainError::Output)?;
             self.board.epoch(self.s.step, &m, self.ctx.say);
@@ -297,7 +303,7 @@ impl Trainer<'_> {
         )
         .map_err(TrainError::Output)?;
         let meta = self.meta(history.len() as u32, 0, (0.0, 0.0, 0.0), true);
-        checkpoint::save(&job.output, &meta, &self.named, self.opt.state(), None)
+        checkpoint::save(&job.output, &meta, &self.named, &self.opt.state(), None)
             .map_err(TrainError::Checkpoint)?;
         if let Some(m) = best_metrics {
             (self.ctx.say)(&format!(

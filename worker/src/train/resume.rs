@@ -1,9 +1,11 @@
 //! Resuming from `--output`'s checkpoint: rank 0 reads it and announces it through the store
-//! (the momentum buffers it holds, so the others make exactly those); the tensors reach the
+//! (the optimizer state it holds, so the others make exactly those); the tensors reach the
 //! other ranks by broadcast.
 use super::{RankCtx, TrainError};
+use crate::comm::ddp::Replicator;
+use crate::comm::pg::ProcessGroup;
 use crate::train::checkpoint;
-use crate::train::optim::Sgd;
+use crate::train::optim::Optimizer;
 use std::collections::BTreeMap;
 use tch::Tensor;
 use tchrun::flags::TrainJob;
@@ -76,11 +78,11 @@ pub(super) fn load_resume(
     cfg: &tchrun::model::ModelConfig,
     classes: &[String],
     named: &[(String, Tensor)],
-    opt: &mut Sgd,
+    opt: &mut Optimizer,
     best: &mut Option<BTreeMap<String, Tensor>>,
 ) -> Result<Start, TrainError> {
     const KEY: &str = "tchrun/resume";
-    // The names of the momentum buffers rank 0 holds (a checkpoint may hold none: --momentum 0,
+    // The names of the optimizer state rank 0 holds (a checkpoint may hold none: --momentum 0,
     // or fp16 stopped before its first applied step): the other ranks make exactly these, so
     // that everyone enters the same broadcast.
     const MOMENTUM_KEY: &str = "tchrun/resume-momentum";
@@ -182,8 +184,18 @@ pub(super) fn load_resume(
             announce(&Announce::Refused(msg.clone()), &[])?;
             return Err(TrainError::Invalid(msg));
         }
-        let momentum_names: Vec<&String> = l.momentum.keys().collect();
-        announce(&Announce::Resume(Box::new(l.meta.clone())), &momentum_names)?;
+        let state_names: Vec<String> = l.optimizer.keys().cloned().collect();
+        if let Err(e) = opt.load_state(l.optimizer) {
+            let msg = format!(
+                "--resume: the checkpoint in {}: {e}; resume with the flags it was trained with, \
+                 or start over with --overwrite",
+                checkpoint::dir(&job.output).display()
+            );
+            announce(&Announce::Refused(msg.clone()), &[])?;
+            return Err(TrainError::Checkpoint(msg));
+        }
+        let state_names: Vec<&String> = state_names.iter().collect();
+        announce(&Announce::Resume(Box::new(l.meta.clone())), &state_names)?;
         tch::no_grad(|| -> Result<(), TrainError> {
             for (name, t) in named {
                 if let Some(src) = l.model.get(name) {
@@ -192,31 +204,54 @@ pub(super) fn load_resume(
             }
             Ok(())
         })?;
-        opt.load_state(l.momentum);
         // Only rank 0 writes the model, so only it keeps the best weights.
         *best = l.best;
         Ok(Start::Resume(Box::new(l.meta)))
     } else {
-        let text = ctx.store.get(KEY)?;
-        let meta = match serde_json::from_slice::<Announce>(&text).map_err(json)? {
-            Announce::Fresh => return Ok(Start::Fresh),
-            Announce::Complete => return Ok(Start::Complete),
-            Announce::Refused(msg) => return Err(TrainError::Invalid(msg)),
-            Announce::Resume(meta) => meta,
-        };
-        let names: Vec<String> =
-            serde_json::from_slice(&ctx.store.get(MOMENTUM_KEY)?).map_err(json)?;
-        // Placeholders the broadcast from rank 0 fills: exactly the buffers rank 0 has.
-        let mut zeros = BTreeMap::new();
-        for name in names {
-            let Some((_, p)) = opt.params().iter().find(|(n, _)| *n == name) else {
-                return Err(TrainError::Checkpoint(format!(
-                    "the checkpoint's momentum buffer '{name}' is not a parameter of this model"
-                )));
-            };
-            zeros.insert(name, p.detach().zeros_like());
-        }
-        opt.load_state(zeros);
-        Ok(Start::Resume(meta))
+        receive(ctx, opt, KEY, MOMENTUM_KEY)
     }
+}
+
+/// A rank other than 0: rank 0's decision from the store (`key`), and for a resume the
+/// placeholders of the optimizer state it announced (`state_key`), which its broadcast fills.
+fn receive(
+    ctx: &RankCtx,
+    opt: &mut Optimizer,
+    key: &str,
+    state_key: &str,
+) -> Result<Start, TrainError> {
+    let json = |e: serde_json::Error| TrainError::Checkpoint(e.to_string());
+    let text = ctx.store.get(key)?;
+    let meta = match serde_json::from_slice::<Announce>(&text).map_err(json)? {
+        Announce::Fresh => return Ok(Start::Fresh),
+        Announce::Complete => return Ok(Start::Complete),
+        Announce::Refused(msg) => return Err(TrainError::Invalid(msg)),
+        Announce::Resume(meta) => meta,
+    };
+    let names: Vec<String> = serde_json::from_slice(&ctx.store.get(state_key)?).map_err(json)?;
+    // Placeholders the broadcast from rank 0 fills: exactly the state rank 0 has (which it
+    // checked against this model before announcing it).
+    let mut zeros = BTreeMap::new();
+    for name in names {
+        let t = opt.placeholder(&name).map_err(TrainError::Checkpoint)?;
+        zeros.insert(name, t);
+    }
+    opt.load_state(zeros).map_err(TrainError::Checkpoint)?;
+    Ok(Start::Resume(meta))
+}
+
+/// Rank 0's optimizer state (a resumed checkpoint's; none on a fresh start) to every rank, so
+/// the replicas step alike; the step counts too (`Optimizer::state` makes tensors of them,
+/// read back after the broadcast).
+pub(super) fn broadcast_optimizer_state(
+    pg: &ProcessGroup,
+    opt: &mut Optimizer,
+) -> Result<(), TrainError> {
+    let state = opt.state();
+    if pg.size() == 1 || state.is_empty() {
+        return Ok(());
+    }
+    let tensors: Vec<Tensor> = state.values().map(|t| t.shallow_clone()).collect();
+    Replicator::broadcast_tensors(pg, &tensors)?;
+    opt.load_state(state).map_err(TrainError::Checkpoint)
 }

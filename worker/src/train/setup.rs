@@ -11,7 +11,7 @@ use super::{loader_threads, Inputs, RankCtx, TrainError};
 use crate::comm::ddp::Replicator;
 use crate::models;
 use crate::train::checkpoint;
-use crate::train::optim::Sgd;
+use crate::train::optim::Optimizer;
 use crate::train::outputs;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
@@ -79,8 +79,7 @@ impl<'a> Trainer<'a> {
         let (first_cap, cap) = job.options.bucket_caps();
         let replicas = Replicator::with_fixed(&named, models::is_buffer, is_fixed)
             .with_bucket_caps(first_cap, cap);
-        let mut opt = Sgd::new(trainable, job.options.momentum, job.options.weight_decay)
-            .with_backbone_lr_scale(|n| n.starts_with(head), job.options.backbone_lr_scale);
+        let mut opt = Optimizer::of_job(job, &named, trainable, head);
         let plan = plan_steps(job, rank, world, train.samples.len())?;
 
         // Resume (rank 0 decides and reads; everyone receives), then replicate from rank 0.
@@ -115,10 +114,7 @@ impl<'a> Trainer<'a> {
             Board::off()
         };
         replicas.broadcast_all(pg)?;
-        let momentum: Vec<Tensor> = opt.state().values().map(|t| t.shallow_clone()).collect();
-        if world > 1 && !momentum.is_empty() {
-            Replicator::broadcast_tensors(pg, &momentum)?;
-        }
+        super::resume::broadcast_optimizer_state(pg, &mut opt)?;
         say_start(job, ctx, &cfg, &train, &valid, &plan);
         let mut scaler = LossScaler::new(job.options.amp == Amp::Fp16 && device.is_cuda());
         if let Some(s) = resume.loss_scale.filter(|_| scaler.enabled) {

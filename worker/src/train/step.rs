@@ -5,7 +5,7 @@
 use super::TrainError;
 use crate::comm::ddp::{Accumulation, Replicator, StepStats};
 use crate::comm::pg::{C10dError, ProcessGroup};
-use crate::train::optim::Sgd;
+use crate::train::optim::Optimizer;
 use std::time::Instant;
 use tch::{nn::ModuleT, Device, Kind, Tensor};
 use tchrun::job_record::heartbeat::Phase;
@@ -24,7 +24,7 @@ pub(crate) struct StepModel<'a> {
 
 /// The optimizer part of a step.
 pub(crate) struct Update<'a> {
-    pub(crate) opt: &'a mut Sgd,
+    pub(crate) opt: &'a mut Optimizer,
     pub(crate) scaler: &'a mut LossScaler,
     pub(crate) lr: f64,
     /// `--clip-grad-norm`: the reduced, unscaled gradients' total norm clipped to this.

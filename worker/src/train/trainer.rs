@@ -10,7 +10,7 @@ use super::validate::BadImages;
 use super::{to_input, RankCtx, TrainError};
 use crate::comm::ddp::{Accumulation, Replicator, StepStats};
 use crate::train::checkpoint;
-use crate::train::optim::Sgd;
+use crate::train::optim::Optimizer;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Tensor};
@@ -105,7 +105,7 @@ pub(super) struct Trainer<'a> {
     pub(super) net: Box<dyn nn::ModuleT>,
     pub(super) named: Vec<(String, Tensor)>,
     pub(super) replicas: Replicator,
-    pub(super) opt: Sgd,
+    pub(super) opt: Optimizer,
     pub(super) plan: Plan,
     pub(super) initial_weights: Option<tchrun::model::InitialWeights>,
     pub(super) faults: FaultPlan,
@@ -466,7 +466,13 @@ impl<'a> Trainer<'a> {
             // `--checkpoint-every`: in the background, resumable exactly like a stop's.
             let meta = self.meta(e.index, it + 1, partial, false);
             self.writer
-                .save(&self.job.output, &meta, &self.named, self.opt.state(), None)
+                .save(
+                    &self.job.output,
+                    &meta,
+                    &self.named,
+                    &self.opt.state(),
+                    None,
+                )
                 .map_err(TrainError::Checkpoint)?;
         }
         if !stats.stop {
@@ -481,8 +487,14 @@ impl<'a> Trainer<'a> {
             // in flight, so the newest state lands last.
             crate::heartbeat::phase(Phase::Checkpoint);
             self.writer.wait().map_err(TrainError::Checkpoint)?;
-            checkpoint::save(&self.job.output, &meta, &self.named, self.opt.state(), None)
-                .map_err(TrainError::Checkpoint)?;
+            checkpoint::save(
+                &self.job.output,
+                &meta,
+                &self.named,
+                &self.opt.state(),
+                None,
+            )
+            .map_err(TrainError::Checkpoint)?;
             (self.ctx.say)(&format!(
                 "stopped at epoch {} batch {} (step {step}); checkpoint written to {}; continue with --resume",
                 e.index + 1,
