@@ -541,4 +541,86 @@ mod tests {
         assert!(adamw.placeholder("exp_avg.v").is_err());
         assert_eq!(adamw.placeholder("step.w").expect("step").size(), [1]);
     }
+
+    /// torch.optim.SGD's loop, written out: `d = g + wd·p; buf = m·buf + d (buf = d first);
+    /// p -= lr·buf`, in float64 for the comparison.
+    fn reference_step(
+        p: &mut Tensor,
+        buf: &mut Option<Tensor>,
+        g: &Tensor,
+        hyper: (f64, f64, f64),
+    ) {
+        let (lr, m, wd) = hyper;
+        let d = g + &*p * wd;
+        let b = match buf.take() {
+            Some(b) => b * m + &d,
+            None => d,
+        };
+        *p = &*p - &b * lr;
+        *buf = Some(b);
+    }
+
+    #[test]
+    fn the_fused_step_is_torchs_sgd_with_groups_and_a_late_first_gradient() {
+        tch::manual_seed(1);
+        let opts = (Kind::Float, Device::Cpu);
+        let init: Vec<Tensor> = [vec![5, 3], vec![7], vec![2, 2, 3]]
+            .iter()
+            .map(|s| Tensor::randn(s.as_slice(), opts))
+            .collect();
+        let params: Vec<(String, Tensor)> = init
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("p{i}"), t.copy().set_requires_grad(true)))
+            .collect();
+        let mut sgd = Optimizer::new(
+            Opt::Sgd,
+            params
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect(),
+            0.9,
+            1e-2,
+        )
+        .with_backbone_lr_scale(|n| n == "p0", 0.1);
+        let mut reference: Vec<Tensor> = init.iter().map(|t| t.to_kind(Kind::Double)).collect();
+        let mut bufs: Vec<Option<Tensor>> = vec![None, None, None];
+        for step in 0..4 {
+            let lr = 0.5 / (step + 1) as f64;
+            sgd.zero_grad().expect("zero_grad");
+            for (i, (_, p)) in params.iter().enumerate() {
+                // p2 gets its first gradient at step 2: its buffer starts later than the others'.
+                if i == 2 && step < 2 {
+                    continue;
+                }
+                let g = Tensor::randn(p.size().as_slice(), opts);
+                let mut grad = p.grad();
+                if !grad.defined() {
+                    (p * 0.0).sum(Kind::Float).backward();
+                    grad = p.grad();
+                }
+                tch::no_grad(|| grad.copy_(&g));
+                let scale = if i == 0 { 1.0 } else { 0.1 };
+                reference_step(
+                    &mut reference[i],
+                    &mut bufs[i],
+                    &g.to_kind(Kind::Double),
+                    (lr * scale, 0.9, 1e-2),
+                );
+            }
+            sgd.step(lr).expect("step");
+            for (i, (_, p)) in params.iter().enumerate() {
+                let diff = (p.to_kind(Kind::Double) - &reference[i])
+                    .abs()
+                    .max()
+                    .double_value(&[]);
+                assert!(diff < 1e-5, "step {step}, p{i}: differs by {diff}");
+            }
+        }
+        assert_eq!(
+            sgd.state().len(),
+            3,
+            "every parameter has its momentum buffer"
+        );
+    }
 }
