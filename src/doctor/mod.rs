@@ -324,7 +324,8 @@ mod tests {
         assert_eq!(partner(0, 0, 4), Some(1));
         assert_eq!(partner(3, 0, 4), Some(2));
         assert_eq!(partner(1, 1, 4), Some(3));
-        assert_eq!(partner(2, 1, 3), None);
+        assert_eq!(partner(1, 1, 3), None);
+        assert_eq!(partner(2, 1, 3), Some(0));
         for world in 1..20 {
             for round in 0..rounds(world) {
                 for r in 0..world {
