@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod console;
 pub mod counts;
 pub mod csv_out;
+pub mod doctor;
 pub mod driver_log;
 pub mod env;
 pub mod epoch_lr;

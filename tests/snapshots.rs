@@ -53,6 +53,7 @@ fn help_of_every_command() {
     for args in [
         &[][..],
         &["selftest"],
+        &["doctor"],
         &["exec"],
         &["train"],
         &["sbatch"],

@@ -26,7 +26,7 @@ mod report;
 mod run;
 mod train;
 
-use commands::{data as data_cmd, inference, model_init, sbatch, stacks, status};
+use commands::{data as data_cmd, doctor, inference, model_init, sbatch, stacks, status};
 use plan::{gpus, launch, preflight};
 
 use clap::{Args, Parser, Subcommand};
@@ -49,6 +49,10 @@ struct Cli {
 enum Cmd {
     /// Check collectives on every rank and measure all-reduce bandwidth (first thing to run on a cluster).
     Selftest(SelftestArgs),
+    /// Check the cluster before a job: versions, paths, shared file system, disk, memory, clock
+    /// and GPUs per node, then the bandwidth of every pair of ranks; writes doctor.json and
+    /// hostfile.healthy.
+    Doctor(doctor::DoctorArgs),
     /// Run any program as the ranks with torchrun's environment contract.
     Exec(ExecArgs),
     /// Train an image classifier on nodes × procs-per-node ranks ("Train PyTorch Model").
@@ -170,6 +174,7 @@ fn main() -> ExitCode {
     let cli: Cli = tchrun::flags::parse_or_exit();
     let result = match cli.cmd {
         Cmd::Selftest(a) => run_selftest(&a),
+        Cmd::Doctor(a) => doctor::run(&a),
         Cmd::Exec(a) => run_exec(&a),
         Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank, &a.restarts),
         Cmd::Sbatch(a) => sbatch::run(&a),

@@ -5,7 +5,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use tchrun::driver_log::{FailureKind, RankExit};
-use tchrun_worker::checks::{bench_loader, bench_step, command as checks};
+use tchrun_worker::checks::{bench_loader, bench_step, command as checks, doctor};
 use tchrun_worker::comm::pg;
 use tchrun_worker::infer::{command as infer, logits};
 use tchrun_worker::rank::driver_log;
@@ -28,6 +28,8 @@ struct Cli {
 enum Cmd {
     /// Check collectives across all ranks with exact values, then measure all-reduce bandwidth.
     Selftest(checks::SelftestArgs),
+    /// One phase of `tchrun doctor`: this node's checks, or the pairwise link bandwidth.
+    Doctor(doctor::DoctorArgs),
     /// Set torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR, ...) and exec PROGRAM.
     Exec(exec::ExecArgs),
     /// Train an image classifier data-parallel (one rank; start N with mpirun/srun/tchrun).
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
     // record and the panic are already in the driver log (the hook); here it gets its exit code.
     let run = std::panic::AssertUnwindSafe(move || match cli.cmd {
         Cmd::Selftest(a) => checks::run_selftest(a),
+        Cmd::Doctor(a) => doctor::run(a),
         Cmd::Exec(a) => exec::run(a),
         Cmd::Train(a) => train::run(a),
         Cmd::Score(a) => infer::run_score(a),

@@ -1,0 +1,227 @@
+//! `tchrun doctor`: the cluster's health before a job, with `train`'s launch flags. First one
+//! rank per node (`tchrun-worker doctor --phase nodes`: versions, paths, shared file system,
+//! disk, memory, clock, GPUs), then the job's layout on the hosts that passed (`--phase links`:
+//! pairwise bandwidth in log2(N) rounds). Writes `doctor.json` and `hostfile.healthy` into its
+//! log directory and prints the table; the verdict is `tchrun::doctor::verdict`'s.
+use crate::error::JobError;
+use crate::plan::{gpus, launch, preflight};
+use crate::run;
+use clap::Args;
+use std::path::{Path, PathBuf};
+use tchrun::doctor::{self, verdict, DoctorChecks, DoctorReport, Network, NodeReport, Phase};
+use tchrun::exit::ErrorKind;
+use tchrun::flags::RankFlags;
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub launch: launch::LaunchArgs,
+    #[command(flatten)]
+    pub rank: RankFlags,
+    #[command(flatten)]
+    pub checks: DoctorChecks,
+}
+
+/// What the doctor came to.
+pub struct Diagnosis {
+    pub report: DoctorReport,
+    /// `hostfile.healthy`, written beside `doctor.json`.
+    pub healthy_hostfile: PathBuf,
+    pub report_path: PathBuf,
+}
+
+/// `tchrun doctor`: 0 healthy, 4 a host or a link failed (named), 2 bad input.
+pub fn run(a: &DoctorArgs) -> Result<i32, JobError> {
+    let (log_dir, _new) = preflight::own_log_dir(
+        a.rank.log_dir.clone(),
+        PathBuf::from(tchrun::flags::DEFAULT_LOG_DIR),
+        "doctor",
+        a.launch.dry_run,
+    )?;
+    let Some(d) = diagnose(&a.launch, &a.rank, &a.checks, &log_dir)? else {
+        return Ok(0);
+    };
+    outln!("{}", verdict::table(&d.report).trim_end());
+    outln!(
+        "doctor: {} and {}",
+        d.report_path.display(),
+        d.healthy_hostfile.display()
+    );
+    if d.report.healthy {
+        Ok(0)
+    } else {
+        for f in &d.report.failed_hosts {
+            errln!("doctor: {} FAILED: {}", f.host, f.reasons.join("; "));
+        }
+        for l in &d.report.bad_links {
+            errln!("doctor: {l}");
+        }
+        Ok(ErrorKind::RankFailed.exit_code())
+    }
+}
+
+/// The hosts the launch names (`--hostfile`, `--hosts`), in order; empty when Slurm or this
+/// host decides.
+fn listed_hosts(l: &launch::LaunchArgs) -> Result<Vec<launch::Host>, JobError> {
+    if let Some(f) = &l.hostfile {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e))?;
+        return launch::parse_hostfile(f, &text)
+            .map_err(|e| JobError::invalid(format!("--hostfile {e}")));
+    }
+    Ok(l.hosts
+        .iter()
+        .map(|h| launch::Host {
+            name: h.clone(),
+            slots: None,
+        })
+        .collect())
+}
+
+fn worker_args(
+    rank: &RankFlags,
+    checks: &DoctorChecks,
+    phase: Phase,
+    dir: &Path,
+    json: &Path,
+) -> Vec<String> {
+    let mut r = rank.clone();
+    r.log_dir = Some(dir.to_path_buf());
+    let mut args = vec!["doctor".to_string(), format!("--phase={}", phase.as_str())];
+    args.extend(r.to_args());
+    args.extend(checks.to_args());
+    args.push(format!("--json={}", json.display()));
+    args
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, JobError> {
+    let text = std::fs::read(path).map_err(|e| {
+        failed(format!(
+            "the doctor's ranks ended without {}: {e}",
+            path.display()
+        ))
+    })?;
+    serde_json::from_slice(&text).map_err(|e| failed(format!("{}: {e}", path.display())))
+}
+
+/// Runs both phases under `log_dir` and writes `doctor.json` and `hostfile.healthy` there.
+/// None after a dry run. A phase whose ranks failed is an error (its summary printed).
+pub fn diagnose(
+    launch: &launch::LaunchArgs,
+    rank: &RankFlags,
+    checks: &DoctorChecks,
+    log_dir: &Path,
+) -> Result<Option<Diagnosis>, JobError> {
+    let hosts = listed_hosts(launch)?;
+    let usage = gpus::GpuUse::Ranks(rank.device);
+    // One rank on every listed host (spares too), else on each of --nodes.
+    let mut per_node = launch.clone();
+    per_node.procs_per_node = 1;
+    if !hosts.is_empty() {
+        per_node.nodes = hosts.len() as u32;
+    }
+    let dir = log_dir.join("nodes");
+    let json = dir.join(doctor::NODES_JSON);
+    let args = worker_args(rank, checks, Phase::Nodes, &dir, &json);
+    let code = run::run_job(&per_node, dir, args, usage, &rank.console)?;
+    if launch.dry_run {
+        return Ok(None);
+    }
+    if code != 0 {
+        return Err(failed(format!(
+            "the per-node checks ended with exit {code} (see {})",
+            log_dir.join("nodes").display()
+        )));
+    }
+    let nodes: Vec<NodeReport> = read_json(&json)?;
+    let first = verdict::report(nodes.clone(), None, None, checks);
+    let healthy_hostfile = log_dir.join(doctor::HEALTHY_HOSTFILE);
+    let procs = launch.procs_per_node;
+    write(
+        &healthy_hostfile,
+        &verdict::healthy_hostfile(&first, &hosts, procs),
+    )?;
+    let (network, note) = links(launch, rank, checks, log_dir, &first, &healthy_hostfile)?;
+    let report = verdict::report(nodes, network, note, checks);
+    write(
+        &healthy_hostfile,
+        &verdict::healthy_hostfile(&report, &hosts, procs),
+    )?;
+    let report_path = log_dir.join(doctor::REPORT_JSON);
+    let text =
+        serde_json::to_string_pretty(&report).map_err(|e| failed(format!("doctor.json: {e}")))?;
+    write(&report_path, &text)?;
+    Ok(Some(Diagnosis {
+        report,
+        healthy_hostfile,
+        report_path,
+    }))
+}
+
+/// A doctor phase that ran but did not come to a result (exit 4).
+fn failed(message: String) -> JobError {
+    JobError::RankFailed {
+        kind: ErrorKind::RankFailed,
+        report: format!("tchrun: error: {message}\n"),
+    }
+}
+
+fn write(path: &Path, text: &str) -> Result<(), JobError> {
+    tchrun::files::write_atomic(path, text.as_bytes())
+        .map_err(|e| JobError::invalid(format!("cannot write {}: {e}", path.display())))
+}
+
+/// The network phase on the hosts that passed the per-node checks (all of them, or those of
+/// `hostfile.healthy` when the launch listed hosts); or why it did not run.
+fn links(
+    launch: &launch::LaunchArgs,
+    rank: &RankFlags,
+    checks: &DoctorChecks,
+    log_dir: &Path,
+    first: &DoctorReport,
+    healthy_hostfile: &Path,
+) -> Result<(Option<Network>, Option<String>), JobError> {
+    let healthy = first.healthy_hosts.len() as u32;
+    let mut job = launch.clone();
+    if !first.failed_hosts.is_empty() {
+        if launch.hostfile.is_none() && launch.hosts.is_empty() {
+            return Ok((
+                None,
+                Some(
+                    "a node failed its checks and the launch names no hosts to leave it out".into(),
+                ),
+            ));
+        }
+        job.hostfile = Some(healthy_hostfile.to_path_buf());
+        job.hosts = Vec::new();
+        job.nodes = healthy;
+    } else if !launch.hosts.is_empty() || launch.hostfile.is_some() {
+        job.nodes = healthy.max(1);
+    }
+    if healthy == 0 {
+        return Ok((None, Some("no host passed its checks".into())));
+    }
+    if job.nodes * job.procs_per_node < 2 {
+        return Ok((None, Some("one rank: no link to measure".into())));
+    }
+    let dir = log_dir.join("links");
+    let json = dir.join(doctor::LINKS_JSON);
+    let args = worker_args(rank, checks, Phase::Links, &dir, &json);
+    let usage = gpus::GpuUse::Ranks(rank.device);
+    let code = match run::run_job(&job, dir.clone(), args, usage, &rank.console) {
+        Ok(code) => code,
+        // The ranks ran and failed: the network is what failed (its summary is printed).
+        Err(e) if e.kind() == ErrorKind::RankFailed => ErrorKind::RankFailed.exit_code(),
+        Err(e) => return Err(e),
+    };
+    if code != 0 {
+        return Ok((
+            None,
+            Some(format!(
+                "the link test ended with exit {code}: a link is broken (see {})",
+                dir.display()
+            )),
+        ));
+    }
+    Ok((Some(read_json(&json)?), None))
+}
