@@ -116,7 +116,7 @@ pub fn run(a: ExecArgs) -> RankResult {
     };
     use std::os::unix::process::ExitStatusExt;
     if let Some(sig) = status.signal() {
-        tracing::info!("the program ended by signal {sig}");
+        tracing::debug!("the program ended by signal {sig}");
         // The rank ends by the same signal: its default action, whatever handler was set.
         // SAFETY: resets one signal's disposition and raises it; the rank is ending.
         unsafe {

@@ -91,7 +91,9 @@ pub fn install() -> std::io::Result<()> {
             }
             let program = FORWARD.load(Ordering::SeqCst);
             if program > 0 {
-                tracing::warn!("received {}{from}: passed on to the program (pid {program})", name(sig));
+                // Not in the driver log: its last lines stay the program's (the hang report and
+                // the failure tail show them), and a stop stays one line on the console.
+                tracing::debug!("received {}{from}: passed on to the program (pid {program})", name(sig));
                 // SAFETY: `kill` sends a signal to the rank's own child.
                 unsafe { libc::kill(program, sig) };
                 continue;
