@@ -312,14 +312,17 @@ fn pretrained_digits_transfer_and_freeze_backbone_keeps_the_backbone() {
         five_digits("valid", 5, usize::MAX, &p.join("b/valid")),
     );
     let budget = |model: &Path, out: &Path, extra: &[&str], ranks: &str| {
-        let lr = if extra.contains(&"--freeze-backbone") {
-            "0.05"
+        // The head alone (a linear layer on fixed features) gets 3 short epochs: 5 steps of
+        // one epoch leave it at the mercy of the features' rounding (the memory format, the
+        // optimizer kernel), 15 do not.
+        let (lr, epochs) = if extra.contains(&"--freeze-backbone") {
+            ("0.05", "3")
         } else {
-            "0.02"
+            ("0.02", "1")
         };
         run(
             tchrun_train(model, &ft_train, &ft_valid, out)
-                .args(["--epochs", "1", "--batch-size", "10", "--lr", lr])
+                .args(["--epochs", epochs, "--batch-size", "10", "--lr", lr])
                 .args(["--procs-per-node", ranks])
                 .args(FLAGS)
                 .args(extra),
@@ -356,9 +359,10 @@ fn pretrained_digits_transfer_and_freeze_backbone_keeps_the_backbone() {
     let m: serde_json::Value =
         serde_json::from_str(&read(&frozen.join("model.json"))).expect("model.json");
     assert_eq!(m["training"]["freeze_backbone"], true);
+    // Clearly above what the whole network learns from scratch in one epoch (chance is 0.2).
     assert!(
-        top1(&frozen) > 0.5,
-        "the head alone should learn the new digits: top-1 {}",
+        top1(&frozen) > t_scratch + 0.15,
+        "the head alone should learn the new digits: top-1 {} (from scratch {t_scratch})",
         top1(&frozen)
     );
     let scaled = p.join("scaled");

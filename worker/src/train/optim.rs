@@ -161,11 +161,19 @@ impl Optimizer {
             if !g.defined() {
                 continue;
             }
-            let (buf, first) = match (&slot.a, momentum != 0.0) {
+            // The kernel walks the three tensors' memory in step: each must have the
+            // parameter's strides (a channels-last weight's gradient from a bucket view, or a
+            // buffer read from a checkpoint, may not; it is copied into the parameter's layout).
+            let g = in_layout_of(p, g);
+            let (buf, first) = match (slot.a.take(), momentum != 0.0) {
                 (_, false) => (None, false),
-                (Some(b), true) => (Some(b.shallow_clone()), false),
+                (Some(b), true) => {
+                    let b = in_layout_of(p, b);
+                    slot.a = Some(b.shallow_clone());
+                    (Some(b), false)
+                }
                 (None, true) => {
-                    let b = tch::no_grad(|| g.empty_like());
+                    let b = tch::no_grad(|| p.empty_like());
                     slot.a = Some(b.shallow_clone());
                     (Some(b), true)
                 }
@@ -279,6 +287,18 @@ impl Optimizer {
     pub fn params(&self) -> &[(String, Tensor)] {
         &self.params
     }
+}
+
+/// `t` with `p`'s strides: itself when it has them, else a copy laid out as `p`.
+fn in_layout_of(p: &Tensor, t: Tensor) -> Tensor {
+    if t.stride() == p.stride() {
+        return t;
+    }
+    tch::no_grad(|| {
+        let mut c = p.empty_like();
+        c.copy_(&t);
+        c
+    })
 }
 
 /// torch's `_single_tensor_rmsprop` (not centered), with torchvision's alpha and eps.
@@ -622,5 +642,33 @@ mod tests {
             3,
             "every parameter has its momentum buffer"
         );
+    }
+
+    /// A channels-last weight whose gradient (a bucket view) and momentum buffer (read from a
+    /// checkpoint) are laid out as NCHW: the fused kernel walks memory, so they are put into the
+    /// weight's layout first, and the step is the plain arithmetic's.
+    #[test]
+    fn the_fused_step_is_right_for_a_channels_last_weight_with_an_nchw_gradient() {
+        tch::manual_seed(3);
+        let opts = (Kind::Float, Device::Cpu);
+        let w0 = Tensor::randn([8, 4, 3, 3], opts);
+        let w = crate::models::channels_last(&w0.copy()).set_requires_grad(true);
+        assert_ne!(w.stride(), w0.stride(), "the weight is channels-last");
+        let mut opt = Optimizer::new(Opt::Sgd, vec![("w".into(), w.shallow_clone())], 0.9, 0.0);
+        let buf = Tensor::randn([8, 4, 3, 3], opts);
+        let mut state = BTreeMap::new();
+        state.insert("momentum.w".to_string(), buf.copy());
+        opt.load_state(state).expect("state");
+        let g = Tensor::randn([8, 4, 3, 3], opts);
+        set_grad(&w, &Vec::<f32>::try_from(&g.flatten(0, -1)).expect("grad"));
+        // The gradient as a contiguous (NCHW) tensor, as a bucket view hands it over.
+        tch::no_grad(|| {
+            let mut grad = w.grad();
+            let _ = grad.copy_(&g);
+        });
+        opt.step(0.1).expect("step");
+        let want = &w0 - (buf * 0.9 + &g) * 0.1;
+        let diff = (w.detach() - want).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "differs by {diff}");
     }
 }
