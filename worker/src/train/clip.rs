@@ -38,18 +38,7 @@ mod tests {
     /// (`tests/python/recipe_reference.py`).
     #[test]
     fn clipping_and_label_smoothing_equal_torch() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = std::process::Command::new(root.join(".venv/bin/python"))
-            .arg(root.join("tests/python/recipe_reference.py"))
-            .arg("clip")
-            .output()
-            .expect("the venv's python (scripts/setup.sh)");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let v = crate::train::recipe_reference("clip");
         let floats = |v: &serde_json::Value| -> Vec<f32> {
             v.as_array()
                 .expect("array")

@@ -236,3 +236,21 @@ pub fn train(job: &TrainJob, inputs: Inputs, ctx: &RankCtx) -> Result<(), TrainE
         None => Ok(()),
     }
 }
+
+/// `tests/python/recipe_reference.py MODE`'s JSON: torch's own values for the recipe's unit
+/// tests (the venv's Python, made by scripts/setup.sh).
+#[cfg(test)]
+pub(crate) fn recipe_reference(mode: &str) -> serde_json::Value {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new(root.join(".venv/bin/python"))
+        .arg(root.join("tests/python/recipe_reference.py"))
+        .arg(mode)
+        .output()
+        .expect("the venv's python (scripts/setup.sh)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}

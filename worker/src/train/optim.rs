@@ -377,18 +377,7 @@ mod tests {
     /// and continues to torch's parameters.
     #[test]
     fn every_opt_equals_torch_optim() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = std::process::Command::new(root.join(".venv/bin/python"))
-            .arg(root.join("tests/python/recipe_reference.py"))
-            .arg("optim")
-            .output()
-            .expect("the venv's python (scripts/setup.sh)");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let v = crate::train::recipe_reference("optim");
         let names: Vec<(String, f64)> = v["params"]
             .as_array()
             .expect("params")
