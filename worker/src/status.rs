@@ -20,6 +20,9 @@ struct Shared {
     /// `--output`: its `checkpoints/last.json` names the newest complete checkpoint.
     output: PathBuf,
     status: Mutex<JobStatus>,
+    /// Held while the file is written; `true` once an end state was written, after which the
+    /// thread never writes again (a copy it took before the end must not replace the end).
+    file: Mutex<bool>,
 }
 
 static SHARED: OnceLock<Shared> = OnceLock::new();
@@ -32,6 +35,7 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus) {
             log_dir,
             output,
             status: Mutex::new(first),
+            file: Mutex::new(false),
         })
         .is_err()
     {
@@ -58,7 +62,13 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus) {
                 }
                 s.clone()
             };
-            write(&shared.log_dir, &mut s, &mut warned);
+            {
+                let ended = shared.file.lock().unwrap_or_else(|e| e.into_inner());
+                if *ended {
+                    return;
+                }
+                write(&shared.log_dir, &mut s, &mut warned);
+            }
             std::thread::sleep(EVERY);
         }
     });
@@ -76,14 +86,26 @@ pub fn publish(f: impl FnOnce(&mut JobStatus)) {
 }
 
 /// Changes the status and writes it now (a new state the user should see at once: the end).
+/// An end state carries the newest complete checkpoint read from disk now, not the one the
+/// thread last saw (the final checkpoint is written just before the end).
 pub fn publish_now(f: impl FnOnce(&mut JobStatus)) {
     if let Some(shared) = SHARED.get() {
+        let newest = Seen::default().checkpoint(&shared.output);
         let mut s = shared.status.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut s);
+        let end = s.state.is_end();
+        if end && newest.is_some() {
+            s.last_checkpoint = newest;
+        }
         let mut copy = s.clone();
         drop(s);
+        let mut ended = shared.file.lock().unwrap_or_else(|e| e.into_inner());
+        if *ended {
+            return;
+        }
         let mut warned = false;
         write(&shared.log_dir, &mut copy, &mut warned);
+        *ended = end;
     }
 }
 
