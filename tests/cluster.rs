@@ -690,6 +690,42 @@ fn slurm_srun_inside_salloc() {
         "salloc + srun --mpi=none selftest: {:.1}s",
         r.elapsed.as_secs_f64()
     );
+
+    // `tchrun doctor` inside the allocation (issue 33): its two phases through srun, one rank
+    // on the node, then the 2-rank layout and its one intra-node link.
+    let logs = t.path().join("doctor");
+    let r = run(
+        slurm
+            .cmd("salloc")
+            .args(["-N1", "-n2"])
+            .arg(bin_dir().join("tchrun"))
+            .args(["doctor", "--procs-per-node", "2", "--link-bytes", "65536"])
+            .args(["--link-iters", "2", "--log-dir"])
+            .arg(&logs),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout
+            .contains("tchrun doctor: 1 node(s), 0 host(s) failed, 0 bad link(s)"),
+        "{}",
+        r.explain()
+    );
+    for (phase, tasks) in [("nodes", "--ntasks=1"), ("links", "--ntasks=2")] {
+        let mpi_log = read(&logs.join(phase).join("70_mpi_log"));
+        assert!(
+            mpi_log.starts_with("# srun --nodes=1 ") && mpi_log.contains(tasks),
+            "{phase}: {mpi_log}"
+        );
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("doctor.json"))).expect("doctor.json");
+    assert_eq!(report["healthy"], true, "{report}");
+    assert_eq!(
+        report["network"]["links"][0]["intra_node"], true,
+        "{report}"
+    );
+    eprintln!("salloc + tchrun doctor: {:.1}s", r.elapsed.as_secs_f64());
 }
 
 #[test]
@@ -1192,6 +1228,12 @@ fn netns_network_cut_ends_the_job_within_the_timeout() {
 /// (`TCHRUN_TEST_KILL_ON_HOST`), after `--checkpoint-every 2` wrote checkpoints (so every
 /// attempt makes progress). 400 images, batch 20: 10 steps per epoch on 2 ranks, 2 epochs.
 fn train_with_failing_node2(dir: &Path, extra: &[&str]) -> (Run, PathBuf) {
+    train_with_failing_node2_of(dir, 2, extra)
+}
+
+/// `train_with_failing_node2` with `hosts` hosts in the hostfile (those beyond --nodes 2 are
+/// spares).
+fn train_with_failing_node2_of(dir: &Path, hosts: usize, extra: &[&str]) -> (Run, PathBuf) {
     let ompi = dir.join("ompi");
     std::fs::create_dir_all(&ompi).expect("tmp");
     let model = model_init(dir);
@@ -1210,7 +1252,7 @@ fn train_with_failing_node2(dir: &Path, extra: &[&str]) -> (Run, PathBuf) {
             .args(["--max-restarts", "3", "--exclude-failed-hosts"])
             .args(extra)
             .args(["--nodes", "2", "--procs-per-node", "1", "--hostfile"])
-            .arg(Nodes::hostfile(dir, 2, 1))
+            .arg(Nodes::hostfile(dir, hosts, 1))
             .arg(format!("--mpirun-args={}", Nodes::mpirun_args(&ompi))),
         Duration::from_secs(420),
     );
@@ -1418,4 +1460,198 @@ fn netns_dropping_a_host_below_min_nodes_stops_the_job() {
     assert_eq!(summary["earlier_attempts"][0]["attempt"], 1, "{summary}");
     assert!(!logs.join("hostfile.remaining").exists());
     assert!(!logs.join("attempt-2").exists(), "attempt 2 was the last");
+}
+
+// ---------------------------------------------------------------- spare hosts (issue 33)
+
+/// The hosts of `ranks.json`, in rank order, and the attempt each rank ran in.
+fn rank_hosts(logs: &Path) -> Vec<(String, u64)> {
+    let ranks: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("ranks.json"))).expect("ranks.json");
+    ranks
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["host"].as_str().unwrap_or_default().to_string(),
+                r["attempt"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Issue 33 item 3: the failing node 2 of `train_with_failing_node2` with a third host in the
+/// hostfile, a spare (the job runs on --nodes 2). After node 2's second failure tchrun runs the
+/// per-node checks on tchrun-node3, which passes and takes node 2's place: attempt 3 runs on
+/// nodes 1 and 3 at the same world size, the console and `restarts.json` say which host
+/// replaced which, and with `--global-batch-size 40` the model equals the undisturbed 2-rank
+/// run's, bit for bit.
+#[test]
+fn netns_a_spare_host_takes_the_place_of_one_that_keeps_failing() {
+    let Some(_nodes) = Nodes::up(3) else { return };
+    let t = tempdir();
+    let extra = ["--global-batch-size", "40", "--min-nodes", "2"];
+    let (r, out) = train_with_failing_node2_of(t.path(), 3, &extra);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    for want in [
+        "tchrun: per-node checks of host(s) tchrun-node3 before attempt 3",
+        "tchrun: dropping host tchrun-node2: its ranks failed in attempts 1 and 2 (killed by signal 9",
+        "; spare host tchrun-node3 takes its place; continuing on 2 node(s), 2 rank(s)",
+    ] {
+        assert!(r.stderr.contains(want), "no '{want}' in\n{}", r.explain());
+    }
+    assert!(
+        r.stdout
+            .contains("host tchrun-node2 dropped (spare tchrun-node3 in its place)"),
+        "{}",
+        r.explain()
+    );
+    let logs = out.join("logs");
+    let history: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("restarts.json"))).expect("restarts.json");
+    let dropped = &history[1]["dropped_hosts"][0];
+    assert_eq!(dropped["host"], "tchrun-node2", "{history}");
+    assert_eq!(dropped["replaced_by"], "tchrun-node3", "{history}");
+    assert_eq!(
+        (&dropped["nodes_left"], &dropped["ranks_left"]),
+        (&2.into(), &2.into()),
+        "{history}"
+    );
+    // The spare's check ran on it (one rank, its report in the log directory).
+    let nodes: serde_json::Value = serde_json::from_str(&read(
+        &logs.join("doctor-attempt-3/round-1/doctor-nodes.json"),
+    ))
+    .expect("doctor-nodes.json");
+    assert_eq!(nodes[0]["host"], "tchrun-node3", "{nodes}");
+    assert_eq!(nodes[0]["problems"], serde_json::json!([]), "{nodes}");
+    assert_eq!(
+        rank_hosts(&logs),
+        vec![
+            ("tchrun-node1".to_string(), 3),
+            ("tchrun-node3".to_string(), 3)
+        ]
+    );
+    let hostfile = read(&logs.join("hostfile.remaining"));
+    assert!(
+        hostfile.contains("tchrun-node1 slots=1\ntchrun-node3 slots=1"),
+        "{hostfile}"
+    );
+    let log0 = read(&logs.join("70_driver_log_0"));
+    assert!(log0.contains("rank exiting with code 0"), "{log0}");
+    assert_same_model_as_undisturbed(t.path(), &out);
+}
+
+/// Issue 33 item 2: `train --preflight doctor` on 3 hosts with --nodes 2, where tchrun-node2
+/// sees a tmpfs of its own over --output (not shared: `ip netns exec` gives each login a private
+/// mount namespace, and the rsh agent mounts it there). The doctor names node 2 before any
+/// training rank starts, leaves it out, the spare tchrun-node3 (which passed) takes its place,
+/// and the job trains on nodes 1 and 3 to the end. With `--min-nodes 3` the same job is refused
+/// (exit 4) naming the host and the minimum.
+#[test]
+fn netns_preflight_doctor_leaves_out_a_host_whose_output_is_not_shared() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(_nodes) = Nodes::up(3) else { return };
+    let t = tempdir();
+    let ompi = t.path().join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    let model = model_init(t.path());
+    let d = small_digits();
+    let agent = t.path().join("agent.sh");
+    let job = |out: &Path, extra: &[&str]| {
+        std::fs::create_dir_all(out).expect("mkdir");
+        std::fs::write(
+            &agent,
+            format!(
+                "#!/usr/bin/env bash\nout=(); done=0\nfor a in \"$@\"; do out+=(\"$a\"); \
+                 if [ $done = 0 ] && {{ [ \"$a\" = tchrun-node2 ] || [ \"$a\" = 10.250.0.12 ]; }}; then \
+                 out+=(\"mount -t tmpfs tchrun-preflight-test {} &&\"); done=1; fi; done\n\
+                 exec {} \"${{out[@]}}\"\n",
+                out.display(),
+                script("netns-rsh.sh").display()
+            ),
+        )
+        .expect("agent");
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mpirun_args = format!(
+            "--mca plm_rsh_agent {} --mca btl_tcp_if_include 10.250.0.0/24 --mca oob_tcp_if_include 10.250.0.0/24 --mca orte_tmpdir_base {}",
+            agent.display(),
+            ompi.display()
+        );
+        run(
+            tchrun_train(&model, &d.join("train"), &d.join("valid"), out)
+                .env("TMPDIR", &ompi)
+                .env_remove("TCHRUN_TEST_KILL_ON_HOST")
+                .env_remove("TCHRUN_ATTEMPT")
+                .env_remove("TCHRUN_MIN_NODES")
+                .args(["--epochs", "1", "--batch-size", "20", "--lr", "0.05"])
+                .args(["--preflight", "doctor"])
+                .args(extra)
+                .args(["--procs-per-node", "1", "--hostfile"])
+                .arg(Nodes::hostfile(t.path(), 3, 1))
+                .arg(format!("--mpirun-args={mpirun_args}")),
+            Duration::from_secs(300),
+        )
+    };
+    let out = t.path().join("out");
+    let r = job(&out, &["--nodes", "2"]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let not_shared = format!(
+        "{} is not shared with rank 0's host tchrun-node1",
+        out.display()
+    );
+    for want in [
+        "tchrun: dropping host tchrun-node2: it failed the per-node checks before attempt 1 (",
+        not_shared.as_str(),
+        "; spare host tchrun-node3 takes its place; continuing on 2 node(s), 2 rank(s)",
+    ] {
+        assert!(r.stderr.contains(want), "no '{want}' in\n{}", r.explain());
+    }
+    assert!(
+        r.stdout.contains("tchrun: --preflight doctor: ")
+            && r.stdout.contains("tchrun-node2")
+            && r.stdout.contains("FAILED"),
+        "{}",
+        r.explain()
+    );
+    // The spare passed the doctor: not checked twice.
+    assert!(
+        !r.stderr.contains("per-node checks of host(s)"),
+        "{}",
+        r.explain()
+    );
+    let logs = out.join("logs");
+    let report: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("doctor/doctor.json"))).expect("doctor.json");
+    assert_eq!(
+        report["failed_hosts"][0]["host"], "tchrun-node2",
+        "{report}"
+    );
+    assert_eq!(
+        rank_hosts(&logs),
+        vec![
+            ("tchrun-node1".to_string(), 1),
+            ("tchrun-node3".to_string(), 1)
+        ]
+    );
+    assert!(out.join("model.safetensors").is_file(), "{}", r.explain());
+    assert!(!logs.join("restarts.json").exists());
+
+    // Below --min-nodes: refused before any training rank starts, exit 4.
+    let out3 = t.path().join("out3");
+    let r = job(&out3, &["--min-nodes", "3", "--nodes", "3"]);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    let want = "tchrun: error: --preflight doctor: host tchrun-node2: it failed the per-node checks before attempt 1 (";
+    assert!(r.stderr.contains(want), "{}", r.explain());
+    assert!(
+        r.stderr
+            .contains("leaving it out would leave 2 node(s), fewer than --min-nodes 3"),
+        "{}",
+        r.explain()
+    );
+    assert!(
+        !out3.join("logs/70_driver_log_0").exists(),
+        "a training rank ran"
+    );
+    assert!(!out3.join("model.json").exists());
 }

@@ -307,3 +307,86 @@ fn netns_doctor_names_a_node_whose_output_is_not_shared() {
         serde_json::json!(["tchrun-node1", "tchrun-node1"])
     );
 }
+
+/// Issue 33 item 4: a slow link between namespace nodes. 4 nodes × 1 rank; the bridge side of
+/// tchrun-node4's link is rate-limited to 40 Mbit/s with a token bucket (`tc qdisc ... tbf`;
+/// this kernel has no `sch_netem`, and a rate limit is what a degraded link looks like to a
+/// bandwidth test). The pairs of round 0 are (0,1) and (2,3), of round 1 (0,2) and (1,3): the
+/// two through node 4 are named slow with their ranks and hosts, the others are not, and every
+/// host stays in `hostfile.healthy` (a link does not say which of its hosts is at fault).
+#[test]
+fn netns_doctor_names_the_pairs_of_a_slowed_link() {
+    let Some(_nodes) = Nodes::up(4) else { return };
+    let tc = run(
+        Command::new("tc").args([
+            "qdisc",
+            "add",
+            "dev",
+            "tchrun-v4",
+            "root",
+            "tbf",
+            "rate",
+            "40mbit",
+            "burst",
+            "32kbit",
+            "latency",
+            "400ms",
+        ]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(tc.code, Some(0), "{}", tc.explain());
+    let t = tempdir();
+    let ompi = t.path().join("ompi");
+    std::fs::create_dir_all(&ompi).expect("tmp");
+    let hostfile = t.path().join("hostfile");
+    let hosts: String = (1..=4)
+        .map(|k| format!("tchrun-node{k} slots=1\n"))
+        .collect();
+    std::fs::write(&hostfile, hosts).expect("hostfile");
+    let logs = t.path().join("logs");
+    let mpirun_args = format!(
+        "--mca plm_rsh_agent {} --mca btl_tcp_if_include 10.250.0.0/24 --mca oob_tcp_if_include 10.250.0.0/24 --mca orte_tmpdir_base {}",
+        script("netns-rsh.sh").display(),
+        ompi.display()
+    );
+    let r = run(
+        doctor(&logs)
+            .env("TMPDIR", &ompi)
+            .args([
+                "--nodes",
+                "4",
+                "--procs-per-node",
+                "1",
+                "--launcher",
+                "mpirun",
+            ])
+            .arg("--hostfile")
+            .arg(&hostfile)
+            .arg("--output")
+            .arg(t.path().join("out"))
+            .arg(format!("--mpirun-args={mpirun_args}")),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    for pair in [
+        "link rank 1 (tchrun-node2) <-> rank 3 (tchrun-node4) slow: ",
+        "link rank 2 (tchrun-node3) <-> rank 3 (tchrun-node4) slow: ",
+    ] {
+        assert!(
+            r.stderr.contains(&format!("doctor: {pair}")),
+            "no '{pair}' in\n{}",
+            r.explain()
+        );
+    }
+    let j = report(&logs);
+    let bad = j["bad_links"].as_array().expect("bad_links");
+    assert_eq!(bad.len(), 2, "{j}");
+    assert!(
+        bad.iter()
+            .all(|l| l.as_str().is_some_and(|l| l.contains("tchrun-node4"))),
+        "{j}"
+    );
+    assert_eq!(j["failed_hosts"], serde_json::json!([]), "{j}");
+    let (listed, _) = hostfile_lines(&logs);
+    assert_eq!(listed.len(), 4, "{listed:?}");
+}

@@ -93,6 +93,20 @@ impl DoctorChecks {
         v.push(format!("--link-timeout={}", self.link_timeout));
         v
     }
+
+    /// The checks at their defaults for a training job's inputs and output (`train
+    /// --preflight doctor`, the per-node checks of a spare host before it joins).
+    pub fn for_job(data: Vec<PathBuf>, output: PathBuf) -> DoctorChecks {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            checks: DoctorChecks,
+        }
+        let mut checks = <Defaults as clap::Parser>::parse_from(["doctor"]).checks;
+        checks.data = data;
+        checks.output = Some(output);
+        checks
+    }
 }
 
 /// One path a node must see.
@@ -311,6 +325,17 @@ pub fn gpu_problems(g: &GpuHealth) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jobs_checks_are_the_defaults_with_its_paths() {
+        let c = DoctorChecks::for_job(vec!["/d/train".into()], "/o".into());
+        assert_eq!(c.data, vec![PathBuf::from("/d/train")]);
+        assert_eq!(c.output, Some(PathBuf::from("/o")));
+        assert_eq!(
+            (c.min_free_disk_gib, c.link_iters, c.link_timeout),
+            (1.0, 5, 30)
+        );
+    }
 
     #[test]
     fn rounds_and_partners_cover_every_rank() {

@@ -15,11 +15,20 @@ pub struct DroppedHost {
     /// What the job goes on with.
     pub nodes_left: u32,
     pub ranks_left: u32,
+    /// The spare host (a host of the hostfile beyond `--nodes`, or of `--spare-hosts`) that
+    /// takes its place in the next attempts; none when the job shrinks instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced_by: Option<String>,
 }
 
 impl DroppedHost {
-    /// `its ranks failed in attempts 1 and 2 (cause)`.
+    /// `its ranks failed in attempts 1 and 2 (cause)`; for a host that failed the per-node
+    /// checks (no attempt): what they said.
     pub fn why(&self) -> String {
+        if self.failed_in.is_empty() {
+            // Left out by the per-node checks before it ran (a spare, or --preflight doctor).
+            return self.causes.join("; ");
+        }
         let attempts: Vec<String> = self.failed_in.iter().map(u32::to_string).collect();
         let attempts = match attempts.split_last() {
             Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
@@ -36,8 +45,12 @@ impl DroppedHost {
 
     /// The console line of the drop.
     pub fn line(&self) -> String {
+        let spare = match &self.replaced_by {
+            Some(s) => format!("; spare host {s} takes its place"),
+            None => String::new(),
+        };
         format!(
-            "dropping host {}: {}; continuing on {} node(s), {} rank(s)",
+            "dropping host {}: {}{spare}; continuing on {} node(s), {} rank(s)",
             self.host,
             self.why(),
             self.nodes_left,
@@ -84,6 +97,9 @@ impl Attempt {
         );
         for d in &self.dropped_hosts {
             line.push_str(&format!("; host {} dropped", d.host));
+            if let Some(spare) = &d.replaced_by {
+                line.push_str(&format!(" (spare {spare} in its place)"));
+            }
         }
         line
     }
@@ -130,14 +146,26 @@ mod tests {
             causes: vec!["x".into(), "x".into()],
             nodes_left: 1,
             ranks_left: 2,
+            replaced_by: None,
         }];
-        let history = vec![attempt(), second];
+        let mut third = second.clone();
+        third.attempt = 3;
+        third.dropped_hosts[0].replaced_by = Some("spare1".into());
+        assert!(third.dropped_hosts[0]
+            .line()
+            .contains("(x); spare host spare1 takes its place; continuing on 1 node(s)"));
+        assert!(third
+            .line()
+            .ends_with("; host vm dropped (spare spare1 in its place)"));
+        let history = vec![attempt(), second, third];
         history.write(t.path()).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(Vec::<Attempt>::path(t.path())).unwrap())
                 .unwrap();
         assert!(v[0].get("failed_hosts").is_none() && v[0].get("dropped_hosts").is_none());
         assert_eq!(v[1]["dropped_hosts"][0]["ranks_left"], 2);
+        assert!(v[1]["dropped_hosts"][0].get("replaced_by").is_none());
+        assert_eq!(v[2]["dropped_hosts"][0]["replaced_by"], "spare1");
         assert_eq!(Vec::<Attempt>::read(t.path()).unwrap(), Some(history));
     }
 }

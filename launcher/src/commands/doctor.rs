@@ -8,7 +8,9 @@ use crate::plan::{gpus, launch, preflight};
 use crate::run;
 use clap::Args;
 use std::path::{Path, PathBuf};
-use tchrun::doctor::{self, verdict, DoctorChecks, DoctorReport, Network, NodeReport, Phase};
+use tchrun::doctor::{
+    self, verdict, DoctorChecks, DoctorReport, FailedHost, Network, NodeReport, Phase,
+};
 use tchrun::exit::ErrorKind;
 use tchrun::flags::RankFlags;
 
@@ -113,27 +115,15 @@ pub fn diagnose(
     log_dir: &Path,
 ) -> Result<Option<Diagnosis>, JobError> {
     let hosts = listed_hosts(launch)?;
-    let usage = gpus::GpuUse::Ranks(rank.device);
     // One rank on every listed host (spares too), else on each of --nodes.
     let mut per_node = launch.clone();
     per_node.procs_per_node = 1;
     if !hosts.is_empty() {
         per_node.nodes = hosts.len() as u32;
     }
-    let dir = log_dir.join("nodes");
-    let json = dir.join(doctor::NODES_JSON);
-    let args = worker_args(rank, checks, Phase::Nodes, &dir, &json);
-    let code = run::run_job(&per_node, dir, args, usage, &rank.console)?;
-    if launch.dry_run {
+    let Some(nodes) = nodes_phase(&per_node, rank, checks, &log_dir.join("nodes"))? else {
         return Ok(None);
-    }
-    if code != 0 {
-        return Err(failed(format!(
-            "the per-node checks ended with exit {code} (see {})",
-            log_dir.join("nodes").display()
-        )));
-    }
-    let nodes: Vec<NodeReport> = read_json(&json)?;
+    };
     let first = verdict::report(nodes.clone(), None, None, checks);
     let healthy_hostfile = log_dir.join(doctor::HEALTHY_HOSTFILE);
     let procs = launch.procs_per_node;
@@ -156,6 +146,98 @@ pub fn diagnose(
         healthy_hostfile,
         report_path,
     }))
+}
+
+/// The per-node phase with `per_node`'s launch (one rank per node) in `dir`: the nodes'
+/// reports, or None after a dry run.
+fn nodes_phase(
+    per_node: &launch::LaunchArgs,
+    rank: &RankFlags,
+    checks: &DoctorChecks,
+    dir: &Path,
+) -> Result<Option<Vec<NodeReport>>, JobError> {
+    let json = dir.join(doctor::NODES_JSON);
+    let args = worker_args(rank, checks, Phase::Nodes, dir, &json);
+    let usage = gpus::GpuUse::Ranks(rank.device);
+    let code = run::run_job(per_node, dir.to_path_buf(), args, usage, &rank.console)?;
+    if per_node.dry_run {
+        return Ok(None);
+    }
+    if code != 0 {
+        return Err(failed(format!(
+            "the per-node checks ended with exit {code} (see {})",
+            dir.display()
+        )));
+    }
+    Ok(Some(read_json(&json)?))
+}
+
+/// The per-node checks alone (no network phase) on `hosts`, one rank each, in `dir`: the
+/// hosts that failed, each with its reasons (`train --preflight doctor` at a restart, and a
+/// spare host before it joins). A host where the check could not run fails too: when the
+/// hosts checked together could not run, each is checked alone, so one unreachable host does
+/// not fail the others.
+pub fn check_hosts(
+    hosts: &[String],
+    launch: &launch::LaunchArgs,
+    rank: &RankFlags,
+    checks: &DoctorChecks,
+    dir: &Path,
+) -> Result<Vec<FailedHost>, JobError> {
+    let mut per_node = launch.clone();
+    (per_node.hostfile, per_node.hosts) = (None, hosts.to_vec());
+    (per_node.nodes, per_node.procs_per_node) = (hosts.len().max(1) as u32, 1);
+    per_node.dry_run = false;
+    let nodes = match nodes_phase(&per_node, rank, checks, dir) {
+        Ok(nodes) => nodes.unwrap_or_default(),
+        Err(_) if hosts.len() > 1 => {
+            let mut failed = Vec::new();
+            for (i, h) in hosts.iter().enumerate() {
+                let alone = std::slice::from_ref(h);
+                let sub = dir.join(format!("host-{i}"));
+                failed.extend(check_hosts(alone, launch, rank, checks, &sub)?);
+            }
+            return Ok(failed);
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            return Ok(hosts
+                .iter()
+                .map(|h| FailedHost {
+                    host: h.clone(),
+                    reasons: vec![format!(
+                        "its per-node check did not run: {}",
+                        first.strip_prefix("tchrun: error: ").unwrap_or(first)
+                    )],
+                })
+                .collect());
+        }
+    };
+    let report = verdict::report(nodes, None, None, checks);
+    // Named as the caller listed them (a node reports its own hostname).
+    let mut failed: Vec<FailedHost> = report
+        .failed_hosts
+        .iter()
+        .map(|f| FailedHost {
+            host: hosts
+                .iter()
+                .find(|h| verdict::same_host(&f.host, h))
+                .unwrap_or(&f.host)
+                .clone(),
+            reasons: f.reasons.clone(),
+        })
+        .collect();
+    for h in hosts {
+        let seen = report.nodes.iter().any(|n| verdict::same_host(&n.host, h));
+        if !seen {
+            failed.push(FailedHost {
+                host: h.clone(),
+                reasons: vec!["no rank reported from it".into()],
+            });
+        }
+    }
+    Ok(failed)
 }
 
 /// A doctor phase that ran but did not come to a result (exit 4).

@@ -21,6 +21,9 @@ pub const REMAINING_HOSTFILE: &str = "hostfile.remaining";
 pub struct HostFailures {
     /// Per host: the attempt, its cause, and whether that was a hardware error.
     by_host: BTreeMap<String, Vec<(u32, String, bool)>>,
+    /// Hosts that failed the per-node checks (`doctor`) before an attempt, and what they
+    /// said: left out at once.
+    unfit: BTreeMap<String, String>,
 }
 
 /// What to do with the hosts after a failed attempt.
@@ -47,11 +50,32 @@ impl HostFailures {
         }
     }
 
+    /// `host` failed the per-node checks before attempt `attempt`: it is left out at once.
+    pub fn unfit(&mut self, attempt: u32, host: &str, reasons: &[String]) {
+        self.unfit.insert(
+            host.to_string(),
+            format!(
+                "it failed the per-node checks before attempt {attempt} ({})",
+                reasons.join("; ")
+            ),
+        );
+    }
+
     /// Whether `host` failed often enough to be left out.
     fn failing(&self, host: &str) -> bool {
-        self.by_host
-            .get(host)
-            .is_some_and(|f| f.len() >= FAILURES_TO_DROP || f.iter().any(|x| x.2))
+        self.unfit.contains_key(host)
+            || self
+                .by_host
+                .get(host)
+                .is_some_and(|f| f.len() >= FAILURES_TO_DROP || f.iter().any(|x| x.2))
+    }
+
+    /// The hosts `plan`'s next attempt runs on once the failing ones are left out: the first
+    /// `--nodes` of those left (mpirun fills the hostfile's hosts in order; the rest are
+    /// spares).
+    pub fn next_hosts(&self, plan: &Plan) -> Vec<String> {
+        let left = plan.node_names.iter().filter(|h| !self.failing(h));
+        left.take(plan.nodes as usize).cloned().collect()
     }
 
     /// The hosts of `plan` that failed in [`FAILURES_TO_DROP`] attempts, and whether at least
@@ -63,16 +87,28 @@ impl HostFailures {
         }
         let left = plan.node_names.len() - failing.len();
         let nodes_left = plan.nodes.min(left as u32);
+        // The spares that come in, in hostfile order, each in the place of a dropped host
+        // that ran in this attempt.
+        let active: Vec<&String> = plan.node_names.iter().take(plan.nodes as usize).collect();
+        let next = self.next_hosts(plan);
+        let mut incoming = next.iter().filter(|h| !active.contains(h));
         let dropped: Vec<DroppedHost> = failing
             .iter()
             .map(|h| {
-                let f = &self.by_host[*h];
+                let f = self.by_host.get(*h).map(Vec::as_slice).unwrap_or_default();
+                let mut causes: Vec<String> = f.iter().map(|x| x.1.clone()).collect();
+                causes.extend(self.unfit.get(*h).cloned());
                 DroppedHost {
                     host: h.to_string(),
                     failed_in: f.iter().map(|x| x.0).collect(),
-                    causes: f.iter().map(|x| x.1.clone()).collect(),
+                    causes,
                     nodes_left,
                     ranks_left: nodes_left * plan.procs_per_node,
+                    replaced_by: if active.contains(h) {
+                        incoming.next().cloned()
+                    } else {
+                        None
+                    },
                 }
             })
             .collect();
@@ -82,7 +118,7 @@ impl HostFailures {
                 .map(|d| format!("host {}: {}", d.host, d.why()))
                 .collect();
             return HostDecision::Stop(format!(
-                "not restarting: {}; leaving it out would leave {nodes_left} node(s), fewer than --min-nodes {min_nodes}",
+                "{}; leaving it out would leave {nodes_left} node(s), fewer than --min-nodes {min_nodes}",
                 which.join("; ")
             ));
         }
@@ -358,6 +394,26 @@ mod tests {
             panic!("c takes b's place")
         };
         assert_eq!((d[0].nodes_left, d[0].ranks_left), (2, 4));
+        assert_eq!(d[0].replaced_by.as_deref(), Some("c"));
+        assert_eq!(f.next_hosts(&spare), vec!["a", "c"]);
+        assert!(d[0]
+            .line()
+            .contains("(killed by signal 9); spare host c takes its place; continuing on 2 node(s), 4 rank(s)"));
+        // A spare that fails the per-node checks is left out too: the next one comes in.
+        let spares = plan(t.path(), None, &["a", "b", "c", "d"], 2);
+        f.unfit(3, "c", &["the output is not writable".into()]);
+        let HostDecision::Drop(d) = f.decide(&spares, 2) else {
+            panic!("d takes b's place")
+        };
+        assert_eq!(f.next_hosts(&spares), vec!["a", "d"]);
+        let b = d.iter().find(|x| x.host == "b").expect("b");
+        assert_eq!(b.replaced_by.as_deref(), Some("d"));
+        let c = d.iter().find(|x| x.host == "c").expect("c");
+        assert_eq!((c.replaced_by.as_deref(), c.failed_in.len()), (None, 0));
+        assert_eq!(
+            c.line(),
+            "dropping host c: it failed the per-node checks before attempt 3 (the output is not writable); continuing on 2 node(s), 4 rank(s)"
+        );
     }
 
     #[test]
@@ -390,6 +446,7 @@ mod tests {
             causes: vec!["x".into(), "x".into()],
             nodes_left: 2,
             ranks_left: 4,
+            replaced_by: None,
         };
         let next = without_hosts(&p, &[dropped]).unwrap();
         assert_eq!(next.nodes, 2);

@@ -63,6 +63,13 @@ pub fn run_train(
         restarts,
         env: RankEnv::holding(&locks),
         worker_args: &worker_args,
+        health: restart::Health {
+            rank: rank.clone(),
+            checks: tchrun::doctor::DoctorChecks::for_job(
+                vec![job.train.clone(), job.valid.clone()],
+                job.output.clone(),
+            ),
+        },
     };
     let (result, summary) = match attempts.run(&mut plan, &mut job) {
         Ok(Ended::Ran { code, restarted }) => {

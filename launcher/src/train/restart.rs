@@ -41,15 +41,48 @@ pub struct RestartArgs {
         env = "TCHRUN_EXCLUDE_FAILED_HOSTS"
     )]
     pub exclude_failed_hosts: bool,
-    /// With --exclude-failed-hosts: the fewest nodes the job goes on with; when leaving out a
-    /// failing host would leave fewer, the job stops (exit 4).
-    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_MIN_NODES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true, requires = "exclude_failed_hosts")]
-    pub min_nodes: u32,
+    /// With --exclude-failed-hosts or --preflight doctor: the fewest nodes the job goes on
+    /// with (default 1); when leaving out a failing host would leave fewer, the job stops
+    /// (exit 4).
+    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_MIN_NODES", value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub min_nodes: Option<u32>,
+    /// `doctor`: run `tchrun doctor`'s checks on the job's hosts before the first attempt
+    /// (and its per-node checks before every restart) and leave out the hosts that fail
+    /// (with --hostfile; spares take their places), refusing below --min-nodes (exit 4).
+    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_PREFLIGHT", value_enum, default_value_t = Preflight::None)]
+    pub preflight: Preflight,
+}
+
+/// `--preflight`: what runs before the job's first attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preflight {
+    /// Nothing beyond tchrun's input checks.
+    None,
+    /// `tchrun doctor` on the job's hosts; the per-node checks again before every restart.
+    Doctor,
 }
 
 impl RestartArgs {
+    /// `--min-nodes`, or 1.
+    pub fn min_nodes(&self) -> u32 {
+        self.min_nodes.unwrap_or(1)
+    }
+
     /// Pre-flight of the restart flags against the launch flags.
     pub fn check(&self, launch: &LaunchArgs) -> Result<(), JobError> {
+        let doctor = self.preflight == Preflight::Doctor;
+        if self.min_nodes.is_some() && !self.exclude_failed_hosts && !doctor {
+            return Err(JobError::invalid(
+                "--min-nodes needs --exclude-failed-hosts or --preflight doctor: it is the fewest nodes left after a host is left out, and without them none is",
+            ));
+        }
+        if self.min_nodes() > launch.nodes {
+            return Err(JobError::invalid(format!(
+                "--min-nodes {} is more than --nodes {}: the job could not go on without any host; lower --min-nodes",
+                self.min_nodes(),
+                launch.nodes
+            )));
+        }
         if !self.exclude_failed_hosts {
             return Ok(());
         }
@@ -62,12 +95,6 @@ impl RestartArgs {
             return Err(JobError::invalid(
                 "--exclude-failed-hosts needs --max-restarts N (N > 0): a failing host is left out of the next attempt, and without restarts there is none",
             ));
-        }
-        if self.min_nodes > launch.nodes {
-            return Err(JobError::invalid(format!(
-                "--min-nodes {} is more than --nodes {}: the job could not go on without any host; lower --min-nodes",
-                self.min_nodes, launch.nodes
-            )));
         }
         Ok(())
     }
@@ -131,6 +158,8 @@ pub struct Attempts<'a> {
     pub env: RankEnv,
     /// The worker's arguments for the job as it stands (`--resume` after the first attempt).
     pub worker_args: &'a dyn Fn(&TrainJob) -> Vec<String>,
+    /// The per-node checks' flags (`--preflight doctor`, spares).
+    pub health: Health,
 }
 
 impl Attempts<'_> {
@@ -143,6 +172,9 @@ impl Attempts<'_> {
         let log_dir = plan.log_dir.clone();
         let mut history: Vec<Attempt> = Vec::new();
         let mut host_failures = HostFailures::default();
+        if restarts.preflight == Preflight::Doctor && !launch.dry_run {
+            self.preflight_doctor(&mut host_failures, plan)?;
+        }
         loop {
             let attempt = history.len() as u32 + 1;
             let env = RankEnv {
@@ -209,13 +241,17 @@ impl Attempts<'_> {
             // the ranks stopped to leave out the hosts rank 0 named, at once.
             let stragglers = hosts::straggler_hosts(&logs, &log_dir, &plan.node_names);
             let (mut failed_hosts, mut dropped_hosts) = (Vec::new(), Vec::new());
-            if restarts.exclude_failed_hosts || !stragglers.is_empty() {
-                let at_once = hardware.is_some() || !stragglers.is_empty();
-                failed_hosts = hosts::counted(stragglers, summary.as_ref(), &logs, plan);
-                host_failures.record(attempt, &failed_hosts, &cause, at_once);
-                match host_failures.decide(plan, restarts.min_nodes) {
+            let doctor = restarts.preflight == Preflight::Doctor;
+            if restarts.exclude_failed_hosts || !stragglers.is_empty() || doctor {
+                if restarts.exclude_failed_hosts || !stragglers.is_empty() {
+                    let at_once = hardware.is_some() || !stragglers.is_empty();
+                    failed_hosts = hosts::counted(stragglers, summary.as_ref(), &logs, plan);
+                    host_failures.record(attempt, &failed_hosts, &cause, at_once);
+                }
+                match self.decide_checked(&mut host_failures, plan, attempt + 1, Vec::new())? {
                     HostDecision::Keep => {}
                     HostDecision::Stop(why) => {
+                        let why = format!("not restarting: {why}");
                         errln!("tchrun: {why}");
                         return Err(Failure {
                             error: failure,
@@ -281,6 +317,159 @@ impl Attempts<'_> {
             job.options.resume = true;
         }
     }
+}
+
+impl Attempts<'_> {
+    /// `--preflight doctor` before the first attempt: `tchrun doctor` on the job's hosts
+    /// (`<log-dir>/doctor/`); the hosts that fail are left out (spares of the hostfile take
+    /// their places), a slow or broken link is said; below `--min-nodes`, or a failed host
+    /// the launch names no hostfile to leave it out of, the job stops (exit 4).
+    fn preflight_doctor(
+        &self,
+        failures: &mut HostFailures,
+        plan: &mut Plan,
+    ) -> Result<(), JobError> {
+        let dir = plan.log_dir.join("doctor");
+        let Some(d) = crate::commands::doctor::diagnose(
+            self.launch,
+            &self.health.rank,
+            &self.health.checks,
+            &dir,
+        )?
+        else {
+            return Ok(());
+        };
+        outln!("{}", tchrun::doctor::verdict::table(&d.report).trim_end());
+        outln!("tchrun: --preflight doctor: {}", d.report_path.display());
+        for l in &d.report.bad_links {
+            errln!("tchrun: warning: --preflight doctor: {l}");
+        }
+        if d.report.failed_hosts.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = d
+            .report
+            .failed_hosts
+            .iter()
+            .map(|f| f.host.clone())
+            .collect();
+        let stop = |why: String| {
+            let why = format!(
+                "--preflight doctor: {why} (see {})",
+                d.report_path.display()
+            );
+            JobError::RankFailed {
+                kind: tchrun::exit::ErrorKind::RankFailed,
+                report: format!("tchrun: error: {why}\n"),
+            }
+        };
+        if plan.hostfile.is_none() {
+            return Err(stop(format!(
+                "host(s) {} failed the checks and the launch names no --hostfile to leave them out of; fix them, or pass --hostfile with the healthy hosts ({})",
+                names.join(", "),
+                d.healthy_hostfile.display()
+            )));
+        }
+        for f in &d.report.failed_hosts {
+            let host = plan
+                .node_names
+                .iter()
+                .find(|h| tchrun::doctor::verdict::same_host(&f.host, h))
+                .cloned()
+                .unwrap_or_else(|| f.host.clone());
+            failures.unfit(1, &host, &f.reasons);
+        }
+        let passed: Vec<String> = plan
+            .node_names
+            .iter()
+            .filter(|h| {
+                d.report
+                    .healthy_hosts
+                    .iter()
+                    .any(|x| tchrun::doctor::verdict::same_host(x, h))
+            })
+            .cloned()
+            .collect();
+        match self.decide_checked(failures, plan, 1, passed)? {
+            HostDecision::Keep => Ok(()),
+            HostDecision::Stop(why) => Err(stop(why)),
+            HostDecision::Drop(dropped) => {
+                *plan = hosts::without_hosts(plan, &dropped)?;
+                for d in &dropped {
+                    errln!("tchrun: {}", d.line());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `HostFailures::decide` for the attempt `next`, after the per-node checks of the hosts
+    /// that would join it (the spares coming in; with `--preflight doctor`, every host of
+    /// it): one that fails is left out too and the next spare checked, until every host of
+    /// the attempt passed or too few are left. Bounded: each round leaves out a host or ends.
+    /// `checked`: hosts that just passed the checks (not run again).
+    fn decide_checked(
+        &self,
+        failures: &mut HostFailures,
+        plan: &Plan,
+        next: u32,
+        mut checked: Vec<String>,
+    ) -> Result<HostDecision, JobError> {
+        let min = self.restarts.min_nodes();
+        if plan.hostfile.is_none() {
+            // No hostfile to leave a host out of, and no spare to take its place.
+            return Ok(failures.decide(plan, min));
+        }
+        let everywhere = self.restarts.preflight == Preflight::Doctor && next > 1;
+        let active: Vec<String> = plan
+            .node_names
+            .iter()
+            .take(plan.nodes as usize)
+            .cloned()
+            .collect();
+        for round in 0..=plan.node_names.len() {
+            let decision = failures.decide(plan, min);
+            if matches!(decision, HostDecision::Stop(_)) {
+                return Ok(decision);
+            }
+            let to_check: Vec<String> = failures
+                .next_hosts(plan)
+                .into_iter()
+                .filter(|h| (everywhere || !active.contains(h)) && !checked.contains(h))
+                .collect();
+            if to_check.is_empty() {
+                return Ok(decision);
+            }
+            errln!(
+                "tchrun: per-node checks of host(s) {} before attempt {next}",
+                to_check.join(", ")
+            );
+            let dir = plan
+                .log_dir
+                .join(format!("doctor-attempt-{next}"))
+                .join(format!("round-{}", round + 1));
+            let failed = crate::commands::doctor::check_hosts(
+                &to_check,
+                self.launch,
+                &self.health.rank,
+                &self.health.checks,
+                &dir,
+            )?;
+            checked.extend(to_check);
+            for f in failed {
+                failures.unfit(next, &f.host, &f.reasons);
+            }
+        }
+        Ok(failures.decide(plan, min))
+    }
+}
+
+/// What the per-node checks of `--preflight doctor` and of spare hosts run with.
+pub struct Health {
+    /// The ranks' flags (device, log directory set per check).
+    pub rank: tchrun::flags::RankFlags,
+    /// The job's data and output, the default thresholds.
+    pub checks: tchrun::doctor::DoctorChecks,
 }
 
 /// The last attempt failed too and is not restarted: its `failure.json` gets the earlier
