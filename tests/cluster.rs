@@ -706,8 +706,7 @@ fn slurm_srun_inside_salloc() {
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
-        r.stdout
-            .contains("tchrun doctor: 1 node(s), 0 host(s) failed, 0 bad link(s)"),
+        r.stdout.contains("tchrun doctor: 1 node(s), healthy"),
         "{}",
         r.explain()
     );

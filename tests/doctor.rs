@@ -2,7 +2,8 @@
 //! hostfile.healthy, the table), checks that fail and are named (an output that is a file, a
 //! missing data folder, a GPU with ECC errors through a fake `nvidia-smi` on PATH), and with
 //! real mpirun on two network-namespace nodes (scripts/netns-nodes.sh): healthy, and a node
-//! whose output directory is not shared (its own tmpfs) left out of hostfile.healthy. The
+//! whose output directory is not shared (its own tmpfs) left out of hostfile.healthy, and four
+//! nodes with one link rate-limited (its two pairs named slow). The
 //! namespace tests need root; without it they say SKIP (and fail under
 //! `TCHRUN_REQUIRE_PRIVILEGED=1`).
 mod common;
