@@ -1480,8 +1480,9 @@ fn rank_hosts(logs: &Path) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Issue 33 item 3: the failing node 2 of `train_with_failing_node2` with a third host in the
-/// hostfile, a spare (the job runs on --nodes 2). After node 2's second failure tchrun runs the
+/// Issue 33 item 3: the failing node 2 of `train_with_failing_node2` with a spare host,
+/// tchrun-node3 (`--spare-hosts FILE`: the job's hostfile then the spares, in
+/// `hostfile.with-spares`). After node 2's second failure tchrun runs the
 /// per-node checks on tchrun-node3, which passes and takes node 2's place: attempt 3 runs on
 /// nodes 1 and 3 at the same world size, the console and `restarts.json` say which host
 /// replaced which, and with `--global-batch-size 40` the model equals the undisturbed 2-rank
@@ -1490,8 +1491,12 @@ fn rank_hosts(logs: &Path) -> Vec<(String, u64)> {
 fn netns_a_spare_host_takes_the_place_of_one_that_keeps_failing() {
     let Some(_nodes) = Nodes::up(3) else { return };
     let t = tempdir();
+    let spare = t.path().join("spares");
+    std::fs::write(&spare, "tchrun-node3 slots=1\n").expect("spares");
+    let spare = spare.display().to_string();
     let extra = ["--global-batch-size", "40", "--min-nodes", "2"];
-    let (r, out) = train_with_failing_node2_of(t.path(), 3, &extra);
+    let extra = [&extra[..], &["--spare-hosts", spare.as_str()]].concat();
+    let (r, out) = train_with_failing_node2_of(t.path(), 2, &extra);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     for want in [
         "tchrun: per-node checks of host(s) tchrun-node3 before attempt 3",
@@ -1535,6 +1540,11 @@ fn netns_a_spare_host_takes_the_place_of_one_that_keeps_failing() {
     assert!(
         hostfile.contains("tchrun-node1 slots=1\ntchrun-node3 slots=1"),
         "{hostfile}"
+    );
+    let merged = read(&logs.join("hostfile.with-spares"));
+    assert!(
+        merged.ends_with("tchrun-node1 slots=1\ntchrun-node2 slots=1\ntchrun-node3 slots=1\n"),
+        "{merged}"
     );
     let log0 = read(&logs.join("70_driver_log_0"));
     assert!(log0.contains("rank exiting with code 0"), "{log0}");

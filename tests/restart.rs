@@ -351,8 +351,8 @@ fn sigkill_during_a_background_checkpoint_write_keeps_the_previous_one() {
     );
 }
 
-/// `--exclude-failed-hosts` and `--min-nodes` are refused before anything runs when they
-/// cannot apply: exit 2 and the flag to add or change.
+/// `--exclude-failed-hosts`, `--min-nodes` and `--spare-hosts` are refused before anything
+/// runs when they cannot apply: exit 2 and the flag to add or change.
 #[test]
 fn exclude_failed_hosts_needs_a_hostfile_and_restarts() {
     let t = tempdir();
@@ -360,7 +360,22 @@ fn exclude_failed_hosts_needs_a_hostfile_and_restarts() {
     let hostfile = t.path().join("hosts");
     std::fs::write(&hostfile, "a slots=1\nb slots=1\n").expect("hostfile");
     let hf = format!("--hostfile={}", hostfile.display());
-    let cases: [(&[&str], &str); 4] = [
+    let spares = t.path().join("spares");
+    std::fs::write(&spares, "b slots=1\n").expect("spares");
+    let sp = format!("--spare-hosts={}", spares.display());
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &[&sp, "--nodes", "1"],
+            &format!("--spare-hosts {} needs --hostfile FILE", spares.display()),
+        ),
+        (
+            &[&sp, &hf, "--nodes", "2"],
+            &format!(
+                "--spare-hosts {}: b is also in --hostfile {}; a spare must be another host",
+                spares.display(),
+                hostfile.display()
+            ),
+        ),
         (
             &["--exclude-failed-hosts", "--max-restarts", "2"],
             "--exclude-failed-hosts needs --hostfile FILE",

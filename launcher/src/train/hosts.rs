@@ -3,14 +3,92 @@
 //! one (a hardware error, `Cause::is_hardware`, counts at once), which runs on the remaining hosts (a rewritten hostfile in the log directory, fewer
 //! ranks), as long as `--min-nodes` remain.
 use crate::error::JobError;
-use crate::plan::launch::Plan;
+use crate::plan::launch::{LaunchArgs, Plan};
 use crate::report::{FailureSummary, RankLog};
 use std::collections::BTreeMap;
+use std::path::Path;
 use tchrun::files;
 use tchrun::job_record::DroppedHost;
 
 /// Attempts a host's ranks failed in before `--exclude-failed-hosts` leaves it out.
 pub const FAILURES_TO_DROP: usize = 2;
+
+/// `--hostfile` with the hosts of `--spare-hosts` after its own (in the log directory).
+pub const WITH_SPARES_HOSTFILE: &str = "hostfile.with-spares";
+
+/// `--spare-hosts FILE`, read and checked before anything is written: the hosts of
+/// `--hostfile`, then the spares. None without spares. Refused (exit 2): no `--hostfile`, an
+/// unreadable or empty spare file, a spare that is also a host of the job.
+pub fn read_spares(
+    launch: &LaunchArgs,
+    spares: Option<&Path>,
+) -> Result<Option<Vec<crate::plan::launch::Host>>, JobError> {
+    use crate::plan::launch::parse_hostfile;
+    let Some(spares) = spares else {
+        return Ok(None);
+    };
+    let Some(hostfile) = &launch.hostfile else {
+        return Err(JobError::invalid(format!(
+            "--spare-hosts {} needs --hostfile FILE: the spares wait behind the job's hosts",
+            spares.display()
+        )));
+    };
+    let read = |flag: &str, f: &Path| {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| JobError::input_io(format!("{flag} {}", f.display()), e))?;
+        parse_hostfile(f, &text).map_err(|e| JobError::invalid(format!("{flag} {e}")))
+    };
+    let (mut hosts, extra) = (
+        read("--hostfile", hostfile)?,
+        read("--spare-hosts", spares)?,
+    );
+    if extra.is_empty() {
+        return Err(JobError::invalid(format!(
+            "--spare-hosts {}: no hosts in it",
+            spares.display()
+        )));
+    }
+    if let Some(h) = extra
+        .iter()
+        .find(|s| hosts.iter().any(|h| h.name == s.name))
+    {
+        return Err(JobError::invalid(format!(
+            "--spare-hosts {}: {} is also in --hostfile {}; a spare must be another host",
+            spares.display(),
+            h.name,
+            hostfile.display()
+        )));
+    }
+    hosts.extend(extra);
+    Ok(Some(hosts))
+}
+
+/// `plan` and the launch (returned) on a hostfile of `all` (`read_spares`): written to
+/// `<log-dir>/hostfile.with-spares`, except by a dry run, whose command names it.
+pub fn with_spares(
+    launch: &LaunchArgs,
+    all: &[crate::plan::launch::Host],
+    plan: &mut Plan,
+) -> Result<LaunchArgs, JobError> {
+    let mut text = String::from("# --hostfile and --spare-hosts (tchrun): the spares last\n");
+    for h in all {
+        match h.slots {
+            Some(n) => text.push_str(&format!("{} slots={n}\n", h.name)),
+            None => text.push_str(&format!("{}\n", h.name)),
+        }
+    }
+    let path = plan.log_dir.join(WITH_SPARES_HOSTFILE);
+    if !launch.dry_run {
+        std::fs::create_dir_all(&plan.log_dir)
+            .and_then(|_| files::write_atomic(&path, text.as_bytes()).map_err(|e| e.source))
+            .map_err(|e| JobError::input_io(format!("{}", path.display()), e))?;
+    }
+    plan.node_names = all.iter().map(|h| h.name.clone()).collect();
+    plan.hostfile = Some(path.clone());
+    let mut with = launch.clone();
+    with.hostfile = Some(path);
+    Ok(with)
+}
 
 /// The hostfile of the hosts left after `--exclude-failed-hosts` dropped some (in the log
 /// directory; the next attempts' mpirun reads it instead of `--hostfile`).

@@ -40,6 +40,7 @@ pub fn run_train(
 ) -> Result<i32, JobError> {
     restarts.check(launch)?;
     restart::check_straggler_action(job, launch, restarts)?;
+    let spares = hosts::read_spares(launch, restarts.spare_hosts.as_deref())?;
     let Some(ready) = prepare(job, launch, rank)? else {
         return Ok(0);
     };
@@ -50,6 +51,12 @@ pub fn run_train(
         handoff,
         locks,
     } = ready;
+    // `--spare-hosts`: the job's hostfile with the spares after its hosts.
+    let with_spares = match &spares {
+        Some(all) => Some(hosts::with_spares(launch, all, &mut plan)?),
+        None => None,
+    };
+    let launch = with_spares.as_ref().unwrap_or(launch);
     let log_dir = plan.log_dir.clone();
     let worker_args = |job: &TrainJob| {
         let mut args = vec!["train".to_string()];

@@ -51,6 +51,12 @@ pub struct RestartArgs {
     /// (with --hostfile; spares take their places), refusing below --min-nodes (exit 4).
     #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_PREFLIGHT", value_enum, default_value_t = Preflight::None)]
     pub preflight: Preflight,
+    /// A hostfile of spare hosts (with --hostfile): they wait until a host of the job is left
+    /// out (--exclude-failed-hosts, --straggler-action exclude, --preflight doctor) and take
+    /// its place after passing the per-node checks. The hosts of --hostfile beyond --nodes are
+    /// spares too.
+    #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_SPARE_HOSTS")]
+    pub spare_hosts: Option<PathBuf>,
 }
 
 /// `--preflight`: what runs before the job's first attempt.
