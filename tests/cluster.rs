@@ -6,6 +6,7 @@
 //! `TCHRUN_REQUIRE_PRIVILEGED=1`, as in CI). Every daemon,
 //! namespace and /etc/hosts line a test makes is removed by a guard, also when it fails.
 mod common;
+use common::netns::Nodes;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -149,69 +150,6 @@ fn processes_with(program: &str, needle: &str) -> Vec<(u32, String)> {
 }
 
 // ---------------------------------------------------------------- network-namespace nodes
-
-static NETNS: Mutex<()> = Mutex::new(());
-
-/// `n` namespaces tchrun-node1..n; removed (with their /etc/hosts lines) on drop.
-struct Nodes {
-    _lock: MutexGuard<'static, ()>,
-}
-
-impl Nodes {
-    /// None (after printing why) where namespaces cannot be made.
-    fn up(n: usize) -> Option<Nodes> {
-        let lock = serialize(&NETNS);
-        if !is_root() {
-            skip_or_fail("network-namespace nodes need root (CAP_NET_ADMIN); not root here");
-            return None;
-        }
-        let nodes = Nodes { _lock: lock };
-        let r = run(
-            Command::new(script("netns-nodes.sh")).args(["up", &n.to_string()]),
-            Duration::from_secs(30),
-        );
-        if r.code == Some(3) {
-            skip_or_fail(&format!(
-                "cannot create network namespaces here: {}",
-                r.stderr.trim()
-            ));
-            return None;
-        }
-        assert_eq!(r.code, Some(0), "{}", r.explain());
-        Some(nodes)
-    }
-
-    fn hostfile(dir: &Path, n: usize, slots: usize) -> PathBuf {
-        let f = dir.join("hostfile");
-        let text: String = (1..=n)
-            .map(|k| format!("tchrun-node{k} slots={slots}\n"))
-            .collect();
-        std::fs::write(&f, text).expect("hostfile");
-        f
-    }
-
-    /// mpirun's flags for the namespaces, with a private session directory under `tmp`.
-    fn mpirun_args(tmp: &Path) -> String {
-        format!(
-            "--mca plm_rsh_agent {} --mca btl_tcp_if_include 10.250.0.0/24 --mca oob_tcp_if_include 10.250.0.0/24 --mca orte_tmpdir_base {}",
-            script("netns-rsh.sh").display(),
-            tmp.display()
-        )
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        let r = Command::new("timeout")
-            .args(["30"])
-            .arg(script("netns-nodes.sh"))
-            .arg("down")
-            .status();
-        if !matches!(r, Ok(s) if s.success()) {
-            eprintln!("warning: scripts/netns-nodes.sh down failed: {r:?}");
-        }
-    }
-}
 
 /// Checks 4 driver logs of a 2 nodes × 2 ranks job: ranks 0,1 on node 1, ranks 2,3 on node 2,
 /// each with its node's address.
@@ -1582,11 +1520,7 @@ fn netns_preflight_doctor_leaves_out_a_host_whose_output_is_not_shared() {
         )
         .expect("agent");
         std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let mpirun_args = format!(
-            "--mca plm_rsh_agent {} --mca btl_tcp_if_include 10.250.0.0/24 --mca oob_tcp_if_include 10.250.0.0/24 --mca orte_tmpdir_base {}",
-            agent.display(),
-            ompi.display()
-        );
+        let mpirun_args = Nodes::mpirun_args_with(&agent, &ompi);
         run(
             tchrun_train(&model, &d.join("train"), &d.join("valid"), out)
                 .env("TMPDIR", &ompi)

@@ -7,11 +7,11 @@
 //! namespace tests need root; without it they say SKIP (and fail under
 //! `TCHRUN_REQUIRE_PRIVILEGED=1`).
 mod common;
+use common::netns::Nodes;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -140,53 +140,8 @@ fn doctor_names_each_failed_check_and_leaves_the_host_out() {
 
 // ---------------------------------------------------------------- network-namespace nodes
 
-static NETNS: Mutex<()> = Mutex::new(());
-
 fn script(name: &str) -> PathBuf {
-    repo().join("scripts").join(name)
-}
-
-extern "C" {
-    fn geteuid() -> u32;
-}
-
-/// Namespaces tchrun-node1..n (scripts/netns-nodes.sh); removed on drop.
-struct Nodes {
-    _lock: MutexGuard<'static, ()>,
-}
-
-impl Nodes {
-    fn up(n: usize) -> Option<Nodes> {
-        let lock = NETNS.lock().unwrap_or_else(|e| e.into_inner());
-        if unsafe { geteuid() } != 0 {
-            skip_or_fail("network-namespace nodes need root (CAP_NET_ADMIN); not root here");
-            return None;
-        }
-        let nodes = Nodes { _lock: lock };
-        let r = run(
-            Command::new(script("netns-nodes.sh")).args(["up", &n.to_string()]),
-            Duration::from_secs(30),
-        );
-        if r.code == Some(3) {
-            skip_or_fail(&format!(
-                "cannot create network namespaces: {}",
-                r.stderr.trim()
-            ));
-            return None;
-        }
-        assert_eq!(r.code, Some(0), "{}", r.explain());
-        Some(nodes)
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        let _ = Command::new("timeout")
-            .arg("30")
-            .arg(script("netns-nodes.sh"))
-            .arg("down")
-            .status();
-    }
+    common::netns::script(name)
 }
 
 /// `tchrun doctor` on 2 namespace nodes × 2 ranks through mpirun with `agent` as rsh agent.
@@ -196,11 +151,7 @@ fn netns_doctor(t: &Path, agent: &Path, out: &Path) -> (Run, PathBuf) {
     let hostfile = t.join("hostfile");
     std::fs::write(&hostfile, "tchrun-node1 slots=2\ntchrun-node2 slots=2\n").expect("hostfile");
     let logs = t.join("logs");
-    let mpirun_args = format!(
-        "--mca plm_rsh_agent {} --mca btl_tcp_if_include 10.250.0.0/24 --mca oob_tcp_if_include 10.250.0.0/24 --mca orte_tmpdir_base {}",
-        agent.display(),
-        ompi.display()
-    );
+    let mpirun_args = Nodes::mpirun_args_with(&agent, &ompi);
     let r = run(
         doctor(&logs)
             .env("TMPDIR", &ompi)
@@ -345,11 +296,7 @@ fn netns_doctor_names_the_pairs_of_a_slowed_link() {
         .collect();
     std::fs::write(&hostfile, hosts).expect("hostfile");
     let logs = t.path().join("logs");
-    let mpirun_args = format!(
-        "--mca plm_rsh_agent {} --mca btl_tcp_if_include 10.250.0.0/24 --mca oob_tcp_if_include 10.250.0.0/24 --mca orte_tmpdir_base {}",
-        script("netns-rsh.sh").display(),
-        ompi.display()
-    );
+    let mpirun_args = Nodes::mpirun_args(&ompi);
     let r = run(
         doctor(&logs)
             .env("TMPDIR", &ompi)

@@ -1,5 +1,6 @@
 //! Helpers of the integration tests: the real binaries, bounded runs, temp dirs.
 #![allow(dead_code)]
+pub mod netns;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
