@@ -37,6 +37,8 @@ impl ChannelsLast {
 /// (1.25x at 32 px, 1.2x at 64 and 112 px).
 const CPU_FROM_SIZE_RESNET: i64 = 96;
 const CPU_FROM_SIZE_DENSENET: i64 = 0;
+/// ConvNeXt: measured below (`CONVNEXT_MEASURED`).
+const CPU_FROM_SIZE_CONVNEXT: i64 = 0;
 
 /// The decision and the reason, for the driver log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +79,7 @@ pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) ->
     let (family, from) = match arch.family() {
         Family::Resnet { .. } => ("ResNet", CPU_FROM_SIZE_RESNET),
         Family::Densenet { .. } => ("DenseNet", CPU_FROM_SIZE_DENSENET),
+        Family::Convnext { .. } => ("ConvNeXt", CPU_FROM_SIZE_CONVNEXT),
     };
     let on = input_size >= from;
     if from == 0 {
