@@ -503,6 +503,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "resnext101_32x8d",
         "wide_resnet50_2",
         "densenet201",
+        "convnext_tiny",
+        "convnext_large",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }
