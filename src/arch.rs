@@ -1,5 +1,5 @@
 //! The architectures (torchvision names: the model list of Azure ML designer's ResNet and
-//! DenseNet components) and what each is built from (`Family`: torchvision's constructor
+//! DenseNet components, and ConvNeXt) and what each is built from (`Family`: torchvision's constructor
 //! arguments), the one description `weights::spec` and the worker's builders read.
 use serde::{Deserialize, Serialize};
 
@@ -8,7 +8,7 @@ pub const MIN_INPUT_SIZE: u32 = 16;
 pub const MAX_INPUT_SIZE: u32 = 1024;
 
 /// Supported architectures (torchvision names): the model list of Azure ML designer's ResNet and
-/// DenseNet components.
+/// DenseNet components, and torchvision's ConvNeXt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -36,6 +36,18 @@ pub enum Arch {
     Densenet161,
     Densenet169,
     Densenet201,
+    #[serde(rename = "convnext_tiny")]
+    #[value(name = "convnext_tiny")]
+    ConvnextTiny,
+    #[serde(rename = "convnext_small")]
+    #[value(name = "convnext_small")]
+    ConvnextSmall,
+    #[serde(rename = "convnext_base")]
+    #[value(name = "convnext_base")]
+    ConvnextBase,
+    #[serde(rename = "convnext_large")]
+    #[value(name = "convnext_large")]
+    ConvnextLarge,
 }
 
 /// How torchvision builds an architecture: the numbers its constructor takes.
@@ -56,21 +68,58 @@ pub enum Family {
         growth: usize,
         blocks: [usize; 4],
     },
+    /// `torchvision.models.convnext.ConvNeXt(block_setting, stochastic_depth_prob)` with
+    /// LayerNorm2d (eps 1e-6) and layer scale 1e-6: stage `s` has `blocks[s]` CNBlocks of
+    /// `dims[s]` channels; `stochastic_depth_pct` is the constructor's default
+    /// `stochastic_depth_prob` in percent (the last block's; block `i` of `n` drops with
+    /// `p * i / (n - 1)`).
+    Convnext {
+        dims: [usize; 4],
+        blocks: [usize; 4],
+        stochastic_depth_pct: u32,
+    },
+}
+
+impl Family {
+    /// ConvNeXt's drop probability of each block, in order (torchvision's `sd_prob =
+    /// stochastic_depth_prob * stage_block_id / (total_stage_blocks - 1.0)`); empty for the
+    /// families without stochastic depth.
+    pub fn stochastic_depth_probs(self) -> Vec<f64> {
+        let Family::Convnext {
+            blocks,
+            stochastic_depth_pct,
+            ..
+        } = self
+        else {
+            return Vec::new();
+        };
+        let total: usize = blocks.iter().sum();
+        let p = f64::from(stochastic_depth_pct) / 100.0;
+        (0..total)
+            .map(|i| p * i as f64 / (total as f64 - 1.0))
+            .collect()
+    }
 }
 
 impl Arch {
-    /// Side of the last feature map (what the final batch-norm layer sees) for a square input
-    /// of `input` pixels: torchvision's strides and paddings (ResNet: conv1, max-pool and three
-    /// stride-2 stages, each ceil(s/2); DenseNet: conv0 and pool0 ceil(s/2), then three 2x2
-    /// average-pool transitions, each floor(s/2)).
+    /// Side of the last feature map (what the final normalisation layer sees) for a square
+    /// input of `input` pixels: torchvision's strides and paddings (ResNet: conv1, max-pool and
+    /// three stride-2 stages, each ceil(s/2); DenseNet: conv0 and pool0 ceil(s/2), then three
+    /// 2x2 average-pool transitions, each floor(s/2); ConvNeXt: the 4x4 stride-4 stem, floor(s/4),
+    /// then three 2x2 stride-2 downsampling convolutions, each floor(s/2): floor(s/32)).
     pub fn last_feature_size(self, input: u32) -> u32 {
         let half_up = |s: u32| s.div_ceil(2);
-        let s = half_up(half_up(input));
-        if self.is_densenet() {
-            s / 2 / 2 / 2
-        } else {
-            half_up(half_up(half_up(s)))
+        match self.family() {
+            Family::Convnext { .. } => input / 4 / 2 / 2 / 2,
+            Family::Densenet { .. } => half_up(half_up(input)) / 2 / 2 / 2,
+            Family::Resnet { .. } => half_up(half_up(half_up(half_up(half_up(input))))),
         }
+    }
+
+    /// Whether the architecture has batch-norm layers (whose running statistics one value per
+    /// channel would poison); ConvNeXt normalises with LayerNorm, per image.
+    pub fn has_batch_norm(self) -> bool {
+        !matches!(self.family(), Family::Convnext { .. })
     }
 
     /// The smallest input size the architecture works at (every feature map at least 1x1).
@@ -81,14 +130,17 @@ impl Arch {
     }
 
     /// The smallest input size at which one image still gives batch norm more than one value
-    /// per channel in every layer.
+    /// per channel in every layer (any accepted size for an architecture without batch norm).
     pub fn min_input_for_single_image(self) -> u32 {
+        if !self.has_batch_norm() {
+            return self.min_input_size();
+        }
         (1..=4096)
             .find(|&i| self.last_feature_size(i) >= 2)
             .unwrap_or(4096)
     }
 
-    pub const ALL: [Arch; 14] = [
+    pub const ALL: [Arch; 18] = [
         Arch::Resnet18,
         Arch::Resnet34,
         Arch::Resnet50,
@@ -103,6 +155,10 @@ impl Arch {
         Arch::Densenet161,
         Arch::Densenet169,
         Arch::Densenet201,
+        Arch::ConvnextTiny,
+        Arch::ConvnextSmall,
+        Arch::ConvnextBase,
+        Arch::ConvnextLarge,
     ];
 
     pub fn name(self) -> &'static str {
@@ -121,6 +177,10 @@ impl Arch {
             Arch::Densenet161 => "densenet161",
             Arch::Densenet169 => "densenet169",
             Arch::Densenet201 => "densenet201",
+            Arch::ConvnextTiny => "convnext_tiny",
+            Arch::ConvnextSmall => "convnext_small",
+            Arch::ConvnextBase => "convnext_base",
+            Arch::ConvnextLarge => "convnext_large",
         }
     }
 
@@ -137,6 +197,11 @@ impl Arch {
             growth,
             blocks,
         };
+        let convnext = |dims, blocks, stochastic_depth_pct| Family::Convnext {
+            dims,
+            blocks,
+            stochastic_depth_pct,
+        };
         match self {
             Arch::Resnet18 => resnet(false, [2, 2, 2, 2], 1, 64),
             Arch::Resnet34 => resnet(false, [3, 4, 6, 3], 1, 64),
@@ -152,12 +217,22 @@ impl Arch {
             Arch::Densenet161 => densenet(96, 48, [6, 12, 36, 24]),
             Arch::Densenet169 => densenet(64, 32, [6, 12, 32, 32]),
             Arch::Densenet201 => densenet(64, 32, [6, 12, 48, 32]),
+            Arch::ConvnextTiny => convnext([96, 192, 384, 768], [3, 3, 9, 3], 10),
+            Arch::ConvnextSmall => convnext([96, 192, 384, 768], [3, 3, 27, 3], 40),
+            Arch::ConvnextBase => convnext([128, 256, 512, 1024], [3, 3, 27, 3], 50),
+            Arch::ConvnextLarge => convnext([192, 384, 768, 1536], [3, 3, 27, 3], 50),
         }
     }
 
-    /// DenseNet (no residual blocks; classifier `classifier.`) rather than a ResNet variant.
+    /// DenseNet (no residual blocks; classifier `classifier.`).
     pub fn is_densenet(self) -> bool {
         matches!(self.family(), Family::Densenet { .. })
+    }
+
+    /// A ResNet variant (ResNet, ResNeXt, Wide ResNet: residual blocks ending in batch norm,
+    /// classifier `fc.`).
+    pub fn is_resnet(self) -> bool {
+        matches!(self.family(), Family::Resnet { .. })
     }
 
     pub fn from_name(name: &str) -> Option<Arch> {

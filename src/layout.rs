@@ -37,6 +37,11 @@ impl ChannelsLast {
 /// (1.25x at 32 px, 1.2x at 64 and 112 px).
 const CPU_FROM_SIZE_RESNET: i64 = 96;
 const CPU_FROM_SIZE_DENSENET: i64 = 0;
+/// ConvNeXt: never on CPU. convnext_tiny, ms per step NCHW / channels-last, two runs each
+/// interleaved: 32 px 245, 267 / 263, 279; 64 px 674, 889 / 884, 890; 112 px 2247, 2422 /
+/// 2395, 2371: channels-last was nowhere faster (its 7x7 depthwise convolutions gain nothing
+/// from oneDNN's NHWC kernels and the LayerNorms permute either way).
+const CPU_FROM_SIZE_CONVNEXT: i64 = i64::MAX;
 
 /// The decision and the reason, for the driver log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,8 +82,18 @@ pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) ->
     let (family, from) = match arch.family() {
         Family::Resnet { .. } => ("ResNet", CPU_FROM_SIZE_RESNET),
         Family::Densenet { .. } => ("DenseNet", CPU_FROM_SIZE_DENSENET),
+        Family::Convnext { .. } => ("ConvNeXt", CPU_FROM_SIZE_CONVNEXT),
     };
     let on = input_size >= from;
+    if from == i64::MAX {
+        return Layout {
+            channels_last: false,
+            why: format!(
+                "--channels-last auto: on CPU {family} runs no faster in channels-last at any \
+                 size measured"
+            ),
+        };
+    }
     if from == 0 {
         return Layout {
             channels_last: true,
@@ -115,6 +130,15 @@ mod tests {
         assert!(choose(ChannelsLast::Auto, false, r18, CPU_FROM_SIZE_RESNET).channels_last);
         assert!(choose(ChannelsLast::On, false, r18, 32).channels_last);
         assert!(!choose(ChannelsLast::Off, true, r18, 224).channels_last);
+        let cnx = Arch::from_name("convnext_tiny").expect("convnext_tiny");
+        assert!(choose(ChannelsLast::Auto, true, cnx, 32).channels_last);
+        let l = choose(ChannelsLast::Auto, false, cnx, 1024);
+        assert_eq!(
+            l.describe(),
+            "NCHW (--channels-last auto: on CPU ConvNeXt runs no faster in channels-last at any \
+             size measured)"
+        );
+        assert!(choose(ChannelsLast::On, false, cnx, 32).channels_last);
         let l = choose(ChannelsLast::Auto, false, r18, 32);
         assert_eq!(
             l.describe(),

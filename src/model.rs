@@ -307,11 +307,11 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
             ),
         ));
     }
-    if cfg.zero_init_residual && cfg.arch.is_densenet() {
+    if cfg.zero_init_residual && !cfg.arch.is_resnet() {
         return Err(invalid(
             &file,
             format!(
-                "zero_init_residual is a ResNet option and {} has no residual blocks; remove it",
+                "zero_init_residual is a ResNet option and {} is not a ResNet; remove it",
                 cfg.arch.name()
             ),
         ));
@@ -467,6 +467,12 @@ mod tests {
         assert_eq!(Arch::Densenet201.min_input_size(), 29);
         assert_eq!(Arch::Resnet18.min_input_size(), MIN_INPUT_SIZE);
         assert_eq!(Arch::Resnet18.min_input_for_single_image(), 33);
+        // ConvNeXt: floor(s / 32) (4x4 stride-4 stem, three 2x2 stride-2 downsamplings).
+        assert_eq!(Arch::ConvnextTiny.last_feature_size(224), 7);
+        assert_eq!(Arch::ConvnextTiny.last_feature_size(63), 1);
+        assert_eq!(Arch::ConvnextTiny.last_feature_size(31), 0);
+        assert_eq!(Arch::ConvnextLarge.min_input_size(), 32);
+        assert_eq!(Arch::ConvnextTiny.min_input_for_single_image(), 32);
         assert!(check_arch_input_size(Arch::Densenet121, 28)
             .unwrap_err()
             .contains("use an input size of 29 or more"));
@@ -526,6 +532,17 @@ mod tests {
             .expect_err("densenet zero_init_residual")
             .to_string()
             .contains("zero_init_residual is a ResNet option"));
+        write(
+            t.path(),
+            r#"{"format_version":1,"arch":"convnext_tiny","input_size":32,"zero_init_residual":true}"#,
+        );
+        let e = load(t.path(), false).expect_err("convnext zero_init_residual");
+        assert!(
+            e.to_string().ends_with(
+                "zero_init_residual is a ResNet option and convnext_tiny is not a ResNet; remove it"
+            ),
+            "{e}"
+        );
         assert!(load(Path::new("weights.pth"), false)
             .expect_err("pickle")
             .to_string()

@@ -142,7 +142,7 @@ fn check_model(job: &TrainJob) -> Result<ModelConfig, PreflightError> {
         })?;
     }
     let last = cfg.arch.last_feature_size(cfg.input_size);
-    if job.params.batch_size == 1 && last <= 1 {
+    if job.params.batch_size == 1 && last <= 1 && cfg.arch.has_batch_norm() {
         return Err(PreflightError::Flags(format!(
             "--batch-size 1: {} at input size {} ends in a 1x1 feature map, so batch norm would see \
              one value per channel and its running variance would become NaN; use --batch-size 2 \

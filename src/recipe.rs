@@ -257,18 +257,20 @@ impl RecipeFlags {
     }
 }
 
-/// The normalisation layers' parameters among `names` (a model's variables, buffers included):
-/// those of a module that keeps running statistics (`<module>.running_mean`), which in
-/// torchvision's models are exactly the batch-norm layers (`nn.BatchNorm2d`, a `_BatchNorm`).
-pub fn norm_parameters<'a>(names: &[&'a str]) -> std::collections::BTreeSet<&'a str> {
-    let all: std::collections::BTreeSet<&str> = names.iter().copied().collect();
-    names
-        .iter()
-        .copied()
+/// The normalisation layers' parameters among `vars` (a model's variables, buffers included,
+/// each with its number of dimensions): those of a module that keeps running statistics
+/// (`<module>.running_mean`: batch norm, a `_BatchNorm`) or whose `weight` is a vector (a
+/// LayerNorm, as in ConvNeXt; convolution and Linear weights have two dimensions or more), which
+/// in torchvision's models are exactly the layers `set_weight_decay` counts as normalisation.
+pub fn norm_parameters<'a>(vars: &[(&'a str, usize)]) -> std::collections::BTreeSet<&'a str> {
+    let all: std::collections::HashMap<&str, usize> = vars.iter().copied().collect();
+    vars.iter()
+        .map(|(n, _)| *n)
         .filter(|n| {
             n.rsplit_once('.').is_some_and(|(module, leaf)| {
                 matches!(leaf, "weight" | "bias")
-                    && all.contains(format!("{module}.running_mean").as_str())
+                    && (all.contains_key(format!("{module}.running_mean").as_str())
+                        || all.get(format!("{module}.weight").as_str()) == Some(&1))
             })
         })
         .collect()
@@ -508,21 +510,50 @@ mod tests {
     #[test]
     fn weight_decay_groups_follow_torchvision() {
         let names = [
-            "conv1.weight",
-            "bn1.weight",
-            "bn1.bias",
-            "bn1.running_mean",
-            "bn1.running_var",
-            "bn1.num_batches_tracked",
-            "layer1.0.downsample.1.weight",
-            "layer1.0.downsample.1.running_mean",
-            "fc.weight",
-            "fc.bias",
+            ("conv1.weight", 4),
+            ("bn1.weight", 1),
+            ("bn1.bias", 1),
+            ("bn1.running_mean", 1),
+            ("bn1.running_var", 1),
+            ("bn1.num_batches_tracked", 0),
+            ("layer1.0.downsample.1.weight", 1),
+            ("layer1.0.downsample.1.running_mean", 1),
+            ("fc.weight", 2),
+            ("fc.bias", 1),
         ];
         let norm = norm_parameters(&names);
         assert_eq!(
             norm.into_iter().collect::<Vec<_>>(),
             ["bn1.bias", "bn1.weight", "layer1.0.downsample.1.weight"]
+        );
+        // ConvNeXt's LayerNorms (nn.LayerNorm, LayerNorm2d): norm layers for torchvision too;
+        // its layer_scale, convolutions and Linears are not.
+        let convnext = [
+            ("features.0.0.weight", 4),
+            ("features.0.0.bias", 1),
+            ("features.0.1.weight", 1),
+            ("features.0.1.bias", 1),
+            ("features.1.0.layer_scale", 3),
+            ("features.1.0.block.0.weight", 4),
+            ("features.1.0.block.2.weight", 1),
+            ("features.1.0.block.2.bias", 1),
+            ("features.1.0.block.3.weight", 2),
+            ("features.1.0.block.3.bias", 1),
+            ("classifier.0.weight", 1),
+            ("classifier.0.bias", 1),
+            ("classifier.2.weight", 2),
+            ("classifier.2.bias", 1),
+        ];
+        assert_eq!(
+            norm_parameters(&convnext).into_iter().collect::<Vec<_>>(),
+            [
+                "classifier.0.bias",
+                "classifier.0.weight",
+                "features.0.1.bias",
+                "features.0.1.weight",
+                "features.1.0.block.2.bias",
+                "features.1.0.block.2.weight"
+            ]
         );
         let none = RecipeFlags::default();
         let both = RecipeFlags {

@@ -19,6 +19,7 @@ pub fn spec(arch: Arch, classes: usize) -> Vec<(String, Vec<usize>)> {
         out.push((format!("{name}.num_batches_tracked"), vec![]));
     };
     match arch.family() {
+        Family::Convnext { dims, blocks, .. } => convnext_spec(&mut out, dims, blocks, classes),
         Family::Densenet {
             init_features: c0,
             growth,
@@ -98,6 +99,49 @@ pub fn spec(arch: Arch, classes: usize) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+/// torchvision's ConvNeXt: `features.0` the stem (4x4 convolution, LayerNorm2d), odd
+/// `features.N` the stages of CNBlocks (`layer_scale`, then `block.0` the 7x7 depthwise
+/// convolution, `block.2` the LayerNorm, `block.3`/`block.5` the two Linears), even ones the
+/// downsamplings (LayerNorm2d, 2x2 convolution); `classifier.0` a LayerNorm2d, `classifier.2`
+/// the Linear head.
+fn convnext_spec(
+    out: &mut Vec<(String, Vec<usize>)>,
+    dims: [usize; 4],
+    blocks: [usize; 4],
+    classes: usize,
+) {
+    let wb = |out: &mut Vec<(String, Vec<usize>)>, name: &str, weight: Vec<usize>, c: usize| {
+        out.push((format!("{name}.weight"), weight));
+        out.push((format!("{name}.bias"), vec![c]));
+    };
+    wb(out, "features.0.0", vec![dims[0], 3, 4, 4], dims[0]);
+    wb(out, "features.0.1", vec![dims[0]], dims[0]);
+    for (s, (&c, &n)) in dims.iter().zip(&blocks).enumerate() {
+        let stage = 1 + 2 * s;
+        for j in 0..n {
+            let p = format!("features.{stage}.{j}");
+            // The block's own parameter comes before its children's in a state_dict.
+            out.push((format!("{p}.layer_scale"), vec![c, 1, 1]));
+            wb(out, &format!("{p}.block.0"), vec![c, 1, 7, 7], c);
+            wb(out, &format!("{p}.block.2"), vec![c], c);
+            wb(out, &format!("{p}.block.3"), vec![4 * c, c], 4 * c);
+            wb(out, &format!("{p}.block.5"), vec![c, 4 * c], c);
+        }
+        if s + 1 < dims.len() {
+            let p = format!("features.{}", stage + 1);
+            wb(out, &format!("{p}.0"), vec![c], c);
+            wb(
+                out,
+                &format!("{p}.1"),
+                vec![dims[s + 1], c, 2, 2],
+                dims[s + 1],
+            );
+        }
+    }
+    wb(out, "classifier.0", vec![dims[3]], dims[3]);
+    wb(out, "classifier.2", vec![classes, dims[3]], classes);
+}
+
 /// SHA-256 of a file, hex (recorded in `model.json` for the initial weights).
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     Ok(sha256_hex(&std::fs::read(path)?))
@@ -109,12 +153,14 @@ fn sha256_hex(bytes: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The classifier's tensor-name prefix: `fc.` (ResNet) or `classifier.` (DenseNet).
+/// The classifier's tensor-name prefix: the Linear a new head replaces, `fc.` (ResNet),
+/// `classifier.` (DenseNet) or `classifier.2.` (ConvNeXt: `classifier.0` is its last
+/// LayerNorm2d, part of the backbone).
 pub fn head_prefix(arch: Arch) -> &'static str {
-    if arch.is_densenet() {
-        "classifier."
-    } else {
-        "fc."
+    match arch.family() {
+        Family::Resnet { .. } => "fc.",
+        Family::Densenet { .. } => "classifier.",
+        Family::Convnext { .. } => "classifier.2.",
     }
 }
 
@@ -467,5 +513,9 @@ mod tests {
         assert_eq!(params(Arch::Densenet121), 7_978_856);
         assert_eq!(params(Arch::Densenet161), 28_681_000);
         assert_eq!(params(Arch::Densenet201), 20_013_928);
+        assert_eq!(params(Arch::ConvnextTiny), 28_589_128);
+        assert_eq!(params(Arch::ConvnextSmall), 50_223_688);
+        assert_eq!(params(Arch::ConvnextBase), 88_591_464);
+        assert_eq!(params(Arch::ConvnextLarge), 197_767_336);
     }
 }

@@ -61,10 +61,11 @@ fn weight_spec_equals_torchvision_state_dicts() {
         .map(|a| format!("'{}'", a.name()))
         .collect();
     let code = format!(
-        "import json, torchvision\n\
+        "import json, torch, torchvision\n\
          out = {{}}\n\
          for a in [{}]:\n\
-         \x20   m = getattr(torchvision.models, a)(num_classes=7)\n\
+         \x20   with torch.device('meta'):\n\
+         \x20       m = getattr(torchvision.models, a)(num_classes=7)\n\
          \x20   out[a] = [[k, list(v.shape)] for k, v in m.state_dict().items()]\n\
          print(json.dumps(out))\n",
         names.join(",")
@@ -196,7 +197,7 @@ fn model_init_checks_weights_and_training_starts_from_them() {
 
 /// `--zero-init-residual` (torchvision's `zero_init_residual=True`): the last batch-norm weight
 /// of every residual block starts at zero, which training with a negligible LR keeps; the other
-/// batch-norm weights do not; DenseNet (no residual blocks) refuses the flag.
+/// batch-norm weights do not; DenseNet (no residual blocks) and ConvNeXt refuse the flag.
 #[test]
 fn zero_init_residual_starts_every_block_as_the_identity() {
     let t = tempdir();
@@ -248,6 +249,102 @@ fn zero_init_residual_starts_every_block_as_the_identity() {
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(r.stderr.contains("ResNet only"), "{}", r.explain());
     assert!(!t.path().join("dn").exists());
+    let r = run(
+        tchrun()
+            .args([
+                "model",
+                "init",
+                "--arch",
+                "convnext_tiny",
+                "--zero-init-residual",
+                "--output",
+            ])
+            .arg(t.path().join("cnx")),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains(
+            "--zero-init-residual: convnext_tiny is not a ResNet (ResNet only); leave the flag out"
+        ),
+        "{}",
+        r.explain()
+    );
+}
+
+/// ConvNeXt from a `.pth` torchvision wrote (1000 classes): refused as another architecture or
+/// another ConvNeXt size before anything is written, the message naming convnext_tiny; as
+/// convnext_tiny, fine-tuned on 4 digits of each class at 32 px (one epoch, 2 steps): a new head
+/// `classifier.2` for 10 classes, `classifier.0` (the last LayerNorm) kept from the file and
+/// trained with the rest, and the trained `state_dict` loads into torchvision's convnext_tiny
+/// with `strict=True`.
+#[test]
+fn convnext_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
+    let t = tempdir();
+    let pth = t.path().join("cnx.pth");
+    let code = format!(
+        "import torch, torchvision\n\
+         torch.manual_seed(0)\n\
+         torch.save(torchvision.models.convnext_tiny().state_dict(), '{}')\n",
+        pth.display()
+    );
+    let r = run(python().arg("-c").arg(code), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let bad = t.path().join("bad");
+    for (arch, lacks) in [
+        ("convnext_small", "features.5.9.layer_scale"),
+        ("resnet50", "fc.weight"),
+    ] {
+        let r = init(arch, &pth, &bad);
+        assert_eq!(r.code, Some(2), "{}", r.explain());
+        let want = format!(
+            "--weights {}: it lacks '{lacks}', which {arch} needs; the file looks like a \
+             convnext_tiny state_dict: use --arch convnext_tiny",
+            pth.display()
+        );
+        assert!(r.stderr.contains(&want), "{want}\n{}", r.explain());
+        assert!(!bad.exists(), "nothing may be written on a refusal");
+    }
+    let model = t.path().join("m");
+    let r = init("convnext_tiny", &pth, &model);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let train = subset(&digits().join("train"), &t.path().join("train"), 4, 0);
+    let valid = subset(&digits().join("valid"), &t.path().join("valid"), 2, 0);
+    let out = t.path().join("out");
+    let r = run(
+        tchrun_train(&model, &train, &valid, &out).args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "20",
+            "--lr",
+            "0.01",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout
+            .contains("a new head (classifier.2) for 10 classes (the file's has 1000)"),
+        "{}",
+        r.explain()
+    );
+    let py = format!(
+        "import torch, torchvision\n\
+         from safetensors.torch import load_file\n\
+         a = torch.load('{}'); b = load_file('{}')\n\
+         assert b['classifier.2.weight'].shape == (10, 768)\n\
+         moved = [k for k in a if k != 'classifier.2.weight' and k != 'classifier.2.bias' and not torch.equal(a[k], b[k])]\n\
+         assert 'classifier.0.weight' in moved and 'features.0.0.weight' in moved, moved[:5]\n\
+         assert all(torch.isfinite(v).all() for v in b.values())\n\
+         m = torchvision.models.convnext_tiny(num_classes=10)\n\
+         m.load_state_dict(b, strict=True)\n\
+         print('fine-tuned', len(moved), 'tensors')\n",
+        pth.display(),
+        out.join("model.safetensors").display()
+    );
+    let c = run(python().arg("-c").arg(py), LIMIT);
+    assert_eq!(c.code, Some(0), "{}", c.explain());
 }
 
 /// The digits of classes `lo..lo + 5` of `split`, at most `per_class` images each, copied to
@@ -406,6 +503,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "resnext101_32x8d",
         "wide_resnet50_2",
         "densenet201",
+        "convnext_tiny",
+        "convnext_large",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }

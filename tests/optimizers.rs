@@ -1,5 +1,5 @@
 //! `--norm-weight-decay` and `--bias-weight-decay`: the weight decay of every parameter of
-//! resnet18 and densenet121, as tchrun groups them (`tchrun::recipe::norm_parameters` over the
+//! resnet18, densenet121 and convnext_tiny (LayerNorms), as tchrun groups them (`tchrun::recipe::norm_parameters` over the
 //! model's variables, `RecipeFlags::weight_decay_of`), equals torchvision's `set_weight_decay`
 //! on torchvision's own models (normalisation layers found by class;
 //! `tests/python/recipe_reference.py decay`). The optimizers' steps are checked against
@@ -37,11 +37,13 @@ fn weight_decay_groups_equal_torchvisions_set_weight_decay() {
             ..RecipeFlags::default()
         };
         let mut distinct = std::collections::BTreeSet::new();
-        for arch in ["resnet18", "densenet121"] {
+        for arch in ["resnet18", "densenet121", "convnext_tiny"] {
             let a = Arch::from_name(arch).expect("architecture");
             let spec = tchrun::weights::spec(a, 3);
             let names: Vec<&str> = spec.iter().map(|(n, _)| n.as_str()).collect();
-            let in_norm = norm_parameters(&names);
+            let dims: Vec<(&str, usize)> =
+                spec.iter().map(|(n, s)| (n.as_str(), s.len())).collect();
+            let in_norm = norm_parameters(&dims);
             let want = want[arch].as_object().expect("decays");
             let trainable: Vec<&str> = names
                 .iter()

@@ -8,7 +8,10 @@
 //! CPU-minutes here. `TCHRUN_PARITY_ALL_SIZES=1` runs every architecture at every size. The model
 //! directories `model init` makes from the `.pth` and from the safetensors file hold the same
 //! tensors; and the `state_dict` tchrun writes loads into torchvision with `strict=True`, equal
-//! tensor for tensor.
+//! tensor for tensor. ConvNeXt (LayerNorms, layer scales and biases perturbed too): also one
+//! training step with stochastic depth off, the loss and every gradient within 1e-4 of the
+//! largest of its tensor (`GRAD_RTOL`); convnext_tiny at 32 and 64 px here, the other sizes
+//! only with `TCHRUN_PARITY_ALL_SIZES=1` (then at every size).
 mod common;
 use common::*;
 use std::time::Duration;
@@ -19,11 +22,14 @@ const LIMIT: Duration = Duration::from_secs(300);
 /// Architectures compared at the large sizes too (one of each kind).
 const LARGE_SIZES_FOR: [Arch; 3] = [Arch::Resnet18, Arch::Resnext50_32x4d, Arch::Densenet121];
 
+fn all_sizes_asked() -> bool {
+    std::env::var("TCHRUN_PARITY_ALL_SIZES").is_ok_and(|v| v == "1")
+}
+
 fn parity_of(arch: Arch) {
     let t = tempdir();
     let d = t.path();
-    let all_sizes = LARGE_SIZES_FOR.contains(&arch)
-        || std::env::var("TCHRUN_PARITY_ALL_SIZES").is_ok_and(|v| v == "1");
+    let all_sizes = LARGE_SIZES_FOR.contains(&arch) || all_sizes_asked();
     let sizes: &[&str] = if all_sizes {
         &["32", "64", "224", "256", "299"]
     } else {
@@ -55,9 +61,17 @@ fn parity_of(arch: Arch) {
         assert_eq!(r.code, Some(0), "{}", r.explain());
     }
     // The .pth's model directory holds the same tensors (checked below): one forward serves.
+    let mut logits = worker();
+    logits.arg("logits");
+    if d.join("train.safetensors").exists() {
+        logits
+            .arg("--train-input")
+            .arg(d.join("train.safetensors"))
+            .arg("--grads")
+            .arg(d.join("grads.safetensors"));
+    }
     let r = run(
-        worker()
-            .arg("logits")
+        logits
             .arg("--model")
             .arg(d.join("model-st"))
             .arg("--input")
@@ -115,13 +129,32 @@ fn densenets_give_torchvisions_logits() {
     parity(&DENSENETS);
 }
 
-/// The three tests above cover every architecture tchrun offers.
+const CONVNEXTS: [Arch; 4] = [
+    Arch::ConvnextTiny,
+    Arch::ConvnextSmall,
+    Arch::ConvnextBase,
+    Arch::ConvnextLarge,
+];
+
+/// convnext_tiny always; the larger ConvNeXts (88 to 198 million parameters) only with
+/// `TCHRUN_PARITY_ALL_SIZES=1`: their code path is tiny's with other block counts and widths.
+#[test]
+fn convnexts_give_torchvisions_logits_and_gradients() {
+    if all_sizes_asked() {
+        parity(&CONVNEXTS);
+    } else {
+        parity(&CONVNEXTS[..1]);
+    }
+}
+
+/// The four tests above cover every architecture tchrun offers.
 #[test]
 fn every_architecture_is_compared() {
     let mut covered: Vec<&str> = RESNETS
         .iter()
         .chain(&RESNEXTS_AND_WIDE)
         .chain(&DENSENETS)
+        .chain(&CONVNEXTS)
         .map(|a| a.name())
         .collect();
     let mut all: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();

@@ -6,12 +6,18 @@
                              (torch.save of the state_dict) and DIR/w.safetensors; fixed input
                              batches DIR/x.safetensors at the sizes given (default 32, 64, 224,
                              256 and 299 px); and
-                             torchvision's inference-mode logits DIR/ref.safetensors.
+                             torchvision's inference-mode logits DIR/ref.safetensors. For
+                             ConvNeXt also LayerNorm parameters, layer scales and biases
+                             perturbed, and one training step (stochastic_depth_prob=0, a
+                             batch of 4 at 32 px, DIR/train.safetensors): its cross-entropy
+                             loss and gradients DIR/train_ref.safetensors.
   parity.py check ARCH DIR   compares tchrun's logits (DIR/logits.safetensors) with the
                              reference; the model directories made from the .pth (DIR/model-pth)
                              and from the safetensors file (DIR/model-st) hold equal tensors; and
                              tchrun's state_dict (DIR/sd.safetensors) loads into torchvision with
-                             strict=True and equals the weights given.
+                             strict=True and equals the weights given; for ConvNeXt, tchrun's
+                             loss and gradients (DIR/grads.safetensors) equal torchvision's
+                             within GRAD_RTOL.
 """
 import sys
 
@@ -21,13 +27,28 @@ from safetensors.torch import load_file, save_file
 
 SIZES = (32, 64, 224, 256, 299)
 RTOL = 1e-4  # max |tchrun - torchvision| / max |torchvision| per batch
+GRAD_RTOL = 1e-4  # the same per gradient tensor, and for the loss
 
 
-def model(arch: str) -> torch.nn.Module:
+def perturb_convnext(m: torch.nn.Module, g: torch.Generator) -> None:
+    """LayerNorm weights and biases, layer scales (from 1e-6 to 0.1-0.3, so that every block
+    shows in the logits and gradients) and the zero-initialised biases made distinct."""
+    for name, p in m.named_parameters():
+        if name.endswith("layer_scale"):
+            p.copy_(0.1 + 0.2 * torch.rand(p.shape, generator=g))
+        elif p.dim() == 1 and name.endswith(".weight"):
+            p.copy_(0.8 + 0.4 * torch.rand(p.shape, generator=g))
+        elif name.endswith(".bias"):
+            p.copy_(0.02 * torch.randn(p.shape, generator=g))
+
+
+def model(arch: str, **kwargs) -> torch.nn.Module:
     torch.manual_seed(0)
-    m = getattr(torchvision.models, arch)(num_classes=10)
+    m = getattr(torchvision.models, arch)(num_classes=10, **kwargs)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
+        if arch.startswith("convnext"):
+            perturb_convnext(m, g)
         for mod in m.modules():
             if isinstance(mod, torch.nn.BatchNorm2d):
                 c = mod.num_features
@@ -48,6 +69,19 @@ def write(arch: str, d: str, *sizes: str) -> None:
     save_file(xs, f"{d}/x.safetensors")
     with torch.no_grad():
         save_file({k: m(x).contiguous() for k, x in xs.items()}, f"{d}/ref.safetensors")
+    if arch.startswith("convnext"):
+        train_step(arch, d, g)
+
+
+def train_step(arch: str, d: str, g: torch.Generator) -> None:
+    m = model(arch, stochastic_depth_prob=0.0).train()
+    batch = {"x": torch.randn(4, 3, 32, 32, generator=g), "y": torch.tensor([0, 3, 7, 9])}
+    save_file(batch, f"{d}/train.safetensors")
+    loss = torch.nn.functional.cross_entropy(m(batch["x"]), batch["y"])
+    loss.backward()
+    ref = {"loss": loss.detach()}
+    ref.update({k: p.grad.contiguous() for k, p in m.named_parameters()})
+    save_file(ref, f"{d}/train_ref.safetensors")
 
 
 def check(arch: str, d: str, *_: str) -> None:
@@ -72,6 +106,21 @@ def check(arch: str, d: str, *_: str) -> None:
             assert torch.equal(sd[k], v), f"{arch}: state_dict tensor {k} differs"
     px = ", ".join(k[1:] for k in ref)
     print(f"{arch}: logits within {worst:.1e} of torchvision at {px} px; strict load ok")
+    if arch.startswith("convnext"):
+        check_grads(arch, d)
+
+
+def check_grads(arch: str, d: str) -> None:
+    ref, mine = load_file(f"{d}/train_ref.safetensors"), load_file(f"{d}/grads.safetensors")
+    assert mine.keys() == ref.keys(), f"{arch}: {sorted(mine.keys() ^ ref.keys())[:5]}"
+    worst, where = 0.0, ""
+    for k, r in ref.items():
+        rel = ((mine[k] - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+        assert rel <= GRAD_RTOL, f"{arch} {k}: relative difference {rel:.2e} > {GRAD_RTOL}"
+        if rel > worst:
+            worst, where = rel, k
+    print(f"{arch}: training step (loss {ref['loss'].item():.4f}) and {len(ref) - 1} gradients "
+          f"within {worst:.1e} of torchvision (worst {where or 'none: all equal'})")
 
 
 if __name__ == "__main__":

@@ -73,9 +73,9 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
         }
         norm.std = [s[0], s[1], s[2]];
     }
-    if a.zero_init_residual && a.arch.is_densenet() {
+    if a.zero_init_residual && !a.arch.is_resnet() {
         return Err(JobError::invalid(format!(
-            "--zero-init-residual: {} has no residual blocks (ResNet only); leave the flag out",
+            "--zero-init-residual: {} is not a ResNet (ResNet only); leave the flag out",
             a.arch.name()
         )));
     }

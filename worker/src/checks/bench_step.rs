@@ -14,7 +14,7 @@ use tchrun::model::Arch;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Architecture (resnet18 ... densenet201).
+    /// Architecture (resnet18 ... densenet201, convnext_tiny ... convnext_large).
     #[arg(long, default_value = "resnet18", value_parser = parse_arch)]
     arch: Arch,
     /// Input side in pixels.

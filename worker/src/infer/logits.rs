@@ -1,6 +1,7 @@
 //! `tchrun-worker logits` (hidden): a model directory's logits for fixed input batches in
 //! inference mode, and its weights as tchrun writes a `state_dict`. The parity tests hand the
-//! same weights and batches to torchvision and compare (`tests/parity.rs`).
+//! same weights and batches to torchvision and compare (`tests/parity.rs`). With `--grads`,
+//! also one training step's loss and gradients (training mode, stochastic depth off).
 use crate::models;
 use std::path::PathBuf;
 use tch::{nn, Device, Tensor};
@@ -20,6 +21,48 @@ pub struct Args {
     /// Also write the model's weights as tchrun's `state_dict` (what training writes).
     #[arg(long)]
     state_dict: Option<PathBuf>,
+    /// Safetensors file holding a batch `x` (N, 3, H, W) and its labels `y` (int64) for
+    /// `--grads`.
+    #[arg(long, requires = "grads")]
+    train_input: Option<PathBuf>,
+    /// Safetensors file to write: the cross-entropy `loss` of `--train-input`'s batch in
+    /// training mode with stochastic depth off, and the gradient of every parameter under its
+    /// `state_dict` name.
+    #[arg(long, requires = "train_input")]
+    grads: Option<PathBuf>,
+}
+
+/// One training step's loss and gradients (`--grads`), on a model of its own built without
+/// stochastic depth.
+fn grads(
+    cfg: &tchrun::model::ModelConfig,
+    classes: i64,
+    weights: &std::path::Path,
+    input: &std::path::Path,
+    output: &std::path::Path,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let net = models::build_without_stochastic_depth(cfg.arch, &vs.root(), classes);
+    models::load(&mut vs, weights)?;
+    let batch: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(input)
+        .with_context(|| input.display().to_string())?
+        .into_iter()
+        .collect();
+    let (x, y) = match (batch.get("x"), batch.get("y")) {
+        (Some(x), Some(y)) => (x, y),
+        _ => anyhow::bail!("{}: needs tensors 'x' and 'y'", input.display()),
+    };
+    let loss = net.forward_t(x, true).cross_entropy_for_logits(y);
+    loss.backward();
+    let mut out = vec![("loss".to_string(), loss.detach())];
+    for (name, t) in models::named(&vs) {
+        if t.requires_grad() {
+            out.push((name, t.grad()));
+        }
+    }
+    Tensor::write_safetensors(&out, output).with_context(|| output.display().to_string())?;
+    Ok(())
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -46,6 +89,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     });
     Tensor::write_safetensors(&outputs, &a.output)
         .with_context(|| a.output.display().to_string())?;
+    if let (Some(input), Some(output)) = (&a.train_input, &a.grads) {
+        grads(&cfg, classes, &weights, input, output)?;
+    }
     if let Some(path) = &a.state_dict {
         let sd = models::state_dict(&models::named(&vs), 0);
         Tensor::write_safetensors(&sd, path).with_context(|| path.display().to_string())?;

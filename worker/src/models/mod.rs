@@ -1,7 +1,8 @@
 //! The architectures (tch's vision models, torchvision parameter names) and their weights as
 //! torchvision `state_dict`s in safetensors: what Python's `load_state_dict(strict=True)` takes.
-//! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`) and their
-//! weights; knows nothing of ranks, data loading or training.
+//! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`,
+//! `convnext`) and their weights; knows nothing of ranks, data loading or training.
+pub mod convnext;
 pub mod densenet;
 pub mod init;
 pub mod resnet;
@@ -19,7 +20,34 @@ pub fn build(
     classes: i64,
     memory_efficient: bool,
 ) -> Box<dyn nn::ModuleT> {
+    build_with(arch, root, classes, memory_efficient, true)
+}
+
+/// `build` with ConvNeXt's stochastic depth off (every block's drop probability 0), so that a
+/// training step is deterministic: the parity test's gradients against torchvision's
+/// `stochastic_depth_prob=0`. The other families have no stochastic depth.
+pub fn build_without_stochastic_depth(
+    arch: Arch,
+    root: &nn::Path,
+    classes: i64,
+) -> Box<dyn nn::ModuleT> {
+    build_with(arch, root, classes, false, false)
+}
+
+fn build_with(
+    arch: Arch,
+    root: &nn::Path,
+    classes: i64,
+    memory_efficient: bool,
+    stochastic_depth: bool,
+) -> Box<dyn nn::ModuleT> {
     match arch.family() {
+        family @ Family::Convnext { .. } => Box::new(crate::models::convnext::convnext(
+            root,
+            family,
+            classes,
+            stochastic_depth,
+        )),
         family @ Family::Resnet { .. } => {
             Box::new(crate::models::resnet::resnet(root, family, classes))
         }

@@ -81,7 +81,7 @@ impl Optimizer {
         head: &str,
     ) -> Optimizer {
         let o = &job.options;
-        let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<(&str, usize)> = named.iter().map(|(n, t)| (n.as_str(), t.dim())).collect();
         let norm = tchrun::recipe::norm_parameters(&names);
         let decays: HashMap<String, f64> = trainable
             .iter()

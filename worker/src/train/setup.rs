@@ -147,7 +147,9 @@ impl<'a> Trainer<'a> {
             threads: loader_threads(job, ctx.local_size),
             preflight_skipped: skipped.len() as u64,
             // A frozen backbone runs batch norm in inference mode: one image is fine.
-            single_image_poisons_bn: !frozen && cfg.arch.last_feature_size(cfg.input_size) <= 1,
+            single_image_poisons_bn: !frozen
+                && cfg.arch.has_batch_norm()
+                && cfg.arch.last_feature_size(cfg.input_size) <= 1,
             channels_last: super::layout(job, ctx.device, &cfg).channels_last,
             cfg,
             train,
