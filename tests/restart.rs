@@ -523,6 +523,10 @@ fn model_ema_restarted_from_its_checkpoint_equals_the_uninterrupted_run() {
         "the restarted EMA model differs from the uninterrupted one"
     );
     assert!(weights(&out) == weights(&reference), "the models differ");
+    assert!(
+        weights(&out.join("ema")) != weights(&out),
+        "the EMA model is the model's weights"
+    );
     // The EMA's model.json: the decay given, torchvision's adjustment (2 ranks × 20 images ×
     // 2 steps / 3 epochs), the updates since the warmup's last reset at the best epoch.
     let m: serde_json::Value =
