@@ -182,6 +182,28 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
         // torchvision's adjustment with G = 16 images per step, at either world size.
         let adjusted = 1.0 - (1.0 - 0.99f64) * (16.0 * 1.0 / 2.0);
         assert_eq!(e["ema"]["adjusted_decay"].as_f64(), Some(adjusted), "{e}");
+        // TensorBoard has the EMA's validation of each epoch, metrics.jsonl's values.
+        let mut tb: Vec<f32> = Vec::new();
+        let files = tchrun::tensorboard::event_files(&out.join("tensorboard")).expect("events");
+        for f in files {
+            for ev in tchrun::tensorboard::read_events(&f).expect("read events") {
+                for (tag, v) in ev.scalars() {
+                    if tag == "epoch/ema_valid_loss" {
+                        tb.push(v);
+                    }
+                }
+            }
+        }
+        let rows: Vec<f32> = read(&out.join("metrics.jsonl"))
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["ema_val_loss"].as_f64().map(|x| x as f32))
+            .collect();
+        assert_eq!(
+            (rows.len(), &tb),
+            (2, &rows),
+            "TensorBoard against metrics.jsonl"
+        );
     }
     let m: serde_json::Value =
         serde_json::from_str(&read(&one.join("model.json"))).expect("model.json");
