@@ -25,6 +25,8 @@ pub const CHECKPOINT_LAST: &str = "last.json";
 pub const DATASET_INDEX_COPIES: [&str; 2] = ["dataset-index-train.v1", "dataset-index-valid.v1"];
 /// Model description inside a model directory.
 pub const MODEL_JSON: &str = "model.json";
+/// `--model-ema`'s model directory inside `--output`.
+pub const EMA_DIR: &str = "ema";
 /// Weights inside a trained model directory.
 pub const MODEL_WEIGHTS: &str = "model.safetensors";
 /// Per-epoch metrics, one JSON object a line.

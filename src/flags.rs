@@ -45,7 +45,8 @@ pub struct TrainParams {
         allow_negative_numbers = true
     )]
     pub seed: i64,
-    /// Stop after this many epochs without a lower validation loss.
+    /// Stop after this many epochs without a lower validation loss (the trained model's; with
+    /// --early-stop-on ema, the EMA model's).
     #[arg(help_heading = "Training", long, env = "TCHRUN_PATIENCE", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     pub patience: u32,
     /// Log a training line at each epoch's first step and every N iterations (each line also

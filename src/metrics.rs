@@ -64,6 +64,14 @@ pub struct EpochMetrics {
     /// gradient all-reduce: what `comm_s` holds is the step's bookkeeping, said as "other".
     #[serde(default)]
     pub ranks: u32,
+    /// `--model-ema`: the EMA model's validation loss, top-1 and top-5, validated on the same
+    /// images beside the model's (`val_loss`, `top1`, `top5`). Absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_val_loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_top1: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_top5: Option<f64>,
 }
 
 /// A node's CPU cores against what a job asks of them: its ranks × intra-op threads

@@ -175,6 +175,10 @@ pub struct ModelConfig {
     /// instead of kept (torchvision's `memory_efficient=True`): less memory, the same values.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub memory_efficient: bool,
+    /// `<output>/ema/`'s: these weights are `--model-ema`'s exponential moving average of the
+    /// trained model's (its decay, steps and updates). Absent in every other model directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema: Option<crate::recipe::EmaRecord>,
 }
 
 impl ModelConfig {
@@ -190,6 +194,7 @@ impl ModelConfig {
             initial_weights: None,
             zero_init_residual: false,
             memory_efficient: false,
+            ema: None,
         }
     }
 

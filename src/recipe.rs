@@ -1,6 +1,7 @@
 //! The modern recipe's flags, with torchvision's names, meanings and defaults (its
 //! `references/classification/train.py`): the LR scheduler and its warmup, label smoothing,
-//! gradient clipping, the optimizer and its weight-decay groups. Both binaries parse them (`RecipeFlags`, flattened into
+//! gradient clipping, the optimizer and its weight-decay groups, the model EMA
+//! (`--model-ema*`) and which model `--patience` watches. Both binaries parse them (`RecipeFlags`, flattened into
 //! `TrainOptions`), the launcher hands them to the ranks (`to_args`), and the checkpoint's run
 //! record and `model.json`'s training record keep them (`RecipeRecord`: a checkpoint or model
 //! written before they existed reads as the old behaviour).
@@ -84,6 +85,53 @@ impl Opt {
     }
 }
 
+/// `--early-stop-on`: whose validation loss `--patience` watches and the best epoch follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum EarlyStopOn {
+    /// The trained model's (as before `--model-ema`).
+    #[default]
+    Raw,
+    /// The EMA model's (`--model-ema`).
+    Ema,
+}
+
+impl EarlyStopOn {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EarlyStopOn::Raw => "raw",
+            EarlyStopOn::Ema => "ema",
+        }
+    }
+}
+
+/// torchvision's `--model-ema-steps` and `--model-ema-decay` defaults.
+pub const MODEL_EMA_STEPS: u32 = 32;
+pub const MODEL_EMA_DECAY: f64 = 0.99998;
+
+/// The EMA's decay as torchvision's train.py adjusts it: `adjust = world_size × batch_size ×
+/// steps / epochs`, `alpha = min(1, (1 - decay) × adjust)`, `1 - alpha`. `step_images` is
+/// torchvision's world_size × batch_size: the images of one optimizer step (G with
+/// `--global-batch-size`, so the same at any world size).
+pub fn ema_decay(decay: f64, step_images: u64, steps: u32, epochs: u32) -> f64 {
+    let adjust = (step_images * u64::from(steps)) as f64 / f64::from(epochs);
+    let alpha = 1.0 - decay;
+    let alpha = (alpha * adjust).min(1.0);
+    1.0 - alpha
+}
+
+/// The EMA model directory's `model.json` `ema`: what the weights average and how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmaRecord {
+    /// `--model-ema-decay` as given.
+    pub decay: f64,
+    /// The decay each update used (`ema_decay`: torchvision's adjustment).
+    pub adjusted_decay: f64,
+    /// `--model-ema-steps`.
+    pub steps: u32,
+    /// The updates averaged since the last reset (torch's `n_averaged`) at the written epoch.
+    pub n_averaged: u64,
+}
+
 /// torchvision's `--lr-warmup-decay` default (LinearLR's start_factor, ConstantLR's factor).
 pub const WARMUP_DECAY: f64 = 0.01;
 
@@ -135,6 +183,23 @@ pub struct RecipeFlags {
     /// set_weight_decay). Default: --weight-decay (or --norm-weight-decay for theirs).
     #[arg(help_heading = "Training", long, env = "TCHRUN_BIAS_WEIGHT_DECAY", value_parser = parse_nonneg, allow_negative_numbers = true)]
     pub bias_weight_decay: Option<f64>,
+    /// Keep an exponential moving average of the weights and batch-norm statistics
+    /// (torchvision's --model-ema, ExponentialMovingAverage): validated every epoch beside
+    /// the model, checkpointed, written as the model directory <output>/ema/.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_MODEL_EMA")]
+    pub model_ema: bool,
+    /// --model-ema: update the average after every this many optimizer steps of an epoch
+    /// (its steps 0, N, 2N, ...), as torchvision's train.py.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_MODEL_EMA_STEPS", default_value_t = MODEL_EMA_STEPS, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    pub model_ema_steps: u32,
+    /// --model-ema: the decay, in (0, 1), adjusted as torchvision's: alpha = min(1, (1 -
+    /// decay) × images per optimizer step × --model-ema-steps / --epochs), decay = 1 - alpha.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_MODEL_EMA_DECAY", default_value_t = MODEL_EMA_DECAY, value_parser = parse_open_unit, allow_negative_numbers = true)]
+    pub model_ema_decay: f64,
+    /// Whose validation loss --patience watches and the best epoch (the weights written to
+    /// --output and <output>/ema/) follows: raw (the trained model's) or ema (--model-ema's).
+    #[arg(help_heading = "Training", long, env = "TCHRUN_EARLY_STOP_ON", value_enum, default_value_t = EarlyStopOn::Raw)]
+    pub early_stop_on: EarlyStopOn,
 }
 
 impl Default for RecipeFlags {
@@ -151,6 +216,10 @@ impl Default for RecipeFlags {
             opt: Opt::Sgd,
             norm_weight_decay: None,
             bias_weight_decay: None,
+            model_ema: false,
+            model_ema_steps: MODEL_EMA_STEPS,
+            model_ema_decay: MODEL_EMA_DECAY,
+            early_stop_on: EarlyStopOn::Raw,
         }
     }
 }
@@ -196,6 +265,18 @@ impl RecipeFlags {
         if let Some(x) = self.bias_weight_decay {
             v.push(format!("--bias-weight-decay={x:e}"));
         }
+        if self.model_ema {
+            v.push("--model-ema".into());
+        }
+        if self.model_ema_steps != d.model_ema_steps {
+            v.push(format!("--model-ema-steps={}", self.model_ema_steps));
+        }
+        if self.model_ema_decay != d.model_ema_decay {
+            v.push(format!("--model-ema-decay={:e}", self.model_ema_decay));
+        }
+        if self.early_stop_on != d.early_stop_on {
+            v.push(format!("--early-stop-on={}", self.early_stop_on.as_str()));
+        }
         v
     }
 
@@ -206,6 +287,13 @@ impl RecipeFlags {
             return Err(
                 "--opt sgd_nesterov needs a momentum (torch.optim.SGD refuses Nesterov with \
                  momentum 0): give --momentum > 0, or --opt sgd"
+                    .into(),
+            );
+        }
+        if self.early_stop_on == EarlyStopOn::Ema && !self.model_ema {
+            return Err(
+                "--early-stop-on ema watches the EMA model's validation loss: add --model-ema, \
+                 or --early-stop-on raw"
                     .into(),
             );
         }
@@ -253,6 +341,10 @@ impl RecipeFlags {
             opt: self.opt.as_str().into(),
             norm_weight_decay: self.norm_weight_decay,
             bias_weight_decay: self.bias_weight_decay,
+            model_ema: self.model_ema,
+            model_ema_steps: self.model_ema.then_some(self.model_ema_steps),
+            model_ema_decay: self.model_ema.then_some(self.model_ema_decay),
+            early_stop_on: self.early_stop_on.as_str().into(),
         }
     }
 }
@@ -299,6 +391,15 @@ pub struct RecipeRecord {
     pub norm_weight_decay: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bias_weight_decay: Option<f64>,
+    /// `--model-ema`, and (with it) `--model-ema-steps` and `--model-ema-decay` as given.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub model_ema: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_ema_steps: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_ema_decay: Option<f64>,
+    /// `--early-stop-on`; a record from before it: `raw`.
+    pub early_stop_on: String,
 }
 
 impl Default for RecipeRecord {
@@ -358,11 +459,32 @@ impl RecipeRecord {
                 o(self.bias_weight_decay),
                 o(now.bias_weight_decay),
             ),
+            (
+                "model-ema",
+                self.model_ema.then(|| "on".to_string()),
+                now.model_ema.then(|| "on".to_string()),
+            ),
+            (
+                "model-ema-steps",
+                self.model_ema_steps.map(|x| x.to_string()),
+                now.model_ema_steps.map(|x| x.to_string()),
+            ),
+            (
+                "model-ema-decay",
+                o(self.model_ema_decay),
+                o(now.model_ema_decay),
+            ),
+            (
+                "early-stop-on",
+                Some(self.early_stop_on.clone()),
+                Some(now.early_stop_on.clone()),
+            ),
         ] {
             if was == is {
                 continue;
             }
             let fix = match &was {
+                Some(_) if name == "model-ema" => "--model-ema".to_string(),
                 Some(v) => format!("--{name} {v}"),
                 None => format!("no --{name}"),
             };
@@ -405,6 +527,15 @@ fn parse_unit(s: &str) -> Result<f64, String> {
     let v = number(s)?;
     if v <= 0.0 || v > 1.0 {
         return Err(format!("must be in (0, 1], got {s}"));
+    }
+    Ok(v)
+}
+
+/// (0, 1): `--model-ema-decay` (1 would never move, 0 is no average).
+fn parse_open_unit(s: &str) -> Result<f64, String> {
+    let v = number(s)?;
+    if v <= 0.0 || v >= 1.0 {
+        return Err(format!("must be in (0, 1), got {s}"));
     }
     Ok(v)
 }
@@ -459,6 +590,13 @@ mod tests {
             "0",
             "--bias-weight-decay",
             "1e-5",
+            "--model-ema",
+            "--model-ema-steps",
+            "4",
+            "--model-ema-decay",
+            "0.999",
+            "--early-stop-on",
+            "ema",
         ])
         .expect("valid")
         .r;
@@ -605,11 +743,76 @@ mod tests {
             ("--opt", "adam"),
             ("--norm-weight-decay", "-1"),
             ("--bias-weight-decay", "nan"),
+            ("--model-ema-steps", "0"),
+            ("--model-ema-steps", "-1"),
+            ("--model-ema-decay", "0"),
+            ("--model-ema-decay", "1"),
+            ("--model-ema-decay", "1.5"),
+            ("--model-ema-decay", "-0.5"),
+            ("--early-stop-on", "best"),
         ] {
             let e = Cli::try_parse_from(["x", flag, v])
                 .expect_err(flag)
                 .to_string();
             assert!(e.contains(flag), "{e}");
         }
+    }
+
+    /// The flags' defaults are torchvision's; the record keeps steps and decay only with
+    /// --model-ema; a resume that changes them names the flag; --early-stop-on ema needs the
+    /// EMA.
+    #[test]
+    fn model_ema_flags_as_torchvision() {
+        let c = Cli::try_parse_from(["x"]).expect("defaults").r;
+        assert_eq!((c.model_ema, c.model_ema_steps), (false, 32));
+        assert_eq!(c.model_ema_decay, 0.99998);
+        assert_eq!(c.early_stop_on, EarlyStopOn::Raw);
+        let off = c.record();
+        assert_eq!(
+            (off.model_ema, off.model_ema_steps, off.model_ema_decay),
+            (false, None, None)
+        );
+        let json = serde_json::to_string(&off).expect("json");
+        assert!(!json.contains("model_ema"), "{json}");
+        let on = Cli::try_parse_from(["x", "--model-ema", "--early-stop-on", "ema"])
+            .expect("on")
+            .r;
+        assert!(on.check(0.9).is_ok());
+        let r = on.record();
+        assert_eq!(
+            (r.model_ema, r.model_ema_steps, r.model_ema_decay),
+            (true, Some(32), Some(0.99998))
+        );
+        let d = off.differences(&r);
+        assert!(d
+            .iter()
+            .any(|x| x.0 == "--model-ema" && x.1 == "(none)" && x.3 == "no --model-ema"));
+        assert!(d
+            .iter()
+            .any(|x| x.0 == "--early-stop-on" && x.3 == "--early-stop-on raw"));
+        assert!(r
+            .differences(&off)
+            .iter()
+            .any(|x| x.0 == "--model-ema" && x.3 == "--model-ema"));
+        let mut steps = on.clone();
+        steps.model_ema_steps = 8;
+        assert!(r
+            .differences(&steps.record())
+            .iter()
+            .any(|x| x.0 == "--model-ema-steps" && x.3 == "--model-ema-steps 32"));
+        let e = Cli::try_parse_from(["x", "--early-stop-on", "ema"])
+            .expect("parses")
+            .r
+            .check(0.9)
+            .expect_err("needs --model-ema");
+        assert_eq!(
+            e,
+            "--early-stop-on ema watches the EMA model's validation loss: add --model-ema, or \
+             --early-stop-on raw"
+        );
+        // torchvision's adjustment: 32 images × 32 steps / 10 epochs; clamped to decay 0.
+        let a = ema_decay(0.99998, 32, 32, 10);
+        assert_eq!(a, 1.0 - (1.0 - 0.99998) * (32.0 * 32.0 / 10.0));
+        assert_eq!(ema_decay(0.5, 1024, 32, 1), 0.0);
     }
 }

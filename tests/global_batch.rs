@@ -140,8 +140,10 @@ fn two_ranks_and_one_rank_accumulating_two_train_the_same_model() {
 }
 
 /// torchvision's recipe flags keep the promise: a cosine schedule with a linear warmup (per
-/// epoch, as torchvision), label smoothing and gradient clipping on 2 ranks and on 1 rank
-/// accumulating 2 micro-batches give the same weights, bit for bit.
+/// epoch, as torchvision), label smoothing, gradient clipping and the model EMA (updated every
+/// step, its decay adjusted for G, not ranks × --batch-size; the best epoch chosen by the
+/// EMA's validation loss) on 2 ranks and on 1 rank accumulating 2 micro-batches give the same
+/// weights and the same EMA model, bit for bit.
 #[test]
 fn recipe_flags_train_the_same_model_at_any_world_size() {
     let t = tempdir();
@@ -160,11 +162,49 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
         "0.1",
         "--clip-grad-norm",
         "0.5",
+        "--model-ema",
+        "--model-ema-steps",
+        "1",
+        "--model-ema-decay",
+        "0.99",
+        "--early-stop-on",
+        "ema",
     ];
     ok(&train(&model, &two, 2, 8, &g));
     ok(&train(&model, &one, 1, 8, &g));
     let (d, name) = max_diff(&two, &one);
     assert_eq!(d, 0.0, "not bit-identical: {name} differs by {d}");
+    let (d, name) = max_diff(&two.join("ema"), &one.join("ema"));
+    assert_eq!(d, 0.0, "EMA not bit-identical: {name} differs by {d}");
+    for out in [&one, &two] {
+        let e: serde_json::Value =
+            serde_json::from_str(&read(&out.join("ema/model.json"))).expect("ema/model.json");
+        // torchvision's adjustment with G = 16 images per step, at either world size.
+        let adjusted = 1.0 - (1.0 - 0.99f64) * (16.0 * 1.0 / 2.0);
+        assert_eq!(e["ema"]["adjusted_decay"].as_f64(), Some(adjusted), "{e}");
+        // TensorBoard has the EMA's validation of each epoch, metrics.jsonl's values.
+        let mut tb: Vec<f32> = Vec::new();
+        let files = tchrun::tensorboard::event_files(&out.join("tensorboard")).expect("events");
+        for f in files {
+            for ev in tchrun::tensorboard::read_events(&f).expect("read events") {
+                for (tag, v) in ev.scalars() {
+                    if tag == "epoch/ema_valid_loss" {
+                        tb.push(v);
+                    }
+                }
+            }
+        }
+        let rows: Vec<f32> = read(&out.join("metrics.jsonl"))
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["ema_val_loss"].as_f64().map(|x| x as f32))
+            .collect();
+        assert_eq!(
+            (rows.len(), &tb),
+            (2, &rows),
+            "TensorBoard against metrics.jsonl"
+        );
+    }
     let m: serde_json::Value =
         serde_json::from_str(&read(&one.join("model.json"))).expect("model.json");
     let tr = &m["training"];
@@ -427,4 +467,42 @@ fn a_resume_at_another_thread_count_is_said() {
         "{}",
         r.explain()
     );
+}
+
+/// `--model-ema-decay` outside (0, 1), `--model-ema-steps 0` and `--early-stop-on ema`
+/// without `--model-ema` are refused before any rank starts (exit 2), naming the flag.
+#[test]
+fn model_ema_bad_values_are_refused_before_any_rank_starts() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--model-ema", "--model-ema-decay", "1"],
+            "invalid value '1' for '--model-ema-decay <MODEL_EMA_DECAY>': must be in (0, 1), got 1",
+        ),
+        (
+            &["--model-ema", "--model-ema-decay", "0"],
+            "invalid value '0' for '--model-ema-decay <MODEL_EMA_DECAY>': must be in (0, 1), got 0",
+        ),
+        (
+            &["--model-ema", "--model-ema-decay", "1.5"],
+            "'--model-ema-decay <MODEL_EMA_DECAY>': must be in (0, 1), got 1.5",
+        ),
+        (
+            &["--model-ema", "--model-ema-steps", "0"],
+            "invalid value '0' for '--model-ema-steps <MODEL_EMA_STEPS>'",
+        ),
+        (
+            &["--early-stop-on", "ema"],
+            "--early-stop-on ema watches the EMA model's validation loss: add --model-ema, or \
+             --early-stop-on raw",
+        ),
+    ];
+    for (flags, says) in cases {
+        let r = train(&model, &out, 1, 8, flags);
+        assert_eq!(r.code, Some(2), "{flags:?}: {}", r.explain());
+        assert!(r.stderr.contains(says), "{flags:?}: {}", r.explain());
+        assert!(!out.join("logs").exists(), "{flags:?}: a rank started");
+    }
 }

@@ -462,3 +462,53 @@ fn logs_reads_a_training_outputs_log_directory_and_refuses_a_folder_without_logs
         r.explain()
     );
 }
+
+/// `--early-stop-on ema` (issue 32): `--patience` watches the EMA model's validation loss. On
+/// the rotated validation classes the loss rises as the model learns; with a decay that
+/// torchvision's adjustment clamps to 0 (the average is the weights of each epoch's last
+/// update) the EMA's rises too: training stops after epoch 2 with `--patience 1`, saying whose
+/// loss it watched, and both model directories hold epoch 1.
+#[test]
+fn early_stopping_on_the_ema_model_says_so_and_keeps_its_best_epoch() {
+    let f = fixture();
+    let out = f.dir.join("ema-patience");
+    let r = run(
+        &mut train_cmd(
+            &f.model,
+            &f.data,
+            &out,
+            &[
+                "--model-ema",
+                "--model-ema-steps",
+                "1",
+                "--model-ema-decay",
+                "0.5",
+                "--early-stop-on",
+                "ema",
+                "--patience",
+                "1",
+            ],
+        ),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains(
+            "early stopping after epoch 2: the EMA model's validation loss has not decreased \
+             for 1 epoch(s) (--patience 1, --early-stop-on ema)"
+        ),
+        "{}",
+        r.explain()
+    );
+    let rows = metrics_rows(&out);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows[1]["ema_val_loss"].as_f64() >= rows[0]["ema_val_loss"].as_f64());
+    for dir in [out.clone(), out.join("ema")] {
+        let m: serde_json::Value =
+            serde_json::from_str(&read(&dir.join("model.json"))).expect("model.json");
+        assert_eq!(m["training"]["best_epoch"], 1, "{m}");
+    }
+    let e: serde_json::Value =
+        serde_json::from_str(&read(&out.join("ema/model.json"))).expect("ema/model.json");
+    assert_eq!(e["ema"]["adjusted_decay"], 0.0, "{e}");
+}

@@ -2,7 +2,8 @@
 //! worker's `TCHRUN_TEST_KILL_AT_STEP` hook, first attempt only) is recovered by a restart of
 //! every rank with `--resume`, under local ranks and mpirun, and the model is bit-identical to
 //! an uninterrupted run's; without restarts the job fails as before; a job that fails before
-//! writing any checkpoint is not restarted.
+//! writing any checkpoint is not restarted. `--model-ema` (issue 32): the EMA model of a run
+//! restarted mid-epoch from its checkpoint equals the uninterrupted run's, bit for bit.
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
@@ -492,4 +493,136 @@ fn adamw_restarted_from_its_checkpoint_equals_the_uninterrupted_run() {
         text.contains("--opt") && text.contains("--opt adamw"),
         "{text}"
     );
+}
+
+/// `--model-ema` (issue 32): rank 1 killed at step 17 (epoch 2, after the warmup epoch whose
+/// updates reset the average) is restarted from a mid-epoch checkpoint (step 15, or 10 if the
+/// kill overtook the newest write) that holds the average and its count (`ema.<name>`,
+/// `ema.n_averaged`); the EMA model (`<output>/ema/`) and the model are bit-identical to the
+/// uninterrupted run's. `--early-stop-on ema` picks both directories' epoch by the EMA's
+/// validation loss; metrics.jsonl and the console give the EMA's validation beside the model's;
+/// `tchrun evaluate` accepts `<output>/ema/`; a `--resume` without `--model-ema` is refused
+/// before any rank starts, naming the flag.
+#[test]
+fn model_ema_restarted_from_its_checkpoint_equals_the_uninterrupted_run() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let ema = [
+        "--model-ema",
+        "--model-ema-steps",
+        "2",
+        "--model-ema-decay",
+        "0.999",
+        "--warmup-epochs",
+        "1",
+        "--early-stop-on",
+        "ema",
+    ];
+    let reference = t.path().join("reference");
+    let r = train(&model, &reference, "local", &ema, None);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let out = t.path().join("restarted");
+    let extra: Vec<&str> = ema
+        .iter()
+        .copied()
+        .chain(["--max-restarts", "1", "--checkpoint-every", "5"])
+        .collect();
+    let r = train(&model, &out, "local", &extra, Some("1:17"));
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let history: serde_json::Value =
+        serde_json::from_str(&read(&out.join("logs/restarts.json"))).expect("restarts.json");
+    let from = history[0]["resumed_from_step"].as_u64().unwrap_or(0);
+    assert!(from == 15 || from == 10, "{history}");
+    assert!(
+        weights(&out.join("ema")) == weights(&reference.join("ema")),
+        "the restarted EMA model differs from the uninterrupted one"
+    );
+    assert!(weights(&out) == weights(&reference), "the models differ");
+    assert!(
+        weights(&out.join("ema")) != weights(&out),
+        "the EMA model is the model's weights"
+    );
+    // The EMA's model.json: the decay given, torchvision's adjustment (2 ranks × 20 images ×
+    // 2 steps / 3 epochs), the updates since the warmup's last reset at the best epoch.
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&out.join("ema/model.json"))).expect("ema/model.json");
+    assert_eq!(m["ema"]["decay"], 0.999, "{m}");
+    assert_eq!(m["ema"]["steps"], 2, "{m}");
+    let adjusted = 1.0 - (1.0 - 0.999f64) * (40.0 * 2.0 / 3.0);
+    assert_eq!(m["ema"]["adjusted_decay"].as_f64(), Some(adjusted), "{m}");
+    let best = m["training"]["best_epoch"].as_u64().expect("best_epoch");
+    // The warmup epoch resets the count after each update (as torchvision's train.py); each
+    // later epoch adds 5 (its steps 0, 2, 4, 6, 8), the first of them a copy.
+    assert_eq!(m["ema"]["n_averaged"].as_u64(), Some(5 * (best - 1)), "{m}");
+    let main: serde_json::Value =
+        serde_json::from_str(&read(&out.join("model.json"))).expect("model.json");
+    assert!(main.get("ema").is_none(), "{main}");
+    let tr = &main["training"];
+    assert_eq!(
+        (
+            &tr["model_ema"],
+            &tr["model_ema_steps"],
+            &tr["model_ema_decay"]
+        ),
+        (&true.into(), &2.into(), &0.999.into()),
+        "{main}"
+    );
+    assert_eq!(tr["early_stop_on"], "ema", "{main}");
+    assert_eq!(tr["best_epoch"].as_u64(), Some(best), "{main}");
+    // The best epoch is the EMA's lowest validation loss.
+    let rows = metrics_rows(&out);
+    assert_eq!(rows.len(), 3);
+    let ema_losses: Vec<f64> = rows
+        .iter()
+        .map(|r| r["ema_val_loss"].as_f64().expect("ema_val_loss"))
+        .collect();
+    let lowest =
+        ema_losses.iter().enumerate().fold(
+            (0, f64::INFINITY),
+            |b, (i, &l)| if l < b.1 { (i, l) } else { b },
+        );
+    assert_eq!(best, lowest.0 as u64 + 1, "{ema_losses:?}");
+    assert!(rows
+        .iter()
+        .all(|r| r["ema_top1"].is_f64() && r["val_loss"].is_f64()));
+    let text = read(&out.join("logs/70_driver_log_0"));
+    assert!(
+        text.contains("; EMA valid loss ")
+            && text.contains(&format!(
+                "EMA model of epoch {best} (--model-ema): valid top-1 "
+            ))
+            && text.contains(&format!("; written to {}", out.join("ema").display())),
+        "{text}"
+    );
+    // The checkpoint holds the average and its count.
+    let last = last_json(&out).expect("last.json");
+    let file = out
+        .join("checkpoints")
+        .join(last["tensors"].as_str().expect("tensors"));
+    let bytes = std::fs::read(&file).expect("checkpoint tensors");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let names: Vec<String> = st.names().into_iter().cloned().collect();
+    for n in ["ema.fc.weight", "ema.bn1.running_var", "ema.n_averaged"] {
+        assert!(names.iter().any(|x| x == n), "{n} missing: {names:?}");
+    }
+    // `tchrun evaluate` accepts the EMA model directory.
+    let d = small_digits();
+    let eval = t.path().join("eval");
+    let r = run(
+        tchrun()
+            .args(["evaluate", "--launcher", "local", "--model"])
+            .arg(out.join("ema"))
+            .arg("--images")
+            .arg(d.join("valid"))
+            .arg("--output")
+            .arg(&eval),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(eval.join("metrics.json").is_file(), "{}", r.explain());
+    // A --resume without --model-ema: refused, naming the flag that gives the checkpoint's.
+    let r = train(&model, &out, "local", &["--resume"], None);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    let text = format!("{}{}", r.stdout, r.stderr);
+    assert!(text.contains("--model-ema"), "{text}");
 }

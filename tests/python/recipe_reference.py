@@ -9,6 +9,10 @@ builds them, stepped on given gradients with per-parameter groups (LR multiplier
 decay) and a changing LR: the parameters after each step (worker/src/train/optim.rs).
 `decay NORM BIAS`: the weight decay of each parameter of resnet18, densenet121 and convnext_tiny as
 torchvision's set_weight_decay groups them (tests/lr_schedulers.rs).
+`ema`: torchvision's ExponentialMovingAverage (references/classification/utils.py, v0.26) of
+a given sequence of weights, updated as its train.py does (the decay adjusted for world size
+x batch size x steps / epochs, every --model-ema-steps steps of an epoch, reset during the
+warmup): the sequence and the average after each step (worker/src/train/ema.rs).
 """
 import json
 import sys
@@ -166,11 +170,69 @@ def decay(norm_wd, bias_wd):
     return out
 
 
+class ExponentialMovingAverage(torch.optim.swa_utils.AveragedModel):
+    """torchvision's references/classification/utils.py, verbatim."""
+
+    def __init__(self, model, decay, device="cpu"):
+        def ema_avg(avg_model_param, model_param, num_averaged):
+            return decay * avg_model_param + (1 - decay) * model_param
+
+        super().__init__(model, device, ema_avg, use_buffers=True)
+
+
+def ema():
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for cfg in [
+        dict(world_size=2, batch_size=8, steps=2, epochs=3, decay=0.999, warmup_epochs=1,
+             steps_per_epoch=5),
+        dict(world_size=1, batch_size=4, steps=1, epochs=2, decay=0.99998, warmup_epochs=0,
+             steps_per_epoch=4),
+        dict(world_size=4, batch_size=32, steps=3, epochs=1, decay=0.5, warmup_epochs=0,
+             steps_per_epoch=7),
+    ]:
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+            torch.nn.Linear(4, 2))
+        # train.py's adjustment, verbatim.
+        adjust = cfg["world_size"] * cfg["batch_size"] * cfg["steps"] / cfg["epochs"]
+        alpha = 1.0 - cfg["decay"]
+        alpha = min(1.0, alpha * adjust)
+        model_ema = ExponentialMovingAverage(model, device="cpu", decay=1.0 - alpha)
+        names = list(model.state_dict().keys())
+        weights, averages = [], []
+        step = 0
+        for epoch in range(cfg["epochs"]):
+            for i in range(cfg["steps_per_epoch"]):
+                # "The optimizer step": new weights and statistics.
+                with torch.no_grad():
+                    for name, t in model.state_dict().items():
+                        if name.endswith("num_batches_tracked"):
+                            t.fill_(step * 1000 + 7)
+                        else:
+                            t.copy_(torch.randn(t.shape, generator=g))
+                weights.append({n: t.flatten().tolist() for n, t in model.state_dict().items()})
+                # train_one_epoch's update, verbatim.
+                if i % cfg["steps"] == 0:
+                    model_ema.update_parameters(model)
+                    if epoch < cfg["warmup_epochs"]:
+                        model_ema.n_averaged.fill_(0)
+                a = {n: t.flatten().tolist() for n, t in model_ema.module.state_dict().items()}
+                a["n_averaged"] = int(model_ema.n_averaged)
+                averages.append(a)
+                step += 1
+        cases.append({"config": cfg, "adjusted_decay": 1.0 - alpha, "names": names,
+                      "weights": weights, "ema": averages})
+    return {"cases": cases}
+
+
 if __name__ == "__main__":
     import warnings
     warnings.simplefilter("ignore")
     if sys.argv[1] == "clip":
         print(json.dumps(clip()))
+    elif sys.argv[1] == "ema":
+        print(json.dumps(ema()))
     elif sys.argv[1] == "optim":
         print(json.dumps(optim()))
     elif sys.argv[1] == "decay":

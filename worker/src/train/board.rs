@@ -125,20 +125,22 @@ impl Board {
     /// An epoch's row of `metrics.jsonl`, at the step the epoch ended (the same axis as the
     /// per-step scalars, so a resume's truncation applies to both).
     pub(super) fn epoch(&mut self, step: u64, m: &EpochMetrics, say: &dyn Fn(&str)) {
-        self.scalars(
-            step,
-            &[
-                ("epoch/train_loss", m.train_loss),
-                ("epoch/valid_loss", m.val_loss),
-                // In percent, as the console and the report say them (metrics.jsonl: fractions).
-                ("epoch/top1", 100.0 * m.top1),
-                ("epoch/top5", 100.0 * m.top5),
-                ("epoch/images_per_sec", m.train_images_per_sec),
-                ("epoch/data_wait_share", m.data_wait_share()),
-                ("epoch/lr", m.lr),
-            ],
-            true,
-            say,
-        );
+        let mut values = vec![
+            ("epoch/train_loss", m.train_loss),
+            ("epoch/valid_loss", m.val_loss),
+            // In percent, as the console and the report say them (metrics.jsonl: fractions).
+            ("epoch/top1", 100.0 * m.top1),
+            ("epoch/top5", 100.0 * m.top5),
+            ("epoch/images_per_sec", m.train_images_per_sec),
+            ("epoch/data_wait_share", m.data_wait_share()),
+            ("epoch/lr", m.lr),
+        ];
+        // `--model-ema`: the EMA model's validation beside the model's.
+        if let (Some(loss), Some(top1), Some(top5)) = (m.ema_val_loss, m.ema_top1, m.ema_top5) {
+            values.push(("epoch/ema_valid_loss", loss));
+            values.push(("epoch/ema_top1", 100.0 * top1));
+            values.push(("epoch/ema_top5", 100.0 * top5));
+        }
+        self.scalars(step, &values, true, say);
     }
 }

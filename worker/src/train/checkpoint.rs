@@ -286,6 +286,8 @@ pub struct Loaded {
     pub model: BTreeMap<String, Tensor>,
     /// The optimizer's state by its names (`Optimizer::state`).
     pub optimizer: BTreeMap<String, Tensor>,
+    /// `--model-ema`'s average and count (`ema.<name>`, `ema.n_averaged`); empty without it.
+    pub ema: BTreeMap<String, Tensor>,
     pub best: Option<BTreeMap<String, Tensor>>,
 }
 
@@ -299,12 +301,15 @@ pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
         tchrun::checkpoint::verify_tensors(p).map_err(|e| e.to_string())?;
         Tensor::read_safetensors(p).map_err(|e| format!("{}: {e}", p.display()))
     };
-    let (mut model, mut optimizer) = (BTreeMap::new(), BTreeMap::new());
+    let (mut model, mut optimizer, mut ema) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for (n, t) in read(&d.join(&meta.tensors))? {
-        match n.strip_prefix("model.") {
-            Some(k) => model.insert(k.to_string(), t),
-            None => optimizer.insert(n, t),
-        };
+        if let Some(k) = n.strip_prefix("model.") {
+            model.insert(k.to_string(), t);
+        } else if n.starts_with("ema.") {
+            ema.insert(n, t);
+        } else {
+            optimizer.insert(n, t);
+        }
     }
     let best = match tchrun::checkpoint::best_file(output, &meta) {
         Some(p) => Some(read(&p)?.into_iter().collect()),
@@ -314,6 +319,7 @@ pub fn load(output: &Path) -> Result<Option<Loaded>, String> {
         meta,
         model,
         optimizer,
+        ema,
         best,
     }))
 }

@@ -7,12 +7,12 @@ use super::TrainError;
 use crate::models;
 use crate::train::checkpoint;
 use crate::train::outputs;
-use tch::Device;
 use tchrun::flags::StragglerAction;
 use tchrun::job_record::heartbeat::Phase;
 use tchrun::job_record::status::{JobEnd, JobState};
 use tchrun::metrics::{EpochMetrics, SCHEMA_VERSION};
 use tchrun::model::{ModelConfig, TrainingRecord};
+use tchrun::recipe::EarlyStopOn;
 use tchrun::schedule::Decision;
 
 impl Trainer<'_> {
@@ -46,6 +46,7 @@ impl Trainer<'_> {
                     0
                 },
         )?;
+        let ev = self.validate_ema()?;
         self.s.epoch_skipped = 0;
         let (stragglers, slowest, whole) = self.live.end_epoch();
         if v.skipped > self.preflight_skipped {
@@ -78,17 +79,11 @@ impl Trainer<'_> {
             slowest,
             cpu_oversubscribed: crate::rank::start::cpu_oversubscribed(),
             ranks: self.world as u32,
+            ema_val_loss: ev.as_ref().map(|x| x.loss),
+            ema_top1: ev.as_ref().map(|x| x.top1),
+            ema_top5: ev.as_ref().map(|x| x.top5),
         };
-        (self.ctx.say)(&format!(
-            "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
-            m.epoch,
-            p.epochs,
-            m.train_loss,
-            m.train_images_per_sec,
-            m.val_loss,
-            100.0 * m.top1,
-            100.0 * m.top5
-        ));
+        (self.ctx.say)(&epoch_line(&m, p.epochs));
         for r in &whole {
             (self.ctx.say)(&format!(
                 "straggler: rank {r} ({}) was slower than the other ranks in every window of \
@@ -101,16 +96,17 @@ impl Trainer<'_> {
             && job.options.straggler_action == StragglerAction::Exclude
             && epoch + 1 < p.epochs;
         self.s.history.push(m.clone());
-        let decision = self.s.stopping.update(epoch + 1, v.loss);
+        // `--early-stop-on`: whose validation loss --patience watches and the best epoch follows.
+        let on_ema = job.options.recipe.early_stop_on == EarlyStopOn::Ema;
+        let watched = match &ev {
+            Some(x) if on_ema => x.loss,
+            _ => v.loss,
+        };
+        let decision = self.s.stopping.update(epoch + 1, watched);
         // Only rank 0 writes the model, so only it keeps the best weights (a resumed run's
         // best epoch may come from before the stop: rank 0 read its weights from the checkpoint).
         if decision == Decision::Improved && self.rank == 0 {
-            self.s.best_weights = Some(
-                self.named
-                    .iter()
-                    .map(|(n, t)| (n.clone(), t.detach().to_device(Device::Cpu).copy()))
-                    .collect(),
-            );
+            self.s.best_weights = Some(self.best_snapshot());
         }
         if self.rank == 0 {
             let meta = self.meta(epoch + 1, 0, (0.0, 0.0, 0.0), false);
@@ -124,7 +120,7 @@ impl Trainer<'_> {
                     &self.job.output,
                     &meta,
                     &self.named,
-                    &self.opt.state(),
+                    &self.saved_state(),
                     best,
                 )
                 .map_err(TrainError::Checkpoint)?;
@@ -138,10 +134,16 @@ impl Trainer<'_> {
         crate::status::publish(|st| st.state = JobState::Training);
         if decision == Decision::Stop {
             (self.ctx.say)(&format!(
-                "early stopping after epoch {}: validation loss has not decreased for {} epoch(s) (--patience {})",
+                "early stopping after epoch {}: {} has not decreased for {} epoch(s) (--patience {}{})",
                 epoch + 1,
+                if on_ema {
+                    "the EMA model's validation loss"
+                } else {
+                    "validation loss"
+                },
                 self.s.stopping.since_best,
-                p.patience
+                p.patience,
+                if on_ema { ", --early-stop-on ema" } else { "" }
             ));
         }
         Ok(decision == Decision::Stop || epoch + 1 == p.epochs)
@@ -243,7 +245,7 @@ impl Trainer<'_> {
         let job = self.job;
         let p = &job.params;
         self.writer.wait().map_err(TrainError::Checkpoint)?;
-        let weights = self.s.best_weights.take().ok_or_else(|| {
+        let mut weights = self.s.best_weights.take().ok_or_else(|| {
             TrainError::Checkpoint(format!(
                 "the best epoch is {best_epoch} but its weights were not kept (the checkpoint \
                  in {} lacks them)",
@@ -284,26 +286,40 @@ impl Trainer<'_> {
                 .as_ref()
                 .map(|m| serde_json::to_value(m).unwrap_or_default()),
             initial_weights: self.initial_weights.clone(),
+            // A model trained from an EMA directory is not itself an average.
+            ema: None,
             ..self.cfg.clone()
         };
+        let ema_best = super::ema::split_best(&mut weights);
         let state_dict = models::state_dict(&weights, self.s.step as i64);
         if let Some(v) = tchrun::metrics::verdict(history) {
             tracing::info!("time split of the training steps: {}", v.line());
         }
-        outputs::write_model_dir(
-            &job.output,
-            &trained,
-            &state_dict,
-            history,
-            &crate::plot::StepSeries {
-                loss: &self.board.losses,
-                lr: &self.board.lrs,
-                per_epoch: self.plan.steps_per_epoch,
-            },
-        )
-        .map_err(TrainError::Output)?;
+        let series = crate::plot::StepSeries {
+            loss: &self.board.losses,
+            lr: &self.board.lrs,
+            per_epoch: self.plan.steps_per_epoch,
+        };
+        if let Some(ema) = &self.ema {
+            // `<output>/ema/` first: once the model's model.json is there, so is the EMA's.
+            let (w, n) = ema_best.ok_or_else(|| {
+                TrainError::Checkpoint(format!(
+                    "--model-ema: the best epoch {best_epoch}'s weights lack the EMA's"
+                ))
+            })?;
+            let dir = job.output.join(tchrun::files::EMA_DIR);
+            let cfg = ModelConfig {
+                ema: Some(ema.record(n)),
+                ..trained.clone()
+            };
+            let sd = models::state_dict(&w, self.s.step as i64);
+            outputs::write_model_dir(&dir, &cfg, &sd, history, &series)
+                .map_err(TrainError::Output)?;
+        }
+        outputs::write_model_dir(&job.output, &trained, &state_dict, history, &series)
+            .map_err(TrainError::Output)?;
         let meta = self.meta(history.len() as u32, 0, (0.0, 0.0, 0.0), true);
-        checkpoint::save(&job.output, &meta, &self.named, &self.opt.state(), None)
+        checkpoint::save(&job.output, &meta, &self.named, &self.saved_state(), None)
             .map_err(TrainError::Checkpoint)?;
         if let Some(m) = best_metrics {
             (self.ctx.say)(&format!(
@@ -312,7 +328,39 @@ impl Trainer<'_> {
                 100.0 * m.top5,
                 m.val_loss
             ));
+            if let (Some(loss), Some(top1), Some(top5)) = (m.ema_val_loss, m.ema_top1, m.ema_top5) {
+                (self.ctx.say)(&format!(
+                    "EMA model of epoch {best_epoch} (--model-ema): valid top-1 {:.2}%, top-5 \
+                     {:.2}%, loss {loss:.4}; written to {}",
+                    100.0 * top1,
+                    100.0 * top5,
+                    job.output.join(tchrun::files::EMA_DIR).display()
+                ));
+            }
         }
         Ok(())
     }
+}
+
+/// The driver log's and console's line of an epoch; with `--model-ema`, the EMA model's
+/// validation after the model's.
+fn epoch_line(m: &EpochMetrics, epochs: u32) -> String {
+    let mut line = format!(
+        "epoch {}/{}: train loss {:.4}, {:.1} images/s; valid loss {:.4}, top-1 {:.2}%, top-5 {:.2}%",
+        m.epoch,
+        epochs,
+        m.train_loss,
+        m.train_images_per_sec,
+        m.val_loss,
+        100.0 * m.top1,
+        100.0 * m.top5
+    );
+    if let (Some(loss), Some(top1), Some(top5)) = (m.ema_val_loss, m.ema_top1, m.ema_top5) {
+        line.push_str(&format!(
+            "; EMA valid loss {loss:.4}, top-1 {:.2}%, top-5 {:.2}%",
+            100.0 * top1,
+            100.0 * top5
+        ));
+    }
+    line
 }

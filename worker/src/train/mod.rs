@@ -6,6 +6,7 @@ mod board;
 pub mod checkpoint;
 mod clip;
 pub mod command;
+mod ema;
 mod finish;
 mod fused;
 mod live;

@@ -66,6 +66,17 @@ pub fn clear_previous_run(output: &Path) -> Result<(), String> {
             Err(e) => return Err(format!("{}: {e}", p.display())),
         }
     }
+    // `--model-ema`'s model directory: its model.json first, then the rest.
+    let ema = output.join(tchrun::files::EMA_DIR);
+    for name in [MODEL_JSON, MODEL_WEIGHTS, METRICS_PLOT] {
+        let p = ema.join(name);
+        match std::fs::remove_file(&p) {
+            Ok(()) => tracing::info!("removed {} (an earlier run's)", p.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        }
+    }
+    let _ = std::fs::remove_dir(&ema);
     let d = tchrun::checkpoint::dir(output);
     match std::fs::remove_dir_all(&d) {
         Ok(()) => tracing::info!("removed {} (an earlier run's)", d.display()),

@@ -80,6 +80,7 @@ pub(super) fn load_resume(
     named: &[(String, Tensor)],
     opt: &mut Optimizer,
     best: &mut Option<BTreeMap<String, Tensor>>,
+    ema: &mut Option<BTreeMap<String, Tensor>>,
 ) -> Result<Start, TrainError> {
     const KEY: &str = "tchrun/resume";
     // The names of the optimizer state rank 0 holds (a checkpoint may hold none: --momentum 0,
@@ -206,6 +207,7 @@ pub(super) fn load_resume(
         })?;
         // Only rank 0 writes the model, so only it keeps the best weights.
         *best = l.best;
+        *ema = Some(l.ema);
         Ok(Start::Resume(Box::new(l.meta)))
     } else {
         receive(ctx, opt, KEY, MOMENTUM_KEY)

@@ -83,7 +83,7 @@ impl<'a> Trainer<'a> {
         let plan = plan_steps(job, rank, world, train.samples.len())?;
 
         // Resume (rank 0 decides and reads; everyone receives), then replicate from rank 0.
-        let mut best_weights = None;
+        let (mut best_weights, mut ema) = (None, None);
         let start = load_resume(
             job,
             ctx,
@@ -92,6 +92,7 @@ impl<'a> Trainer<'a> {
             &named,
             &mut opt,
             &mut best_weights,
+            &mut ema,
         )?;
         let (resume, resumed) = match start {
             Start::Complete => {
@@ -115,6 +116,7 @@ impl<'a> Trainer<'a> {
         };
         replicas.broadcast_all(pg)?;
         super::resume::broadcast_optimizer_state(pg, &mut opt)?;
+        let ema = super::ema::Ema::start(job, ctx, &cfg, train.classes.len(), &named, ema)?;
         say_start(job, ctx, &cfg, &train, &valid, &plan);
         let mut scaler = LossScaler::new(job.options.amp == Amp::Fp16 && device.is_cuda());
         if let Some(s) = resume.loss_scale.filter(|_| scaler.enabled) {
@@ -172,6 +174,7 @@ impl<'a> Trainer<'a> {
             scaler,
             guard,
             live,
+            ema,
             s,
         }))
     }

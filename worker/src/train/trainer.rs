@@ -123,6 +123,8 @@ pub(super) struct Trainer<'a> {
     pub(super) guard: Guard,
     /// The windows of steps: stragglers and rank 0's `status.json`.
     pub(super) live: super::live::Live,
+    /// `--model-ema`'s average (every rank keeps one).
+    pub(super) ema: Option<super::ema::Ema>,
     pub(super) s: State,
 }
 
@@ -347,6 +349,9 @@ impl<'a> Trainer<'a> {
         self.s.images += n_local as f64;
         self.s.step += 1;
         crate::heartbeat::step(self.s.step);
+        if let Some(ema) = self.ema.as_mut() {
+            ema.after_step(e.index, it, &self.named);
+        }
         e.loss_sum += stats.loss * stats.samples;
         e.seen += stats.samples;
         e.seen_print += stats.samples;
@@ -470,7 +475,7 @@ impl<'a> Trainer<'a> {
                     &self.job.output,
                     &meta,
                     &self.named,
-                    &self.opt.state(),
+                    &self.saved_state(),
                     None,
                 )
                 .map_err(TrainError::Checkpoint)?;
@@ -491,7 +496,7 @@ impl<'a> Trainer<'a> {
                 &self.job.output,
                 &meta,
                 &self.named,
-                &self.opt.state(),
+                &self.saved_state(),
                 None,
             )
             .map_err(TrainError::Checkpoint)?;
