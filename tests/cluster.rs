@@ -1493,8 +1493,9 @@ fn netns_a_spare_host_takes_the_place_of_one_that_keeps_failing() {
 /// sees a tmpfs of its own over --output (not shared: `ip netns exec` gives each login a private
 /// mount namespace, and the rsh agent mounts it there). The doctor names node 2 before any
 /// training rank starts, leaves it out, the spare tchrun-node3 (which passed) takes its place,
-/// and the job trains on nodes 1 and 3 to the end. With `--min-nodes 3` the same job is refused
-/// (exit 4) naming the host and the minimum.
+/// and the job trains on nodes 1 and 3 to the end. A node mpirun cannot start at all (its rsh
+/// login fails) makes the doctor check each host alone: with `--min-nodes 3 --nodes 3` the job
+/// is refused (exit 4) naming that host and the minimum.
 #[test]
 fn netns_preflight_doctor_leaves_out_a_host_whose_output_is_not_shared() {
     use std::os::unix::fs::PermissionsExt;
@@ -1505,16 +1506,16 @@ fn netns_preflight_doctor_leaves_out_a_host_whose_output_is_not_shared() {
     let model = model_init(t.path());
     let d = small_digits();
     let agent = t.path().join("agent.sh");
-    let job = |out: &Path, extra: &[&str]| {
+    // On node 2 the agent runs `node2` before the command (a mount, or a failure).
+    let job = |out: &Path, extra: &[&str], node2: &str| {
         std::fs::create_dir_all(out).expect("mkdir");
         std::fs::write(
             &agent,
             format!(
                 "#!/usr/bin/env bash\nout=(); done=0\nfor a in \"$@\"; do out+=(\"$a\"); \
                  if [ $done = 0 ] && {{ [ \"$a\" = tchrun-node2 ] || [ \"$a\" = 10.250.0.12 ]; }}; then \
-                 out+=(\"mount -t tmpfs tchrun-preflight-test {} &&\"); done=1; fi; done\n\
+                 out+=(\"{node2} &&\"); done=1; fi; done\n\
                  exec {} \"${{out[@]}}\"\n",
-                out.display(),
                 script("netns-rsh.sh").display()
             ),
         )
@@ -1537,7 +1538,8 @@ fn netns_preflight_doctor_leaves_out_a_host_whose_output_is_not_shared() {
         )
     };
     let out = t.path().join("out");
-    let r = job(&out, &["--nodes", "2"]);
+    let mount = format!("mount -t tmpfs tchrun-preflight-test {}", out.display());
+    let r = job(&out, &["--nodes", "2"], &mount);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let not_shared = format!(
         "{} is not shared with rank 0's host tchrun-node1",
@@ -1580,18 +1582,26 @@ fn netns_preflight_doctor_leaves_out_a_host_whose_output_is_not_shared() {
     assert!(out.join("model.safetensors").is_file(), "{}", r.explain());
     assert!(!logs.join("restarts.json").exists());
 
-    // Below --min-nodes: refused before any training rank starts, exit 4.
+    // A node mpirun cannot start at all (its rsh login fails), below --min-nodes: the doctor
+    // fails as a whole, each host is then checked alone, node 2 is named, and the job is
+    // refused before any training rank starts, exit 4.
     let out3 = t.path().join("out3");
-    let r = job(&out3, &["--min-nodes", "3", "--nodes", "3"]);
+    let r = job(&out3, &["--min-nodes", "3", "--nodes", "3"], "exit 255");
     assert_eq!(r.code, Some(4), "{}", r.explain());
-    let want = "tchrun: error: --preflight doctor: host tchrun-node2: it failed the per-node checks before attempt 1 (";
-    assert!(r.stderr.contains(want), "{}", r.explain());
-    assert!(
-        r.stderr
-            .contains("leaving it out would leave 2 node(s), fewer than --min-nodes 3"),
-        "{}",
-        r.explain()
-    );
+    for want in [
+        "; checking each host alone",
+        "tchrun: error: --preflight doctor: host tchrun-node2: it failed the per-node checks before attempt 1 (its per-node check did not run: ",
+        "leaving it out would leave 2 node(s), fewer than --min-nodes 3",
+    ] {
+        assert!(r.stderr.contains(want), "no '{want}' in\n{}", r.explain());
+    }
+    for host in ["tchrun-node1", "tchrun-node3"] {
+        assert!(
+            !r.stderr.contains(&format!("host {host}:")),
+            "{host} was blamed\n{}",
+            r.explain()
+        );
+    }
     assert!(
         !out3.join("logs/70_driver_log_0").exists(),
         "a training rank ran"

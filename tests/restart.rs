@@ -626,3 +626,50 @@ fn model_ema_restarted_from_its_checkpoint_equals_the_uninterrupted_run() {
     let text = format!("{}{}", r.stdout, r.stderr);
     assert!(text.contains("--model-ema"), "{text}");
 }
+
+/// A dry run says what `--preflight doctor` would do and runs nothing; with `--spare-hosts`
+/// the printed mpirun reads `<log-dir>/hostfile.with-spares` (not written by a dry run), and
+/// `--output` stays unwritten.
+#[test]
+fn a_dry_run_names_the_preflight_and_the_hostfile_with_spares() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let d = small_digits();
+    let hostfile = t.path().join("hosts");
+    std::fs::write(&hostfile, "a slots=1\nb slots=1\n").expect("hostfile");
+    let spares = t.path().join("spares");
+    std::fs::write(&spares, "c slots=1\n").expect("spares");
+    let out = t.path().join("out");
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
+            .env_remove("TCHRUN_MIN_NODES")
+            .args(["--dry-run", "--preflight", "doctor", "--nodes", "2"])
+            .args([
+                "--launcher",
+                "mpirun",
+                "--exclude-failed-hosts",
+                "--max-restarts",
+                "2",
+            ])
+            .arg("--hostfile")
+            .arg(&hostfile)
+            .arg("--spare-hosts")
+            .arg(&spares),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout
+            .contains("# --preflight doctor: tchrun doctor would run on the job's hosts first"),
+        "{}",
+        r.explain()
+    );
+    let merged = out.join("logs/hostfile.with-spares");
+    assert!(
+        r.stdout
+            .contains(&format!("--hostfile {}", merged.display())),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.exists(), "a dry run wrote {}", out.display());
+}

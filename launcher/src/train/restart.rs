@@ -178,9 +178,7 @@ impl Attempts<'_> {
         let log_dir = plan.log_dir.clone();
         let mut history: Vec<Attempt> = Vec::new();
         let mut host_failures = HostFailures::default();
-        if restarts.preflight == Preflight::Doctor && !launch.dry_run {
-            self.preflight_doctor(&mut host_failures, plan)?;
-        }
+        self.preflight(&mut host_failures, plan)?;
         loop {
             let attempt = history.len() as u32 + 1;
             let env = RankEnv {
@@ -330,72 +328,101 @@ impl Attempts<'_> {
     /// (`<log-dir>/doctor/`); the hosts that fail are left out (spares of the hostfile take
     /// their places), a slow or broken link is said; below `--min-nodes`, or a failed host
     /// the launch names no hostfile to leave it out of, the job stops (exit 4).
+    fn preflight(&self, failures: &mut HostFailures, plan: &mut Plan) -> Result<(), JobError> {
+        if self.restarts.preflight != Preflight::Doctor {
+            return Ok(());
+        }
+        if self.launch.dry_run {
+            outln!("# --preflight doctor: tchrun doctor would run on the job's hosts first");
+            return Ok(());
+        }
+        self.preflight_doctor(failures, plan)
+    }
+
+    /// The doctor's run and what it leaves out (`preflight` without a dry run).
     fn preflight_doctor(
         &self,
         failures: &mut HostFailures,
         plan: &mut Plan,
     ) -> Result<(), JobError> {
+        use tchrun::doctor::verdict::same_host;
         let dir = plan.log_dir.join("doctor");
-        let Some(d) = crate::commands::doctor::diagnose(
-            self.launch,
-            &self.health.rank,
-            &self.health.checks,
-            &dir,
-        )?
-        else {
+        let (rank, checks) = (&self.health.rank, &self.health.checks);
+        let (failed, passed, see) =
+            match crate::commands::doctor::diagnose(self.launch, rank, checks, &dir) {
+                Ok(None) => return Ok(()),
+                Ok(Some(d)) => {
+                    outln!("{}", tchrun::doctor::verdict::table(&d.report).trim_end());
+                    outln!("tchrun: --preflight doctor: {}", d.report_path.display());
+                    for l in &d.report.bad_links {
+                        errln!("tchrun: warning: --preflight doctor: {l}");
+                    }
+                    let passed: Vec<String> = plan
+                        .node_names
+                        .iter()
+                        .filter(|h| d.report.healthy_hosts.iter().any(|x| same_host(x, h)))
+                        .cloned()
+                        .collect();
+                    (d.report.failed_hosts, passed, d.report_path)
+                }
+                // The doctor could not run on the hosts together (one that mpirun cannot
+                // start fails the whole phase): each host alone, so that one is named.
+                Err(e) if plan.hostfile.is_some() && plan.node_names.len() > 1 => {
+                    let text = e.to_string();
+                    errln!(
+                        "tchrun: warning: --preflight doctor: {}; checking each host alone",
+                        text.lines()
+                            .next()
+                            .unwrap_or_default()
+                            .trim_start_matches("tchrun: error: ")
+                    );
+                    let mut failed = Vec::new();
+                    for (i, h) in plan.node_names.iter().enumerate() {
+                        let one = std::slice::from_ref(h);
+                        let sub = dir.join(format!("host-{}", i + 1));
+                        failed.extend(crate::commands::doctor::check_hosts(
+                            one,
+                            self.launch,
+                            rank,
+                            checks,
+                            &sub,
+                        )?);
+                    }
+                    if failed.is_empty() {
+                        return Err(e);
+                    }
+                    let passed = plan
+                        .node_names
+                        .iter()
+                        .filter(|h| !failed.iter().any(|f| &f.host == *h))
+                        .cloned()
+                        .collect();
+                    (failed, passed, dir.clone())
+                }
+                Err(e) => return Err(e),
+            };
+        if failed.is_empty() {
             return Ok(());
-        };
-        outln!("{}", tchrun::doctor::verdict::table(&d.report).trim_end());
-        outln!("tchrun: --preflight doctor: {}", d.report_path.display());
-        for l in &d.report.bad_links {
-            errln!("tchrun: warning: --preflight doctor: {l}");
         }
-        if d.report.failed_hosts.is_empty() {
-            return Ok(());
-        }
-        let names: Vec<String> = d
-            .report
-            .failed_hosts
-            .iter()
-            .map(|f| f.host.clone())
-            .collect();
-        let stop = |why: String| {
-            let why = format!(
-                "--preflight doctor: {why} (see {})",
-                d.report_path.display()
-            );
-            JobError::RankFailed {
-                kind: tchrun::exit::ErrorKind::RankFailed,
-                report: format!("tchrun: error: {why}\n"),
-            }
+        let stop = |why: String| JobError::RankFailed {
+            kind: tchrun::exit::ErrorKind::RankFailed,
+            report: format!(
+                "tchrun: error: --preflight doctor: {why} (see {})\n",
+                see.display()
+            ),
         };
         if plan.hostfile.is_none() {
+            let names: Vec<&str> = failed.iter().map(|f| f.host.as_str()).collect();
             return Err(stop(format!(
                 "host(s) {} failed the checks and the launch names no --hostfile to leave them out of; fix them, or pass --hostfile with the healthy hosts ({})",
                 names.join(", "),
-                d.healthy_hostfile.display()
+                dir.join(tchrun::doctor::HEALTHY_HOSTFILE).display()
             )));
         }
-        for f in &d.report.failed_hosts {
-            let host = plan
-                .node_names
-                .iter()
-                .find(|h| tchrun::doctor::verdict::same_host(&f.host, h))
-                .cloned()
-                .unwrap_or_else(|| f.host.clone());
-            failures.unfit(1, &host, &f.reasons);
+        for f in &failed {
+            let host = plan.node_names.iter().find(|h| same_host(&f.host, h));
+            failures.unfit(1, host.unwrap_or(&f.host), &f.reasons);
         }
-        let passed: Vec<String> = plan
-            .node_names
-            .iter()
-            .filter(|h| {
-                d.report
-                    .healthy_hosts
-                    .iter()
-                    .any(|x| tchrun::doctor::verdict::same_host(x, h))
-            })
-            .cloned()
-            .collect();
         match self.decide_checked(failures, plan, 1, passed)? {
             HostDecision::Keep => Ok(()),
             HostDecision::Stop(why) => Err(stop(why)),
