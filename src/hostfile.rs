@@ -9,6 +9,16 @@ pub struct Host {
     pub slots: Option<u32>,
 }
 
+impl Host {
+    /// The host as a hostfile line (without the newline): `name` or `name slots=N`.
+    pub fn line(&self) -> String {
+        match self.slots {
+            Some(n) => format!("{} slots={n}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
 /// A hostfile line that cannot be read.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}:{line}: {why}")]

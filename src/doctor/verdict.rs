@@ -216,10 +216,7 @@ pub fn healthy_hostfile(r: &DoctorReport, hosts: &[Host], slots: u32) -> String 
         hosts.to_vec()
     };
     for h in &named {
-        let entry = match h.slots {
-            Some(s) => format!("{} slots={s}", h.name),
-            None => h.name.clone(),
-        };
+        let entry = h.line();
         let failed = r.failed_hosts.iter().find(|f| same_host(&f.host, &h.name));
         let seen = r.nodes.iter().any(|n| same_host(&n.host, &h.name));
         match failed {

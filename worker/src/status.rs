@@ -90,15 +90,16 @@ pub fn publish(f: impl FnOnce(&mut JobStatus)) {
 /// thread last saw (the final checkpoint is written just before the end).
 pub fn publish_now(f: impl FnOnce(&mut JobStatus)) {
     if let Some(shared) = SHARED.get() {
-        let newest = Seen::default().checkpoint(&shared.output);
         let mut s = shared.status.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut s);
         let end = s.state.is_end();
-        if end && newest.is_some() {
-            s.last_checkpoint = newest;
-        }
         let mut copy = s.clone();
         drop(s);
+        if end {
+            if let Some(newest) = Seen::default().checkpoint(&shared.output) {
+                copy.last_checkpoint = Some(newest);
+            }
+        }
         let mut ended = shared.file.lock().unwrap_or_else(|e| e.into_inner());
         if *ended {
             return;

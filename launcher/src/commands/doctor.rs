@@ -190,15 +190,7 @@ pub fn check_hosts(
     per_node.dry_run = false;
     let nodes = match nodes_phase(&per_node, rank, checks, dir) {
         Ok(nodes) => nodes.unwrap_or_default(),
-        Err(_) if hosts.len() > 1 => {
-            let mut failed = Vec::new();
-            for (i, h) in hosts.iter().enumerate() {
-                let alone = std::slice::from_ref(h);
-                let sub = dir.join(format!("host-{i}"));
-                failed.extend(check_hosts(alone, launch, rank, checks, &sub)?);
-            }
-            return Ok(failed);
-        }
+        Err(_) if hosts.len() > 1 => return check_each(hosts, launch, rank, checks, dir),
         Err(e) => {
             let text = e.to_string();
             let first = text.lines().next().unwrap_or_default();
@@ -236,6 +228,29 @@ pub fn check_hosts(
                 reasons: vec!["no rank reported from it".into()],
             });
         }
+    }
+    Ok(failed)
+}
+
+/// `check_hosts` on each of `hosts` alone (in `dir/host-<n>`, n from 1): for when the hosts
+/// together could not be checked, so that a host mpirun cannot start is the one named.
+pub fn check_each(
+    hosts: &[String],
+    launch: &launch::LaunchArgs,
+    rank: &RankFlags,
+    checks: &DoctorChecks,
+    dir: &Path,
+) -> Result<Vec<FailedHost>, JobError> {
+    let mut failed = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        let sub = dir.join(format!("host-{}", i + 1));
+        failed.extend(check_hosts(
+            std::slice::from_ref(h),
+            launch,
+            rank,
+            checks,
+            &sub,
+        )?);
     }
     Ok(failed)
 }

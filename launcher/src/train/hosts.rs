@@ -72,10 +72,8 @@ pub fn with_spares(
 ) -> Result<LaunchArgs, JobError> {
     let mut text = String::from("# --hostfile and --spare-hosts (tchrun): the spares last\n");
     for h in all {
-        match h.slots {
-            Some(n) => text.push_str(&format!("{} slots={n}\n", h.name)),
-            None => text.push_str(&format!("{}\n", h.name)),
-        }
+        text.push_str(&h.line());
+        text.push('\n');
     }
     let path = plan.log_dir.join(WITH_SPARES_HOSTFILE);
     if !launch.dry_run {
@@ -167,7 +165,7 @@ impl HostFailures {
         let nodes_left = plan.nodes.min(left as u32);
         // The spares that come in, in hostfile order, each in the place of a dropped host
         // that ran in this attempt.
-        let active: Vec<&String> = plan.node_names.iter().take(plan.nodes as usize).collect();
+        let active = active_hosts(plan);
         let next = self.next_hosts(plan);
         let mut incoming = next.iter().filter(|h| !active.contains(h));
         let dropped: Vec<DroppedHost> = failing
@@ -182,7 +180,7 @@ impl HostFailures {
                     causes,
                     nodes_left,
                     ranks_left: nodes_left * plan.procs_per_node,
-                    replaced_by: if active.contains(h) {
+                    replaced_by: if active.contains(*h) {
                         incoming.next().cloned()
                     } else {
                         None
@@ -202,6 +200,12 @@ impl HostFailures {
         }
         HostDecision::Drop(dropped)
     }
+}
+
+/// The hosts `plan`'s attempt runs on: the first `--nodes` of its hostfile (the rest are
+/// spares).
+pub fn active_hosts(plan: &Plan) -> &[String] {
+    &plan.node_names[..plan.node_names.len().min(plan.nodes as usize)]
 }
 
 /// The plan's node that `rank` ran on: the host its driver log names when that is one of the
@@ -331,10 +335,8 @@ pub fn without_hosts(plan: &Plan, dropped: &[DroppedHost]) -> Result<Plan, JobEr
     );
     let mut names = Vec::new();
     for h in hosts.iter().filter(|h| !gone(&h.name)) {
-        match h.slots {
-            Some(n) => out.push_str(&format!("{} slots={n}\n", h.name)),
-            None => out.push_str(&format!("{}\n", h.name)),
-        }
+        out.push_str(&h.line());
+        out.push('\n');
         names.push(h.name.clone());
     }
     let path = plan.log_dir.join(REMAINING_HOSTFILE);

@@ -245,13 +245,13 @@ impl Attempts<'_> {
             // the ranks stopped to leave out the hosts rank 0 named, at once.
             let stragglers = hosts::straggler_hosts(&logs, &log_dir, &plan.node_names);
             let (mut failed_hosts, mut dropped_hosts) = (Vec::new(), Vec::new());
-            let doctor = restarts.preflight == Preflight::Doctor;
-            if restarts.exclude_failed_hosts || !stragglers.is_empty() || doctor {
-                if restarts.exclude_failed_hosts || !stragglers.is_empty() {
-                    let at_once = hardware.is_some() || !stragglers.is_empty();
-                    failed_hosts = hosts::counted(stragglers, summary.as_ref(), &logs, plan);
-                    host_failures.record(attempt, &failed_hosts, &cause, at_once);
-                }
+            let counting = restarts.exclude_failed_hosts || !stragglers.is_empty();
+            if counting {
+                let at_once = hardware.is_some() || !stragglers.is_empty();
+                failed_hosts = hosts::counted(stragglers, summary.as_ref(), &logs, plan);
+                host_failures.record(attempt, &failed_hosts, &cause, at_once);
+            }
+            if counting || restarts.preflight == Preflight::Doctor {
                 match self.decide_checked(&mut host_failures, plan, attempt + 1, Vec::new())? {
                     HostDecision::Keep => {}
                     HostDecision::Stop(why) => {
@@ -376,18 +376,13 @@ impl Attempts<'_> {
                             .unwrap_or_default()
                             .trim_start_matches("tchrun: error: ")
                     );
-                    let mut failed = Vec::new();
-                    for (i, h) in plan.node_names.iter().enumerate() {
-                        let one = std::slice::from_ref(h);
-                        let sub = dir.join(format!("host-{}", i + 1));
-                        failed.extend(crate::commands::doctor::check_hosts(
-                            one,
-                            self.launch,
-                            rank,
-                            checks,
-                            &sub,
-                        )?);
-                    }
+                    let failed = crate::commands::doctor::check_each(
+                        &plan.node_names,
+                        self.launch,
+                        rank,
+                        checks,
+                        &dir,
+                    )?;
                     if failed.is_empty() {
                         return Err(e);
                     }
@@ -454,12 +449,7 @@ impl Attempts<'_> {
             return Ok(failures.decide(plan, min));
         }
         let everywhere = self.restarts.preflight == Preflight::Doctor && next > 1;
-        let active: Vec<String> = plan
-            .node_names
-            .iter()
-            .take(plan.nodes as usize)
-            .cloned()
-            .collect();
+        let active = hosts::active_hosts(plan);
         for round in 0..=plan.node_names.len() {
             let decision = failures.decide(plan, min);
             if matches!(decision, HostDecision::Stop(_)) {
