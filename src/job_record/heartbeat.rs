@@ -274,16 +274,19 @@ impl HangVerdict {
                 .unwrap_or_else(|| r.phase.label().to_string())
         };
         let mut parts = Vec::new();
-        // Waiting ranks in the same collective since the same second: once, with their list.
+        // Waiting ranks in the same collective: once, with their list, since the first of them
+        // entered it (they enter it within moments of each other, often across a second's edge).
         let mut groups: Vec<(String, String, Vec<&HangRank>)> = Vec::new();
         for r in &self.waiting {
-            let key = (doing(r), clock(&r.since).to_string());
-            match groups
-                .iter_mut()
-                .find(|g| (g.0.as_str(), g.1.as_str()) == (&key.0, &key.1))
-            {
+            let what = doing(r);
+            match groups.iter_mut().find(|g| g.0 == what) {
                 Some(g) => g.2.push(r),
-                None => groups.push((key.0, key.1, vec![r])),
+                None => groups.push((what, String::new(), vec![r])),
+            }
+        }
+        for g in &mut groups {
+            if let Some(first) = g.2.iter().map(|r| r.since.as_str()).min() {
+                g.1 = clock(first).to_string();
             }
         }
         for (what, since, ranks) in &groups {
@@ -429,5 +432,40 @@ mod tests {
         );
         let text = serde_json::to_string(&v).unwrap();
         assert_eq!(serde_json::from_str::<HangVerdict>(&text).unwrap(), v);
+    }
+
+    /// Ranks that entered the same collective on either side of a second's edge are one group,
+    /// dated by the first of them (CI saw "ranks 0,2 ... since 09:28:49; rank 1 ... since
+    /// 09:28:48" for one all-reduce).
+    #[test]
+    fn ranks_waiting_in_one_collective_are_one_group_across_a_second() {
+        let mut late = beat(2, Phase::GradientAllReduce);
+        late.since = "2026-11-25T14:02:12.100Z".into();
+        let early = beat(0, Phase::GradientAllReduce);
+        let mut other = beat(1, Phase::GradientAllReduce);
+        other.since = "2026-11-25T14:02:12.000Z".into();
+        let stopped = beat(3, Phase::Backward);
+        let v = HangVerdict {
+            kind: HangKind::StoppedBeating,
+            culprits: vec![HangRank::of(&stopped, false)],
+            waiting: vec![
+                HangRank::of(&early, true),
+                HangRank::of(&other, true),
+                HangRank::of(&late, true),
+            ],
+            seq: Some(1204),
+            allowed_s: 10,
+            silent_s: 11,
+            stacks: Vec::new(),
+            capture: None,
+        };
+        let line = v.line(&[early.clone(), other.clone(), late.clone(), stopped.clone()]);
+        assert!(
+            line.starts_with(
+                "hang: ranks 0-2 (vm) wait in gradient all-reduce #1204 (3 bucket(s) of step \
+                 300) since 14:02:11; rank 3 (vm, pid 42)"
+            ),
+            "{line}"
+        );
     }
 }
