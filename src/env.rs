@@ -26,6 +26,11 @@ pub const TCHRUN_ATTEMPT: &str = "TCHRUN_ATTEMPT";
 /// only (`TCHRUN_ATTEMPT` unset or 1). For the restart tests and `scripts/soak.sh`; never set
 /// it in a real job.
 pub const TCHRUN_TEST_KILL_AT_STEP: &str = "TCHRUN_TEST_KILL_AT_STEP";
+/// Test hook (fault injection), read by the worker: `RANK:STEP` makes rank RANK's input of
+/// optimizer step STEP (0-based) NaN, so that step's loss and update go non-finite. For the
+/// divergence guard's tests (the first non-finite step named, nothing non-finite written);
+/// never set it in a real job.
+pub const TCHRUN_TEST_NAN_AT_STEP: &str = "TCHRUN_TEST_NAN_AT_STEP";
 /// Test hook (fault injection), read by the worker: `RANK:STEP:SECONDS` makes rank RANK's main
 /// thread spin (a busy loop) SECONDS in forward just before optimizer step STEP (its heartbeat thread goes
 /// on beating): a rank that is stuck, not stopped. For `tests/hang.rs`; never set it in a real

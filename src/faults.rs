@@ -26,6 +26,8 @@ pub struct FaultPlan {
     pub allocate: Option<(u64, u64)>,
     /// `TCHRUN_TEST_SLOW_STEP` (this rank or host): every optimizer step sleeps this long.
     pub slow_step: Option<Duration>,
+    /// `TCHRUN_TEST_NAN_AT_STEP` (this rank): the input of this optimizer step is NaN.
+    pub nan_at_step: Option<u64>,
 }
 
 /// Why a rank kills itself now (a fault of the plan that is due).
@@ -73,6 +75,7 @@ impl FaultPlan {
             stall: stall(get, rank)?,
             allocate: allocate(get, rank)?,
             slow_step: slow_for(get, env::TCHRUN_TEST_SLOW_STEP, rank, host)?,
+            nan_at_step: nan_at_step(get, rank)?,
         })
     }
 
@@ -97,6 +100,25 @@ impl FaultPlan {
                 step,
                 into_attempt: n,
             })
+    }
+}
+
+/// `TCHRUN_TEST_NAN_AT_STEP=RANK:STEP`, for `rank`.
+fn nan_at_step(get: &dyn Fn(&str) -> Option<String>, rank: usize) -> Result<Option<u64>, EnvError> {
+    let Some(v) = get(env::TCHRUN_TEST_NAN_AT_STEP).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let parsed = v
+        .trim()
+        .split_once(':')
+        .and_then(|(r, s)| Some((r.parse::<usize>().ok()?, s.parse::<u64>().ok()?)));
+    match parsed {
+        Some((r, step)) => Ok((r == rank).then_some(step)),
+        None => Err(EnvError::Invalid {
+            name: env::TCHRUN_TEST_NAN_AT_STEP,
+            value: v.clone(),
+            why: "expected RANK:STEP".into(),
+        }),
     }
 }
 

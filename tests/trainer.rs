@@ -372,6 +372,68 @@ fn nan_loss_stops_every_rank_with_exit_5() {
     assert!(!out.join("model.safetensors").exists(), "{}", r.explain());
 }
 
+/// Issue 30: a step's loss and the divergence guard stay on the device and are read every few
+/// steps, not after every step. A NaN input at step 5 (`TCHRUN_TEST_NAN_AT_STEP`) on 2 ranks with
+/// `--print-freq 100 --checkpoint-every 2`: both ranks name step 5 (the first non-finite one, not
+/// the step of the read), the checkpoint of step 4 is the last one written and every tensor in
+/// it is finite, and no model is written.
+#[test]
+fn a_nan_step_is_named_and_nothing_after_it_is_written() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let d = small_digits();
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
+            .env("TCHRUN_TEST_NAN_AT_STEP", "1:5")
+            .args(["--min-crop-scale", "0.5", "--no-hflip"])
+            .args([
+                "--procs-per-node",
+                "2",
+                "--batch-size",
+                "16",
+                "--epochs",
+                "1",
+            ])
+            .args(["--print-freq", "100", "--checkpoint-every", "2"]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(5), "{}", r.explain());
+    for l in driver_logs(&out.join("logs"), 2) {
+        let diverged = l
+            .lines()
+            .find(|x| x.contains("training diverged: "))
+            .unwrap_or_else(|| panic!("no divergence message in:\n{l}"));
+        assert!(
+            diverged.contains("the loss became NaN at epoch 1, step 5."),
+            "{diverged}"
+        );
+    }
+    let last: serde_json::Value =
+        serde_json::from_str(&read(&out.join("checkpoints/last.json"))).expect("last.json");
+    assert_eq!(last["step"].as_u64(), Some(4), "{last}");
+    let file = out
+        .join("checkpoints")
+        .join(last["tensors"].as_str().expect("tensors"));
+    let bytes = std::fs::read(&file).expect("checkpoint tensors");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut floats = 0;
+    for (name, view) in st.tensors() {
+        if view.dtype() != safetensors::Dtype::F32 {
+            continue;
+        }
+        floats += 1;
+        let bad = view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .find(|v| !v.is_finite());
+        assert_eq!(bad, None, "{name} in {}", file.display());
+    }
+    assert!(floats > 10, "{floats} float tensors in {}", file.display());
+    assert!(!out.join("model.safetensors").exists(), "{}", r.explain());
+}
+
 fn expect_invalid(args: &[&str], needle: &str, out: &Path) {
     let r = run(tchrun().args(args), LIMIT);
     assert_eq!(r.code, Some(2), "{}", r.explain());

@@ -6,7 +6,8 @@
 //! `scripts/bench.sh` (CPU, and the GPU mode: ResNet-50, 224 × 224, bf16).
 use crate::models;
 use crate::train::optim::Optimizer;
-use crate::train::step::{train_step, LossScaler, StepModel, Update};
+use crate::train::step::{train_step, Guard, LossScaler, StepModel, Update};
+use crate::train::window::{RowInfo, StepWindow};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tchrun::flags::Amp;
@@ -47,6 +48,23 @@ pub struct Args {
     /// DenseNet: the memory-efficient layers (`model init --memory-efficient`).
     #[arg(long)]
     memory_efficient: bool,
+    /// The trainer's per-step additions to run with the step, to measure each on its own
+    /// (issue 30): `group` (a 1-rank Gloo group: the replicator's begin and end of a step and
+    /// its stats tensor), `guard` (the divergence guard's total every step), `window` (the
+    /// step's row in the device window, read every 10 steps: the trainer now), `read-back` (the
+    /// stats read to the host every step: the trainer before), `timers` (the time split's
+    /// clocks). `window` and `read-back` need `group`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    with: Vec<Addition>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Addition {
+    Group,
+    Guard,
+    Window,
+    ReadBack,
+    Timers,
 }
 
 /// This process's peak resident set size (getrusage's ru_maxrss, KiB on Linux), in MiB.
@@ -120,19 +138,32 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             tch::Cuda::synchronize(0);
         }
     };
+    let has = |x: Addition| a.with.contains(&x);
+    if (has(Addition::Window) || has(Addition::ReadBack)) && !has(Addition::Group) {
+        anyhow::bail!("--with window and --with read-back need --with group (the stats they read)");
+    }
+    let group_and_store = has(Addition::Group)
+        .then(|| one_rank_group(device))
+        .transpose()?;
+    let group = group_and_store.as_ref().map(|(pg, _)| pg);
+    let replicas = group.map(|_| crate::comm::ddp::Replicator::new(&named, models::is_buffer));
+    let guard = has(Addition::Guard).then(|| Guard::watching(&named));
+    let mut window = has(Addition::Window).then(|| StepWindow::new(device));
+    let mut split = [0.0f64; 3];
     let mut start = Instant::now();
     for i in 0..a.warmup + a.steps {
         if i == a.warmup {
             sync();
             start = Instant::now();
         }
+        let t0 = has(Addition::Timers).then(Instant::now);
         opt.zero_grad()?;
-        // The training step itself, on one process (no group: nothing to reduce).
-        train_step::<crate::comm::pg::C10dError>(
+        // The training step itself, on one process.
+        let done = train_step(
             &model,
             Some((&x, &y)),
             false,
-            None,
+            group.zip(replicas.as_ref()),
             Some(Update {
                 opt: &mut opt,
                 scaler: &mut scaler,
@@ -140,8 +171,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 clip: None,
             }),
             None,
-            |_| Ok(()),
         )?;
+        let total = guard.as_ref().and_then(|g| g.total(i as u64));
+        if let Some(stats) = &done.stats {
+            if has(Addition::ReadBack) {
+                let (loss, _, _) = stats.read();
+                let finite = total
+                    .as_ref()
+                    .map_or(true, |t| t.double_value(&[]).is_finite());
+                anyhow::ensure!(loss.is_finite() && finite, "non-finite at step {i}");
+            }
+            if let Some(w) = window.as_mut() {
+                let row = RowInfo {
+                    step: i as u64,
+                    epoch: 1,
+                    lr_before: 0.01,
+                    lr_after: 0.01,
+                };
+                w.push(stats, total.as_ref(), row);
+                if w.is_full() || (i + 1) % 10 == 0 {
+                    w.read()
+                        .map_err(|(bad, at)| anyhow::anyhow!("{bad:?} at step {}", at.step))?;
+                }
+            }
+        }
+        if let Some(t0) = t0.filter(|_| i >= a.warmup) {
+            let t3 = Instant::now();
+            split[0] += (done.backward_done - t0).as_secs_f64();
+            split[1] += (done.reduced - done.backward_done).as_secs_f64();
+            split[2] += t3.elapsed().as_secs_f64();
+        }
     }
     sync();
     let secs = start.elapsed().as_secs_f64() / a.steps.max(1) as f64;
@@ -159,7 +218,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "ms_per_step": secs * 1e3,
         "images_per_sec": a.batch_size as f64 / secs,
         "peak_rss_mib": peak_rss_mib(),
+        "with": a.with.iter().map(|x| format!("{x:?}").to_lowercase()).collect::<Vec<_>>(),
+        "split_s": split,
     });
     println!("{line}");
     Ok(())
+}
+
+/// A process group of this process alone (Gloo on loopback, a store on a free port), and the
+/// store it was made with (kept while the group lives).
+fn one_rank_group(
+    device: Device,
+) -> anyhow::Result<(crate::comm::pg::ProcessGroup, crate::comm::pg::Store)> {
+    use crate::comm::pg::{BackendKind, ProcessGroup, Store};
+    let timeout = std::time::Duration::from_secs(30);
+    let store = Store::serve("127.0.0.1", 0, 1, timeout)?;
+    let backend = if device.is_cuda() {
+        BackendKind::Nccl
+    } else {
+        BackendKind::Gloo
+    };
+    let gloo = crate::comm::netif::GlooDevice::Address("127.0.0.1".into());
+    let pg = ProcessGroup::new(&store, "bench", backend, 0, 1, timeout, &gloo, device)?;
+    Ok((pg, store))
 }

@@ -21,15 +21,54 @@ use crate::comm::pg::{C10dError, ProcessGroup, ReduceOp, ReducedStep, Reducer};
 use std::cell::{Cell, OnceCell, RefCell};
 use tch::{Kind, Tensor};
 
-/// Statistics of one reduced step.
-#[derive(Debug, Clone, Copy)]
+/// Statistics of one reduced step, left on the device: the trainer reads many steps' at once
+/// (`train/window.rs`), so a CUDA step never waits for the device to hand them to the host.
+#[derive(Debug)]
 pub struct StepStats {
-    /// Mean loss over every sample of every rank.
-    pub loss: f64,
-    /// Samples of the combined batch.
-    pub samples: f64,
-    /// Some rank asked to stop (a signal): every rank sees it in the same step.
-    pub stop: bool,
+    /// `[mean loss over every sample of every rank, samples of the combined batch, stop vote]`,
+    /// a float64 tensor of 3 on the step's device. The vote is > 0 when some rank asked to stop
+    /// (a signal): every rank sees it in the same step.
+    pub tail: Tensor,
+    /// Some rank had a sample (the optimizer steps). Known without a read when this rank had
+    /// one; read from the device only in the rare step this rank sits out.
+    pub any_sample: bool,
+}
+
+impl StepStats {
+    /// One rank alone: `loss` (a 0-d tensor, this rank's mean) over `samples`.
+    fn alone(loss: &Tensor, samples: usize, stop: bool) -> StepStats {
+        let mean = if samples == 0 {
+            Tensor::zeros([1], (Kind::Double, loss.device()))
+        } else {
+            loss.detach().to_kind(Kind::Double).reshape([1])
+        };
+        StepStats::new(mean, samples as f64, stop)
+    }
+
+    /// `mean` (a float64 tensor of 1) with the host's samples and vote, filled on the device
+    /// (a copy from pageable host memory would synchronize the CUDA stream).
+    fn new(mean: Tensor, samples: f64, stop: bool) -> StepStats {
+        let opts = (Kind::Double, mean.device());
+        let vote = if stop { 1.0 } else { 0.0 };
+        StepStats {
+            tail: Tensor::cat(
+                &[
+                    mean,
+                    Tensor::full([1], samples, opts),
+                    Tensor::full([1], vote, opts),
+                ],
+                0,
+            ),
+            any_sample: samples > 0.0,
+        }
+    }
+
+    /// The values on the host (a read: it waits for the device). `(loss, samples, stop)`.
+    pub fn read(&self) -> (f64, f64, bool) {
+        let v = Vec::<f64>::try_from(self.tail.to_device(tch::Device::Cpu)).unwrap_or_default();
+        let at = |i: usize| v.get(i).copied().unwrap_or(f64::NAN);
+        (at(0), at(1), at(2) > 0.0)
+    }
 }
 
 pub struct Replicator {
@@ -363,16 +402,7 @@ impl Replicator {
             if let Some(acc) = p.acc {
                 return self.end_accumulated_alone(&p.extra, p.n_local, p.stop, acc);
             }
-            let loss = if p.n_local == 0 {
-                0.0
-            } else {
-                p.extra.double_value(&[])
-            };
-            return Ok(StepStats {
-                loss,
-                samples: p.n_local as f64,
-                stop: p.stop,
-            });
+            return Ok(StepStats::alone(&p.extra, p.n_local, p.stop));
         }
         let Some(r) = self.reducer.get() else {
             return Err(C10dError {
@@ -381,31 +411,28 @@ impl Replicator {
             });
         };
         let len = p.extra.size()[0];
-        // Waiting for the buckets, up to the reduced values' arrival on the host (NCCL's
-        // all-reduce returns before the device has it).
+        // Waiting for the buckets (Gloo: their arrival; NCCL: the stream's order after them).
         let _in = crate::heartbeat::gradient_wait();
         let reduced = r.finish((len - 2) as usize)?;
         crate::heartbeat::buckets(reduced.buckets);
         self.last.set(Some(reduced));
         let buffer_len = len - 3;
-        let tail = Vec::<f32>::try_from(p.extra.narrow(0, len - 3, 3).to_device(tch::Device::Cpu))
-            .unwrap_or_default();
-        let loss_sum = tail.first().copied().unwrap_or(f32::NAN) as f64;
-        let samples = tail.get(1).copied().unwrap_or(0.0) as f64;
-        let stop = tail.get(2).copied().unwrap_or(0.0) > 0.0;
+        // [loss sum, samples, stop] → [mean loss, samples, stop], on the device in float64:
+        // the same division the host made when it read them every step.
+        let sums = p.extra.narrow(0, len - 3, 3).to_kind(Kind::Double);
+        let mean = sums.narrow(0, 0, 1) / sums.narrow(0, 1, 1).clamp_min(1.0);
+        let tail = Tensor::cat(&[mean, sums.narrow(0, 1, 2)], 0);
+        let local = p.n_local + p.acc.as_ref().map_or(0, |a| a.samples);
+        let any_sample = local > 0 || sums.double_value(&[1]) > 0.0;
         // A step without samples on any rank changed no statistics: keep them bit for bit
         // (the mean of n equal values times 1/n need not round back to the value).
-        if buffer_len > 0 && samples > 0.0 {
+        if buffer_len > 0 && any_sample {
             unflatten_into(&p.extra.narrow(0, 0, buffer_len), &self.buffers);
             if let Some(acc) = &p.acc {
                 self.count_one_update(acc);
             }
         }
-        Ok(StepStats {
-            loss: loss_sum / samples.max(1.0),
-            samples,
-            stop,
-        })
+        Ok(StepStats { tail, any_sample })
     }
 
     /// One rank's accumulated step: what the reducer does, here: each gradient becomes
@@ -458,11 +485,8 @@ impl Replicator {
             }
             self.count_one_update(&acc);
         }
-        Ok(StepStats {
-            loss: loss_sum.double_value(&[]) / samples.max(1.0),
-            samples,
-            stop,
-        })
+        let mean = loss_sum.to_kind(Kind::Double).reshape([1]) / samples.max(1.0);
+        Ok(StepStats::new(mean, samples, stop))
     }
 
     /// `num_batches_tracked` (the integer statistics) counts one update per optimizer step, as

@@ -18,7 +18,7 @@ use tchrun::schedule::Decision;
 impl Trainer<'_> {
     /// The epoch's end: the time split reduced over the ranks, validation, the metrics line,
     /// early stopping, rank 0's checkpoint and metrics. True when training is done.
-    pub(super) fn end_epoch(&mut self, e: Epoch) -> Result<bool, TrainError> {
+    pub(super) fn end_epoch(&mut self, mut e: Epoch) -> Result<bool, TrainError> {
         let job = self.job;
         let p = &job.params;
         let epoch = e.index;
@@ -27,7 +27,9 @@ impl Trainer<'_> {
         self.s.compute_s += e.compute_s;
         let split = time_split(self.ctx.pg, [e.wait_s, e.compute_s, e.comm_s, loop_s])?;
         self.s.skip_batches = 0;
-        self.guard.check(None, p.lr, &self.plan.lr_why)?;
+        // Normally read at the epoch's last step already (a progress line); nothing unread is
+        // validated or written.
+        self.read_window(&mut e)?;
         let train_time = e.prior_s + e.started.elapsed().as_secs_f64();
         crate::heartbeat::phase(Phase::Validation);
         crate::status::publish(|st| st.state = JobState::Validating);

@@ -18,6 +18,7 @@ pub(crate) mod step;
 pub mod tracking;
 mod trainer;
 mod validate;
+pub(crate) mod window;
 
 use crate::comm::pg::{C10dError, ProcessGroup};
 use crate::models;

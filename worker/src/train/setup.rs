@@ -173,6 +173,7 @@ impl<'a> Trainer<'a> {
             board,
             scaler,
             guard,
+            window: super::window::StepWindow::new(device),
             live,
             ema,
             s,

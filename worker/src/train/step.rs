@@ -2,7 +2,6 @@
 //! `begin_step` → backward → `end_step` → optimizer (fp16 loss scaling), and the divergence
 //! guard run after it. With `--global-batch-size`, the micro-batches before a step's last
 //! (`accumulate_micro_batch`: forward, backward, no communication).
-use super::TrainError;
 use crate::comm::ddp::{Accumulation, Replicator, StepStats};
 use crate::comm::pg::{C10dError, ProcessGroup};
 use crate::train::optim::Optimizer;
@@ -33,8 +32,7 @@ pub(crate) struct Update<'a> {
 
 /// What a step did.
 pub(crate) struct StepResult {
-    /// The reduced loss, samples and stop vote; `None` without a group (the loss is not read:
-    /// no host synchronization).
+    /// The reduced loss, samples and stop vote, on the device; `None` without a group.
     pub(crate) stats: Option<StepStats>,
     /// When backward ended (this rank's compute), and when the reduction had ended.
     pub(crate) backward_done: Instant,
@@ -46,20 +44,19 @@ pub(crate) struct StepResult {
 /// One step on `batch` (inputs, labels; `None`: this rank sits the step out with no sample):
 /// forward and loss (cross entropy of the float logits, under autocast), with a group the
 /// replicator's `begin_step`, backward (the loss scaled by the fp16 scaler's scale when there
-/// is an update) while buckets are all-reduced, `end_step`, then `reduced` (the caller's checks
-/// on the reduced values), then the optimizer step: skipped when no rank had a sample or the
-/// fp16 gradients overflowed. Gradients are not zeroed here (the caller does, before).
+/// is an update) while buckets are all-reduced, `end_step`, then the optimizer step: skipped
+/// when no rank had a sample or the fp16 gradients overflowed. Nothing is read back from the
+/// device (the caller's `StepWindow` reads the stats at its own pace). Gradients are not zeroed here (the caller does, before).
 /// `acc`: the step's earlier micro-batches (`--global-batch-size`; needs `dp`): this batch is
 /// the step's last, and the reduction covers them all.
-pub(crate) fn train_step<E: From<C10dError>>(
+pub(crate) fn train_step(
     model: &StepModel,
     batch: Option<(&Tensor, &Tensor)>,
     stop_vote: bool,
     dp: Option<(&ProcessGroup, &Replicator)>,
     update: Option<Update>,
     acc: Option<Accumulation>,
-    reduced: impl FnOnce(&StepStats) -> Result<(), E>,
-) -> Result<StepResult, E> {
+) -> Result<StepResult, C10dError> {
     let n_local = batch.map(|(x, _)| x.size()[0] as usize).unwrap_or(0);
     crate::heartbeat::phase(Phase::Forward);
     let loss = forward_loss(model, batch);
@@ -82,15 +79,11 @@ pub(crate) fn train_step<E: From<C10dError>>(
     }
     let backward_done = Instant::now();
     let stats = match dp {
-        Some((pg, replicas)) => {
-            let stats = replicas.end_step(pg)?;
-            reduced(&stats)?;
-            Some(stats)
-        }
+        Some((pg, replicas)) => Some(replicas.end_step(pg)?),
         None => None,
     };
     let reduced_at = Instant::now();
-    let any_sample = stats.map(|s| s.samples != 0.0).unwrap_or(n_local > 0);
+    let any_sample = stats.as_ref().map_or(n_local > 0, |s| s.any_sample);
     let mut updated = false;
     crate::heartbeat::phase(Phase::Optimizer);
     if let Some(u) = update {
@@ -169,15 +162,12 @@ fn first_non_finite(tensors: &[(String, Tensor)]) -> Option<(String, f64)> {
 
 /// The non-finite guard run after every optimizer step: one fused value (the sum of every
 /// tensor's L1 norm, `pg::l1_total`: finite exactly when every value is) over the weights and the
-/// batch-norm statistics. A non-finite gradient reaches the weights through the update (also at
-/// LR 0: NaN × 0 is NaN). Cost on CPU: ~2 ms per ResNet-18 step (one pass over the weights). On
-/// CUDA it is read after the next step's reduction, where the rank waits for the device anyway,
-/// so the check costs no synchronization of its own.
+/// batch-norm statistics, left on the device in the step's row of the `StepWindow` (read with
+/// the loss, never per step). A non-finite gradient reaches the weights through the update (also
+/// at LR 0: NaN × 0 is NaN). Cost on CPU: ~2 ms per ResNet-18 step (one pass over the weights).
 pub(crate) struct Guard {
     /// Weights and buffers by name.
     pub(crate) watched: Vec<(String, Tensor)>,
-    /// 0-d float64 sum of every watched tensor's sum, for the step named, and its LR.
-    pub(crate) pending: Option<(Tensor, u64, u32, f64)>,
 }
 
 impl Guard {
@@ -189,36 +179,29 @@ impl Guard {
                 .filter(|(_, t)| t.kind() == Kind::Float)
                 .map(|(n, t)| (n.clone(), t.shallow_clone()))
                 .collect(),
-            pending: None,
         }
     }
 
-    pub(crate) fn arm(&mut self, step: u64, epoch: u32, lr: f64) {
+    /// The step's total (a 0-d tensor on the device, not read); `None` without float weights.
+    pub(crate) fn total(&self, step: u64) -> Option<Tensor> {
         if self.watched.is_empty() {
-            return;
+            return None;
         }
         let tensors: Vec<Tensor> = self.watched.iter().map(|(_, t)| t.detach()).collect();
         match crate::comm::pg::l1_total(&tensors) {
-            Ok(total) => self.pending = Some((total, step, epoch, lr)),
+            Ok(total) => Some(total),
             // Cannot happen for a model's float weights; never a reason to stop training.
-            Err(e) => tracing::warn!("non-finite check skipped at step {step}: {e}"),
+            Err(e) => {
+                tracing::warn!("non-finite check skipped at step {step}: {e}");
+                None
+            }
         }
     }
 
-    /// Checks the armed step; `grads`: the gradients of that step, if still held, to name.
-    /// `lr_why`: what scaled --lr `p_lr` (for the message), e.g. "world size 2".
-    pub(crate) fn check(
-        &mut self,
-        grads: Option<&[(String, Tensor)]>,
-        p_lr: f64,
-        lr_why: &str,
-    ) -> Result<(), TrainError> {
-        let Some((total, step, epoch, lr)) = self.pending.take() else {
-            return Ok(());
-        };
-        if total.double_value(&[]).is_finite() {
-            return Ok(());
-        }
+    /// What went non-finite, once a total was: the first such gradient of `grads` (the failing
+    /// step's, when still held), else the first such weight or batch-norm statistic, and its
+    /// value.
+    pub(crate) fn culprit(&self, grads: Option<&[(String, Tensor)]>) -> (String, f64) {
         let named_grads: Vec<(String, Tensor)> = grads
             .unwrap_or_default()
             .iter()
@@ -239,16 +222,7 @@ impl Guard {
                 .collect();
             first_non_finite(&labelled)
         });
-        let (what, value) = what.unwrap_or_else(|| ("a weight".into(), f64::NAN));
-        Err(TrainError::Diverged {
-            what,
-            value,
-            epoch,
-            step,
-            effective_lr: lr,
-            lr: p_lr,
-            scaled_by: lr_why.to_string(),
-        })
+        what.unwrap_or_else(|| ("a weight".into(), f64::NAN))
     }
 }
 

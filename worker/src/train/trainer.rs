@@ -8,7 +8,7 @@ use super::board::Board;
 use super::step::{accumulate_micro_batch, train_step, Guard, LossScaler, StepModel, Update};
 use super::validate::BadImages;
 use super::{to_input, RankCtx, TrainError};
-use crate::comm::ddp::{Accumulation, Replicator, StepStats};
+use crate::comm::ddp::{Accumulation, Replicator};
 use crate::train::checkpoint;
 use crate::train::optim::Optimizer;
 use std::collections::BTreeMap;
@@ -121,6 +121,8 @@ pub(super) struct Trainer<'a> {
     pub(super) board: Board,
     pub(super) scaler: LossScaler,
     pub(super) guard: Guard,
+    /// The steps' stats and guard totals on the device, read at the print frequency.
+    pub(super) window: super::window::StepWindow,
     /// The windows of steps: stragglers and rank 0's `status.json`.
     pub(super) live: super::live::Live,
     /// `--model-ema`'s average (every rank keeps one).
@@ -316,7 +318,11 @@ impl<'a> Trainer<'a> {
             }
             n_local = 0;
         }
-        let input = (n_local > 0).then(|| to_input(batch, self.device, self.channels_last));
+        let mut input = (n_local > 0).then(|| to_input(batch, self.device, self.channels_last));
+        if self.faults.nan_at_step == Some(self.s.step) {
+            // TCHRUN_TEST_NAN_AT_STEP: this step's input is NaN (its loss and update too).
+            input = input.map(|(x, y)| (x * f64::NAN, y));
+        }
         let input = input.as_ref().map(|(x, y)| (x, y));
         if e.micro + 1 < self.plan.micro_batches {
             // Not the step's last micro-batch: forward and backward, no communication.
@@ -340,7 +346,7 @@ impl<'a> Trainer<'a> {
         let it = self.s.skip_batches + e.steps;
         e.steps += 1;
         let t0 = Instant::now();
-        let (stats, backward_done, reduced) = self.step(e, input)?;
+        let (backward_done, reduced) = self.step(e, input)?;
         let t3 = Instant::now();
         // Communication: the all-reduce time backward did not hide.
         e.comm_s += (reduced - backward_done).as_secs_f64();
@@ -352,22 +358,19 @@ impl<'a> Trainer<'a> {
         if let Some(ema) = self.ema.as_mut() {
             ema.after_step(e.index, it, &self.named);
         }
-        e.loss_sum += stats.loss * stats.samples;
-        e.seen += stats.samples;
-        e.seen_print += stats.samples;
-        self.after_step(e, it, &stats)
+        self.after_step(e, it)
     }
 
     /// The optimizer step on the step's last batch: forward, backward with the bucketed
-    /// all-reduce (and the stop vote), the divergence guard, the update. Returns the reduced
-    /// stats, when backward ended and when the reduction had.
+    /// all-reduce (and the stop vote), the update, and the step's row in the window (its stats
+    /// and the divergence guard's total, on the device). Returns when backward ended and when
+    /// the reduction had.
     fn step(
         &mut self,
         e: &mut Epoch,
         input: Option<(&Tensor, &Tensor)>,
-    ) -> Result<(StepStats, Instant, Instant), TrainError> {
+    ) -> Result<(Instant, Instant), TrainError> {
         let job = self.job;
-        let p = &job.params;
         let (epoch, step) = (e.index, self.s.step);
         let stop_vote = crate::rank::signals::requested() != 0;
         // The LR of this step's update; a non-finite loss names the previous one.
@@ -379,7 +382,6 @@ impl<'a> Trainer<'a> {
             device: self.device,
             label_smoothing: job.options.recipe.label_smoothing,
         };
-        let (guard, lr_why, lr) = (&mut self.guard, &self.plan.lr_why, self.s.lr);
         let done = train_step(
             &model,
             input,
@@ -392,62 +394,61 @@ impl<'a> Trainer<'a> {
                 clip: job.options.recipe.clip_grad_norm,
             }),
             e.acc.take(),
-            |stats| {
-                // The previous step's deferred guard (CUDA): the device has caught up by now.
-                guard.check(None, p.lr, lr_why)?;
-                if !stats.loss.is_finite() {
-                    return Err(TrainError::Diverged {
-                        what: "the loss".into(),
-                        value: stats.loss,
-                        epoch: epoch + 1,
-                        step,
-                        effective_lr: lr,
-                        lr: p.lr,
-                        scaled_by: lr_why.clone(),
-                    });
-                }
-                Ok(())
-            },
         )?;
         let stats = done
             .stats
             .ok_or_else(|| TrainError::Invalid("a step without its reduction".into()))?;
+        let row = super::window::RowInfo {
+            step,
+            epoch: epoch + 1,
+            lr_before: self.s.lr,
+            lr_after: next_lr,
+        };
         self.s.lr = next_lr;
-        if stats.samples == 0.0 {
-            // Every image of every rank's batch was bad: nothing to learn from. Weights,
-            // momentum and batch-norm statistics stay as they were (a no-op step).
-            tracing::warn!(
-                "step {step}: no images on any rank (all skipped as bad); weights unchanged"
-            );
-        } else if done.updated {
+        let total = if done.updated {
             if step == 0 {
                 tracing::info!("first optimizer step done");
             }
-            self.guard.arm(step, epoch + 1, next_lr);
-            if !self.device.is_cuda() {
-                // On CPU reading the verdict now costs nothing, and the gradients that made it
-                // are still here to be named.
-                let grads = (!self.scaler.enabled).then_some(self.opt.params());
-                self.guard.check(grads, p.lr, &self.plan.lr_why)?;
-            }
-        }
-        Ok((stats, done.backward_done, done.reduced))
+            self.guard.total(step)
+        } else {
+            None
+        };
+        self.window.push(&stats, total.as_ref(), row);
+        Ok((done.backward_done, done.reduced))
     }
 
     /// After a step: progress line and TensorBoard (every `--print-freq`), a failed background
     /// checkpoint, `--checkpoint-every`, and a stop every rank voted for.
-    fn after_step(&mut self, e: &mut Epoch, it: u64, stats: &StepStats) -> Result<(), TrainError> {
+    fn after_step(&mut self, e: &mut Epoch, it: u64) -> Result<(), TrainError> {
         let job = self.job;
         let p = &job.params;
         let steps_per_epoch = self.plan.steps_per_epoch;
         let step = self.s.step;
+        if self.rank == 0 {
+            // A background checkpoint write that failed ends the job now, in words (a full
+            // disk), not when the next checkpoint is due.
+            self.writer.poll().map_err(TrainError::Checkpoint)?;
+        }
         // The epoch's first step too (as torchvision prints iteration 0): the first line comes
         // when training has started, not `--print-freq` steps later.
-        if e.steps == 1 || (it + 1) % p.print_freq as u64 == 0 || it + 1 == steps_per_epoch {
+        let print =
+            e.steps == 1 || (it + 1) % p.print_freq as u64 == 0 || it + 1 == steps_per_epoch;
+        let every = self.job.options.checkpoint_every;
+        let checkpoint_due = every > 0 && step % every == 0 && it + 1 < steps_per_epoch;
+        // The same steps on every rank: each reads the same rows, sees a stop vote in the same
+        // step, and nothing is written before its values were read.
+        if !(print || checkpoint_due || self.window.is_full()) {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let read = self.read_window(e)?;
+        // On CUDA the read is where the host waits for the device's compute.
+        e.compute_s += t.elapsed().as_secs_f64();
+        if print {
             // The window's all-gather (and rank 0's writes, which the others wait for in it):
             // communication, so that the time split adds up to the loop's time.
             let t = Instant::now();
-            self.progress(e, it, stats.loss)?;
+            self.progress(e, it, read.last_loss)?;
             e.comm_s += t.elapsed().as_secs_f64();
         }
         // The state after this step, mid-epoch (a stop's checkpoint, or `--checkpoint-every`'s).
@@ -456,18 +457,7 @@ impl<'a> Trainer<'a> {
             e.seen,
             e.prior_s + e.started.elapsed().as_secs_f64(),
         );
-        if self.rank == 0 {
-            // A background checkpoint write that failed ends the job now, in words (a full
-            // disk), not when the next checkpoint is due.
-            self.writer.poll().map_err(TrainError::Checkpoint)?;
-        }
-        let every = self.job.options.checkpoint_every;
-        if self.rank == 0
-            && every > 0
-            && step % every == 0
-            && it + 1 < steps_per_epoch
-            && !stats.stop
-        {
+        if self.rank == 0 && checkpoint_due && !read.stop {
             // `--checkpoint-every`: in the background, resumable exactly like a stop's.
             let meta = self.meta(e.index, it + 1, partial, false);
             self.writer
@@ -480,10 +470,10 @@ impl<'a> Trainer<'a> {
                 )
                 .map_err(TrainError::Checkpoint)?;
         }
-        if !stats.stop {
+        if !read.stop {
             return Ok(());
         }
-        // Every rank saw the vote in this step's reduction: stop together.
+        // Every rank read the vote in the same rows at this step: stop together.
         let sig = crate::rank::signals::requested();
         crate::status::publish(|st| st.state = JobState::Stopping);
         if self.rank == 0 {
