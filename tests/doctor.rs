@@ -2,8 +2,9 @@
 //! hostfile.healthy, the table), checks that fail and are named (an output that is a file, a
 //! missing data folder, a GPU with ECC errors through a fake `nvidia-smi` on PATH), and with
 //! real mpirun on two network-namespace nodes (scripts/netns-nodes.sh): healthy, and a node
-//! whose output directory is not shared (its own tmpfs) left out of hostfile.healthy, and four
-//! nodes with one link rate-limited (its two pairs named slow). The
+//! whose output directory is not shared (its own tmpfs) left out of hostfile.healthy, a node
+//! where no rank starts (its login fails) named alone, and four nodes with one link
+//! rate-limited (its two pairs named slow). The
 //! namespace tests need root; without it they say SKIP (and fail under
 //! `TCHRUN_REQUIRE_PRIVILEGED=1`).
 mod common;
@@ -209,29 +210,68 @@ fn netns_doctor_two_nodes_measures_intra_and_inter_node_links() {
     eprintln!("doctor, 2 nodes x 2 ranks: {:.1}s", r.elapsed.as_secs_f64());
 }
 
+/// An rsh agent that runs `node2` (a shell command) before the command on tchrun-node2.
+fn node2_agent(dir: &Path, node2: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let agent = dir.join("agent.sh");
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/usr/bin/env bash\nout=(); done=0\nfor a in \"$@\"; do out+=(\"$a\"); \
+             if [ $done = 0 ] && {{ [ \"$a\" = tchrun-node2 ] || [ \"$a\" = 10.250.0.12 ]; }}; then \
+             out+=(\"{node2} &&\"); done=1; fi; done\n\
+             exec {} \"${{out[@]}}\"\n",
+            script("netns-rsh.sh").display()
+        ),
+    )
+    .expect("agent");
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    agent
+}
+
+/// A node where mpirun cannot start a rank (its login fails) fails the per-node phase as a
+/// whole: `tchrun doctor` then checks each host alone, names that one (exit 4), checks the
+/// others together, and measures the links of the healthy host only.
+#[test]
+fn netns_doctor_names_a_node_where_no_rank_starts() {
+    let Some(_nodes) = Nodes::up(2) else { return };
+    let t = tempdir();
+    let out = t.path().join("out");
+    let agent = node2_agent(t.path(), "exit 255");
+    let (r, logs) = netns_doctor(t.path(), &agent, &out);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    for want in [
+        "; checking each host alone",
+        "doctor: tchrun-node2 FAILED: its per-node check did not run: ",
+    ] {
+        assert!(r.stderr.contains(want), "no '{want}' in\n{}", r.explain());
+    }
+    assert!(!r.stderr.contains("tchrun-node1 FAILED"), "{}", r.explain());
+    let j = report(&logs);
+    assert_eq!(j["healthy_hosts"], serde_json::json!(["tchrun-node1"]));
+    assert_eq!(j["failed_hosts"][0]["host"], "tchrun-node2");
+    let (listed, comments) = hostfile_lines(&logs);
+    assert_eq!(listed, ["tchrun-node1 slots=2"]);
+    assert!(
+        comments
+            .iter()
+            .any(|c| c.starts_with("# tchrun-node2 slots=2  # left out: ")),
+        "{comments:?}"
+    );
+    let links = j["network"]["links"].as_array().expect("links");
+    assert_eq!(links.len(), 1, "{links:?}");
+}
+
 #[test]
 fn netns_doctor_names_a_node_whose_output_is_not_shared() {
-    use std::os::unix::fs::PermissionsExt;
     let Some(_nodes) = Nodes::up(2) else { return };
     let t = tempdir();
     let out = t.path().join("out");
     std::fs::create_dir_all(&out).expect("mkdir");
     // node 2 gets a tmpfs of its own over the output (ip netns exec: a private mount
     // namespace per login): what it writes there, no other node sees.
-    let agent = t.path().join("agent.sh");
-    std::fs::write(
-        &agent,
-        format!(
-            "#!/usr/bin/env bash\nout=(); done=0\nfor a in \"$@\"; do out+=(\"$a\"); \
-             if [ $done = 0 ] && {{ [ \"$a\" = tchrun-node2 ] || [ \"$a\" = 10.250.0.12 ]; }}; then \
-             out+=(\"mount -t tmpfs tchrun-doctor-test {} &&\"); done=1; fi; done\n\
-             exec {} \"${{out[@]}}\"\n",
-            out.display(),
-            script("netns-rsh.sh").display()
-        ),
-    )
-    .expect("agent");
-    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mount = format!("mount -t tmpfs tchrun-doctor-test {}", out.display());
+    let agent = node2_agent(t.path(), &mount);
     let (r, logs) = netns_doctor(t.path(), &agent, &out);
     assert_eq!(r.code, Some(4), "{}", r.explain());
     let want = format!(

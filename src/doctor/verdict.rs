@@ -199,11 +199,6 @@ pub fn report(
 /// `hostfile.healthy`: the launch's hosts (or the nodes' names with `slots` each) that passed,
 /// each failed one commented out with its reasons beside it, and a comment per bad link.
 pub fn healthy_hostfile(r: &DoctorReport, hosts: &[Host], slots: u32) -> String {
-    let mut lines = vec![format!(
-        "# tchrun doctor: {} of {} host(s) healthy",
-        r.healthy_hosts.len(),
-        r.nodes.len()
-    )];
     let named: Vec<Host> = if hosts.is_empty() {
         r.nodes
             .iter()
@@ -215,6 +210,12 @@ pub fn healthy_hostfile(r: &DoctorReport, hosts: &[Host], slots: u32) -> String 
     } else {
         hosts.to_vec()
     };
+    // Hosts where no rank started are failed hosts without a node report: counted too.
+    let mut lines = vec![format!(
+        "# tchrun doctor: {} of {} host(s) healthy",
+        r.healthy_hosts.len(),
+        named.len().max(r.nodes.len())
+    )];
     for h in &named {
         let entry = h.line();
         let failed = r.failed_hosts.iter().find(|f| same_host(&f.host, &h.name));

@@ -121,10 +121,26 @@ pub fn diagnose(
     if !hosts.is_empty() {
         per_node.nodes = hosts.len() as u32;
     }
-    let Some(nodes) = nodes_phase(&per_node, rank, checks, &log_dir.join("nodes"))? else {
-        return Ok(None);
+    let (nodes, unstarted) = match nodes_phase(&per_node, rank, checks, &log_dir.join("nodes")) {
+        Ok(Some(nodes)) => (nodes, Vec::new()),
+        Ok(None) => return Ok(None),
+        // One host mpirun cannot start fails the whole phase: find it, check the rest.
+        Err(e) if hosts.len() > 1 => {
+            let first_line = e.to_string();
+            let first_line = first_line.lines().next().unwrap_or_default();
+            errln!(
+                "tchrun: warning: doctor: {}; checking each host alone",
+                first_line.trim_start_matches("tchrun: error: ")
+            );
+            match without_unstarted(&hosts, &per_node, rank, checks, log_dir)? {
+                Some(found) => found,
+                None => return Err(e),
+            }
+        }
+        Err(e) => return Err(e),
     };
-    let first = verdict::report(nodes.clone(), None, None, checks);
+    let mut first = verdict::report(nodes.clone(), None, None, checks);
+    add_failed(&mut first, &unstarted);
     let healthy_hostfile = log_dir.join(doctor::HEALTHY_HOSTFILE);
     let procs = launch.procs_per_node;
     write(
@@ -132,7 +148,8 @@ pub fn diagnose(
         &verdict::healthy_hostfile(&first, &hosts, procs),
     )?;
     let (network, note) = links(launch, rank, checks, log_dir, &first, &healthy_hostfile)?;
-    let report = verdict::report(nodes, network, note, checks);
+    let mut report = verdict::report(nodes, network, note, checks);
+    add_failed(&mut report, &unstarted);
     write(
         &healthy_hostfile,
         &verdict::healthy_hostfile(&report, &hosts, procs),
@@ -147,6 +164,52 @@ pub fn diagnose(
         report_path,
     }))
 }
+
+/// When the per-node phase could not run on `hosts` together: each host alone, to find those
+/// where no rank starts; then the others together again (the shared file system and the clocks
+/// are checked across hosts). The reports and the hosts that did not start; None when every
+/// host starts alone (the failure is not a host's).
+fn without_unstarted(
+    hosts: &[launch::Host],
+    per_node: &launch::LaunchArgs,
+    rank: &RankFlags,
+    checks: &DoctorChecks,
+    log_dir: &Path,
+) -> Result<Option<(Vec<NodeReport>, Vec<FailedHost>)>, JobError> {
+    let names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
+    let alone = check_each(&names, per_node, rank, checks, &log_dir.join("nodes-alone"))?;
+    let unstarted: Vec<FailedHost> = alone
+        .into_iter()
+        .filter(|f| f.reasons.iter().any(|r| r.starts_with(DID_NOT_RUN)))
+        .collect();
+    if unstarted.is_empty() {
+        return Ok(None);
+    }
+    let rest: Vec<String> = names
+        .into_iter()
+        .filter(|h| !unstarted.iter().any(|f| &f.host == h))
+        .collect();
+    if rest.is_empty() {
+        return Ok(Some((Vec::new(), unstarted)));
+    }
+    let mut again = per_node.clone();
+    (again.hostfile, again.nodes) = (None, rest.len() as u32);
+    again.hosts = rest;
+    let dir = log_dir.join("nodes-started");
+    let nodes = nodes_phase(&again, rank, checks, &dir)?.unwrap_or_default();
+    Ok(Some((nodes, unstarted)))
+}
+
+/// `failed` joins `report`'s failed hosts (the hosts where the check did not run).
+fn add_failed(report: &mut DoctorReport, failed: &[FailedHost]) {
+    if !failed.is_empty() {
+        report.failed_hosts.extend(failed.iter().cloned());
+        report.healthy = false;
+    }
+}
+
+/// The reason of a host where the per-node check could not run at all.
+const DID_NOT_RUN: &str = "its per-node check did not run";
 
 /// The per-node phase with `per_node`'s launch (one rank per node) in `dir`: the nodes'
 /// reports, or None after a dry run.
@@ -199,7 +262,7 @@ pub fn check_hosts(
                 .map(|h| FailedHost {
                     host: h.clone(),
                     reasons: vec![format!(
-                        "its per-node check did not run: {}",
+                        "{DID_NOT_RUN}: {}",
                         first.strip_prefix("tchrun: error: ").unwrap_or(first)
                     )],
                 })
@@ -234,7 +297,7 @@ pub fn check_hosts(
 
 /// `check_hosts` on each of `hosts` alone (in `dir/host-<n>`, n from 1): for when the hosts
 /// together could not be checked, so that a host mpirun cannot start is the one named.
-pub fn check_each(
+fn check_each(
     hosts: &[String],
     launch: &launch::LaunchArgs,
     rank: &RankFlags,

@@ -348,54 +348,23 @@ impl Attempts<'_> {
         use tchrun::doctor::verdict::same_host;
         let dir = plan.log_dir.join("doctor");
         let (rank, checks) = (&self.health.rank, &self.health.checks);
-        let (failed, passed, see) =
-            match crate::commands::doctor::diagnose(self.launch, rank, checks, &dir) {
-                Ok(None) => return Ok(()),
-                Ok(Some(d)) => {
-                    outln!("{}", tchrun::doctor::verdict::table(&d.report).trim_end());
-                    outln!("tchrun: --preflight doctor: {}", d.report_path.display());
-                    for l in &d.report.bad_links {
-                        errln!("tchrun: warning: --preflight doctor: {l}");
-                    }
-                    let passed: Vec<String> = plan
-                        .node_names
-                        .iter()
-                        .filter(|h| d.report.healthy_hosts.iter().any(|x| same_host(x, h)))
-                        .cloned()
-                        .collect();
-                    (d.report.failed_hosts, passed, d.report_path)
-                }
-                // The doctor could not run on the hosts together (one that mpirun cannot
-                // start fails the whole phase): each host alone, so that one is named.
-                Err(e) if plan.hostfile.is_some() && plan.node_names.len() > 1 => {
-                    let text = e.to_string();
-                    errln!(
-                        "tchrun: warning: --preflight doctor: {}; checking each host alone",
-                        text.lines()
-                            .next()
-                            .unwrap_or_default()
-                            .trim_start_matches("tchrun: error: ")
-                    );
-                    let failed = crate::commands::doctor::check_each(
-                        &plan.node_names,
-                        self.launch,
-                        rank,
-                        checks,
-                        &dir,
-                    )?;
-                    if failed.is_empty() {
-                        return Err(e);
-                    }
-                    let passed = plan
-                        .node_names
-                        .iter()
-                        .filter(|h| !failed.iter().any(|f| &f.host == *h))
-                        .cloned()
-                        .collect();
-                    (failed, passed, dir.clone())
-                }
-                Err(e) => return Err(e),
-            };
+        // A host where mpirun cannot start a rank is found by the doctor itself (each host
+        // checked alone) and is one of its failed hosts.
+        let Some(d) = crate::commands::doctor::diagnose(self.launch, rank, checks, &dir)? else {
+            return Ok(());
+        };
+        outln!("{}", tchrun::doctor::verdict::table(&d.report).trim_end());
+        outln!("tchrun: --preflight doctor: {}", d.report_path.display());
+        for l in &d.report.bad_links {
+            errln!("tchrun: warning: --preflight doctor: {l}");
+        }
+        let passed: Vec<String> = plan
+            .node_names
+            .iter()
+            .filter(|h| d.report.healthy_hosts.iter().any(|x| same_host(x, h)))
+            .cloned()
+            .collect();
+        let (failed, see) = (d.report.failed_hosts, d.report_path);
         if failed.is_empty() {
             return Ok(());
         }
