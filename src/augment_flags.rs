@@ -224,7 +224,8 @@ impl AugmentRecord {
 
     /// The fields that differ between `self` (the checkpoint's, for a model of `input_size`)
     /// and `now` (this job's, for `now_input`): (flag, the checkpoint's value, this job's, the
-    /// flag that gives the checkpoint's value back).
+    /// flag that gives the checkpoint's value back). The crop sizes are compared at equal
+    /// input sizes only (another input size is its own mismatch).
     pub fn differences(
         &self,
         input_size: u32,
@@ -266,7 +267,9 @@ impl AugmentRecord {
                 now.interpolation.clone(),
             ),
         ] {
-            if was != is {
+            // Another input size is refused as such; the crops that follow it are not news.
+            let crop = name.ends_with("-size");
+            if was != is && !(crop && input_size != now_input) {
                 let fix = format!("--{name} {was}");
                 out.push((format!("--{name}"), was, is, fix));
             }
