@@ -531,6 +531,8 @@ pub struct TrainOptions {
     #[command(flatten)]
     pub recipe: crate::recipe::RecipeFlags,
     #[command(flatten)]
+    pub augment: crate::augment_flags::AugmentFlags,
+    #[command(flatten)]
     pub mlflow: crate::mlflow::MlflowFlags,
 }
 
@@ -598,6 +600,7 @@ impl TrainOptions {
             ));
         }
         v.extend(self.recipe.to_args());
+        v.extend(self.augment.to_args());
         v.extend(self.mlflow.to_args());
         v
     }

@@ -14,6 +14,7 @@
 
 // Contracts.
 pub mod arch;
+pub mod augment_flags;
 pub mod checkpoint;
 pub mod console;
 pub mod counts;

@@ -82,6 +82,9 @@ pub struct TrainingRecord {
     /// before they existed (the old behaviour).
     #[serde(flatten, default)]
     pub recipe: crate::recipe::RecipeRecord,
+    /// The augmentation and crop-size flags; absent in files written before they existed.
+    #[serde(flatten, default)]
+    pub augment: crate::augment_flags::AugmentRecord,
 }
 
 fn linear() -> String {

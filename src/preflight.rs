@@ -361,6 +361,10 @@ pub fn check_job(
         .recipe
         .check(job.options.momentum)
         .map_err(PreflightError::Flags)?;
+    job.options
+        .augment
+        .check(inputs.cfg.arch, inputs.cfg.input_size)
+        .map_err(PreflightError::Flags)?;
     let n = train.samples.len() as u64;
     let world64 = world as u64;
     if n < world64 {

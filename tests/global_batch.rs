@@ -142,8 +142,10 @@ fn two_ranks_and_one_rank_accumulating_two_train_the_same_model() {
 /// torchvision's recipe flags keep the promise: a cosine schedule with a linear warmup (per
 /// epoch, as torchvision), label smoothing, gradient clipping and the model EMA (updated every
 /// step, its decay adjusted for G, not ranks × --batch-size; the best epoch chosen by the
-/// EMA's validation loss) on 2 ranks and on 1 rank accumulating 2 micro-batches give the same
-/// weights and the same EMA model, bit for bit.
+/// EMA's validation loss), MixUp and CutMix (one per micro-batch, drawn by its global
+/// position), random erasing (per image, by its global position) and other crop sizes and
+/// interpolation, on 2 ranks and on 1 rank accumulating 2 micro-batches give the same weights
+/// and the same EMA model, bit for bit.
 #[test]
 fn recipe_flags_train_the_same_model_at_any_world_size() {
     let t = tempdir();
@@ -169,6 +171,18 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
         "0.99",
         "--early-stop-on",
         "ema",
+        "--mixup-alpha",
+        "0.2",
+        "--cutmix-alpha",
+        "1.0",
+        "--random-erase",
+        "0.5",
+        "--train-crop-size",
+        "28",
+        "--val-resize-size",
+        "40",
+        "--interpolation",
+        "bicubic",
     ];
     ok(&train(&model, &two, 2, 8, &g));
     ok(&train(&model, &one, 1, 8, &g));
@@ -212,6 +226,21 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
     assert_eq!(tr["lr_warmup_decay"], 0.01, "{m}");
     assert_eq!(tr["label_smoothing"], 0.1, "{m}");
     assert_eq!(tr["clip_grad_norm"], 0.5, "{m}");
+    assert_eq!(
+        (&tr["mixup_alpha"], &tr["cutmix_alpha"], &tr["random_erase"]),
+        (&0.2.into(), &1.0.into(), &0.5.into()),
+        "{m}"
+    );
+    assert_eq!(
+        (
+            &tr["train_crop_size"],
+            &tr["val_resize_size"],
+            &tr["val_crop_size"],
+            &tr["interpolation"]
+        ),
+        (&28.into(), &40.into(), &32.into(), &"bicubic".into()),
+        "{m}"
+    );
     // Each epoch's LR is torch's: epoch 1 the warmup's 0.01 × the peak, epoch 2 the peak.
     let lrs: Vec<f64> = read(&one.join("metrics.jsonl"))
         .lines()
@@ -497,6 +526,50 @@ fn model_ema_bad_values_are_refused_before_any_rank_starts() {
             &["--early-stop-on", "ema"],
             "--early-stop-on ema watches the EMA model's validation loss: add --model-ema, or \
              --early-stop-on raw",
+        ),
+    ];
+    for (flags, says) in cases {
+        let r = train(&model, &out, 1, 8, flags);
+        assert_eq!(r.code, Some(2), "{flags:?}: {}", r.explain());
+        assert!(r.stderr.contains(says), "{flags:?}: {}", r.explain());
+        assert!(!out.join("logs").exists(), "{flags:?}: a rank started");
+    }
+}
+
+/// The augmentation flags' bad values are refused before any rank starts (exit 2), naming the
+/// flag: a negative alpha, a probability outside [0, 1], an unknown interpolation, a crop size
+/// outside the input-size bounds, a validation resize below its crop.
+#[test]
+fn augment_bad_values_are_refused_before_any_rank_starts() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--mixup-alpha", "-0.2"],
+            "invalid value '-0.2' for '--mixup-alpha <MIXUP_ALPHA>': must be >= 0 (0: off), got -0.2",
+        ),
+        (
+            &["--cutmix-alpha", "-1"],
+            "invalid value '-1' for '--cutmix-alpha <CUTMIX_ALPHA>': must be >= 0 (0: off), got -1",
+        ),
+        (
+            &["--random-erase", "1.5"],
+            "invalid value '1.5' for '--random-erase <RANDOM_ERASE>': must be in [0, 1], got 1.5",
+        ),
+        (
+            &["--interpolation", "lanczos"],
+            "invalid value 'lanczos' for '--interpolation <INTERPOLATION>'",
+        ),
+        (
+            &["--train-crop-size", "8"],
+            "invalid value '8' for '--train-crop-size <TRAIN_CROP_SIZE>': 8 is not in 16..=1024",
+        ),
+        (
+            &["--val-resize-size", "20"],
+            "--val-resize-size 20: smaller than the validation crop (32 pixels, --val-crop-size \
+             or the model's input size), which would crop outside the resized image; give \
+             --val-resize-size 32 or more",
         ),
     ];
     for (flags, says) in cases {

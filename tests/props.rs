@@ -196,6 +196,7 @@ fn record(c: Counts, r: Rest) -> TrainingRecord {
         threads: None,
         mlflow_run_id: (n % 2 == 0).then(|| format!("run{n}")),
         recipe: Default::default(),
+        augment: Default::default(),
     }
 }
 
@@ -715,6 +716,7 @@ fn exercise(root: &Path, max_pixels: u64, threads: usize) -> (usize, usize, usiz
         Augment::Train(TrainAugment {
             min_scale: 0.08,
             hflip: true,
+            ..TrainAugment::default()
         }),
     ] {
         let cfg = LoaderConfig {

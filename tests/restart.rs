@@ -421,8 +421,10 @@ fn exclude_failed_hosts_needs_a_hostfile_and_restarts() {
 /// `--opt adamw` (issue 32): rank 1 killed at step 7 is restarted from a mid-epoch checkpoint
 /// (step 6, or 3 if the kill overtook the newest write) that holds AdamW's state (`exp_avg`,
 /// `exp_avg_sq` and each parameter's step count), and the model is bit-identical to the
-/// uninterrupted AdamW run's, with weight-decay groups of their own. `model.json` records the
-/// optimizer and the groups; a `--resume` with another `--opt` is refused before any rank
+/// uninterrupted AdamW run's, with weight-decay groups of their own and MixUp, CutMix and
+/// random erasing on (their draws follow each micro-batch's and image's position, so the
+/// resumed run draws what the uninterrupted one drew). `model.json` records the optimizer, the
+/// groups and the augmentation; a `--resume` with another `--opt` is refused before any rank
 /// starts, naming the flag that gives the checkpoint's back.
 #[test]
 fn adamw_restarted_from_its_checkpoint_equals_the_uninterrupted_run() {
@@ -439,6 +441,12 @@ fn adamw_restarted_from_its_checkpoint_equals_the_uninterrupted_run() {
         "0",
         "--bias-weight-decay",
         "0.01",
+        "--mixup-alpha",
+        "0.2",
+        "--cutmix-alpha",
+        "1.0",
+        "--random-erase",
+        "0.5",
     ];
     let reference = t.path().join("reference");
     let r = train(&model, &reference, "local", &opt, None);
@@ -465,6 +473,11 @@ fn adamw_restarted_from_its_checkpoint_equals_the_uninterrupted_run() {
     assert_eq!(tr["opt"], "adamw", "{m}");
     assert_eq!(tr["norm_weight_decay"], 0.0, "{m}");
     assert_eq!(tr["bias_weight_decay"], 0.01, "{m}");
+    assert_eq!(
+        (&tr["mixup_alpha"], &tr["cutmix_alpha"], &tr["random_erase"]),
+        (&0.2.into(), &1.0.into(), &0.5.into()),
+        "{m}"
+    );
     // The checkpoint holds AdamW's state of every parameter, under torch's names.
     let last = last_json(&out).expect("last.json");
     let file = out

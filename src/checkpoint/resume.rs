@@ -44,6 +44,10 @@ pub struct RunRecord {
     /// written before they existed, which read as the old behaviour.
     #[serde(flatten, default)]
     pub recipe: crate::recipe::RecipeRecord,
+    /// The augmentation and crop-size flags (`--mixup-alpha`, `--train-crop-size`, ...);
+    /// absent in checkpoints written before they existed (the old behaviour).
+    #[serde(flatten, default)]
+    pub augment: crate::augment_flags::AugmentRecord,
 }
 
 impl RunRecord {
@@ -77,6 +81,7 @@ impl RunRecord {
             amp: o.amp.as_str().to_string(),
             intra_op_threads: None,
             recipe: o.recipe.record(),
+            augment: o.augment.record(cfg.input_size),
         }
     }
 
@@ -234,6 +239,12 @@ impl RunRecord {
             flag(&mut out, &format!("--{name}"), fix, word(was), word(is));
         }
         for (what, was, is, fix) in self.recipe.differences(&now.recipe) {
+            flag(&mut out, &what, fix, was, is);
+        }
+        let augment = self
+            .augment
+            .differences(self.input_size, &now.augment, now.input_size);
+        for (what, was, is, fix) in augment {
             flag(&mut out, &what, fix, was, is);
         }
         out
@@ -560,6 +571,7 @@ mod tests {
             amp: "off".into(),
             intra_op_threads: None,
             recipe: Default::default(),
+            augment: Default::default(),
         }
     }
 
@@ -617,6 +629,21 @@ mod tests {
             text.contains("\"lr_scheduler\":\"cosineannealinglr\""),
             "{text}"
         );
+        assert_eq!(
+            serde_json::from_str::<RunRecord>(&text).expect("reads"),
+            now
+        );
+        // The augmentation flags: an old checkpoint (none recorded) is the input size's crops;
+        // a change names the flag; the record round-trips beside the recipe's.
+        let mut now = record();
+        now.augment.train_crop_size = Some(32);
+        assert!(record().mismatches(&now).is_empty());
+        now.augment.mixup_alpha = 0.2;
+        now.augment.val_resize_size = Some(40);
+        let m = record().mismatches(&now);
+        let fixes: Vec<&str> = m.iter().map(|m| m.fix.as_str()).collect();
+        assert_eq!(fixes, ["--mixup-alpha 0", "--val-resize-size 37"]);
+        let text = serde_json::to_string(&now).expect("json");
         assert_eq!(
             serde_json::from_str::<RunRecord>(&text).expect("reads"),
             now

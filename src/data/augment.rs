@@ -1,6 +1,8 @@
-//! Augmentation: torchvision's `RandomResizedCrop` + horizontal flip for training, resize +
-//! center crop for evaluation.
+//! Augmentation: torchvision's `RandomResizedCrop` + horizontal flip (+ `RandomErasing` after
+//! normalisation) for training, resize + center crop for evaluation; the per-micro-batch draws
+//! of MixUp and CutMix (`mix_params`: pure, the worker applies them to the batch tensor).
 use super::*;
+pub use crate::augment_flags::Interpolation;
 
 // ---------------------------------------------------------------------------------------------
 // Augmentation
@@ -13,6 +15,10 @@ pub struct TrainAugment {
     pub min_scale: f64,
     /// RandomHorizontalFlip(0.5).
     pub hflip: bool,
+    /// The crop's resampling (`--interpolation`).
+    pub interpolation: Interpolation,
+    /// `--random-erase`: RandomErasing's p on the normalised image (0: off, no draw).
+    pub random_erase: f64,
 }
 
 impl Default for TrainAugment {
@@ -20,6 +26,8 @@ impl Default for TrainAugment {
         TrainAugment {
             min_scale: 0.08,
             hflip: true,
+            interpolation: Interpolation::Bilinear,
+            random_erase: 0.0,
         }
     }
 }
@@ -28,8 +36,25 @@ impl Default for TrainAugment {
 pub enum Augment {
     /// RandomResizedCrop(size, scale=(min_scale, 1), ratio=(3/4, 4/3)) + RandomHorizontalFlip(0.5).
     Train(TrainAugment),
-    /// Resize(round(size * 256 / 224)) + CenterCrop(size).
+    /// Resize(round(size * 256 / 224)) + CenterCrop(size), bilinear.
     Eval,
+    /// Resize(resize, interpolation) + CenterCrop(size): `--val-resize-size`,
+    /// `--val-crop-size` (the loader's size), `--interpolation`.
+    Resize {
+        resize: usize,
+        interpolation: Interpolation,
+    },
+}
+
+impl Augment {
+    /// The resampling of the resize.
+    pub fn interpolation(&self) -> Interpolation {
+        match self {
+            Augment::Train(t) => t.interpolation,
+            Augment::Eval => Interpolation::Bilinear,
+            Augment::Resize { interpolation, .. } => *interpolation,
+        }
+    }
 }
 
 /// Source crop box `(left, top, width, height)` in source pixels and the flip flag.
@@ -82,18 +107,158 @@ pub(super) fn crop_params(
             ((left as f64, top as f64, cw as f64, ch as f64), flip)
         }
         Augment::Eval => {
-            let short_target = ((size as f64) * 256.0 / 224.0).round_ties_even().max(1.0);
-            let (new_w, new_h) = if w <= h {
-                (short_target, (short_target * hf / wf).floor())
-            } else {
-                ((short_target * wf / hf).floor(), short_target)
-            };
-            let (new_w, new_h) = (new_w.max(size as f64), new_h.max(size as f64));
-            let s = size as f64;
-            let top = ((new_h - s) / 2.0).round_ties_even();
-            let left = ((new_w - s) / 2.0).round_ties_even();
-            let (sx, sy) = (wf / new_w, hf / new_h);
-            ((left * sx, top * sy, s * sx, s * sy), false)
+            let resize = crate::augment_flags::default_val_resize(size as u32) as usize;
+            center_crop(w, h, resize, size)
+        }
+        Augment::Resize { resize, .. } => center_crop(w, h, resize, size),
+    }
+}
+
+/// Resize(resize: the shorter side) + CenterCrop(size), as a source box (torchvision's: the
+/// longer side floor(resize × long / short), the crop's corner rounded half to even).
+fn center_crop(w: u32, h: u32, resize: usize, size: usize) -> ((f64, f64, f64, f64), bool) {
+    let (wf, hf) = (w as f64, h as f64);
+    let short_target = (resize as f64).max(1.0);
+    let (new_w, new_h) = if w <= h {
+        (short_target, (short_target * hf / wf).floor())
+    } else {
+        ((short_target * wf / hf).floor(), short_target)
+    };
+    let (new_w, new_h) = (new_w.max(size as f64), new_h.max(size as f64));
+    let s = size as f64;
+    let top = ((new_h - s) / 2.0).round_ties_even();
+    let left = ((new_w - s) / 2.0).round_ties_even();
+    let (sx, sy) = (wf / new_w, hf / new_h);
+    ((left * sx, top * sy, s * sx, s * sy), false)
+}
+
+/// torchvision's `RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3))` draw for an image of
+/// `img_h` x `img_w`: whether it erases (`u < p`), then up to ten tries of an area and a log-
+/// uniform aspect ratio; the box `(i, j, h, w)` (top, left, height, width), or `None` (no
+/// erasing: the draw said no, or no try fitted). `p` 0 draws nothing.
+pub fn erase_params(p: f64, img_h: usize, img_w: usize, rng: &mut impl Rng) -> Option<[usize; 4]> {
+    if p <= 0.0 || rng.gen::<f64>() >= p {
+        return None;
+    }
+    let area = (img_h * img_w) as f64;
+    let (lr0, lr1) = (0.3f64.ln(), 3.3f64.ln());
+    for _ in 0..10 {
+        let erase_area = area * rng.gen_range(0.02..0.33);
+        let aspect = rng.gen_range(lr0..lr1).exp();
+        let h = (erase_area * aspect).sqrt().round_ties_even() as usize;
+        let w = (erase_area / aspect).sqrt().round_ties_even() as usize;
+        if !(h < img_h && w < img_w) {
+            continue;
+        }
+        let i = rng.gen_range(0..=img_h - h);
+        let j = rng.gen_range(0..=img_w - w);
+        return Some([i, j, h, w]);
+    }
+    None
+}
+
+/// Erases (sets to 0) the box `[i, j, h, w]` of every channel of a CHW image of side `size`
+/// (torchvision's `F.erase` with value 0).
+pub fn erase(image: &mut [f32], size: usize, [i, j, h, w]: [usize; 4]) {
+    for plane in image.chunks_exact_mut(size * size) {
+        for row in plane.chunks_exact_mut(size).skip(i).take(h) {
+            row[j..j + w].fill(0.0);
         }
     }
+}
+
+/// One micro-batch's MixUp or CutMix (torchvision's v2 transforms, applied to the batch and
+/// itself rolled by one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mix {
+    /// `lam × batch + (1 - lam) × rolled`, labels alike.
+    MixUp { lam: f64 },
+    /// `rolled`'s box `[x1, y1, x2, y2)` pasted into the batch; labels mixed by `lam`, the
+    /// share of the image outside the box.
+    CutMix { boxed: [usize; 4], lam: f64 },
+}
+
+/// The RNG of a micro-batch's mixing: from (seed, epoch, the micro-batch's global index),
+/// apart from every image's (`image_rng`).
+pub fn mix_rng(seed: i64, epoch: u64, micro_batch: usize) -> ChaCha8Rng {
+    use super::loader::splitmix64;
+    let mut h = splitmix64(seed as u64 ^ 0x6d69_7875_705f_6375); // "mixup_cu"
+    h = splitmix64(h ^ epoch);
+    h = splitmix64(h ^ micro_batch as u64);
+    ChaCha8Rng::seed_from_u64(h)
+}
+
+/// The draw of one micro-batch of `h` x `w` images, as torchvision's
+/// `RandomChoice([MixUp(alpha=mixup), CutMix(alpha=cutmix)])` (each alone when the other is 0;
+/// `None` when both are): the choice (uniform), λ ~ Beta(α, α), CutMix's box centre uniform
+/// over the pixels with half-sides int(0.5·√(1-λ)·side), clipped, and λ the share outside it.
+pub fn mix_params(mixup: f64, cutmix: f64, h: usize, w: usize, rng: &mut impl Rng) -> Option<Mix> {
+    let cut = match (mixup > 0.0, cutmix > 0.0) {
+        (false, false) => return None,
+        (true, false) => false,
+        (false, true) => true,
+        (true, true) => rng.gen_bool(0.5),
+    };
+    if !cut {
+        return Some(Mix::MixUp {
+            lam: beta_symmetric(mixup, rng),
+        });
+    }
+    let lam = beta_symmetric(cutmix, rng);
+    let (r_x, r_y) = (rng.gen_range(0..w), rng.gen_range(0..h));
+    let (boxed, lam) = cutmix_box(lam, r_x, r_y, h, w);
+    Some(Mix::CutMix { boxed, lam })
+}
+
+/// CutMix's box `[x1, y1, x2, y2)` and adjusted λ for a drawn λ and centre, as torchvision's
+/// `CutMix.make_params`.
+pub fn cutmix_box(lam: f64, r_x: usize, r_y: usize, h: usize, w: usize) -> ([usize; 4], f64) {
+    let r = 0.5 * (1.0 - lam).sqrt();
+    let (rw, rh) = ((r * w as f64) as usize, (r * h as f64) as usize);
+    let x1 = r_x.saturating_sub(rw);
+    let y1 = r_y.saturating_sub(rh);
+    let x2 = (r_x + rw).min(w);
+    let y2 = (r_y + rh).min(h);
+    let lam = 1.0 - ((x2 - x1) * (y2 - y1)) as f64 / (w * h) as f64;
+    ([x1, y1, x2, y2], lam)
+}
+
+/// Beta(α, α) as X / (X + Y), X, Y ~ Gamma(α) (torch's `Beta` samples so too).
+pub fn beta_symmetric(alpha: f64, rng: &mut impl Rng) -> f64 {
+    let (x, y) = (gamma(alpha, rng), gamma(alpha, rng));
+    if x + y > 0.0 {
+        x / (x + y)
+    } else {
+        // Both underflowed (a tiny α): λ is then 0 or 1 with equal odds.
+        f64::from(u8::from(rng.gen_bool(0.5)))
+    }
+}
+
+/// Gamma(α, 1): Marsaglia and Tsang's method; α < 1 through Gamma(α + 1) × U^(1/α).
+fn gamma(alpha: f64, rng: &mut impl Rng) -> f64 {
+    if alpha < 1.0 {
+        let u: f64 = 1.0 - rng.gen::<f64>();
+        return gamma(alpha + 1.0, rng) * u.powf(1.0 / alpha);
+    }
+    let d = alpha - 1.0 / 3.0;
+    let c = 1.0 / (9.0 * d).sqrt();
+    loop {
+        let x = normal(rng);
+        let v = 1.0 + c * x;
+        if v <= 0.0 {
+            continue;
+        }
+        let v = v * v * v;
+        let u: f64 = 1.0 - rng.gen::<f64>();
+        if u < 1.0 - 0.0331 * x.powi(4) || u.ln() < 0.5 * x * x + d * (1.0 - v + v.ln()) {
+            return d * v;
+        }
+    }
+}
+
+/// A standard normal draw (Box-Muller).
+fn normal(rng: &mut impl Rng) -> f64 {
+    let u1: f64 = 1.0 - rng.gen::<f64>();
+    let u2: f64 = rng.gen();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }

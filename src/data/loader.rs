@@ -215,8 +215,14 @@ pub(super) fn process_image(
     ch = ch.min(h as f64 - top).max(1e-3);
     let src = fr::images::ImageRef::new(w, h, &st.rgb, fr::PixelType::U8x3)
         .map_err(|e| bad(path, format!("internal buffer error: {e}")))?;
+    let alg = match shared.cfg.augment.interpolation() {
+        Interpolation::Nearest => fr::ResizeAlg::Nearest,
+        Interpolation::Bilinear => fr::ResizeAlg::Convolution(fr::FilterType::Bilinear),
+        // PIL's bicubic filter is a = -0.5: Catmull-Rom.
+        Interpolation::Bicubic => fr::ResizeAlg::Convolution(fr::FilterType::CatmullRom),
+    };
     let opts = fr::ResizeOptions::new()
-        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
+        .resize_alg(alg)
         .crop(left, top, cw, ch);
     st.resizer
         .resize(&src, &mut st.dst, &opts)
@@ -242,6 +248,13 @@ pub(super) fn process_image(
                 g_out[o + x] = l1[p[1] as usize];
                 b_out[o + x] = l2[p[2] as usize];
             }
+        }
+    }
+    // RandomErasing after normalisation (ClassificationPresetTrain's order), drawn from the
+    // image's own RNG after its crop and flip.
+    if let Augment::Train(t) = shared.cfg.augment {
+        if let Some(b) = erase_params(t.random_erase, size, size, rng) {
+            erase(out, size, b);
         }
     }
     Ok(())

@@ -163,15 +163,32 @@ fn infer(
     );
     models::load(&mut vs, &model_dir.join(tchrun::files::MODEL_WEIGHTS))?;
     let order = indices.clone();
+    // The model's validation preprocessing (--val-resize-size, --val-crop-size,
+    // --interpolation as trained; the input size's for a model trained before them).
+    let (size, augment) = match &cfg.training {
+        Some(t) => {
+            let c = t.augment.crops(cfg.input_size);
+            let interpolation = data::Interpolation::named(&t.augment.interpolation);
+            let resize = c.val_resize as usize;
+            (
+                c.val_crop,
+                Augment::Resize {
+                    resize,
+                    interpolation,
+                },
+            )
+        }
+        None => (cfg.input_size, Augment::Eval),
+    };
     let loader = data::load_batches(
         folder,
         indices,
         LoaderConfig {
-            size: cfg.input_size as usize,
+            size: size as usize,
             batch_size: compute.batch_size,
             threads: compute.threads.max(1),
             prefetch: 4,
-            augment: Augment::Eval,
+            augment,
             norm: cfg.normalization,
             seed: 0,
             epoch: 0,

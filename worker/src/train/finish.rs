@@ -283,6 +283,7 @@ impl Trainer<'_> {
                 threads: u32::try_from(tch::get_num_threads()).ok(),
                 mlflow_run_id: self.ctx.tracking.run_id(),
                 recipe: job.options.recipe.record(),
+                augment: job.options.augment.record(self.cfg.input_size),
             }),
             metrics: best_metrics
                 .as_ref()

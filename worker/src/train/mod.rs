@@ -10,6 +10,7 @@ mod ema;
 mod finish;
 mod fused;
 mod live;
+mod mix;
 pub mod optim;
 pub mod outputs;
 mod resume;

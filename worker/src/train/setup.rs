@@ -151,7 +151,10 @@ impl<'a> Trainer<'a> {
             // A frozen backbone runs batch norm in inference mode: one image is fine.
             single_image_poisons_bn: !frozen
                 && cfg.arch.has_batch_norm()
-                && cfg.arch.last_feature_size(cfg.input_size) <= 1,
+                && cfg
+                    .arch
+                    .last_feature_size(job.options.augment.crops(cfg.input_size).train)
+                    <= 1,
             channels_last: super::layout(job, ctx.device, &cfg).channels_last,
             cfg,
             train,

@@ -116,9 +116,10 @@ fn forward_loss(model: &StepModel, batch: Option<(&Tensor, &Tensor)>) -> Tensor 
 }
 
 /// The mean cross entropy of float `logits` against `labels` with label smoothing `eps`
-/// (torch's `F.cross_entropy`); 0: the plain cross entropy, computed as before.
+/// (torch's `F.cross_entropy`); 0: the plain cross entropy, computed as before. Float labels
+/// (N x classes, MixUp's and CutMix's) are probabilities, smoothed as torch smooths them.
 pub(crate) fn cross_entropy(logits: &Tensor, labels: &Tensor, eps: f64) -> Tensor {
-    if eps == 0.0 {
+    if eps == 0.0 && labels.kind() == Kind::Int64 {
         return logits.cross_entropy_for_logits(labels);
     }
     logits.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, eps)

@@ -204,13 +204,15 @@ impl<'a> Trainer<'a> {
             &self.train,
             indices,
             LoaderConfig {
-                size: self.cfg.input_size as usize,
+                size: job.options.augment.crops(self.cfg.input_size).train as usize,
                 batch_size: p.batch_size as usize,
                 threads: self.threads,
                 prefetch: 4,
                 augment: Augment::Train(TrainAugment {
                     min_scale: job.options.min_crop_scale,
                     hflip: !job.options.no_hflip,
+                    interpolation: job.options.augment.interpolation,
+                    random_erase: job.options.augment.random_erase,
                 }),
                 norm: self.cfg.normalization,
                 seed: p.seed,
@@ -323,6 +325,11 @@ impl<'a> Trainer<'a> {
             // TCHRUN_TEST_NAN_AT_STEP: this step's input is NaN (its loss and update too).
             input = input.map(|(x, y)| (x * f64::NAN, y));
         }
+        // --mixup-alpha/--cutmix-alpha: the micro-batch mixed with itself rolled by one, drawn
+        // by its global position (the same micro-batch at any world size, and on a resume).
+        let micro_batch =
+            (self.s.skip_batches + e.steps) as usize * self.plan.micro_batches + e.micro;
+        let input = input.map(|(x, y)| self.mix(e.index, micro_batch, x, y));
         let input = input.as_ref().map(|(x, y)| (x, y));
         if e.micro + 1 < self.plan.micro_batches {
             // Not the step's last micro-batch: forward and backward, no communication.

@@ -26,17 +26,22 @@ pub(super) fn validate(
     train_skipped: u64,
 ) -> Result<Validation, TrainError> {
     let (rank, world) = (ctx.pg.rank(), ctx.pg.size());
+    // --val-resize-size, --val-crop-size (the model's input size's by default).
+    let crops = job.options.augment.crops(cfg.input_size);
     let mut idx = data::shard(valid.samples.len(), rank, world, 0, 0, false);
     idx.truncate(data::shard_real_count(valid.samples.len(), rank, world));
     let loader = data::load_batches(
         valid,
         idx,
         LoaderConfig {
-            size: cfg.input_size as usize,
+            size: crops.val_crop as usize,
             batch_size: job.params.batch_size as usize,
             threads: loader_threads(job, ctx.local_size),
             prefetch: 4,
-            augment: Augment::Eval,
+            augment: Augment::Resize {
+                resize: crops.val_resize as usize,
+                interpolation: job.options.augment.interpolation,
+            },
             norm: cfg.normalization,
             seed: job.params.seed,
             epoch: 0,
