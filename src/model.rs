@@ -481,6 +481,12 @@ mod tests {
         assert_eq!(Arch::ConvnextTiny.last_feature_size(31), 0);
         assert_eq!(Arch::ConvnextLarge.min_input_size(), 32);
         assert_eq!(Arch::ConvnextTiny.min_input_for_single_image(), 32);
+        // EfficientNet: the stem and four stride-2 stages, each ceil(s / 2), as ResNet's.
+        assert_eq!(Arch::EfficientnetB0.last_feature_size(224), 7);
+        assert_eq!(Arch::EfficientnetV2S.last_feature_size(384), 12);
+        assert_eq!(Arch::EfficientnetB7.last_feature_size(600), 19);
+        assert_eq!(Arch::EfficientnetB0.min_input_size(), MIN_INPUT_SIZE);
+        assert_eq!(Arch::EfficientnetV2L.min_input_for_single_image(), 33);
         assert!(check_arch_input_size(Arch::Densenet121, 28)
             .unwrap_err()
             .contains("use an input size of 29 or more"));

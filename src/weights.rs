@@ -3,7 +3,7 @@
 //! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
 //! login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration.
-use crate::arch::{Arch, Family};
+use crate::arch::{Arch, EfficientnetLayout, Family};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,14 +12,9 @@ use std::path::Path;
 /// outputs, in torchvision's order.
 pub fn spec(arch: Arch, classes: usize) -> Vec<(String, Vec<usize>)> {
     let mut out = Vec::new();
-    let bn = |out: &mut Vec<(String, Vec<usize>)>, name: &str, c: usize| {
-        for p in ["weight", "bias", "running_mean", "running_var"] {
-            out.push((format!("{name}.{p}"), vec![c]));
-        }
-        out.push((format!("{name}.num_batches_tracked"), vec![]));
-    };
     match arch.family() {
         Family::Convnext { dims, blocks, .. } => convnext_spec(&mut out, dims, blocks, classes),
+        Family::Efficientnet { table, .. } => efficientnet_spec(&mut out, &table.layout(), classes),
         Family::Densenet {
             init_features: c0,
             growth,
@@ -99,6 +94,79 @@ pub fn spec(arch: Arch, classes: usize) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+/// A batch-norm layer's tensors, in a `state_dict`'s order.
+fn bn(out: &mut Vec<(String, Vec<usize>)>, name: &str, c: usize) {
+    for p in ["weight", "bias", "running_mean", "running_var"] {
+        out.push((format!("{name}.{p}"), vec![c]));
+    }
+    out.push((format!("{name}.num_batches_tracked"), vec![]));
+}
+
+/// torchvision's EfficientNet: every `Conv2dNormActivation` is `.0` a convolution without bias
+/// and `.1` its batch norm; `features.0` the stem, `features.1` ... the stages, each block's
+/// layers under `block.K` in order (MBConv: the 1x1 expansion when it expands, the depthwise
+/// convolution, the squeeze-and-excitation `fc1`/`fc2` with biases, the 1x1 projection;
+/// FusedMBConv: the k x k expansion and the 1x1 projection, or one k x k convolution), the last
+/// 1x1 convolution after them; `classifier.1` the Linear head (`classifier.0` is the dropout).
+fn efficientnet_spec(
+    out: &mut Vec<(String, Vec<usize>)>,
+    layout: &EfficientnetLayout,
+    classes: usize,
+) {
+    let cna = |out: &mut Vec<(String, Vec<usize>)>, name: &str, c: [usize; 3]| {
+        let [c_out, c_in_per_group, k] = c;
+        out.push((
+            format!("{name}.0.weight"),
+            vec![c_out, c_in_per_group, k, k],
+        ));
+        bn(out, &format!("{name}.1"), c_out);
+    };
+    cna(out, "features.0", [layout.stem, 3, 3]);
+    for (s, stage) in layout.stages.iter().enumerate() {
+        for (j, b) in stage.iter().enumerate() {
+            let p = format!("features.{}.{j}.block", s + 1);
+            let mut layers: Vec<[usize; 3]> = Vec::with_capacity(4);
+            if b.fused && b.expands() {
+                layers.extend([[b.expanded, b.c_in, b.kernel], [b.c_out, b.expanded, 1]]);
+            } else if b.fused {
+                layers.push([b.c_out, b.c_in, b.kernel]);
+            } else {
+                if b.expands() {
+                    layers.push([b.expanded, b.c_in, 1]);
+                }
+                layers.push([b.expanded, 1, b.kernel]);
+            }
+            for (k, &c) in layers.iter().enumerate() {
+                cna(out, &format!("{p}.{k}"), c);
+            }
+            if !b.fused {
+                let se = format!("{p}.{}", layers.len());
+                out.push((
+                    format!("{se}.fc1.weight"),
+                    vec![b.squeeze, b.expanded, 1, 1],
+                ));
+                out.push((format!("{se}.fc1.bias"), vec![b.squeeze]));
+                out.push((
+                    format!("{se}.fc2.weight"),
+                    vec![b.expanded, b.squeeze, 1, 1],
+                ));
+                out.push((format!("{se}.fc2.bias"), vec![b.expanded]));
+                let project = format!("{p}.{}", layers.len() + 1);
+                cna(out, &project, [b.c_out, b.expanded, 1]);
+            }
+        }
+    }
+    let c_in = layout
+        .stages
+        .last()
+        .and_then(|s| s.last())
+        .map_or(0, |b| b.c_out);
+    let last = format!("features.{}", layout.stages.len() + 1);
+    cna(out, &last, [layout.last, c_in, 1]);
+    out.push(("classifier.1.weight".into(), vec![classes, layout.last]));
+    out.push(("classifier.1.bias".into(), vec![classes]));
+}
+
 /// torchvision's ConvNeXt: `features.0` the stem (4x4 convolution, LayerNorm2d), odd
 /// `features.N` the stages of CNBlocks (`layer_scale`, then `block.0` the 7x7 depthwise
 /// convolution, `block.2` the LayerNorm, `block.3`/`block.5` the two Linears), even ones the
@@ -154,13 +222,15 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The classifier's tensor-name prefix: the Linear a new head replaces, `fc.` (ResNet),
-/// `classifier.` (DenseNet) or `classifier.2.` (ConvNeXt: `classifier.0` is its last
-/// LayerNorm2d, part of the backbone).
+/// `classifier.` (DenseNet), `classifier.2.` (ConvNeXt: `classifier.0` is its last
+/// LayerNorm2d, part of the backbone) or `classifier.1.` (EfficientNet: `classifier.0` is the
+/// dropout).
 pub fn head_prefix(arch: Arch) -> &'static str {
     match arch.family() {
         Family::Resnet { .. } => "fc.",
         Family::Densenet { .. } => "classifier.",
         Family::Convnext { .. } => "classifier.2.",
+        Family::Efficientnet { .. } => "classifier.1.",
     }
 }
 
@@ -517,5 +587,16 @@ mod tests {
         assert_eq!(params(Arch::ConvnextSmall), 50_223_688);
         assert_eq!(params(Arch::ConvnextBase), 88_591_464);
         assert_eq!(params(Arch::ConvnextLarge), 197_767_336);
+        assert_eq!(params(Arch::EfficientnetB0), 5_288_548);
+        assert_eq!(params(Arch::EfficientnetB1), 7_794_184);
+        assert_eq!(params(Arch::EfficientnetB2), 9_109_994);
+        assert_eq!(params(Arch::EfficientnetB3), 12_233_232);
+        assert_eq!(params(Arch::EfficientnetB4), 19_341_616);
+        assert_eq!(params(Arch::EfficientnetB5), 30_389_784);
+        assert_eq!(params(Arch::EfficientnetB6), 43_040_704);
+        assert_eq!(params(Arch::EfficientnetB7), 66_347_960);
+        assert_eq!(params(Arch::EfficientnetV2S), 21_458_488);
+        assert_eq!(params(Arch::EfficientnetV2M), 54_139_356);
+        assert_eq!(params(Arch::EfficientnetV2L), 118_515_272);
     }
 }

@@ -347,6 +347,94 @@ fn convnext_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architectur
     assert_eq!(c.code, Some(0), "{}", c.explain());
 }
 
+/// EfficientNet from a `.pth` torchvision wrote (efficientnet_b0, 1000 classes): refused as
+/// another EfficientNet size (B1: one more block per stage; V2-S: another stem), as
+/// EfficientNetV2 and as ConvNeXt, before anything is written, the message naming
+/// efficientnet_b0; as efficientnet_b0, fine-tuned on 4 digits of each class at 32 px (one
+/// epoch, 2 steps, dropout and stochastic depth on): a new head `classifier.1` for 10 classes,
+/// the backbone (batch norms and squeeze-and-excitations too) trained from the file's weights,
+/// and the trained `state_dict` loads into torchvision's efficientnet_b0 with `strict=True`.
+#[test]
+fn efficientnet_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
+    let t = tempdir();
+    let pth = t.path().join("b0.pth");
+    let code = format!(
+        "import torch, torchvision\n\
+         torch.manual_seed(0)\n\
+         torch.save(torchvision.models.efficientnet_b0().state_dict(), '{}')\n",
+        pth.display()
+    );
+    let r = run(python().arg("-c").arg(code), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let bad = t.path().join("bad");
+    for (arch, detail) in [
+        (
+            "efficientnet_b1",
+            "it lacks 'features.1.1.block.0.0.weight', which efficientnet_b1 needs",
+        ),
+        (
+            "efficientnet_v2_s",
+            "tensor 'features.0.0.weight' has shape [32, 3, 3, 3], efficientnet_v2_s needs \
+             [24, 3, 3, 3]",
+        ),
+        (
+            "convnext_tiny",
+            "it lacks 'classifier.2.weight', which convnext_tiny needs",
+        ),
+    ] {
+        let r = init(arch, &pth, &bad);
+        assert_eq!(r.code, Some(2), "{}", r.explain());
+        let want = format!(
+            "--weights {}: {detail}; the file looks like a efficientnet_b0 state_dict: use \
+             --arch efficientnet_b0",
+            pth.display()
+        );
+        assert!(r.stderr.contains(&want), "{want}\n{}", r.explain());
+        assert!(!bad.exists(), "nothing may be written on a refusal");
+    }
+    let model = t.path().join("m");
+    let r = init("efficientnet_b0", &pth, &model);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let train = subset(&digits().join("train"), &t.path().join("train"), 4, 0);
+    let valid = subset(&digits().join("valid"), &t.path().join("valid"), 2, 0);
+    let out = t.path().join("out");
+    let r = run(
+        tchrun_train(&model, &train, &valid, &out).args([
+            "--epochs",
+            "1",
+            "--batch-size",
+            "20",
+            "--lr",
+            "0.01",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout
+            .contains("a new head (classifier.1) for 10 classes (the file's has 1000)"),
+        "{}",
+        r.explain()
+    );
+    let py = format!(
+        "import torch, torchvision\n\
+         from safetensors.torch import load_file\n\
+         a = torch.load('{}'); b = load_file('{}')\n\
+         assert b['classifier.1.weight'].shape == (10, 1280)\n\
+         moved = [k for k in a if not k.startswith('classifier.1.') and not torch.equal(a[k], b[k])]\n\
+         for k in ['features.0.0.weight', 'features.0.1.running_mean', 'features.8.1.weight', 'features.2.0.block.2.fc1.bias']:\n\
+         \x20   assert k in moved, (k, moved[:5])\n\
+         assert all(torch.isfinite(v).all() for v in b.values())\n\
+         m = torchvision.models.efficientnet_b0(num_classes=10)\n\
+         m.load_state_dict(b, strict=True)\n\
+         print('fine-tuned', len(moved), 'tensors')\n",
+        pth.display(),
+        out.join("model.safetensors").display()
+    );
+    let c = run(python().arg("-c").arg(py), LIMIT);
+    assert_eq!(c.code, Some(0), "{}", c.explain());
+}
+
 /// The digits of classes `lo..lo + 5` of `split`, at most `per_class` images each, copied to
 /// `dst/<class>` (class names kept: "5" stays "5").
 fn five_digits(split: &str, lo: usize, per_class: usize, dst: &Path) -> std::path::PathBuf {
@@ -505,6 +593,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "densenet201",
         "convnext_tiny",
         "convnext_large",
+        "efficientnet_b0",
+        "efficientnet_v2_l",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }

@@ -1,5 +1,6 @@
 //! `--norm-weight-decay` and `--bias-weight-decay`: the weight decay of every parameter of
-//! resnet18, densenet121 and convnext_tiny (LayerNorms), as tchrun groups them (`tchrun::recipe::norm_parameters` over the
+//! resnet18, densenet121, convnext_tiny (LayerNorms) and efficientnet_b0 (batch norms beside
+//! squeeze-and-excitation convolutions with biases), as tchrun groups them (`tchrun::recipe::norm_parameters` over the
 //! model's variables, `RecipeFlags::weight_decay_of`), equals torchvision's `set_weight_decay`
 //! on torchvision's own models (normalisation layers found by class;
 //! `tests/python/recipe_reference.py decay`). The optimizers' steps are checked against
@@ -37,7 +38,12 @@ fn weight_decay_groups_equal_torchvisions_set_weight_decay() {
             ..RecipeFlags::default()
         };
         let mut distinct = std::collections::BTreeSet::new();
-        for arch in ["resnet18", "densenet121", "convnext_tiny"] {
+        for arch in [
+            "resnet18",
+            "densenet121",
+            "convnext_tiny",
+            "efficientnet_b0",
+        ] {
             let a = Arch::from_name(arch).expect("architecture");
             let spec = tchrun::weights::spec(a, 3);
             let names: Vec<&str> = spec.iter().map(|(n, _)| n.as_str()).collect();

@@ -11,7 +11,11 @@
 //! tensor for tensor. ConvNeXt (LayerNorms, layer scales and biases perturbed too): also one
 //! training step with stochastic depth off, the loss and every gradient within 1e-4 of the
 //! largest of its tensor (`GRAD_RTOL`); convnext_tiny at 32 and 64 px here, the other sizes
-//! only with `TCHRUN_PARITY_ALL_SIZES=1` (then at every size).
+//! only with `TCHRUN_PARITY_ALL_SIZES=1` (then at every size). EfficientNet and EfficientNetV2
+//! (biases perturbed too): the same, training step with stochastic depth and dropout off,
+//! efficientnet_b0 and efficientnet_v2_s at 32 and 64 px here, the other sizes with
+//! `TCHRUN_PARITY_ALL_SIZES=1`; every size's batch-norm eps and momentum, dropout and per-block
+//! stochastic-depth probabilities equal torchvision's model's.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -147,7 +151,76 @@ fn convnexts_give_torchvisions_logits_and_gradients() {
     }
 }
 
-/// The four tests above cover every architecture tchrun offers.
+const EFFICIENTNETS: [Arch; 11] = [
+    Arch::EfficientnetB0,
+    Arch::EfficientnetV2S,
+    Arch::EfficientnetB1,
+    Arch::EfficientnetB2,
+    Arch::EfficientnetB3,
+    Arch::EfficientnetB4,
+    Arch::EfficientnetB5,
+    Arch::EfficientnetB6,
+    Arch::EfficientnetB7,
+    Arch::EfficientnetV2M,
+    Arch::EfficientnetV2L,
+];
+
+/// efficientnet_b0 and efficientnet_v2_s (MBConv and FusedMBConv, both batch-norm settings of
+/// the sizes up to B4 and of V2) always; the others only with `TCHRUN_PARITY_ALL_SIZES=1`: the
+/// same code paths with other widths, depths and batch-norm numbers, which
+/// `efficientnet_settings_equal_torchvisions` and `tests/finetune.rs`'s spec test compare.
+#[test]
+fn efficientnets_give_torchvisions_logits_and_gradients() {
+    if all_sizes_asked() {
+        parity(&EFFICIENTNETS);
+    } else {
+        parity(&EFFICIENTNETS[..2]);
+    }
+}
+
+/// Every EfficientNet size's batch norm (eps, momentum), dropout before the head and per-block
+/// stochastic-depth probabilities (bit for bit) are torchvision's (`parity.py config`, built on
+/// the meta device).
+#[test]
+fn efficientnet_settings_equal_torchvisions() {
+    use tchrun::model::Family;
+    let r = run(
+        python()
+            .arg(repo().join("tests/python/parity.py"))
+            .arg("config")
+            .args(EFFICIENTNETS.map(|a| a.name())),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let tv: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("json");
+    for arch in EFFICIENTNETS {
+        let family = arch.family();
+        let Family::Efficientnet {
+            dropout_pct, norm, ..
+        } = family
+        else {
+            panic!("{} is not an EfficientNet", arch.name());
+        };
+        let t = &tv[arch.name()];
+        let f = |k: &str| t[k].as_f64().expect("number");
+        let name = arch.name();
+        assert_eq!(
+            (norm.eps(), norm.momentum()),
+            (f("eps"), f("momentum")),
+            "{name}"
+        );
+        assert_eq!(f64::from(dropout_pct) / 100.0, f("dropout"), "{name}");
+        let sd: Vec<f64> = t["sd"]
+            .as_array()
+            .expect("sd")
+            .iter()
+            .map(|v| v.as_f64().expect("p"))
+            .collect();
+        assert_eq!(family.stochastic_depth_probs(), sd, "{name}");
+    }
+}
+
+/// The tests above cover every architecture tchrun offers.
 #[test]
 fn every_architecture_is_compared() {
     let mut covered: Vec<&str> = RESNETS
@@ -155,6 +228,7 @@ fn every_architecture_is_compared() {
         .chain(&RESNEXTS_AND_WIDE)
         .chain(&DENSENETS)
         .chain(&CONVNEXTS)
+        .chain(&EFFICIENTNETS)
         .map(|a| a.name())
         .collect();
     let mut all: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();

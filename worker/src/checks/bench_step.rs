@@ -15,7 +15,8 @@ use tchrun::model::Arch;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Architecture (resnet18 ... densenet201, convnext_tiny ... convnext_large).
+    /// Architecture (resnet18 ... densenet201, convnext_tiny ... convnext_large, efficientnet_b0
+    /// ... efficientnet_v2_l).
     #[arg(long, default_value = "resnet18", value_parser = parse_arch)]
     arch: Arch,
     /// Input side in pixels.

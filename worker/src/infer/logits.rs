@@ -1,7 +1,8 @@
 //! `tchrun-worker logits` (hidden): a model directory's logits for fixed input batches in
 //! inference mode, and its weights as tchrun writes a `state_dict`. The parity tests hand the
 //! same weights and batches to torchvision and compare (`tests/parity.rs`). With `--grads`,
-//! also one training step's loss and gradients (training mode, stochastic depth off).
+//! also one training step's loss and gradients (training mode, stochastic depth and dropout
+//! off).
 use crate::models;
 use std::path::PathBuf;
 use tch::{nn, Device, Tensor};
@@ -26,14 +27,14 @@ pub struct Args {
     #[arg(long, requires = "grads")]
     train_input: Option<PathBuf>,
     /// Safetensors file to write: the cross-entropy `loss` of `--train-input`'s batch in
-    /// training mode with stochastic depth off, and the gradient of every parameter under its
+    /// training mode with stochastic depth and dropout off, and the gradient of every parameter under its
     /// `state_dict` name.
     #[arg(long, requires = "train_input")]
     grads: Option<PathBuf>,
 }
 
 /// One training step's loss and gradients (`--grads`), on a model of its own built without
-/// stochastic depth.
+/// stochastic depth and dropout.
 fn grads(
     cfg: &tchrun::model::ModelConfig,
     classes: i64,
@@ -43,7 +44,7 @@ fn grads(
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let mut vs = nn::VarStore::new(Device::Cpu);
-    let net = models::build_without_stochastic_depth(cfg.arch, &vs.root(), classes);
+    let net = models::build_deterministic(cfg.arch, &vs.root(), classes);
     models::load(&mut vs, weights)?;
     let batch: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(input)
         .with_context(|| input.display().to_string())?

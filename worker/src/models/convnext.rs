@@ -6,6 +6,7 @@
 //! `classifier` is LayerNorm2d, flatten and the Linear head (`classifier.2`). Every LayerNorm
 //! has eps 1e-6, every `layer_scale` starts at 1e-6; from scratch the convolutions and Linears
 //! are initialised as torchvision does (`init::trunc_normal`, zero biases).
+use super::blocks::stochastic_depth;
 use super::init;
 use tch::{nn, nn::Init, nn::ModuleT, Tensor};
 use tchrun::model::Family;
@@ -56,25 +57,6 @@ fn layer_norm(p: nn::Path, c: i64) -> nn::LayerNorm {
 /// torchvision's `LayerNorm2d`: LayerNorm over the channels of an (N, C, H, W) tensor.
 fn layer_norm_2d(norm: &nn::LayerNorm, x: &Tensor) -> Tensor {
     x.permute([0, 2, 3, 1]).apply(norm).permute([0, 3, 1, 2])
-}
-
-/// torchvision's `stochastic_depth(x, p, "row", training)`: in training, each row (sample) of
-/// `x` is zeroed with probability `p` and the others scaled by 1 / (1 - p); otherwise `x`.
-pub fn stochastic_depth(x: &Tensor, p: f64, train: bool) -> Tensor {
-    if !train || p == 0.0 {
-        return x.shallow_clone();
-    }
-    let survival = 1.0 - p;
-    let mut size = vec![1i64; x.dim()];
-    if let Some(n) = size.first_mut() {
-        *n = x.size().first().copied().unwrap_or(1);
-    }
-    let mut noise = Tensor::empty(size, (x.kind(), x.device()));
-    let _ = noise.bernoulli_float_(survival);
-    if survival > 0.0 {
-        let _ = noise.g_div_scalar_(survival);
-    }
-    x * noise
 }
 
 /// torchvision's `CNBlock(dim, layer_scale, stochastic_depth_prob = drop)`.
@@ -162,47 +144,6 @@ pub fn convnext(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use tch::{Device, Kind};
-
-    /// Stochastic depth in "row" mode, statistically: for every block's drop probability of
-    /// convnext_small (0 to 0.4), the fraction of rows zeroed over 4000 rows is within 4.5
-    /// standard deviations of p (a false failure about once in 150 000 runs per p), a kept row
-    /// is scaled by exactly 1 / (1 - p), a row is zeroed or kept whole, and inference mode
-    /// leaves the input as it is.
-    #[test]
-    fn stochastic_depth_drops_rows_with_the_blocks_probability() {
-        let _seed = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
-        tch::manual_seed(7);
-        let probs = tchrun::model::Arch::ConvnextSmall
-            .family()
-            .stochastic_depth_probs();
-        assert_eq!(probs.len(), 36);
-        let rows = 4000i64;
-        let x = Tensor::ones([rows, 2, 3, 3], (Kind::Float, Device::Cpu));
-        for &p in probs.iter().step_by(5).chain(probs.last()) {
-            let y = stochastic_depth(&x, p, true);
-            let per_row = y.reshape([rows, -1]);
-            let first = per_row.select(1, 0);
-            assert!(
-                bool::try_from(per_row.eq_tensor(&first.unsqueeze(1)).all()).expect("bool"),
-                "p {p}: a row partly dropped"
-            );
-            let dropped = first.eq(0.0).sum(Kind::Float).double_value(&[]) / rows as f64;
-            let sd = (p * (1.0 - p) / rows as f64).sqrt();
-            assert!(
-                (dropped - p).abs() <= 4.5 * sd + 1e-12,
-                "p {p}: {dropped} of the rows dropped"
-            );
-            let kept = first.max().double_value(&[]);
-            assert!(
-                (kept - 1.0 / (1.0 - p)).abs() < 1e-6,
-                "p {p}: kept rows scaled by {kept}"
-            );
-            assert!(stochastic_depth(&x, p, false).equal(&x));
-        }
-    }
-
     /// The blocks' probabilities are torchvision's: `p * i / (n - 1)` for block i of n, so the
     /// first block never drops and the last drops with the constructor's default.
     #[test]

@@ -9,6 +9,8 @@
 //!   (`kaiming_uniform_(a=√5)`); DenseNet then sets its bias to 0.
 //! * ConvNeXt: every convolution and Linear weight `trunc_normal_(std=0.02)`, every bias 0;
 //!   LayerNorm weight 1, bias 0; `layer_scale` 1e-6.
+//! * EfficientNet: convolutions `kaiming_normal_(mode="fan_out")` (the squeeze-and-excitation's
+//!   biases 0), batch norm 1/0, the head's weight Uniform(±1/√out_features) and bias 0.
 use tch::nn::{self, init::FanInOut, init::NonLinearity, init::NormalOrUniform, Init};
 
 /// Kaiming normal with the ReLU gain, over fan out (ResNet) or fan in (DenseNet).
@@ -171,5 +173,43 @@ mod tests {
             }
         }
         assert!(large >= 30, "{large} large weights");
+    }
+
+    /// EfficientNet from scratch, as `EfficientNet.__init__` initialises it: every convolution
+    /// (depthwise ones too) Kaiming normal over fan out, `out_channels * k * k` (within 3 % on
+    /// the tensors of 20 000 values or more), the squeeze-and-excitation's biases 0, batch
+    /// norm 1/0, the head Uniform(±1/√classes) (not `nn.Linear`'s ±1/√fan_in) with bias 0.
+    #[test]
+    fn efficientnet_is_initialised_as_torchvision_does() {
+        let _seed = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        for arch in [Arch::EfficientnetB0, Arch::EfficientnetV2S] {
+            tch::manual_seed(1);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _model = build(arch, &vs.root(), 10, false);
+            let mut large = 0;
+            for (name, t) in vs.variables() {
+                let all = |v: f64| bool::try_from(t.eq(v).all()).expect("bool");
+                let dims = t.size();
+                if name == "classifier.1.weight" {
+                    let (std, max) = stats(&t);
+                    let bound = 1.0 / 10f64.sqrt();
+                    assert!(max <= bound, "{name}: {max}");
+                    assert!(
+                        (std / (bound / 3f64.sqrt()) - 1.0).abs() < 0.05,
+                        "{name}: {std}"
+                    );
+                } else if name.ends_with(".bias") {
+                    assert!(all(0.0), "{arch:?} {name}: not all 0");
+                } else if name.ends_with(".weight") && dims.len() == 1 {
+                    assert!(all(1.0), "{arch:?} {name}: not all 1");
+                } else if dims.len() == 4 && t.numel() >= 20_000 {
+                    let want = (2.0 / (dims[0] * dims[2] * dims[3]) as f64).sqrt();
+                    let (std, _) = stats(&t);
+                    assert!((std / want - 1.0).abs() < 0.03, "{arch:?} {name}: {std}");
+                    large += 1;
+                }
+            }
+            assert!(large >= 20, "{arch:?}: {large} large convolutions");
+        }
     }
 }

@@ -1,9 +1,12 @@
 //! The architectures (tch's vision models, torchvision parameter names) and their weights as
 //! torchvision `state_dict`s in safetensors: what Python's `load_state_dict(strict=True)` takes.
 //! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`,
-//! `convnext`) and their weights; knows nothing of ranks, data loading or training.
+//! `convnext`, `efficientnet`: EfficientNet and EfficientNetV2; `blocks`: layers they share)
+//! and their weights; knows nothing of ranks, data loading or training.
+pub mod blocks;
 pub mod convnext;
 pub mod densenet;
+pub mod efficientnet;
 pub mod init;
 pub mod resnet;
 use std::collections::BTreeMap;
@@ -23,14 +26,11 @@ pub fn build(
     build_with(arch, root, classes, memory_efficient, true)
 }
 
-/// `build` with ConvNeXt's stochastic depth off (every block's drop probability 0), so that a
+/// `build` without the random layers: ConvNeXt's and EfficientNet's stochastic depth off
+/// (every block's drop probability 0) and EfficientNet's dropout before the head off, so that a
 /// training step is deterministic: the parity test's gradients against torchvision's
-/// `stochastic_depth_prob=0`. The other families have no stochastic depth.
-pub fn build_without_stochastic_depth(
-    arch: Arch,
-    root: &nn::Path,
-    classes: i64,
-) -> Box<dyn nn::ModuleT> {
+/// `stochastic_depth_prob=0` (and `dropout=0`). The other families have neither.
+pub fn build_deterministic(arch: Arch, root: &nn::Path, classes: i64) -> Box<dyn nn::ModuleT> {
     build_with(arch, root, classes, false, false)
 }
 
@@ -39,15 +39,15 @@ fn build_with(
     root: &nn::Path,
     classes: i64,
     memory_efficient: bool,
-    stochastic_depth: bool,
+    stochastic: bool,
 ) -> Box<dyn nn::ModuleT> {
     match arch.family() {
         family @ Family::Convnext { .. } => Box::new(crate::models::convnext::convnext(
-            root,
-            family,
-            classes,
-            stochastic_depth,
+            root, family, classes, stochastic,
         )),
+        family @ Family::Efficientnet { .. } => Box::new(
+            crate::models::efficientnet::efficientnet(root, family, classes, stochastic),
+        ),
         family @ Family::Resnet { .. } => {
             Box::new(crate::models::resnet::resnet(root, family, classes))
         }
