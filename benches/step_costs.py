@@ -13,8 +13,8 @@ from the one before it:
 - + group: a 1-rank process group (the replicator's begin and end of a step, its stats tensor);
 - + guard: the divergence guard's total after every update (one fused pass over the weights);
 - + read-back: the stats and the guard read to the host every step (the trainer before issue 30);
-- + window: instead of the read-back, the step's row in the device window, read every 10 steps
-  (the trainer now);
+- + window: instead of the read-back, the step's row in the device window, read when full (4
+  rows on CPU, 32 on CUDA) or every 10 steps (the trainer now);
 - + timers: the time split's clocks.
 The replica hooks of 2 or more ranks and the progress line are not per-step costs of one
 process; the whole trainer at 1 and 2 ranks is `scripts/bench.sh --matrix --parts train`.

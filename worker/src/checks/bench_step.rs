@@ -52,7 +52,7 @@ pub struct Args {
     /// The trainer's per-step additions to run with the step, to measure each on its own
     /// (issue 30): `group` (a 1-rank Gloo group: the replicator's begin and end of a step and
     /// its stats tensor), `guard` (the divergence guard's total every step), `window` (the
-    /// step's row in the device window, read every 10 steps: the trainer now), `read-back` (the
+    /// step's row in the device window, read when full or every 10 steps: the trainer now), `read-back` (the
     /// stats read to the host every step: the trainer before), `timers` (the time split's
     /// clocks). `window` and `read-back` need `group`.
     #[arg(long, value_enum, value_delimiter = ',')]
