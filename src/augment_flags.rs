@@ -50,7 +50,7 @@ pub struct AugmentFlags {
     pub cutmix_alpha: f64,
     /// The probability of torchvision's RandomErasing(scale=(0.02, 0.33), ratio=(0.3, 3.3),
     /// value=0) on each normalised training image, in [0, 1]. 0: off.
-    #[arg(help_heading = "Data", long, env = "TCHRUN_RANDOM_ERASE", default_value_t = 0.0, value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(help_heading = "Data", long, env = "TCHRUN_RANDOM_ERASE", default_value_t = 0.0, value_parser = crate::recipe::parse_closed_unit, allow_negative_numbers = true)]
     pub random_erase: f64,
     /// The training crop's side (RandomResizedCrop's size). Default: the model's input size.
     #[arg(help_heading = "Data", long, env = "TCHRUN_TRAIN_CROP_SIZE", value_parser = clap::value_parser!(u32).range(MIN_INPUT_SIZE as i64..=MAX_INPUT_SIZE as i64))]
@@ -278,30 +278,11 @@ impl AugmentRecord {
     }
 }
 
-fn number(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number"))?;
-    if !v.is_finite() {
-        return Err(format!("must be a finite number, got {s}"));
-    }
-    Ok(v)
-}
-
 /// Beta(α, α) needs α > 0; 0 is off.
 fn parse_alpha(s: &str) -> Result<f64, String> {
-    let v = number(s)?;
+    let v = crate::recipe::number(s)?;
     if v < 0.0 {
         return Err(format!("must be >= 0 (0: off), got {s}"));
-    }
-    Ok(v)
-}
-
-fn parse_probability(s: &str) -> Result<f64, String> {
-    let v = number(s)?;
-    if !(0.0..=1.0).contains(&v) {
-        return Err(format!("must be in [0, 1], got {s}"));
     }
     Ok(v)
 }

@@ -495,7 +495,7 @@ impl RecipeRecord {
     }
 }
 
-fn number(s: &str) -> Result<f64, String> {
+pub(crate) fn number(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim()
         .parse()
@@ -541,7 +541,7 @@ fn parse_open_unit(s: &str) -> Result<f64, String> {
 }
 
 /// [0, 1]: torch's cross_entropy refuses label smoothing outside.
-fn parse_closed_unit(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_closed_unit(s: &str) -> Result<f64, String> {
     let v = number(s)?;
     if !(0.0..=1.0).contains(&v) {
         return Err(format!("must be in [0, 1], got {s}"));

@@ -188,19 +188,12 @@ mod tests {
     use tch::{Device, Kind, Tensor};
     use tchrun::model::Arch;
 
-    const EFFICIENTNETS: [Arch; 11] = [
-        Arch::EfficientnetB0,
-        Arch::EfficientnetB1,
-        Arch::EfficientnetB2,
-        Arch::EfficientnetB3,
-        Arch::EfficientnetB4,
-        Arch::EfficientnetB5,
-        Arch::EfficientnetB6,
-        Arch::EfficientnetB7,
-        Arch::EfficientnetV2S,
-        Arch::EfficientnetV2M,
-        Arch::EfficientnetV2L,
-    ];
+    /// Every EfficientNet and EfficientNetV2 size tchrun offers.
+    fn efficientnets() -> impl Iterator<Item = Arch> {
+        Arch::ALL
+            .into_iter()
+            .filter(|a| matches!(a.family(), tchrun::model::Family::Efficientnet { .. }))
+    }
 
     /// Every size builds exactly `weights::spec` (torchvision's `state_dict`, checked against
     /// torchvision itself in `tests/finetune.rs::weight_spec_equals_torchvision_state_dicts`):
@@ -208,7 +201,7 @@ mod tests {
     #[test]
     fn every_size_builds_torchvisions_state_dict() {
         let _seed = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
-        for arch in EFFICIENTNETS {
+        for arch in efficientnets() {
             let vs = nn::VarStore::new(Device::Cpu);
             let net = efficientnet(&vs.root(), arch.family(), 3, true);
             let mut vars: Vec<(String, Vec<i64>)> = vs
