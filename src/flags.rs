@@ -687,10 +687,11 @@ impl TrainHandoff {
     }
 }
 
-/// Parses the command line of either binary; a bad flag prints clap's message (naming the
-/// flag) and exits with the invalid-input code, `--help`/`--version` exit 0.
+/// Parses the command line of either binary (a `--recipe` expanded: `recipe_preset`); a bad
+/// flag prints clap's message (naming the flag) and exits with the invalid-input code,
+/// `--help`/`--version` exit 0.
 pub fn parse_or_exit<C: clap::Parser>() -> C {
-    match C::try_parse() {
+    match crate::recipe_preset::try_parse_from::<C>(std::env::args_os().collect()) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() {

@@ -40,6 +40,7 @@ pub mod model;
 pub mod overlap;
 pub mod preflight;
 pub mod recipe;
+pub mod recipe_preset;
 pub mod schedule;
 pub mod straggler;
 pub mod weights;

@@ -141,15 +141,22 @@ fn check_model(job: &TrainJob) -> Result<ModelConfig, PreflightError> {
             })
         })?;
     }
-    let last = cfg.arch.last_feature_size(cfg.input_size);
+    // Training sees the training crop (`--train-crop-size`, else the input size).
+    let train_size = job.options.augment.crops(cfg.input_size).train;
+    let last = cfg.arch.last_feature_size(train_size);
     if job.params.batch_size == 1 && last <= 1 && cfg.arch.has_batch_norm() {
+        let size = if train_size == cfg.input_size {
+            format!("input size {train_size}")
+        } else {
+            format!("training crop size {train_size} (--train-crop-size)")
+        };
+        let min = cfg.arch.min_input_for_single_image();
         return Err(PreflightError::Flags(format!(
-            "--batch-size 1: {} at input size {} ends in a 1x1 feature map, so batch norm would see \
+            "--batch-size 1: {} at {size} ends in a 1x1 feature map, so batch norm would see \
              one value per channel and its running variance would become NaN; use --batch-size 2 \
-             or more, or a model with --input-size {} or more",
+             or more, or train at {min} px or more (--train-crop-size {min}, or a model made \
+             with --input-size {min})",
             cfg.arch.name(),
-            cfg.input_size,
-            cfg.arch.min_input_for_single_image()
         )));
     }
     Ok(cfg)
@@ -365,7 +372,19 @@ pub fn check_job(
         .augment
         .check(inputs.cfg.arch, inputs.cfg.input_size)
         .map_err(PreflightError::Flags)?;
-    let n = train.samples.len() as u64;
+    let sampling = job.options.recipe.sampling();
+    if sampling.epoch_len(train.samples.len()) == 0 && sampling.ra_reps.is_some() {
+        return Err(PreflightError::Flags(format!(
+            "--ra-sampler: --train {} has {} image(s); torchvision's RASampler keeps the first \
+             images // {} × {} positions of an epoch, none here; add images or leave \
+             --ra-sampler out",
+            train.root.display(),
+            train.samples.len(),
+            crate::data::RA_ROUND,
+            crate::data::RA_ROUND
+        )));
+    }
+    let n = sampling.epoch_len(train.samples.len()) as u64;
     let world64 = world as u64;
     if n < world64 {
         return Err(PreflightError::Flags(format!(
@@ -378,8 +397,8 @@ pub fn check_job(
     let world32 = u32::try_from(world)
         .map_err(|_| PreflightError::Flags(format!("{world} ranks is more than tchrun runs")))?;
     let counts = |e: crate::counts::CountError| PreflightError::Flags(e.0);
-    crate::counts::batch_bytes("--batch-size", p.batch_size, inputs.cfg.input_size)
-        .map_err(counts)?;
+    let train_size = job.options.augment.crops(inputs.cfg.input_size).train;
+    crate::counts::batch_bytes("--batch-size", p.batch_size, train_size).map_err(counts)?;
     let per_step =
         crate::counts::images_per_step(p.batch_size, world32, job.options.global_batch_size);
     let steps_per_epoch = n.div_ceil(per_step.max(1));

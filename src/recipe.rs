@@ -200,7 +200,23 @@ pub struct RecipeFlags {
     /// --output and <output>/ema/) follows: raw (the trained model's) or ema (--model-ema's).
     #[arg(help_heading = "Training", long, env = "TCHRUN_EARLY_STOP_ON", value_enum, default_value_t = EarlyStopOn::Raw)]
     pub early_stop_on: EarlyStopOn,
+    /// Repeated augmentation (torchvision's --ra-sampler, RASampler): each training image
+    /// --ra-reps times per epoch, each copy augmented on its own, the epoch cut to the first
+    /// images // 256 × 256 positions (so it keeps about as many steps as without).
+    #[arg(help_heading = "Data", long, env = "TCHRUN_RA_SAMPLER")]
+    pub ra_sampler: bool,
+    /// --ra-sampler: how many times each image is repeated (torchvision's --ra-reps).
+    #[arg(help_heading = "Data", long, env = "TCHRUN_RA_REPS", default_value_t = RA_REPS, value_parser = clap::value_parser!(u32).range(1..=64), allow_negative_numbers = true)]
+    pub ra_reps: u32,
+    /// A published recipe's values for every flag it sets that is not given on the command
+    /// line or in its variable: torchvision-v2 is torchvision's ResNet-50 IMAGENET1K_V2 recipe
+    /// (docs/training.md lists its flags; sizes scaled from 224 px to the model's input size).
+    #[arg(help_heading = "Training", long, env = "TCHRUN_RECIPE", value_enum)]
+    pub recipe: Option<crate::recipe_preset::Preset>,
 }
+
+/// torchvision's `--ra-reps` default.
+pub const RA_REPS: u32 = 3;
 
 impl Default for RecipeFlags {
     fn default() -> RecipeFlags {
@@ -220,6 +236,9 @@ impl Default for RecipeFlags {
             model_ema_steps: MODEL_EMA_STEPS,
             model_ema_decay: MODEL_EMA_DECAY,
             early_stop_on: EarlyStopOn::Raw,
+            ra_sampler: false,
+            ra_reps: RA_REPS,
+            recipe: None,
         }
     }
 }
@@ -277,7 +296,20 @@ impl RecipeFlags {
         if self.early_stop_on != d.early_stop_on {
             v.push(format!("--early-stop-on={}", self.early_stop_on.as_str()));
         }
+        if self.ra_sampler {
+            v.push("--ra-sampler".into());
+        }
+        if self.ra_reps != d.ra_reps {
+            v.push(format!("--ra-reps={}", self.ra_reps));
+        }
         v
+    }
+
+    /// How a training epoch samples the images (`--ra-sampler`).
+    pub fn sampling(&self) -> crate::data::Sampling {
+        crate::data::Sampling {
+            ra_reps: self.ra_sampler.then_some(self.ra_reps as usize),
+        }
     }
 
     /// The combinations torch refuses: Nesterov momentum without momentum (torch.optim.SGD's
@@ -345,6 +377,7 @@ impl RecipeFlags {
             model_ema_steps: self.model_ema.then_some(self.model_ema_steps),
             model_ema_decay: self.model_ema.then_some(self.model_ema_decay),
             early_stop_on: self.early_stop_on.as_str().into(),
+            ra_reps: self.ra_sampler.then_some(self.ra_reps),
         }
     }
 }
@@ -400,6 +433,9 @@ pub struct RecipeRecord {
     pub model_ema_decay: Option<f64>,
     /// `--early-stop-on`; a record from before it: `raw`.
     pub early_stop_on: String,
+    /// `--ra-sampler`'s `--ra-reps`; none: no repeated augmentation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ra_reps: Option<u32>,
 }
 
 impl Default for RecipeRecord {
@@ -479,12 +515,22 @@ impl RecipeRecord {
                 Some(self.early_stop_on.clone()),
                 Some(now.early_stop_on.clone()),
             ),
+            (
+                "ra-sampler",
+                self.ra_reps.map(|_| "on".to_string()),
+                now.ra_reps.map(|_| "on".to_string()),
+            ),
+            (
+                "ra-reps",
+                self.ra_reps.map(|x| x.to_string()),
+                now.ra_reps.map(|x| x.to_string()),
+            ),
         ] {
             if was == is {
                 continue;
             }
             let fix = match &was {
-                Some(_) if name == "model-ema" => "--model-ema".to_string(),
+                Some(_) if name == "model-ema" || name == "ra-sampler" => format!("--{name}"),
                 Some(v) => format!("--{name} {v}"),
                 None => format!("no --{name}"),
             };
@@ -597,9 +643,13 @@ mod tests {
             "0.999",
             "--early-stop-on",
             "ema",
+            "--ra-sampler",
+            "--ra-reps",
+            "4",
         ])
         .expect("valid")
         .r;
+        assert_eq!(r.sampling().ra_reps, Some(4));
         args.extend(r.to_args());
         assert_eq!(Cli::try_parse_from(&args).expect("round trip").r, r);
         // torchvision's default decay with its schedulers; none for poly's linear warmup.
@@ -629,6 +679,12 @@ mod tests {
         assert!(d
             .iter()
             .any(|x| x.0 == "--norm-weight-decay" && x.3 == "no --norm-weight-decay"));
+        assert!(d
+            .iter()
+            .any(|x| x.0 == "--ra-sampler" && x.3 == "no --ra-sampler"));
+        let back = r.record().differences(&old);
+        assert!(back.iter().any(|x| x.0 == "--ra-sampler" && x.3 == "--ra-sampler"));
+        assert!(back.iter().any(|x| x.0 == "--ra-reps" && x.3 == "--ra-reps 4"));
         for (opt, name) in [
             (Opt::Sgd, "sgd"),
             (Opt::SgdNesterov, "sgd_nesterov"),

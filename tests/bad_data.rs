@@ -452,8 +452,8 @@ fn a_step_made_only_of_bad_images_changes_nothing() {
 }
 
 /// `--batch-size 1` where one image gives batch norm a single value per channel (resnet18 at
-/// 32 px ends in a 1x1 map) is refused before any rank starts: it would make the running
-/// variance NaN.
+/// 32 px ends in a 1x1 map, and so does a 64 px model trained at `--train-crop-size 32`) is
+/// refused before any rank starts: it would make the running variance NaN.
 #[test]
 fn batch_size_1_at_a_1x1_feature_map_is_refused() {
     let c = Case::new();
@@ -465,6 +465,25 @@ fn batch_size_1_at_a_1x1_feature_map_is_refused() {
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
         r.stderr.contains("--batch-size 1") && r.stderr.contains("--input-size 33"),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.exists(), "{}", r.explain());
+    // A 64 px model trained on 32 px crops ends in the same 1x1 map: the training crop counts.
+    let model64 = model_dir(c.root(), "resnet18", 64);
+    let r = run(
+        tchrun_train(&model64, &c.train, &c.valid, &out).args([
+            "--batch-size",
+            "1",
+            "--train-crop-size",
+            "32",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("training crop size 32 (--train-crop-size)")
+            && r.stderr.contains("--train-crop-size 33"),
         "{}",
         r.explain()
     );

@@ -579,3 +579,121 @@ fn augment_bad_values_are_refused_before_any_rank_starts() {
         assert!(!out.join("logs").exists(), "{flags:?}: a rank started");
     }
 }
+
+/// `--ra-sampler` (torchvision's RASampler): an epoch of 260 images keeps 256 positions, each
+/// image 3 times in a row, so 4 optimizer steps of G = 64; the copies are split among the ranks
+/// by position, each augmented by its own position, so 2 ranks and 1 rank accumulating 2
+/// micro-batches train the same model bit for bit; `model.json` records `ra_reps`; a training
+/// set of fewer than 256 images is refused before any rank starts, naming the flag.
+#[test]
+fn ra_sampler_trains_the_same_model_at_any_world_size() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let src = digits();
+    let data = t.path().join("data");
+    subset(&src.join("train"), &data.join("train"), 26, 0);
+    subset(&src.join("valid"), &data.join("valid"), 2, 0);
+    let job = |out: &Path, ranks: u32| {
+        let mut c = tchrun_train(&model, &data.join("train"), &data.join("valid"), out);
+        c.args([
+            "--epochs",
+            "1",
+            "--lr",
+            "0.02",
+            "--launcher",
+            "local",
+            "--oversubscribe",
+            "--procs-per-node",
+            &ranks.to_string(),
+            "--batch-size",
+            "32",
+            "--global-batch-size",
+            "64",
+            "--ra-sampler",
+        ])
+        .env("TCHRUN_THREADS", "1")
+        .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+        .env_remove("TCHRUN_ATTEMPT");
+        run(&mut c, LIMIT)
+    };
+    let (two, one) = (t.path().join("two"), t.path().join("one"));
+    let r = job(&two, 2);
+    ok(&r);
+    assert!(r.stdout.contains("4 steps/epoch"), "{}", r.explain());
+    ok(&job(&one, 1));
+    let (d, name) = max_diff(&two, &one);
+    assert_eq!(d, 0.0, "not bit-identical: {name} differs by {d}");
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&one.join("model.json"))).expect("model.json");
+    assert_eq!(m["training"]["ra_reps"], 3, "{m}");
+    assert_eq!(m["training"]["steps"], 4, "{m}");
+    // 60 images: no position survives RASampler's cut.
+    let out = t.path().join("few");
+    let r = train(&model, &out, 1, 8, &["--ra-sampler"]);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("--ra-sampler") && r.stderr.contains("has 60 image(s)"),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.exists(), "{}", r.explain());
+}
+
+/// `--recipe torchvision-v2` gives every flag of torchvision's ResNet-50 V2 command its value
+/// there (sizes scaled from 224 px to the model's 32: 25 and 33), but the flags given on the
+/// command line or in their variable keep theirs, wherever they stand; the job then trains
+/// (EMA, repeated augmentation, MixUp/CutMix, erasing, the cosine schedule) and `model.json`
+/// records the recipe's values.
+#[test]
+fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let d = digits();
+    let out = t.path().join("out");
+    let job = |before: &[&str], extra: &[&str]| {
+        let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), &out);
+        c.args(before)
+            .args(["--recipe", "torchvision-v2", "--epochs", "1"])
+            .args(["--launcher", "local", "--procs-per-node", "2"])
+            .args(extra)
+            .env("TCHRUN_LABEL_SMOOTHING", "0.05")
+            .env("TCHRUN_THREADS", "1")
+            .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+            .env_remove("TCHRUN_ATTEMPT");
+        run(&mut c, LIMIT)
+    };
+    let r = job(&[], &["--batch-size", "32", "--dry-run"]);
+    ok(&r);
+    for want in [
+        "--epochs 1",
+        "--batch-size 32",
+        "--lr-scheduler=cosineannealinglr",
+        "--warmup-epochs 5",
+        "--lr-reference-batch=1024",
+        "--weight-decay=2e-5",
+        "--norm-weight-decay=0e0",
+        "--label-smoothing=5e-2",
+        "--mixup-alpha",
+        "--cutmix-alpha",
+        "--random-erase",
+        "--train-crop-size",
+        "--val-resize-size",
+        "--model-ema",
+        "--ra-sampler",
+        "--ra-reps=4",
+    ] {
+        assert!(r.stdout.contains(want), "{want}: {}", r.explain());
+    }
+    assert!(!out.exists(), "{}", r.explain());
+    // The flags may come before --recipe too.
+    let r = job(&["--warmup-epochs", "0", "--batch-size", "32"], &[]);
+    ok(&r);
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&out.join("model.json"))).expect("model.json");
+    let tr = &m["training"];
+    assert_eq!(tr["lr_scheduler"], "cosineannealinglr", "{m}");
+    assert_eq!(tr["label_smoothing"], 0.05, "{m}");
+    assert_eq!(tr["ra_reps"], 4, "{m}");
+    assert_eq!(tr["model_ema"], true, "{m}");
+    assert!(out.join("ema/model.json").is_file(), "{}", r.explain());
+}

@@ -1,5 +1,6 @@
-//! `torch.utils.data.DistributedSampler` sharding (`drop_last=False`), and `--global-batch-size`'s
-//! fixed cut of an epoch into optimizer steps and micro-batches (`GlobalCut`).
+//! `torch.utils.data.DistributedSampler` sharding (`drop_last=False`), torchvision's `RASampler`
+//! (`--ra-sampler`: repeated augmentation, `Sampling`), and `--global-batch-size`'s fixed cut of
+//! an epoch into optimizer steps and micro-batches (`GlobalCut`).
 use super::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -17,20 +18,74 @@ pub fn shard(
     epoch: u64,
     shuffle: bool,
 ) -> Vec<usize> {
+    shard_order(&epoch_order(len, seed, epoch, shuffle), rank, world)
+}
+
+/// `DistributedSampler`'s split of an epoch's `order` (dataset indices) among `world` ranks:
+/// padded by wrapping around to a multiple of `world`, rank `r` takes positions `r, r + world,
+/// ...`.
+///
+/// Panics if `world == 0` or `rank >= world`.
+pub fn shard_order(order: &[usize], rank: usize, world: usize) -> Vec<usize> {
     assert!(world > 0, "shard: world size must be > 0");
     assert!(
         rank < world,
         "shard: rank {rank} must be < world size {world}"
     );
+    let len = order.len();
     if len == 0 {
         return Vec::new();
     }
-    let indices = epoch_order(len, seed, epoch, shuffle);
     let total = len.div_ceil(world) * world;
     (rank..total)
         .step_by(world)
-        .map(|p| indices[p % len])
+        .map(|p| order[p % len])
         .collect()
+}
+
+/// torchvision's `RASampler` keeps `len // 256 * 256` samples of an epoch (DeiT's repeated
+/// augmentation, "to be as close as possible to the original implementation").
+pub const RA_ROUND: usize = 256;
+
+/// What a training epoch is made of: every image once in a shuffled order
+/// (`DistributedSampler`), or with `--ra-sampler` torchvision's `RASampler`: the shuffled
+/// order with each image repeated `--ra-reps` times in a row, cut to the first
+/// `len // 256 * 256` positions. The ranks then split those positions as `DistributedSampler`
+/// does (rank `r` takes `r, r + world, ...`: `RASampler`'s own subsampling, so a repeated
+/// image lands on different ranks, each copy augmented by its own position) or by
+/// `GlobalCut`; the epoch's positions, and so the model, do not depend on the world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sampling {
+    /// `--ra-reps` with `--ra-sampler`; none: every image once.
+    pub ra_reps: Option<usize>,
+}
+
+impl Sampling {
+    /// Positions in an epoch over `len` images.
+    pub fn epoch_len(&self, len: usize) -> usize {
+        match self.ra_reps {
+            None => len,
+            Some(_) => len / RA_ROUND * RA_ROUND,
+        }
+    }
+
+    /// Epoch `epoch`'s dataset indices, in order (shuffled with seed + epoch).
+    pub fn order(&self, len: usize, seed: i64, epoch: u64) -> Vec<usize> {
+        let once = epoch_order(len, seed, epoch, true);
+        match self.ra_reps {
+            None => once,
+            Some(reps) => once
+                .into_iter()
+                .flat_map(|i| std::iter::repeat_n(i, reps.max(1)))
+                .take(self.epoch_len(len))
+                .collect(),
+        }
+    }
+
+    /// This rank's dataset indices of epoch `epoch` without `--global-batch-size`.
+    pub fn shard(&self, len: usize, rank: usize, world: usize, seed: i64, epoch: u64) -> Vec<usize> {
+        shard_order(&self.order(len, seed, epoch), rank, world)
+    }
 }
 
 /// The epoch's order of the whole dataset: shuffled with seed + epoch (as DistributedSampler
@@ -80,10 +135,16 @@ impl GlobalCut {
 
     /// This rank's dataset indices of epoch `epoch`, in order: per step, its micro-batches.
     pub fn indices(&self, len: usize, seed: i64, epoch: u64) -> Vec<usize> {
+        self.indices_of(&epoch_order(len, seed, epoch, true))
+    }
+
+    /// This rank's share of an epoch's `order` (dataset indices; `Sampling::order`), in order:
+    /// per step, its micro-batches.
+    pub fn indices_of(&self, order: &[usize]) -> Vec<usize> {
+        let len = order.len();
         if len == 0 {
             return Vec::new();
         }
-        let order = epoch_order(len, seed, epoch, true);
         let n = self.steps(len) * self.accumulation * self.batch;
         (0..n).map(|p| order[self.position(p) % len]).collect()
     }
@@ -131,6 +192,51 @@ mod tests {
             }
         }
         out
+    }
+
+    /// `--ra-sampler` equals torchvision's `RASampler` on the same shuffled order: each image
+    /// `reps` times in a row, `len // 256 * 256` positions, rank `r` of `world` taking
+    /// `indices[r::world][:num_selected]`; and the epoch's positions are the same at any world
+    /// size under `--global-batch-size`.
+    #[test]
+    fn ra_sampler_is_torchvisions() {
+        for (len, reps, world) in [(300, 3, 1), (300, 3, 2), (1000, 4, 4), (700, 2, 8)] {
+            let s = Sampling { ra_reps: Some(reps) };
+            let once = epoch_order(len, 5, 1, true);
+            // RASampler.__iter__, written out.
+            let mut rep: Vec<usize> = once.iter().flat_map(|&i| vec![i; reps]).collect();
+            let num_samples = (len * reps).div_ceil(world);
+            let total = num_samples * world;
+            let head: Vec<usize> = rep[..total - rep.len()].to_vec();
+            rep.extend(head);
+            let selected = len / 256 * 256 / world;
+            let mut union = Vec::new();
+            for r in 0..world {
+                let want: Vec<usize> = rep[r..]
+                    .iter()
+                    .step_by(world)
+                    .take(selected)
+                    .copied()
+                    .collect();
+                assert_eq!(s.shard(len, r, world, 5, 1), want, "{len} {reps} {world} {r}");
+                union.extend(want);
+            }
+            assert_eq!(union.len(), s.epoch_len(len), "{len} {reps} {world}");
+        }
+        let s = Sampling { ra_reps: Some(3) };
+        assert_eq!(s.epoch_len(255), 0);
+        let order = s.order(600, 9, 2);
+        for w in [1, 2, 4] {
+            let all: Vec<Vec<usize>> = (0..w)
+                .map(|r| cut(r, w, 4 / w).indices_of(&order))
+                .collect();
+            let mut flat: Vec<usize> = all.concat();
+            flat.sort_unstable();
+            let mut want = order.clone();
+            want.extend_from_slice(&order[..(order.len().div_ceil(12) * 12 - order.len())]);
+            want.sort_unstable();
+            assert_eq!(flat, want, "world {w}");
+        }
     }
 
     #[test]

@@ -377,12 +377,11 @@ fn plan_steps(
         }),
         None => None,
     };
+    // `--ra-sampler` cuts an epoch to its own length (`Sampling::epoch_len`).
+    let positions = job.options.recipe.sampling().epoch_len(train_images);
     let steps_per_epoch = match cut {
-        Some(c) => c.steps(train_images) as u64,
-        None => {
-            let per_rank = data::shard(train_images, rank, world, p.seed, 0, true).len();
-            per_rank.div_ceil(p.batch_size as usize) as u64
-        }
+        Some(c) => c.steps(positions) as u64,
+        None => positions.div_ceil(world).div_ceil(p.batch_size as usize) as u64,
     };
     let scaling = job.options.lr_scaling;
     let reference = tchrun::schedule::lr_reference_batch(

@@ -184,16 +184,14 @@ impl<'a> Trainer<'a> {
         let job = self.job;
         let p = &job.params;
         let cut = self.plan.cut;
+        let order = job.options.recipe.sampling().order(
+            self.train.samples.len(),
+            p.seed,
+            epoch as u64,
+        );
         let mut indices = match cut {
-            Some(c) => c.indices(self.train.samples.len(), p.seed, epoch as u64),
-            None => data::shard(
-                self.train.samples.len(),
-                self.rank,
-                self.world,
-                p.seed,
-                epoch as u64,
-                true,
-            ),
+            Some(c) => c.indices_of(&order),
+            None => data::shard_order(&order, self.rank, self.world),
         };
         let first_position =
             (self.s.skip_batches as usize * self.plan.micro_batches * p.batch_size as usize)
