@@ -533,6 +533,10 @@ pub struct TrainOptions {
     #[command(flatten)]
     pub augment: crate::augment_flags::AugmentFlags,
     #[command(flatten)]
+    pub class_weights: crate::class_weights::ClassWeightsFlags,
+    #[command(flatten)]
+    pub preset: crate::recipe_preset::PresetFlags,
+    #[command(flatten)]
     pub mlflow: crate::mlflow::MlflowFlags,
 }
 
@@ -601,6 +605,7 @@ impl TrainOptions {
         }
         v.extend(self.recipe.to_args());
         v.extend(self.augment.to_args());
+        v.extend(self.class_weights.to_args());
         v.extend(self.mlflow.to_args());
         v
     }

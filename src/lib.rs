@@ -16,6 +16,7 @@
 pub mod arch;
 pub mod augment_flags;
 pub mod checkpoint;
+pub mod class_weights;
 pub mod console;
 pub mod counts;
 pub mod csv_out;

@@ -85,6 +85,9 @@ pub struct TrainingRecord {
     /// The augmentation and crop-size flags; absent in files written before they existed.
     #[serde(flatten, default)]
     pub augment: crate::augment_flags::AugmentRecord,
+    /// `--class-weights` and the weights it resolved to; absent without it.
+    #[serde(flatten, default)]
+    pub class_weights: crate::class_weights::ClassWeightsRecord,
 }
 
 fn linear() -> String {

@@ -372,7 +372,10 @@ pub fn check_job(
         .augment
         .check(inputs.cfg.arch, inputs.cfg.input_size)
         .map_err(PreflightError::Flags)?;
-    let sampling = job.options.recipe.sampling();
+    (job.options.class_weights)
+        .resolve(&train.classes, train.samples.iter().map(|s| s.label))
+        .map_err(PreflightError::Flags)?;
+    let sampling = crate::data::Sampling::of(&job.options.recipe);
     if sampling.epoch_len(train.samples.len()) == 0 && sampling.ra_reps.is_some() {
         return Err(PreflightError::Flags(format!(
             "--ra-sampler: --train {} has {} image(s); torchvision's RASampler keeps the first \

@@ -208,11 +208,6 @@ pub struct RecipeFlags {
     /// --ra-sampler: how many times each image is repeated (torchvision's --ra-reps).
     #[arg(help_heading = "Data", long, env = "TCHRUN_RA_REPS", default_value_t = RA_REPS, value_parser = clap::value_parser!(u32).range(1..=64), allow_negative_numbers = true)]
     pub ra_reps: u32,
-    /// A published recipe's values for every flag it sets that is not given on the command
-    /// line or in its variable: torchvision-v2 is torchvision's ResNet-50 IMAGENET1K_V2 recipe
-    /// (docs/training.md lists its flags; sizes scaled from 224 px to the model's input size).
-    #[arg(help_heading = "Training", long, env = "TCHRUN_RECIPE", value_enum)]
-    pub recipe: Option<crate::recipe_preset::Preset>,
 }
 
 /// torchvision's `--ra-reps` default.
@@ -238,7 +233,6 @@ impl Default for RecipeFlags {
             early_stop_on: EarlyStopOn::Raw,
             ra_sampler: false,
             ra_reps: RA_REPS,
-            recipe: None,
         }
     }
 }
@@ -305,12 +299,6 @@ impl RecipeFlags {
         v
     }
 
-    /// How a training epoch samples the images (`--ra-sampler`).
-    pub fn sampling(&self) -> crate::data::Sampling {
-        crate::data::Sampling {
-            ra_reps: self.ra_sampler.then_some(self.ra_reps as usize),
-        }
-    }
 
     /// The combinations torch refuses: Nesterov momentum without momentum (torch.optim.SGD's
     /// "Nesterov momentum requires a momentum and zero dampening").
@@ -649,7 +637,7 @@ mod tests {
         ])
         .expect("valid")
         .r;
-        assert_eq!(r.sampling().ra_reps, Some(4));
+        assert_eq!((r.ra_sampler, r.ra_reps), (true, 4));
         args.extend(r.to_args());
         assert_eq!(Cli::try_parse_from(&args).expect("round trip").r, r);
         // torchvision's default decay with its schedulers; none for poly's linear warmup.

@@ -8,6 +8,16 @@ use clap::ArgMatches;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+/// `--recipe` (help heading "Training"); the launcher has expanded it when the ranks parse it.
+#[derive(clap::Args, Debug, Clone, PartialEq, Default)]
+pub struct PresetFlags {
+    /// A published recipe's values for every flag it sets that is not given on the command
+    /// line or in its variable: torchvision-v2 is torchvision's ResNet-50 IMAGENET1K_V2 recipe
+    /// (docs/training.md lists its flags; sizes scaled from 224 px to the model's input size).
+    #[arg(help_heading = "Training", long, env = "TCHRUN_RECIPE", value_enum)]
+    pub recipe: Option<Preset>,
+}
+
 /// The recipes `--recipe` knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Preset {

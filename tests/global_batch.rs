@@ -583,8 +583,10 @@ fn augment_bad_values_are_refused_before_any_rank_starts() {
 /// `--ra-sampler` (torchvision's RASampler): an epoch of 260 images keeps 256 positions, each
 /// image 3 times in a row, so 4 optimizer steps of G = 64; the copies are split among the ranks
 /// by position, each augmented by its own position, so 2 ranks and 1 rank accumulating 2
-/// micro-batches train the same model bit for bit; `model.json` records `ra_reps`; a training
-/// set of fewer than 256 images is refused before any rank starts, naming the flag.
+/// micro-batches train the same model bit for bit, also with `--class-weights` (each
+/// micro-batch's weighted mean: the micro-batches are the same at any world size); `model.json`
+/// records `ra_reps` and the weights; a training set of fewer than 256 images is refused before
+/// any rank starts, naming the flag.
 #[test]
 fn ra_sampler_trains_the_same_model_at_any_world_size() {
     let t = tempdir();
@@ -593,6 +595,8 @@ fn ra_sampler_trains_the_same_model_at_any_world_size() {
     let data = t.path().join("data");
     subset(&src.join("train"), &data.join("train"), 26, 0);
     subset(&src.join("valid"), &data.join("valid"), 2, 0);
+    let weights = t.path().join("weights.csv");
+    std::fs::write(&weights, "class,weight\n3,2.5\n7,0.25\n").expect("weights");
     let job = |out: &Path, ranks: u32| {
         let mut c = tchrun_train(&model, &data.join("train"), &data.join("valid"), out);
         c.args([
@@ -610,7 +614,9 @@ fn ra_sampler_trains_the_same_model_at_any_world_size() {
             "--global-batch-size",
             "64",
             "--ra-sampler",
+            "--class-weights",
         ])
+        .arg(&weights)
         .env("TCHRUN_THREADS", "1")
         .env_remove("TCHRUN_TEST_KILL_AT_STEP")
         .env_remove("TCHRUN_ATTEMPT");
@@ -626,6 +632,8 @@ fn ra_sampler_trains_the_same_model_at_any_world_size() {
     let m: serde_json::Value =
         serde_json::from_str(&read(&one.join("model.json"))).expect("model.json");
     assert_eq!(m["training"]["ra_reps"], 3, "{m}");
+    let w = &m["training"]["class_weight_values"];
+    assert!(w[3] == 2.5 && w[7] == 0.25 && w[0] == 1.0, "{m}");
     assert_eq!(m["training"]["steps"], 4, "{m}");
     // 60 images: no position survives RASampler's cut.
     let out = t.path().join("few");
@@ -696,4 +704,61 @@ fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
     assert_eq!(tr["ra_reps"], 4, "{m}");
     assert_eq!(tr["model_ema"], true, "{m}");
     assert!(out.join("ema/model.json").is_file(), "{}", r.explain());
+}
+
+/// `--class-weights auto` on an imbalanced set (class 0 keeps 3 of its 6 images): scikit-learn's
+/// "balanced" weights, 57 / (10 × 3) for class 0 and 57 / (10 × 6) for the others, recorded in
+/// `model.json`; a weights file naming a class the training set lacks is refused before any rank
+/// starts (exit 2), naming the flag, the class and the classes there are.
+#[test]
+fn class_weights_auto_are_balanced_and_a_bad_file_is_refused() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let d = t.path().join("data");
+    let src = tiny_digits();
+    subset(&src.join("train"), &d.join("train"), 6, 0);
+    subset(&src.join("valid"), &d.join("valid"), 2, 0);
+    let mut zero: Vec<_> = std::fs::read_dir(d.join("train/0"))
+        .expect("class 0")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    zero.sort();
+    for f in &zero[..3] {
+        std::fs::remove_file(f).expect("rm");
+    }
+    let job = |out: &Path, weights: &str| {
+        let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), out);
+        c.args(["--epochs", "1", "--batch-size", "8", "--launcher", "local"])
+            .args(["--procs-per-node", "2", "--class-weights", weights])
+            .env("TCHRUN_THREADS", "1")
+            .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+            .env_remove("TCHRUN_ATTEMPT");
+        run(&mut c, LIMIT)
+    };
+    let out = t.path().join("out");
+    ok(&job(&out, "auto"));
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&out.join("model.json"))).expect("model.json");
+    assert_eq!(m["training"]["class_weights"], "auto", "{m}");
+    let w: Vec<f64> = m["training"]["class_weight_values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|v| v.as_f64().expect("number"))
+        .collect();
+    assert_eq!(w.len(), 10, "{m}");
+    assert_eq!(w[0], 57.0 / 30.0, "{m}");
+    assert!(w[1..].iter().all(|&x| x == 57.0 / 60.0), "{m}");
+    let bad = t.path().join("bad.json");
+    std::fs::write(&bad, r#"{"3": 2, "cat": 1}"#).expect("bad");
+    let out = t.path().join("refused");
+    let r = job(&out, &bad.display().to_string());
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("--class-weights")
+            && r.stderr.contains("class \"cat\" is not a class of the training set (0, 1, 2"),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.exists(), "{}", r.explain());
 }

@@ -197,6 +197,7 @@ fn record(c: Counts, r: Rest) -> TrainingRecord {
         mlflow_run_id: (n % 2 == 0).then(|| format!("run{n}")),
         recipe: Default::default(),
         augment: Default::default(),
+        class_weights: Default::default(),
     }
 }
 

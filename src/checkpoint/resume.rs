@@ -48,6 +48,9 @@ pub struct RunRecord {
     /// absent in checkpoints written before they existed (the old behaviour).
     #[serde(flatten, default)]
     pub augment: crate::augment_flags::AugmentRecord,
+    /// `--class-weights` (the flag and, from a rank, the weights it resolved to).
+    #[serde(flatten, default)]
+    pub class_weights: crate::class_weights::ClassWeightsRecord,
 }
 
 impl RunRecord {
@@ -82,6 +85,7 @@ impl RunRecord {
             intra_op_threads: None,
             recipe: o.recipe.record(),
             augment: o.augment.record(cfg.input_size),
+            class_weights: o.class_weights.record(),
         }
     }
 
@@ -245,6 +249,9 @@ impl RunRecord {
             .augment
             .differences(self.input_size, &now.augment, now.input_size);
         for (what, was, is, fix) in augment {
+            flag(&mut out, &what, fix, was, is);
+        }
+        if let Some((what, was, is, fix)) = self.class_weights.difference(&now.class_weights) {
             flag(&mut out, &what, fix, was, is);
         }
         out
@@ -572,6 +579,7 @@ mod tests {
             intra_op_threads: None,
             recipe: Default::default(),
             augment: Default::default(),
+            class_weights: Default::default(),
         }
     }
 

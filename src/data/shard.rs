@@ -61,6 +61,13 @@ pub struct Sampling {
 }
 
 impl Sampling {
+    /// How a training job's epochs sample its images (`--ra-sampler`, `--ra-reps`).
+    pub fn of(recipe: &crate::recipe::RecipeFlags) -> Sampling {
+        Sampling {
+            ra_reps: recipe.ra_sampler.then_some(recipe.ra_reps as usize),
+        }
+    }
+
     /// Positions in an epoch over `len` images.
     pub fn epoch_len(&self, len: usize) -> usize {
         match self.ra_reps {

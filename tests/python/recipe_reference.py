@@ -1,7 +1,7 @@
 """torch's values for tchrun's recipe parity tests, as JSON on stdout.
 
 `clip`: gradients, torch.nn.utils.clip_grad_norm_'s total norm and clipped gradients, and
-F.cross_entropy with label_smoothing (worker/src/train/clip.rs).
+F.cross_entropy with label_smoothing and class weights (worker/src/train/clip.rs).
 `lr CONFIG_JSON`: the LR of every epoch from torch.optim.lr_scheduler, built as torchvision's
 references/classification/train.py builds it (tests/lr_schedulers.rs).
 `optim`: torch.optim's SGD (plain and Nesterov), RMSprop and AdamW as torchvision's train.py
@@ -43,6 +43,18 @@ def clip():
         loss = F.cross_entropy(logits, labels, label_smoothing=eps)
         smoothing.append({"eps": eps, "classes": 5, "logits": logits.flatten().tolist(),
                           "labels": labels.tolist(), "loss": float(loss)})
+    # --class-weights: F.cross_entropy(weight=...), class labels and probabilities (MixUp's).
+    for eps in [0.0, 0.1, 0.5]:
+        logits = torch.randn(6, 5, generator=g) * 3
+        labels = torch.randint(0, 5, (6,), generator=g)
+        weight = torch.rand(5, generator=g) * 3 + 0.1
+        soft = torch.softmax(torch.randn(6, 5, generator=g) * 2, 1)
+        loss = F.cross_entropy(logits, labels, weight=weight, label_smoothing=eps)
+        soft_loss = F.cross_entropy(logits, soft, weight=weight, label_smoothing=eps)
+        smoothing.append({"eps": eps, "classes": 5, "logits": logits.flatten().tolist(),
+                          "labels": labels.tolist(), "loss": float(loss),
+                          "weight": weight.tolist(), "soft": soft.flatten().tolist(),
+                          "soft_loss": float(soft_loss)})
     return {"clip": cases, "smoothing": smoothing}
 
 

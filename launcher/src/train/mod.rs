@@ -220,17 +220,18 @@ fn prepare(
         tchrun::schedule::accumulation_steps(g, job.params.batch_size, plan.world_size() as usize)
             .map_err(JobError::invalid)?;
     }
+    // A job that cannot learn (one class, fewer images than one step needs), counts out of
+    // range, flags the data refuses: refused before any rank starts, and before the lock makes
+    // --output.
+    for w in tchrun::preflight::check_job(&checked.inputs, &job, plan.world_size() as usize)? {
+        errln!("tchrun: {w}");
+    }
     // One job at a time on --output (and --log-dir), for every attempt; none for a dry run.
     let locks = if launch.dry_run {
         Vec::new()
     } else {
         lock_job(&tchrun::lock::job_dirs(Some(&job.output), &log_dir))?
     };
-    // A job that cannot learn (one class, fewer images than one step needs) and counts out of
-    // range: refused before any rank starts.
-    for w in tchrun::preflight::check_job(&checked.inputs, &job, plan.world_size() as usize)? {
-        errln!("tchrun: {w}");
-    }
     if let Some(w) = plan.cpu_warning(&rank) {
         errln!("tchrun: warning: {w}");
     }

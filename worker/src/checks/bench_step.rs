@@ -131,6 +131,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         amp,
         device,
         label_smoothing: 0.0,
+        class_weights: None,
     };
     // Loss scaling is fp16 training's (off here, as it was: scale 1, every step taken).
     let mut scaler = LossScaler::new(false);

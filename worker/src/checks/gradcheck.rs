@@ -98,6 +98,7 @@ pub fn run(pg: &ProcessGroup) -> Result<Report, crate::comm::pg::C10dError> {
                 amp: false,
                 device: dev,
                 label_smoothing: 0.0,
+                class_weights: None,
             },
             (n_local > 0).then_some((&xs, &ys)),
             false,

@@ -34,8 +34,8 @@ mod tests {
     use tch::{Device, Kind};
 
     /// The gradients and their clipped values against torch's `clip_grad_norm_` and the loss
-    /// against `F.cross_entropy(label_smoothing=...)` on the same values
-    /// (`tests/python/recipe_reference.py`).
+    /// against `F.cross_entropy(label_smoothing=..., weight=...)` on the same values, with class
+    /// labels and with probabilities (`tests/python/recipe_reference.py`).
     #[test]
     fn clipping_and_label_smoothing_equal_torch() {
         let v = crate::train::recipe_reference("clip");
@@ -106,14 +106,25 @@ mod tests {
                 .iter()
                 .map(|x| x.as_i64().expect("label"))
                 .collect();
-            let loss =
-                crate::train::step::cross_entropy(&logits, &Tensor::from_slice(&labels), eps)
-                    .double_value(&[]);
+            let weight = case.get("weight").map(|w| Tensor::from_slice(&floats(w)));
+            let ce = |targets: &Tensor| {
+                crate::train::step::cross_entropy(&logits, targets, eps, weight.as_ref())
+                    .double_value(&[])
+            };
+            let loss = ce(&Tensor::from_slice(&labels));
             let want = case["loss"].as_f64().expect("loss");
             assert!(
                 (loss - want).abs() <= 1e-6 * want.abs(),
                 "eps {eps}: {loss} vs torch {want}"
             );
+            if let Some(soft) = case.get("soft") {
+                let loss = ce(&Tensor::from_slice(&floats(soft)).view([-1, n]));
+                let want = case["soft_loss"].as_f64().expect("soft_loss");
+                assert!(
+                    (loss - want).abs() <= 1e-6 * want.abs(),
+                    "eps {eps}, weighted probabilities: {loss} vs torch {want}"
+                );
+            }
         }
     }
 }

@@ -284,6 +284,7 @@ impl Trainer<'_> {
                 mlflow_run_id: self.ctx.tracking.run_id(),
                 recipe: job.options.recipe.record(),
                 augment: job.options.augment.record(self.cfg.input_size),
+                class_weights: self.run_record.class_weights.clone(),
             }),
             metrics: best_metrics
                 .as_ref()

@@ -81,6 +81,7 @@ impl<'a> Trainer<'a> {
             .with_bucket_caps(first_cap, cap);
         let mut opt = Optimizer::of_job(job, &named, trainable, head);
         let plan = plan_steps(job, rank, world, train.samples.len())?;
+        let (run_record, class_weights) = record_and_class_weights(job, &cfg, &train, device)?;
 
         // Resume (rank 0 decides and reads; everyone receives), then replicate from rank 0.
         let (mut best_weights, mut ema) = (None, None);
@@ -145,16 +146,11 @@ impl<'a> Trainer<'a> {
         Ok(Some(Trainer {
             job,
             ctx,
-            run_record: super::resume::run_record(job, &cfg, &train.classes),
+            run_record,
+            class_weights,
             threads: loader_threads(job, ctx.local_size),
             preflight_skipped: skipped.len() as u64,
-            // A frozen backbone runs batch norm in inference mode: one image is fine.
-            single_image_poisons_bn: !frozen
-                && cfg.arch.has_batch_norm()
-                && cfg
-                    .arch
-                    .last_feature_size(job.options.augment.crops(cfg.input_size).train)
-                    <= 1,
+            single_image_poisons_bn: single_image_poisons_bn(job, &cfg, frozen),
             channels_last: super::layout(job, ctx.device, &cfg).channels_last,
             cfg,
             train,
@@ -357,6 +353,33 @@ fn freeze_and_lay_out(
     }
 }
 
+/// The run record, and `--class-weights` resolved for the training set (per class in label
+/// order, recorded) as the loss's `weight` tensor on `device`.
+fn record_and_class_weights(
+    job: &TrainJob,
+    cfg: &ModelConfig,
+    train: &data::ImageFolder,
+    device: Device,
+) -> Result<(tchrun::checkpoint::RunRecord, Option<Tensor>), TrainError> {
+    let weights = (job.options.class_weights)
+        .resolve(&train.classes, train.samples.iter().map(|s| s.label))
+        .map_err(TrainError::Invalid)?;
+    let mut record = super::resume::run_record(job, cfg, &train.classes);
+    record.class_weights.class_weight_values = weights.clone();
+    let tensor = weights.map(|w| {
+        let w: Vec<f32> = w.iter().map(|&x| x as f32).collect();
+        Tensor::from_slice(&w).to_device(device)
+    });
+    Ok((record, tensor))
+}
+
+/// Whether one image in a batch would give batch norm one value per channel at the training
+/// crop (a frozen backbone runs batch norm in inference mode: one image is fine).
+fn single_image_poisons_bn(job: &TrainJob, cfg: &ModelConfig, frozen: bool) -> bool {
+    let train = job.options.augment.crops(cfg.input_size).train;
+    !frozen && cfg.arch.has_batch_norm() && cfg.arch.last_feature_size(train) <= 1
+}
+
 /// The steps and LR of the run: `--global-batch-size`'s cut and accumulation, steps per
 /// epoch, and the LR scaled for the batch of one optimizer step (k = world size, or
 /// G / `--batch-size`).
@@ -378,7 +401,7 @@ fn plan_steps(
         None => None,
     };
     // `--ra-sampler` cuts an epoch to its own length (`Sampling::epoch_len`).
-    let positions = job.options.recipe.sampling().epoch_len(train_images);
+    let positions = data::Sampling::of(&job.options.recipe).epoch_len(train_images);
     let steps_per_epoch = match cut {
         Some(c) => c.steps(positions) as u64,
         None => positions.div_ceil(world).div_ceil(p.batch_size as usize) as u64,

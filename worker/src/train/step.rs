@@ -19,6 +19,8 @@ pub(crate) struct StepModel<'a> {
     pub(crate) device: Device,
     /// `--label-smoothing` of the cross entropy (0: plain cross entropy, as before).
     pub(crate) label_smoothing: f64,
+    /// `--class-weights`: the cross entropy's per-class `weight` (float, on the device).
+    pub(crate) class_weights: Option<&'a Tensor>,
 }
 
 /// The optimizer part of a step.
@@ -109,20 +111,27 @@ fn forward_loss(model: &StepModel, batch: Option<(&Tensor, &Tensor)>) -> Tensor 
     match batch {
         Some((x, y)) => tch::autocast(model.amp, || {
             let logits = model.net.forward_t(x, model.train).to_kind(Kind::Float);
-            cross_entropy(&logits, y, model.label_smoothing)
+            cross_entropy(&logits, y, model.label_smoothing, model.class_weights)
         }),
         None => Tensor::zeros([], (Kind::Float, model.device)),
     }
 }
 
-/// The mean cross entropy of float `logits` against `labels` with label smoothing `eps`
-/// (torch's `F.cross_entropy`); 0: the plain cross entropy, computed as before. Float labels
-/// (N x classes, MixUp's and CutMix's) are probabilities, smoothed as torch smooths them.
-pub(crate) fn cross_entropy(logits: &Tensor, labels: &Tensor, eps: f64) -> Tensor {
-    if eps == 0.0 && labels.kind() == Kind::Int64 {
+/// The mean cross entropy of float `logits` against `labels` with label smoothing `eps` and
+/// per-class `weight` (torch's `F.cross_entropy`: with class labels the mean is weighted, over
+/// Σ weight of the labels; with probabilities it is over the images); no smoothing and no
+/// weight: the plain cross entropy, computed as before. Float labels (N x classes, MixUp's and
+/// CutMix's) are probabilities, smoothed as torch smooths them.
+pub(crate) fn cross_entropy(
+    logits: &Tensor,
+    labels: &Tensor,
+    eps: f64,
+    weight: Option<&Tensor>,
+) -> Tensor {
+    if eps == 0.0 && weight.is_none() && labels.kind() == Kind::Int64 {
         return logits.cross_entropy_for_logits(labels);
     }
-    logits.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, eps)
+    logits.cross_entropy_loss(labels, weight, tch::Reduction::Mean, -100, eps)
 }
 
 /// A micro-batch that is not its step's last (`--global-batch-size`): forward (its batch-norm

@@ -110,6 +110,8 @@ pub(super) struct Trainer<'a> {
     pub(super) initial_weights: Option<tchrun::model::InitialWeights>,
     pub(super) faults: FaultPlan,
     pub(super) run_record: checkpoint::RunRecord,
+    /// `--class-weights`, on the device (the loss's `weight`).
+    pub(super) class_weights: Option<Tensor>,
     pub(super) threads: usize,
     /// Images the pre-flight left out (`--skip-bad-images`): they count in every epoch.
     pub(super) preflight_skipped: u64,
@@ -184,7 +186,7 @@ impl<'a> Trainer<'a> {
         let job = self.job;
         let p = &job.params;
         let cut = self.plan.cut;
-        let order = job.options.recipe.sampling().order(
+        let order = data::Sampling::of(&job.options.recipe).order(
             self.train.samples.len(),
             p.seed,
             epoch as u64,
@@ -339,6 +341,7 @@ impl<'a> Trainer<'a> {
                     amp: self.amp,
                     device: self.device,
                     label_smoothing: self.job.options.recipe.label_smoothing,
+                    class_weights: self.class_weights.as_ref(),
                 };
                 accumulate_micro_batch(&model, input, &self.replicas, a, self.scaler.scale)?;
             }
@@ -386,6 +389,7 @@ impl<'a> Trainer<'a> {
             amp: self.amp,
             device: self.device,
             label_smoothing: job.options.recipe.label_smoothing,
+            class_weights: self.class_weights.as_ref(),
         };
         let done = train_step(
             &model,
