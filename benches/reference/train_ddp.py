@@ -397,7 +397,9 @@ def train(args) -> int:
         model = DDP(model)  # broadcasts parameters and buffers from rank 0
     # tchrun's --lr-reference-batch (src/schedule.rs): lr x images per step / reference batch;
     # without it the reference is --batch-size, so lr x world size.
-    peak = args.lr * world * args.batch_size / (args.lr_reference_batch or args.batch_size)
+    peak = args.lr * world
+    if args.lr_reference_batch:
+        peak = args.lr * world * args.batch_size / args.lr_reference_batch
     opt = torch.optim.SGD(params, lr=peak, momentum=args.momentum, weight_decay=args.weight_decay)
     scheduler = epoch_scheduler(args, opt)
     poly_law = None
