@@ -31,7 +31,8 @@ resnet18 from scratch at 32 px, 2 ranks on this machine, `--batch-size` images p
   --model-ema-decay 0.99` (the recipe's EMA, 32 steps and 0.99998 adjusted for 600 ImageNet
   epochs, would average a handful of updates here: 20 steps per epoch). `--auto-augment
   ta_wide` is passed to tchrun only when `tchrun train --help` lists it; the reference always
-  runs it. The table says which auto-augment each side ran.
+  runs it. The table says which auto-augment each side ran; `--impls reference-no-aa` runs
+  the reference with the recipe but no auto-augment (tchrun's recipe while it has none).
 The runs interleave (per seed and recipe, tchrun and the reference alternate, the order flips).
 Every run's numbers go to OUT/runs.jsonl, the table to OUT/RECIPE.md, and with --table FILE
 between the recipe markers of FILE (BENCHMARKS.md).
@@ -51,6 +52,8 @@ import bench  # noqa: E402  (the runner, the binaries' paths, the section writer
 
 BEGIN, END = "<!-- recipe:begin -->", "<!-- recipe:end -->"
 RECIPES = ("classic", "torchvision-v2")
+IMPLS = {"tchrun": "tchrun", "reference": "PyTorch (torchrun + DDP)",
+         "reference-no-aa": "PyTorch, recipe without auto-augment"}
 # tchrun-worker train's flags that train_ddp.py takes with the same name and meaning.
 PASSED = {
     "epochs", "batch-size", "warmup-epochs", "lr", "seed", "patience", "print-freq", "momentum",
@@ -179,14 +182,15 @@ def table(runs, a, seeds, auto_aug, minutes, loads):
             "train images/s | seeds |",
             "|---|---|---|---|---|---|---|"]
     for recipe in a.recipes:
-        for impl in ("tchrun", "reference"):
+        for impl in IMPLS:
             rs = [r for r in runs if r["impl"] == impl and r["recipe"] == recipe]
             if not rs:
                 continue
             aa = "—" if recipe == "classic" else (
-                "ta_wide" if impl == "reference" or auto_aug else "none (tchrun has no --auto-augment)")
+                "ta_wide" if impl == "reference" or (impl == "tchrun" and auto_aug) else
+                "none (tchrun has no --auto-augment)" if impl == "tchrun" else "none")
             ips = statistics.mean(r["ips"] for r in rs)
-            name = "tchrun" if impl == "tchrun" else "PyTorch (torchrun + DDP)"
+            name = IMPLS[impl]
             rows.append(f"| {name} | {recipe} | {aa} | {pct([r['top1'] for r in rs])} | "
                         f"{pct([r['ema_top1'] for r in rs]) if recipe != 'classic' else '—'} | "
                         f"{ips:.0f} | {len(rs)} |")
@@ -222,7 +226,9 @@ def main() -> int:
     ap.add_argument("--ema-steps", type=int, default=1)
     ap.add_argument("--ema-decay", type=float, default=0.99)
     ap.add_argument("--recipes", default=",".join(RECIPES))
-    ap.add_argument("--impls", default="tchrun,reference")
+    ap.add_argument("--impls", default="tchrun,reference",
+                    help="of tchrun, reference, reference-no-aa (the reference without --auto-augment: "
+                         "what tchrun runs while it has none)")
     ap.add_argument("--smoke", action="store_true", help="1 epoch, 1 seed")
     ap.add_argument("--out", default=os.path.join(bench.ROOT, "target", "bench-recipe"))
     ap.add_argument("--table", default=None, help="also write the table between the recipe markers of this file")
@@ -231,8 +237,8 @@ def main() -> int:
         a.epochs, a.seeds = 1, "1"
     a.recipes = [r for r in a.recipes.split(",") if r]
     impls = [i for i in a.impls.split(",") if i]
-    if set(a.recipes) - set(RECIPES) or set(impls) - {"tchrun", "reference"}:
-        raise SystemExit(f"--recipes: {', '.join(RECIPES)}; --impls: tchrun, reference")
+    if set(a.recipes) - set(RECIPES) or set(impls) - set(IMPLS):
+        raise SystemExit(f"--recipes: {', '.join(RECIPES)}; --impls: {', '.join(IMPLS)}")
     seeds = [int(s) for s in a.seeds.split(",") if s]
     for b in (bench.TCHRUN, bench.WORKER):
         if not os.access(b, os.X_OK):
@@ -275,8 +281,12 @@ def main() -> int:
                     bench.log(f"{tag}: tchrun train ... {' '.join(targs)}")
                     r = run_tchrun(model, data, out, targs)
                 else:
-                    bench.log(f"{tag}: train_ddp.py ... {' '.join(rargs)}")
-                    r = run_reference(data, out, rargs)
+                    args = rargs
+                    if impl == "reference-no-aa" and "--auto-augment" in rargs:
+                        i = rargs.index("--auto-augment")
+                        args = rargs[:i] + rargs[i + 2:]
+                    bench.log(f"{tag}: train_ddp.py ... {' '.join(args)}")
+                    r = run_reference(data, out, args)
                 r.update(impl=impl, recipe=recipe, seed=seed)
                 runs.append(r)
                 loads.append(os.getloadavg()[0])
