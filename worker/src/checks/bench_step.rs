@@ -100,7 +100,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(device);
-    let net = models::build(a.arch, &vs.root(), a.classes, a.memory_efficient);
+    let net = models::build(a.arch, &vs.root(), a.classes, a.size, a.memory_efficient);
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
     let setting = if a.no_channels_last {
         tchrun::layout::ChannelsLast::Off
