@@ -24,7 +24,8 @@
 //! `state_dict` torchvision loads strictly; one training step at 64 px, loss and gradients
 //! within `GRAD_RTOL`. vit_b_32 here (at 32 px one patch, at 64 px four), vit_b_16 and vit_l_16
 //! (at 32, 64 and 224 px) with `TCHRUN_PARITY_ALL_SIZES=1`. The resampling itself equals
-//! `interpolate_embeddings` on random embeddings between grids of 1 to 24 patches a side.
+//! `interpolate_embeddings` (within 1e-5 on N(0, 1) values) on random embeddings between grids
+//! of 1 to 24 patches a side.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -318,9 +319,9 @@ fn vits_give_torchvisions_logits_and_gradients_at_their_size() {
 
 /// `model init`'s resampling of a ViT's positional embedding (`tchrun::arch::vit`) equals
 /// torchvision's `interpolate_embeddings` (`parity.py interpolate`: random embeddings of 8
-/// channels, from grids of 1, 2, 3, 7 and 14 patches a side to 1 ... 24) within 1e-6 (float
-/// rounding: torch sums the four taps in its own order); the class token's position is kept
-/// bit for bit.
+/// channels of N(0, 1), from grids of 1, 2, 3, 7 and 14 patches a side to 1 ... 24) within
+/// 1e-5 (float rounding: torch's own float32 sums are 2e-6 to 4e-6 from the exact ones here);
+/// the class token's position is kept bit for bit.
 #[test]
 fn vit_positional_embedding_is_resampled_as_interpolate_embeddings() {
     let t = tempdir();
@@ -354,7 +355,7 @@ fn vit_positional_embedding_is_resampled_as_interpolate_embeddings() {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
-            assert!(worst <= 1e-6, "{from} -> {to}: off by {worst}");
+            assert!(worst <= 1e-5, "{from} -> {to}: off by {worst}");
             pairs += 1;
         }
     }
