@@ -718,6 +718,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "convnext_large",
         "efficientnet_b0",
         "efficientnet_v2_l",
+        "vit_b_16",
+        "vit_l_16",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }
