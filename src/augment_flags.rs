@@ -126,8 +126,9 @@ impl AugmentFlags {
         self.mixup_alpha > 0.0 || self.cutmix_alpha > 0.0
     }
 
-    /// The crop sizes against `arch`'s input-size bounds (every feature map at least 1x1), and
-    /// validation's resize at least its crop; the message names the flag.
+    /// The crop sizes against `arch`'s input-size bounds (every feature map at least 1x1; a
+    /// ViT's crops its model's input size), and validation's resize at least its crop; the
+    /// message names the flag.
     pub fn check(&self, arch: Arch, input_size: u32) -> Result<(), String> {
         let c = self.crops(input_size);
         let min = arch.min_input_size();
@@ -135,6 +136,15 @@ impl AugmentFlags {
             ("--train-crop-size", self.train_crop_size, c.train),
             ("--val-crop-size", self.val_crop_size, c.val_crop),
         ] {
+            if given.is_some() && arch.patch_size().is_some() && v != input_size {
+                return Err(format!(
+                    "{flag} {v}: {} is built for its model's input size, {input_size} pixels (its \
+                     positional embedding has one position per patch); leave the flag out, or \
+                     make a model of that size with `tchrun model init --input-size {v}` (with \
+                     --weights, the embedding is resampled)",
+                    arch.name()
+                ));
+            }
             if given.is_some() && !(min..=MAX_INPUT_SIZE).contains(&v) {
                 return Err(format!(
                     "{flag} {v}: {} takes crops of {min} to {MAX_INPUT_SIZE} pixels (every \
@@ -393,6 +403,15 @@ mod tests {
             "--train-crop-size 16: convnext_tiny takes crops of 32 to 1024 pixels (every feature \
              map at least 1x1); give a size in that range"
         );
+        // A ViT is built for its model's input size: a crop of another size is refused.
+        let crop = Cli::try_parse_from(["x", "--train-crop-size", "64"])
+            .expect("parses")
+            .a;
+        assert!(crop.check(Arch::VitB32, 64).is_ok());
+        assert!(crop
+            .check(Arch::VitB32, 32)
+            .expect_err("another size")
+            .starts_with("--train-crop-size 64: vit_b_32 is built for its model's input size, 32"));
         let resize = Cli::try_parse_from(["x", "--val-resize-size", "60"])
             .expect("parses")
             .a;

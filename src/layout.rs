@@ -3,7 +3,8 @@
 //! faster for the device, the architecture family and the input size (BENCHMARKS.md, "Memory
 //! format"): on CUDA channels-last (cuDNN's tensor-core convolutions want NHWC; PyTorch's
 //! performance guide); on CPU channels-last only from an input size where oneDNN's NHWC
-//! convolutions overtake NCHW, which is later for small feature maps. Every rank decides alike
+//! convolutions overtake NCHW, which is later for small feature maps; a Vision Transformer NCHW
+//! on every device (one convolution, then matrix products). Every rank decides alike
 //! (the same inputs), so the same-model guarantee holds; the weights written are NCHW either way.
 //! Must not know tensors or devices beyond "CUDA or not".
 use crate::arch::{Arch, Family};
@@ -78,6 +79,15 @@ pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) ->
         ChannelsLast::Off => return fixed(false),
         ChannelsLast::Auto => {}
     }
+    if let Family::Vit { .. } = arch.family() {
+        return Layout {
+            channels_last: false,
+            why: "--channels-last auto: a Vision Transformer has one convolution, the patch \
+                  projection, whose output is reshaped to (batch, patches, hidden) for matrix \
+                  products that have no memory format; channels-last would add a copy"
+                .into(),
+        };
+    }
     if cuda {
         return Layout {
             channels_last: true,
@@ -89,6 +99,7 @@ pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) ->
         Family::Densenet { .. } => ("DenseNet", CPU_FROM_SIZE_DENSENET),
         Family::Convnext { .. } => ("ConvNeXt", CPU_FROM_SIZE_CONVNEXT),
         Family::Efficientnet { .. } => ("EfficientNet", CPU_FROM_SIZE_EFFICIENTNET),
+        Family::Vit { .. } => ("ViT", i64::MAX), // decided above, on every device
     };
     let on = input_size >= from;
     if from == i64::MAX {
@@ -152,6 +163,11 @@ mod tests {
              channels-last at every size measured)"
         );
         assert!(!choose(ChannelsLast::Off, false, b0, 224).channels_last);
+        for cuda in [false, true] {
+            let l = choose(ChannelsLast::Auto, cuda, Arch::VitB16, 224);
+            assert!(!l.channels_last && l.why.contains("patch projection"), "{l:?}");
+        }
+        assert!(choose(ChannelsLast::On, false, Arch::VitB16, 224).channels_last);
         let l = choose(ChannelsLast::Auto, false, r18, 32);
         assert_eq!(
             l.describe(),

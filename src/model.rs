@@ -115,6 +115,15 @@ pub struct InitialWeights {
     /// Output classes of the file's classifier (`model init`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_classes: Option<usize>,
+    /// ViT (`model init`): the image size the file's model was built for (its positional
+    /// embedding's grid of patches times the patch size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_size: Option<u32>,
+    /// ViT: the file's `encoder.pos_embedding` was resampled from `image_size` to the model's
+    /// `input_size`, as torchvision's `interpolate_embeddings` does (bicubic,
+    /// `align_corners=True`, the class token's position kept).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pos_embedding_interpolated: bool,
     /// sha256 of the file given (not of a conversion).
     #[serde(default)]
     pub sha256: String,
@@ -127,12 +136,20 @@ pub struct InitialWeights {
 }
 
 impl InitialWeights {
-    /// As `tchrun model init --weights FILE` records a checked file.
-    pub fn from_file(file: String, sha256: String, info: &crate::weights::WeightsInfo) -> Self {
+    /// As `tchrun model init --weights FILE` records a checked file, for a model of
+    /// `input_size` pixels.
+    pub fn from_file(
+        file: String,
+        sha256: String,
+        info: &crate::weights::WeightsInfo,
+        input_size: u32,
+    ) -> Self {
         InitialWeights {
             file,
             format: Some(info.format),
             head_classes: Some(info.head_classes),
+            image_size: info.image_size,
+            pos_embedding_interpolated: info.image_size.is_some_and(|s| s != input_size),
             sha256,
             tensors: Some(info.tensors),
             trained_model: false,
@@ -145,6 +162,8 @@ impl InitialWeights {
             file,
             format: None,
             head_classes: None,
+            image_size: None,
+            pos_embedding_interpolated: false,
             sha256,
             tensors: None,
             trained_model: true,
@@ -237,9 +256,18 @@ pub fn check_input_size(size: u32) -> Result<(), String> {
 }
 
 /// `check_input_size`, and the architecture's own minimum: below it a DenseNet's feature map
-/// shrinks to nothing in its last 2x2 average pool.
+/// shrinks to nothing in its last 2x2 average pool; a ViT's input is a whole number of patches.
 pub fn check_arch_input_size(arch: Arch, size: u32) -> Result<(), String> {
     check_input_size(size)?;
+    if let Some(p) = arch.patch_size().filter(|p| size % p != 0) {
+        let below = (size / p * p).max(p);
+        return Err(format!(
+            "input size {size} does not divide by {}'s patch size {p} (a Vision Transformer \
+             takes whole {p}x{p} patches); use {below} or {}",
+            arch.name(),
+            below + p
+        ));
+    }
     let min = arch.min_input_size();
     if size < min {
         return Err(format!(
@@ -358,6 +386,7 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
         crate::weights::check_model_weights(
             cfg.arch,
             cfg.is_trained().then_some(cfg.class_names.len()),
+            cfg.input_size,
             &weights,
         )
         .map_err(|e| invalid(&weights, e))?;
@@ -437,8 +466,9 @@ mod tests {
             head_classes: 1000,
             tensors: 122,
             format: crate::weights::Format::Pth,
+            image_size: None,
         };
-        let init = InitialWeights::from_file("r18.pth".into(), "ab".into(), &info);
+        let init = InitialWeights::from_file("r18.pth".into(), "ab".into(), &info, 224);
         assert_eq!(
             serde_json::to_string(&init).unwrap(),
             r#"{"file":"r18.pth","format":"pth","head_classes":1000,"sha256":"ab","tensors":122}"#

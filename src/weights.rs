@@ -3,16 +3,25 @@
 //! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
 //! login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration.
-use crate::arch::{Arch, EfficientnetLayout, Family};
+use crate::arch::{vit, Arch, EfficientnetLayout, Family};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
 
 /// `(name, shape)` of every tensor of torchvision's `state_dict` for `arch` with `classes`
-/// outputs, in torchvision's order.
+/// outputs, in torchvision's order (a ViT at torchvision's default image size, 224: `spec_at`).
 pub fn spec(arch: Arch, classes: usize) -> Vec<(String, Vec<usize>)> {
+    spec_at(arch, classes, vit::DEFAULT_IMAGE_SIZE)
+}
+
+/// `spec` for a model built for `image_size` pixels (only a ViT's tensors depend on it).
+pub fn spec_at(arch: Arch, classes: usize, image_size: u32) -> Vec<(String, Vec<usize>)> {
     let mut out = Vec::new();
     match arch.family() {
+        f @ Family::Vit { .. } => {
+            let shape = vit::VitShape::of(f).expect("a ViT");
+            vit::spec(&mut out, shape, classes, image_size)
+        }
         Family::Convnext { dims, blocks, .. } => convnext_spec(&mut out, dims, blocks, classes),
         Family::Efficientnet { table, .. } => efficientnet_spec(&mut out, &table.layout(), classes),
         Family::Densenet {
@@ -223,10 +232,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// The classifier's tensor-name prefix: the Linear a new head replaces, `fc.` (ResNet),
 /// `classifier.` (DenseNet), `classifier.2.` (ConvNeXt: `classifier.0` is its last
-/// LayerNorm2d, part of the backbone) or `classifier.1.` (EfficientNet: `classifier.0` is the
-/// dropout).
+/// LayerNorm2d, part of the backbone), `classifier.1.` (EfficientNet: `classifier.0` is the
+/// dropout) or `heads.head.` (ViT).
 pub fn head_prefix(arch: Arch) -> &'static str {
     match arch.family() {
+        Family::Vit { .. } => "heads.head.",
         Family::Resnet { .. } => "fc.",
         Family::Densenet { .. } => "classifier.",
         Family::Convnext { .. } => "classifier.2.",
@@ -253,6 +263,9 @@ pub struct WeightsInfo {
     pub head_classes: usize,
     pub tensors: usize,
     pub format: Format,
+    /// ViT: the image size the file's model was built for (its positional embedding's grid
+    /// times the patch).
+    pub image_size: Option<u32>,
 }
 
 /// The format of a weights file, told by its content (not its name); `model.json` records it
@@ -291,8 +304,9 @@ fn is_float(d: Dtype) -> bool {
 /// Name -> (dtype, shape) of every tensor of a file, whatever its format.
 type Listing = HashMap<String, (Dtype, Vec<usize>)>;
 
-/// The file's head size if it is exactly `arch`'s `state_dict` (any number of classes).
-fn head_classes_if(arch: Arch, st: &Listing) -> Result<usize, String> {
+/// The file's head size (and a ViT's image size) if it is exactly `arch`'s `state_dict` (any
+/// number of classes; a ViT at any whole grid of patches).
+fn head_classes_if(arch: Arch, st: &Listing) -> Result<(usize, Option<u32>), String> {
     let head = format!("{}weight", head_prefix(arch));
     let classes = st
         .get(&head)
@@ -301,7 +315,12 @@ fn head_classes_if(arch: Arch, st: &Listing) -> Result<usize, String> {
         .first()
         .copied()
         .unwrap_or(0);
-    let want = spec(arch, classes);
+    let pos = st.get(vit::POS_EMBEDDING).map(|(_, s)| s.as_slice());
+    let image_size = match arch.patch_size() {
+        Some(p) => vit::checkpoint_image_size(p as usize, pos)?,
+        None => None,
+    };
+    let want = spec_at(arch, classes, image_size.unwrap_or(vit::DEFAULT_IMAGE_SIZE));
     for (name, shape) in &want {
         let Some((dtype, have)) = st.get(name) else {
             if name.ends_with(".num_batches_tracked") {
@@ -331,7 +350,7 @@ fn head_classes_if(arch: Arch, st: &Listing) -> Result<usize, String> {
             arch.name()
         ));
     }
-    Ok(classes)
+    Ok((classes, image_size))
 }
 
 /// A weights file's tensors: the file's bytes, its listing, and a `.pth`'s state_dict.
@@ -396,10 +415,11 @@ fn check_listing(
     format: Format,
 ) -> Result<WeightsInfo, WeightsError> {
     match head_classes_if(arch, st) {
-        Ok(head_classes) => Ok(WeightsInfo {
+        Ok((head_classes, image_size)) => Ok(WeightsInfo {
             head_classes,
             tensors: st.len(),
             format,
+            image_size,
         }),
         Err(detail) => {
             let like = Arch::ALL
@@ -442,8 +462,10 @@ pub fn check(arch: Arch, path: &Path) -> Result<WeightsInfo, WeightsError> {
     check_listing(arch, path, &listing, format)
 }
 
-/// `check`, and the weights as safetensors (a `.pth` converted) with the file's SHA-256.
-pub fn load(arch: Arch, path: &Path) -> Result<Loaded, WeightsError> {
+/// `check`, and the weights as safetensors (a `.pth` converted) with the file's SHA-256, for a
+/// model of `input_size` pixels: a ViT checkpoint built for another size has its positional
+/// embedding resampled as torchvision's `interpolate_embeddings` does (`vit::interpolate`).
+pub fn load(arch: Arch, path: &Path, input_size: u32) -> Result<Loaded, WeightsError> {
     let (bytes, listing, sd) = read_weights(path)?;
     let format = if sd.is_some() {
         Format::Pth
@@ -452,15 +474,20 @@ pub fn load(arch: Arch, path: &Path) -> Result<Loaded, WeightsError> {
     };
     let info = check_listing(arch, path, &listing, format)?;
     let sha256 = sha256_hex(&bytes);
-    let safetensors = match sd {
-        None => bytes,
-        Some(sd) => sd
-            .to_safetensors()
-            .map_err(|detail| WeightsError::Unreadable {
-                path: path.display().to_string(),
-                detail,
-            })?,
+    let unreadable = |detail| WeightsError::Unreadable {
+        path: path.display().to_string(),
+        detail,
     };
+    let mut safetensors = match sd {
+        None => bytes,
+        Some(sd) => sd.to_safetensors().map_err(unreadable)?,
+    };
+    if let (Some(p), Some(s)) = (arch.patch_size(), info.image_size) {
+        if s != input_size {
+            let grid = (input_size / p) as usize;
+            safetensors = vit::resample_safetensors(&safetensors, grid).map_err(unreadable)?;
+        }
+    }
     Ok(Loaded {
         info,
         safetensors,
@@ -522,14 +549,24 @@ pub fn safetensors_listing(path: &Path) -> Result<Listing, String> {
     Ok(listing)
 }
 
-/// Checks a model directory's `model.safetensors` against its `model.json` (architecture, and
-/// for a trained model `classes`, the number of its classes): every tensor the architecture has, none more,
-/// every shape; as Python's `load_state_dict(strict=True)`. On a mismatch, names the
+/// Checks a model directory's `model.safetensors` against its `model.json` (architecture, a
+/// ViT's `input_size`, a trained model's number of `classes`): every tensor the architecture
+/// has, none more, every shape, as `load_state_dict(strict=True)`. On a mismatch, names the
 /// architecture the file does fit, when one does. Reads the header only.
-pub fn check_model_weights(arch: Arch, classes: Option<usize>, path: &Path) -> Result<(), String> {
+pub fn check_model_weights(
+    arch: Arch,
+    classes: Option<usize>,
+    input_size: u32,
+    path: &Path,
+) -> Result<(), String> {
     let st = safetensors_listing(path)?;
     match head_classes_if(arch, &st) {
-        Ok(found) if classes.is_some_and(|n| n != found) => Err(format!(
+        Ok((_, Some(s))) if s != input_size => Err(format!(
+            "its positional embedding is for {s}x{s} images but model.json's input_size is \
+             {input_size}; copy model.json and model.safetensors from the same training output, \
+             or make the model again with `tchrun model init --input-size {input_size} --weights`"
+        )),
+        Ok((found, _)) if classes.is_some_and(|n| n != found) => Err(format!(
             "its classifier has {found} output(s) but model.json names {} class(es); the \
              weights are not this model's: copy model.json and model.safetensors from the same \
              training output",
@@ -598,5 +635,8 @@ mod tests {
         assert_eq!(params(Arch::EfficientnetV2S), 21_458_488);
         assert_eq!(params(Arch::EfficientnetV2M), 54_139_356);
         assert_eq!(params(Arch::EfficientnetV2L), 118_515_272);
+        assert_eq!(params(Arch::VitB16), 86_567_656);
+        assert_eq!(params(Arch::VitB32), 88_224_232);
+        assert_eq!(params(Arch::VitL16), 304_326_632);
     }
 }

@@ -435,6 +435,129 @@ fn efficientnet_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_archite
     assert_eq!(c.code, Some(0), "{}", c.explain());
 }
 
+/// A Vision Transformer from a torchvision `.pth` (vit_b_32 at torchvision's 224 px): refused
+/// as another ViT or family, naming vit_b_32; refused at an input size that is no multiple of
+/// its patch, naming the patch size; made at 32 px with its positional embedding resampled
+/// (`model.json` says from which size), fine-tuned on the digits with a new `heads.head`, and
+/// the trained `state_dict` loads into torchvision's `vit_b_32(image_size=32)` with
+/// `strict=True`. A training crop of another size than the model's is refused before any rank
+/// starts.
+#[test]
+fn vit_pth_is_resampled_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
+    let t = tempdir();
+    let pth = t.path().join("vit.pth");
+    let code = format!(
+        "import torch, torchvision\n\
+         torch.manual_seed(0)\n\
+         torch.save(torchvision.models.vit_b_32().state_dict(), '{}')\n",
+        pth.display()
+    );
+    let r = run(python().arg("-c").arg(code), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let bad = t.path().join("bad");
+    for (arch, detail) in [
+        (
+            "vit_b_16",
+            "tensor 'conv_proj.weight' has shape [768, 3, 32, 32], vit_b_16 needs [768, 3, 16, 16]",
+        ),
+        (
+            "vit_l_16",
+            "tensor 'class_token' has shape [1, 1, 768], vit_l_16 needs [1, 1, 1024]",
+        ),
+        (
+            "convnext_tiny",
+            "it lacks 'classifier.2.weight', which convnext_tiny needs",
+        ),
+    ] {
+        let r = init(arch, &pth, &bad);
+        assert_eq!(r.code, Some(2), "{}", r.explain());
+        let want = format!(
+            "--weights {}: {detail}; the file looks like a vit_b_32 state_dict: use --arch \
+             vit_b_32",
+            pth.display()
+        );
+        assert!(r.stderr.contains(&want), "{want}\n{}", r.explain());
+        assert!(!bad.exists(), "nothing may be written on a refusal");
+    }
+    let r = run(
+        tchrun()
+            .args(["model", "init", "--arch", "vit_b_32", "--input-size", "48"])
+            .arg("--weights")
+            .arg(&pth)
+            .arg("--output")
+            .arg(&bad),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains(
+            "input size 48 does not divide by vit_b_32's patch size 32 (a Vision Transformer \
+             takes whole 32x32 patches); use 32 or 64"
+        ),
+        "{}",
+        r.explain()
+    );
+    assert!(!bad.exists(), "nothing may be written on a refusal");
+    let model = t.path().join("m");
+    let r = init("vit_b_32", &pth, &model);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains(
+            "vit_b_32: the positional embedding of the 224x224 checkpoint resampled for 32x32"
+        ),
+        "{}",
+        r.explain()
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&read(&model.join("model.json"))).expect("model.json");
+    let initial = &json["initial_weights"];
+    assert_eq!(initial["image_size"], 224, "{json}");
+    assert_eq!(initial["pos_embedding_interpolated"], true, "{json}");
+    let train = subset(&digits().join("train"), &t.path().join("train"), 4, 0);
+    let valid = subset(&digits().join("valid"), &t.path().join("valid"), 2, 0);
+    let out = t.path().join("out");
+    let args = ["--epochs", "1", "--batch-size", "20", "--lr", "0.01"];
+    let r = run(
+        tchrun_train(&model, &train, &valid, &out)
+            .args(args)
+            .args(["--train-crop-size", "64"]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr
+            .contains("--train-crop-size 64: vit_b_32 is built for its model's input size, 32"),
+        "{}",
+        r.explain()
+    );
+    let r = run(tchrun_train(&model, &train, &valid, &out).args(args), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout
+            .contains("a new head (heads.head) for 10 classes (the file's has 1000)"),
+        "{}",
+        r.explain()
+    );
+    let py = format!(
+        "import torch, torchvision\n\
+         from safetensors.torch import load_file\n\
+         a = torch.load('{}'); b = load_file('{}')\n\
+         assert b['heads.head.weight'].shape == (10, 768)\n\
+         assert b['encoder.pos_embedding'].shape == (1, 2, 768)\n\
+         moved = [k for k in b if not k.startswith('heads.') and k != 'encoder.pos_embedding' and not torch.equal(a[k], b[k])]\n\
+         for k in ['conv_proj.weight', 'class_token', 'encoder.layers.encoder_layer_0.self_attention.in_proj_weight', 'encoder.ln.weight']:\n\
+         \x20   assert k in moved, (k, moved[:5])\n\
+         assert all(torch.isfinite(v).all() for v in b.values())\n\
+         m = torchvision.models.vit_b_32(num_classes=10, image_size=32)\n\
+         m.load_state_dict(b, strict=True)\n\
+         print('fine-tuned', len(moved), 'tensors')\n",
+        pth.display(),
+        out.join("model.safetensors").display()
+    );
+    let c = run(python().arg("-c").arg(py), LIMIT);
+    assert_eq!(c.code, Some(0), "{}", c.explain());
+}
+
 /// The digits of classes `lo..lo + 5` of `split`, at most `per_class` images each, copied to
 /// `dst/<class>` (class names kept: "5" stays "5").
 fn five_digits(split: &str, lo: usize, per_class: usize, dst: &Path) -> std::path::PathBuf {
@@ -595,6 +718,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "convnext_large",
         "efficientnet_b0",
         "efficientnet_v2_l",
+        "vit_b_16",
+        "vit_l_16",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }

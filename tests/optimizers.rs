@@ -1,6 +1,7 @@
 //! `--norm-weight-decay` and `--bias-weight-decay`: the weight decay of every parameter of
-//! resnet18, densenet121, convnext_tiny (LayerNorms) and efficientnet_b0 (batch norms beside
-//! squeeze-and-excitation convolutions with biases), as tchrun groups them (`tchrun::recipe::norm_parameters` over the
+//! resnet18, densenet121, convnext_tiny (LayerNorms), efficientnet_b0 (batch norms beside
+//! squeeze-and-excitation convolutions with biases) and vit_b_32 (LayerNorms beside the
+//! attention's `in_proj_bias`, which is no `bias`), as tchrun groups them (`tchrun::recipe::norm_parameters` over the
 //! model's variables, `RecipeFlags::weight_decay_of`), equals torchvision's `set_weight_decay`
 //! on torchvision's own models (normalisation layers found by class;
 //! `tests/python/recipe_reference.py decay`). The optimizers' steps are checked against
@@ -43,6 +44,7 @@ fn weight_decay_groups_equal_torchvisions_set_weight_decay() {
             "densenet121",
             "convnext_tiny",
             "efficientnet_b0",
+            "vit_b_32",
         ] {
             let a = Arch::from_name(arch).expect("architecture");
             let spec = tchrun::weights::spec(a, 3);

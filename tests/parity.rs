@@ -15,7 +15,17 @@
 //! (biases perturbed too): the same, training step with stochastic depth and dropout off,
 //! efficientnet_b0 and efficientnet_v2_s at 32 and 64 px here, the other sizes with
 //! `TCHRUN_PARITY_ALL_SIZES=1`; every size's batch-norm eps and momentum, dropout and per-block
-//! stochastic-depth probabilities equal torchvision's model's.
+//! stochastic-depth probabilities equal torchvision's model's. Vision Transformers (a model is
+//! built for its input size): a checkpoint of torchvision's `VisionTransformer(image_size=64)`
+//! (class token, head, LayerNorms and biases perturbed) made into a model at 64 px (from the
+//! `.pth` and the safetensors file) and at 32 px (its positional embedding resampled by `model
+//! init`); each gives the logits of torchvision's model built for that size with the checkpoint
+//! through `interpolate_embeddings`, holds its positional embedding within 1e-6, and writes a
+//! `state_dict` torchvision loads strictly; one training step at 64 px, loss and gradients
+//! within `GRAD_RTOL`. vit_b_32 here (at 32 px one patch, at 64 px four), vit_b_16 and vit_l_16
+//! (at 32, 64 and 224 px) with `TCHRUN_PARITY_ALL_SIZES=1`. The resampling itself equals
+//! `interpolate_embeddings` (within 1e-5 on N(0, 1) values) on random embeddings between grids
+//! of 1 to 24 patches a side.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -95,6 +105,78 @@ fn parity(archs: &[Arch]) {
     for &arch in archs {
         parity_of(arch);
     }
+}
+
+/// `tchrun model init` of `arch` at `size` px from `weights` into `out`.
+fn init_at(arch: Arch, size: &str, weights: &std::path::Path, out: &std::path::Path) {
+    let r = run(
+        tchrun()
+            .args(["model", "init", "--arch", arch.name(), "--input-size", size])
+            .arg("--weights")
+            .arg(weights)
+            .arg("--output")
+            .arg(out),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+}
+
+/// A ViT's parity (`parity.py write vit_*`): the checkpoint built for the last of `sizes`, a
+/// model directory per size, the logits of each, the training step at the checkpoint's size.
+fn vit_parity_of(arch: Arch, sizes: &[&str]) {
+    let t = tempdir();
+    let d = t.path();
+    let py = |step: &str| {
+        let r = run(
+            python()
+                .arg(repo().join("tests/python/parity.py"))
+                .arg(step)
+                .arg(arch.name())
+                .arg(d)
+                .args(sizes),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        r
+    };
+    py("write");
+    let base = sizes[sizes.len() - 1];
+    for &size in sizes {
+        let model = if size == base {
+            init_at(arch, size, &d.join("w.safetensors"), &d.join("model-st"));
+            d.join("model-pth")
+        } else {
+            d.join(format!("model-{size}"))
+        };
+        init_at(arch, size, &d.join("w.pth"), &model);
+        let json = read(&model.join("model.json"));
+        let resampled = format!("\"image_size\": {base},\n    \"pos_embedding_interpolated\": true");
+        assert_eq!(json.contains(&resampled), size != base, "{json}");
+        let mut logits = worker();
+        logits.arg("logits");
+        if size == base {
+            logits
+                .arg("--train-input")
+                .arg(d.join("train.safetensors"))
+                .arg("--grads")
+                .arg(d.join("grads.safetensors"));
+        }
+        let r = run(
+            logits
+                .arg("--model")
+                .arg(&model)
+                .arg("--input")
+                .arg(d.join(format!("x{size}.safetensors")))
+                .arg("--output")
+                .arg(d.join(format!("logits{size}.safetensors")))
+                .arg("--state-dict")
+                .arg(d.join(format!("sd{size}.safetensors"))),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+    }
+    let r = py("check");
+    eprintln!("{}", r.stdout.trim());
 }
 
 const RESNETS: [Arch; 5] = [
@@ -220,6 +302,66 @@ fn efficientnet_settings_equal_torchvisions() {
     }
 }
 
+const VITS: [Arch; 3] = [Arch::VitB32, Arch::VitB16, Arch::VitL16];
+
+/// vit_b_32 at 32 and 64 px always (its 88 million parameters are the cost: the layers run on
+/// one to four patches); vit_b_16 and vit_l_16, at 32, 64 and 224 px, only with
+/// `TCHRUN_PARITY_ALL_SIZES=1`: the same code with another patch, depth and width.
+#[test]
+fn vits_give_torchvisions_logits_and_gradients_at_their_size() {
+    vit_parity_of(VITS[0], &["32", "64"]);
+    if all_sizes_asked() {
+        for arch in &VITS[1..] {
+            vit_parity_of(*arch, &["32", "64", "224"]);
+        }
+    }
+}
+
+/// `model init`'s resampling of a ViT's positional embedding (`tchrun::arch::vit`) equals
+/// torchvision's `interpolate_embeddings` (`parity.py interpolate`: random embeddings of 8
+/// channels of N(0, 1), from grids of 1, 2, 3, 7 and 14 patches a side to 1 ... 24) within
+/// 1e-5 (float rounding: torch's own float32 sums are 2e-6 to 4e-6 from the exact ones here);
+/// the class token's position is kept bit for bit.
+#[test]
+fn vit_positional_embedding_is_resampled_as_interpolate_embeddings() {
+    let t = tempdir();
+    let r = run(
+        python()
+            .arg(repo().join("tests/python/parity.py"))
+            .arg("interpolate")
+            .arg(t.path()),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let bytes = std::fs::read(t.path().join("interp.safetensors")).expect("interp");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let floats = |name: &str| -> Vec<f32> {
+        let v = st.tensor(name).expect(name);
+        v.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let mut pairs = 0;
+    for from in [1, 2, 3, 7, 14] {
+        let pos = floats(&format!("g{from}"));
+        for to in [1, 2, 3, 4, 5, 7, 14, 24] {
+            let want = floats(&format!("g{from}to{to}"));
+            let got = tchrun::arch::vit::interpolate(&pos, 8, from, to);
+            assert_eq!(got.len(), want.len(), "{from} -> {to}");
+            assert_eq!(got[..8], want[..8], "{from} -> {to}: the class token");
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst <= 1e-5, "{from} -> {to}: off by {worst}");
+            pairs += 1;
+        }
+    }
+    assert_eq!(pairs, 40);
+}
+
 /// The tests above cover every architecture tchrun offers.
 #[test]
 fn every_architecture_is_compared() {
@@ -229,6 +371,7 @@ fn every_architecture_is_compared() {
         .chain(&DENSENETS)
         .chain(&CONVNEXTS)
         .chain(&EFFICIENTNETS)
+        .chain(&VITS)
         .map(|a| a.name())
         .collect();
     let mut all: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();

@@ -235,8 +235,10 @@ fn model_config() -> impl Strategy<Value = ModelConfig> {
         prop::option::of(json_object()),
     )
         .prop_map(|(a, size, mean, std, classes, training, metrics)| {
-            // Every architecture has its own smallest input size (DenseNet: 29).
+            // Every architecture has its own smallest input size (DenseNet: 29); a ViT takes
+            // whole patches only.
             let size = size.max(Arch::ALL[a].min_input_size());
+            let size = Arch::ALL[a].patch_size().map_or(size, |p| size / p * p);
             let mut c = ModelConfig::untrained(Arch::ALL[a], size, Normalization { mean, std });
             c.class_names = classes;
             c.training = training;

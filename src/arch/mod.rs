@@ -1,20 +1,22 @@
 //! The architectures (torchvision names: the model list of Azure ML designer's ResNet and
-//! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2) and what each is built from
-//! (`Family`: torchvision's constructor arguments; `EfficientnetLayout`: EfficientNet's blocks
-//! after its width and depth multipliers), the one description `weights::spec` and the worker's
-//! builders read.
+//! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2, the Vision Transformer) and
+//! what each is built from (`Family`: torchvision's constructor arguments; `EfficientnetLayout`:
+//! EfficientNet's blocks after its width and depth multipliers; `vit`: ViT's layout at an image
+//! size), the one description `weights::spec` and the worker's builders read.
 use serde::{Deserialize, Serialize};
 
 mod efficientnet;
 pub use efficientnet::{EfficientnetLayout, EfficientnetNorm, EfficientnetTable, MbBlock};
 use efficientnet::EFFICIENTNET_STOCHASTIC_DEPTH;
+pub mod vit;
 
 /// Smallest and largest accepted input sizes (pixels, square).
 pub const MIN_INPUT_SIZE: u32 = 16;
 pub const MAX_INPUT_SIZE: u32 = 1024;
 
 /// Supported architectures (torchvision names): the model list of Azure ML designer's ResNet and
-/// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2.
+/// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2 and Vision
+/// Transformers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -87,6 +89,15 @@ pub enum Arch {
     #[serde(rename = "efficientnet_v2_l")]
     #[value(name = "efficientnet_v2_l")]
     EfficientnetV2L,
+    #[serde(rename = "vit_b_16")]
+    #[value(name = "vit_b_16")]
+    VitB16,
+    #[serde(rename = "vit_b_32")]
+    #[value(name = "vit_b_32")]
+    VitB32,
+    #[serde(rename = "vit_l_16")]
+    #[value(name = "vit_l_16")]
+    VitL16,
 }
 
 /// How torchvision builds an architecture: the numbers its constructor takes.
@@ -127,6 +138,18 @@ pub enum Family {
         dropout_pct: u32,
         norm: EfficientnetNorm,
     },
+    /// `torchvision.models.vision_transformer.VisionTransformer(image_size, patch_size,
+    /// num_layers, num_heads, hidden_dim, mlp_dim)` with its defaults (dropout and attention
+    /// dropout 0, LayerNorm eps 1e-6, no representation layer), as `vit_b_16`, `vit_b_32` and
+    /// `vit_l_16` call it. The image size is the model's input size (`model.json`): the
+    /// positional embedding has one position per `patch` x `patch` patch.
+    Vit {
+        patch: usize,
+        layers: usize,
+        heads: usize,
+        hidden: usize,
+        mlp: usize,
+    },
 }
 
 /// torchvision's `_make_divisible(v, 8)`: to the nearest multiple of 8 (at least 8), one more
@@ -165,7 +188,7 @@ impl Family {
                     .map(|i| EFFICIENTNET_STOCHASTIC_DEPTH * i as f64 / total as f64)
                     .collect()
             }
-            Family::Resnet { .. } | Family::Densenet { .. } => Vec::new(),
+            Family::Resnet { .. } | Family::Densenet { .. } | Family::Vit { .. } => Vec::new(),
         }
     }
 }
@@ -177,10 +200,11 @@ impl Arch {
     /// 2x2 average-pool transitions, each floor(s/2); ConvNeXt: the 4x4 stride-4 stem, floor(s/4),
     /// then three 2x2 stride-2 downsampling convolutions, each floor(s/2): floor(s/32);
     /// EfficientNet: the stem and four stride-2 stages, each a k x k convolution padded by
-    /// (k-1)/2, so ceil(s/2) as ResNet's).
+    /// (k-1)/2, so ceil(s/2) as ResNet's; ViT: the patch grid, floor(s/patch)).
     pub fn last_feature_size(self, input: u32) -> u32 {
         let half_up = |s: u32| s.div_ceil(2);
         match self.family() {
+            Family::Vit { patch, .. } => input / patch as u32,
             Family::Convnext { .. } => input / 4 / 2 / 2 / 2,
             Family::Densenet { .. } => half_up(half_up(input)) / 2 / 2 / 2,
             Family::Resnet { .. } | Family::Efficientnet { .. } => {
@@ -190,9 +214,19 @@ impl Arch {
     }
 
     /// Whether the architecture has batch-norm layers (whose running statistics one value per
-    /// channel would poison); ConvNeXt normalises with LayerNorm, per image.
+    /// channel would poison); ConvNeXt and ViT normalise with LayerNorm, per image.
     pub fn has_batch_norm(self) -> bool {
-        !matches!(self.family(), Family::Convnext { .. })
+        !matches!(self.family(), Family::Convnext { .. } | Family::Vit { .. })
+    }
+
+    /// ViT's patch side: its input size must be a multiple of it (torchvision's
+    /// `VisionTransformer` asserts `image_size % patch_size == 0`); `None` for the
+    /// convolutional families, which take any size.
+    pub fn patch_size(self) -> Option<u32> {
+        match self.family() {
+            Family::Vit { patch, .. } => Some(patch as u32),
+            _ => None,
+        }
     }
 
     /// The smallest input size the architecture works at (every feature map at least 1x1).
@@ -213,7 +247,7 @@ impl Arch {
             .unwrap_or(4096)
     }
 
-    pub const ALL: [Arch; 29] = [
+    pub const ALL: [Arch; 32] = [
         Arch::Resnet18,
         Arch::Resnet34,
         Arch::Resnet50,
@@ -243,6 +277,9 @@ impl Arch {
         Arch::EfficientnetV2S,
         Arch::EfficientnetV2M,
         Arch::EfficientnetV2L,
+        Arch::VitB16,
+        Arch::VitB32,
+        Arch::VitL16,
     ];
 
     pub fn name(self) -> &'static str {
@@ -276,6 +313,9 @@ impl Arch {
             Arch::EfficientnetV2S => "efficientnet_v2_s",
             Arch::EfficientnetV2M => "efficientnet_v2_m",
             Arch::EfficientnetV2L => "efficientnet_v2_l",
+            Arch::VitB16 => "vit_b_16",
+            Arch::VitB32 => "vit_b_32",
+            Arch::VitL16 => "vit_l_16",
         }
     }
 
@@ -310,6 +350,13 @@ impl Arch {
             dropout_pct,
             norm: EfficientnetNorm::Eps1e3,
         };
+        let vit = |patch, layers, heads, hidden, mlp| Family::Vit {
+            patch,
+            layers,
+            heads,
+            hidden,
+            mlp,
+        };
         let (torch_bn, tf_bn) = (EfficientnetNorm::Torch, EfficientnetNorm::Eps1e3Momentum1e2);
         match self {
             Arch::Resnet18 => resnet(false, [2, 2, 2, 2], 1, 64),
@@ -341,6 +388,9 @@ impl Arch {
             Arch::EfficientnetV2S => v2(EfficientnetTable::V2S, 20),
             Arch::EfficientnetV2M => v2(EfficientnetTable::V2M, 30),
             Arch::EfficientnetV2L => v2(EfficientnetTable::V2L, 40),
+            Arch::VitB16 => vit(16, 12, 12, 768, 3072),
+            Arch::VitB32 => vit(32, 12, 12, 768, 3072),
+            Arch::VitL16 => vit(16, 24, 16, 1024, 4096),
         }
     }
 

@@ -12,9 +12,26 @@
                              (stochastic_depth_prob=0, EfficientNet's dropout=0, a batch of 4
                              at 32 px, DIR/train.safetensors): its cross-entropy loss and
                              gradients DIR/train_ref.safetensors.
+  parity.py write vit_* DIR SIZE ...
+                             the same for a Vision Transformer built for the last SIZE (the
+                             checkpoint: class token, head weight, LayerNorms and biases perturbed
+                             too), and for every SIZE: DIR/x{SIZE}.safetensors, torchvision's
+                             VisionTransformer(image_size=SIZE) with the checkpoint through
+                             interpolate_embeddings, its logits DIR/ref{SIZE}.safetensors and its
+                             positional embedding DIR/pos{SIZE}.safetensors; one training step at
+                             the checkpoint's size (a batch of 4).
+  parity.py interpolate DIR   random positional embeddings (hidden 8) for several patch grids and
+                             torchvision's interpolate_embeddings of each to several others,
+                             DIR/interp.safetensors (`g{FROM}` and `g{FROM}to{TO}`).
   parity.py config ARCH ...  prints, as JSON, each EfficientNet's batch-norm eps and momentum
                              (every BatchNorm2d alike), its dropout and its blocks' stochastic
                              depth probabilities, built on the meta device.
+  parity.py check vit_* DIR SIZE ...
+                             per SIZE: tchrun's logits (DIR/logits{SIZE}.safetensors) and
+                             model directory (DIR/model-{SIZE}: the positional embedding within
+                             1e-6 of torchvision's interpolation, every other tensor equal) and
+                             state_dict (DIR/sd{SIZE}.safetensors, strict load); the loss and
+                             gradients at the checkpoint's size.
   parity.py check ARCH DIR   compares tchrun's logits (DIR/logits.safetensors) with the
                              reference; the model directories made from the .pth (DIR/model-pth)
                              and from the safetensors file (DIR/model-st) hold equal tensors; and
@@ -36,7 +53,7 @@ GRAD_RTOL = 1e-4  # the same per gradient tensor, and for the loss
 
 # Families trained with stochastic depth, whose zero-initialised biases are perturbed and whose
 # training step is compared too.
-STEPPED = ("convnext", "efficientnet")
+STEPPED = ("convnext", "efficientnet", "vit")
 
 
 def perturb(m: torch.nn.Module, g: torch.Generator) -> None:
@@ -48,7 +65,7 @@ def perturb(m: torch.nn.Module, g: torch.Generator) -> None:
             p.copy_(0.1 + 0.2 * torch.rand(p.shape, generator=g))
         elif p.dim() == 1 and name.endswith(".weight"):
             p.copy_(0.8 + 0.4 * torch.rand(p.shape, generator=g))
-        elif name.endswith(".bias"):
+        elif name.endswith(".bias") or name in ("class_token", "heads.head.weight"):
             p.copy_(0.02 * torch.randn(p.shape, generator=g))
 
 
@@ -69,7 +86,78 @@ def model(arch: str, **kwargs) -> torch.nn.Module:
     return m.eval()
 
 
+def vit_at(arch: str, size: int, sd: dict) -> torch.nn.Module:
+    """torchvision's ViT built for `size` px with the checkpoint `sd` resampled for it."""
+    from torchvision.models.vision_transformer import interpolate_embeddings
+
+    m = getattr(torchvision.models, arch)(num_classes=10, image_size=size)
+    m.load_state_dict(interpolate_embeddings(size, m.patch_size, dict(sd)), strict=True)
+    return m.eval()
+
+
+def write_vit(arch: str, d: str, *sizes: str) -> None:
+    sizes = [int(s) for s in sizes]
+    base = sizes[-1]
+    sd = model(arch, image_size=base).state_dict()
+    torch.save(sd, f"{d}/w.pth")
+    save_file({k: v.contiguous() for k, v in sd.items()}, f"{d}/w.safetensors")
+    g = torch.Generator().manual_seed(2)
+    for s in sizes:
+        m = vit_at(arch, s, sd)
+        x = torch.randn(1, 3, s, s, generator=g)
+        save_file({f"x{s}": x}, f"{d}/x{s}.safetensors")
+        with torch.no_grad():
+            save_file({f"x{s}": m(x).contiguous()}, f"{d}/ref{s}.safetensors")
+        save_file({"pos": m.encoder.pos_embedding.detach().contiguous()}, f"{d}/pos{s}.safetensors")
+    train_step(arch, d, g, base)
+
+
+def interpolate(d: str) -> None:
+    from torchvision.models.vision_transformer import interpolate_embeddings
+
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for a in (1, 2, 3, 7, 14):
+        pos = torch.randn(1, a * a + 1, 8, generator=g)
+        out[f"g{a}"] = pos
+        for b in (1, 2, 3, 4, 5, 7, 14, 24):
+            r = interpolate_embeddings(b * 16, 16, {"encoder.pos_embedding": pos.clone()})
+            out[f"g{a}to{b}"] = r["encoder.pos_embedding"].contiguous()
+    save_file(out, f"{d}/interp.safetensors")
+
+
+def check_vit(arch: str, d: str, *sizes: str) -> None:
+    given = load_file(f"{d}/w.safetensors")
+    base = int(sizes[-1])
+    for s in map(int, sizes):
+        ref, mine = load_file(f"{d}/ref{s}.safetensors"), load_file(f"{d}/logits{s}.safetensors")
+        r = ref[f"x{s}"]
+        rel = ((mine[f"x{s}"] - r).abs().max() / r.abs().max()).item()
+        assert rel <= RTOL, f"{arch} {s} px: relative difference {rel:.2e} > {RTOL}"
+        tv_pos = load_file(f"{d}/pos{s}.safetensors")["pos"]
+        dirs = ["model-pth", "model-st"] if s == base else [f"model-{s}"]
+        for md in dirs:
+            w = load_file(f"{d}/{md}/model.safetensors")
+            assert w.keys() == given.keys(), md
+            pos_err = (w["encoder.pos_embedding"] - tv_pos).abs().max().item()
+            assert pos_err <= 1e-6, f"{arch} {md}: pos_embedding off by {pos_err:.1e}"
+            for k, v in given.items():
+                assert k == "encoder.pos_embedding" or torch.equal(w[k], v), f"{md}: {k} differs"
+        sd = load_file(f"{d}/sd{s}.safetensors")
+        with torch.device("meta"):
+            m = getattr(torchvision.models, arch)(num_classes=10, image_size=s)
+        m.load_state_dict(sd, strict=True, assign=True)
+        w = load_file(f"{d}/{dirs[0]}/model.safetensors")
+        for k, v in w.items():
+            assert torch.equal(sd[k], v), f"{arch}: state_dict tensor {k} differs"
+        print(f"{arch} at {s} px (checkpoint {base} px): logits within {rel:.1e} of torchvision, "
+              f"pos_embedding within {pos_err:.1e} of interpolate_embeddings; strict load ok")
+    check_grads(arch, d)
+
+
 def write(arch: str, d: str, *sizes: str) -> None:
+    if arch.startswith("vit"):
+        return write_vit(arch, d, *sizes)
     m = model(arch)
     sd = m.state_dict()
     torch.save(sd, f"{d}/w.pth")
@@ -83,10 +171,15 @@ def write(arch: str, d: str, *sizes: str) -> None:
         train_step(arch, d, g)
 
 
-def train_step(arch: str, d: str, g: torch.Generator) -> None:
-    off = {"dropout": 0.0} if arch.startswith("efficientnet") else {}
-    m = model(arch, stochastic_depth_prob=0.0, **off).train()
-    batch = {"x": torch.randn(4, 3, 32, 32, generator=g), "y": torch.tensor([0, 3, 7, 9])}
+def train_step(arch: str, d: str, g: torch.Generator, size: int = 32) -> None:
+    if arch.startswith("vit"):  # no stochastic depth; dropout 0 by default
+        off = {"image_size": size}
+    elif arch.startswith("efficientnet"):
+        off = {"stochastic_depth_prob": 0.0, "dropout": 0.0}
+    else:
+        off = {"stochastic_depth_prob": 0.0}
+    m = model(arch, **off).train()
+    batch = {"x": torch.randn(4, 3, size, size, generator=g), "y": torch.tensor([0, 3, 7, 9])}
     save_file(batch, f"{d}/train.safetensors")
     loss = torch.nn.functional.cross_entropy(m(batch["x"]), batch["y"])
     loss.backward()
@@ -95,7 +188,9 @@ def train_step(arch: str, d: str, g: torch.Generator) -> None:
     save_file(ref, f"{d}/train_ref.safetensors")
 
 
-def check(arch: str, d: str, *_: str) -> None:
+def check(arch: str, d: str, *sizes: str) -> None:
+    if arch.startswith("vit"):
+        return check_vit(arch, d, *sizes)
     ref, mine = load_file(f"{d}/ref.safetensors"), load_file(f"{d}/logits.safetensors")
     worst = 0.0
     for k, r in ref.items():
@@ -150,4 +245,5 @@ def config(*archs: str) -> None:
 
 
 if __name__ == "__main__":
-    {"write": write, "check": check, "config": config}[sys.argv[1]](*sys.argv[2:])
+    steps = {"write": write, "check": check, "config": config, "interpolate": interpolate}
+    steps[sys.argv[1]](*sys.argv[2:])

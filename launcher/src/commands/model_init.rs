@@ -14,7 +14,9 @@ pub struct InitArgs {
     /// Architecture (torchvision name).
     #[arg(long, value_enum)]
     pub arch: Arch,
-    /// Square input size in pixels (224 for ImageNet-like data; 32 or 64 for tiny images).
+    /// Square input size in pixels (224 for ImageNet-like data; 32 or 64 for tiny images). A
+    /// ViT is built for it: a multiple of its patch (16, vit_b_32 32); --weights of another
+    /// size have their positional embedding resampled (torchvision's interpolate_embeddings).
     #[arg(long, default_value_t = 224)]
     pub input_size: u32,
     /// Per-channel mean of RGB inputs in [0, 1] (default ImageNet's).
@@ -88,7 +90,8 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     // Before anything is written: a file for another architecture, truncated or corrupt.
     let loaded = match &a.weights {
         Some(w) => {
-            Some(tchrun::weights::load(a.arch, w).map_err(|e| JobError::invalid(e.to_string()))?)
+            Some(tchrun::weights::load(a.arch, w, a.input_size)
+                .map_err(|e| JobError::invalid(e.to_string()))?)
         }
         None => None,
     };
@@ -119,6 +122,7 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
                 .unwrap_or_default(),
             loaded.sha256,
             &loaded.info,
+            a.input_size,
         ));
     } else if weights_target.exists() {
         // --force over a directory with weights: without --weights it starts from the seed.
@@ -128,6 +132,17 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     }
     tchrun::files::write_atomic(&target, model::to_json(&cfg).as_bytes())
         .map_err(|e| JobError::invalid(format!("--output {}: {}", a.output.display(), e.source)))?;
+    if let Some(s) = cfg.initial_weights.as_ref().and_then(|i| i.image_size) {
+        if s != a.input_size {
+            outln!(
+                "{}: the positional embedding of the {s}x{s} checkpoint resampled for {}x{} \
+                 (bicubic, as torchvision's interpolate_embeddings)",
+                a.arch.name(),
+                a.input_size,
+                a.input_size
+            );
+        }
+    }
     match &a.weights {
         Some(w) => outln!(
             "{} model ({}x{} input) with the weights of {} in {}",

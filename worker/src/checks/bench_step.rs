@@ -16,7 +16,7 @@ use tchrun::model::Arch;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Architecture (resnet18 ... densenet201, convnext_tiny ... convnext_large, efficientnet_b0
-    /// ... efficientnet_v2_l).
+    /// ... efficientnet_v2_l, vit_b_16, vit_b_32, vit_l_16: built for --size).
     #[arg(long, default_value = "resnet18", value_parser = parse_arch)]
     arch: Arch,
     /// Input side in pixels.
@@ -100,7 +100,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(device);
-    let net = models::build(a.arch, &vs.root(), a.classes, a.memory_efficient);
+    let net = models::build(a.arch, &vs.root(), a.classes, a.size, a.memory_efficient);
     let named: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
     let setting = if a.no_channels_last {
         tchrun::layout::ChannelsLast::Off

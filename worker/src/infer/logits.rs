@@ -44,7 +44,7 @@ fn grads(
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let mut vs = nn::VarStore::new(Device::Cpu);
-    let net = models::build_deterministic(cfg.arch, &vs.root(), classes);
+    let net = models::build_deterministic(cfg.arch, &vs.root(), classes, cfg.input_size.into());
     models::load(&mut vs, weights)?;
     let batch: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(input)
         .with_context(|| input.display().to_string())?
@@ -78,7 +78,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map(|(_, t)| t.size()[0])
         .with_context(|| format!("{}: no {head}", weights.display()))?;
     let mut vs = nn::VarStore::new(Device::Cpu);
-    let net = models::build(cfg.arch, &vs.root(), classes, cfg.memory_efficient);
+    let net = models::build(
+        cfg.arch,
+        &vs.root(),
+        classes,
+        cfg.input_size.into(),
+        cfg.memory_efficient,
+    );
     models::load(&mut vs, &weights)?;
     let inputs =
         Tensor::read_safetensors(&a.input).with_context(|| a.input.display().to_string())?;

@@ -159,6 +159,7 @@ fn infer(
         cfg.arch,
         &vs.root(),
         cfg.class_names.len() as i64,
+        cfg.input_size.into(),
         cfg.memory_efficient,
     );
     models::load(&mut vs, &model_dir.join(tchrun::files::MODEL_WEIGHTS))?;

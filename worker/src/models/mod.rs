@@ -1,47 +1,59 @@
 //! The architectures (tch's vision models, torchvision parameter names) and their weights as
 //! torchvision `state_dict`s in safetensors: what Python's `load_state_dict(strict=True)` takes.
 //! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`,
-//! `convnext`, `efficientnet`: EfficientNet and EfficientNetV2; `blocks`: layers they share)
-//! and their weights; knows nothing of ranks, data loading or training.
+//! `convnext`, `efficientnet`: EfficientNet and EfficientNetV2, `vit`: the Vision Transformer;
+//! `blocks`: layers they share) and their weights; knows nothing of ranks, data loading or
+//! training.
 pub mod blocks;
 pub mod convnext;
 pub mod densenet;
 pub mod efficientnet;
 pub mod init;
 pub mod resnet;
+pub mod vit;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{nn, Kind, Tensor};
 use tchrun::model::{Arch, Family};
 
-/// Builds `arch` with `classes` outputs under `root`, as torchvision does. `memory_efficient`:
-/// torchvision's DenseNet argument of that name (`model init --memory-efficient`; the launcher
-/// refuses it for the ResNets, which ignore it here).
+/// Builds `arch` with `classes` outputs under `root` for inputs of `input_size` pixels (the
+/// model's, `model.json`'s: only a ViT's tensors depend on it), as torchvision does.
+/// `memory_efficient`: torchvision's DenseNet argument of that name (`model init
+/// --memory-efficient`; the launcher refuses it for the ResNets, which ignore it here).
 pub fn build(
     arch: Arch,
     root: &nn::Path,
     classes: i64,
+    input_size: i64,
     memory_efficient: bool,
 ) -> Box<dyn nn::ModuleT> {
-    build_with(arch, root, classes, memory_efficient, true)
+    build_with(arch, root, (classes, input_size), memory_efficient, true)
 }
 
 /// `build` without the random layers: ConvNeXt's and EfficientNet's stochastic depth off
 /// (every block's drop probability 0) and EfficientNet's dropout before the head off, so that a
 /// training step is deterministic: the parity test's gradients against torchvision's
 /// `stochastic_depth_prob=0` (and `dropout=0`). The other families have neither.
-pub fn build_deterministic(arch: Arch, root: &nn::Path, classes: i64) -> Box<dyn nn::ModuleT> {
-    build_with(arch, root, classes, false, false)
+pub fn build_deterministic(
+    arch: Arch,
+    root: &nn::Path,
+    classes: i64,
+    input_size: i64,
+) -> Box<dyn nn::ModuleT> {
+    build_with(arch, root, (classes, input_size), false, false)
 }
 
 fn build_with(
     arch: Arch,
     root: &nn::Path,
-    classes: i64,
+    (classes, input_size): (i64, i64),
     memory_efficient: bool,
     stochastic: bool,
 ) -> Box<dyn nn::ModuleT> {
     match arch.family() {
+        family @ Family::Vit { .. } => Box::new(crate::models::vit::vit(
+            root, family, input_size, classes,
+        )),
         family @ Family::Convnext { .. } => Box::new(crate::models::convnext::convnext(
             root, family, classes, stochastic,
         )),

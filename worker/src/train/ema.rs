@@ -87,7 +87,13 @@ impl Ema {
         let decay =
             tchrun::recipe::ema_decay(r.model_ema_decay, step_images, r.model_ema_steps, p.epochs);
         let vs = nn::VarStore::new(ctx.device);
-        let net = models::build(cfg.arch, &vs.root(), classes as i64, cfg.memory_efficient);
+        let net = models::build(
+            cfg.arch,
+            &vs.root(),
+            classes as i64,
+            cfg.input_size.into(),
+            cfg.memory_efficient,
+        );
         let ema: Vec<(String, Tensor)> = models::named(&vs).into_iter().collect();
         let names = |v: &[(String, Tensor)]| v.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
         if names(&ema) != names(named) {

@@ -265,6 +265,7 @@ fn build_model(
         cfg.arch,
         &vs.root(),
         classes.len() as i64,
+        cfg.input_size.into(),
         cfg.memory_efficient,
     );
     if cfg.zero_init_residual {
