@@ -1,20 +1,26 @@
 //! The architectures (torchvision names: the model list of Azure ML designer's ResNet and
-//! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2) and what each is built from
-//! (`Family`: torchvision's constructor arguments; `EfficientnetLayout`: EfficientNet's blocks
-//! after its width and depth multipliers), the one description `weights::spec` and the worker's
-//! builders read.
+//! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2, MobileNetV3) and what each is
+//! built from (`Family`: torchvision's constructor arguments; `EfficientnetLayout`:
+//! EfficientNet's blocks after its width and depth multipliers; `MobilenetLayout`: MobileNetV3's
+//! inverted residuals), the one description `weights::spec` and the worker's builders read.
 use serde::{Deserialize, Serialize};
 
 mod efficientnet;
 pub use efficientnet::{EfficientnetLayout, EfficientnetNorm, EfficientnetTable, MbBlock};
 use efficientnet::EFFICIENTNET_STOCHASTIC_DEPTH;
+mod mobilenet;
+pub use mobilenet::{
+    IrBlock, MobilenetLayout, MobilenetTable, MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM,
+    MOBILENET_DROPOUT,
+};
 
 /// Smallest and largest accepted input sizes (pixels, square).
 pub const MIN_INPUT_SIZE: u32 = 16;
 pub const MAX_INPUT_SIZE: u32 = 1024;
 
 /// Supported architectures (torchvision names): the model list of Azure ML designer's ResNet and
-/// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2.
+/// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2 and
+/// MobileNetV3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -87,6 +93,12 @@ pub enum Arch {
     #[serde(rename = "efficientnet_v2_l")]
     #[value(name = "efficientnet_v2_l")]
     EfficientnetV2L,
+    #[serde(rename = "mobilenet_v3_small")]
+    #[value(name = "mobilenet_v3_small")]
+    MobilenetV3Small,
+    #[serde(rename = "mobilenet_v3_large")]
+    #[value(name = "mobilenet_v3_large")]
+    MobilenetV3Large,
 }
 
 /// How torchvision builds an architecture: the numbers its constructor takes.
@@ -127,14 +139,25 @@ pub enum Family {
         dropout_pct: u32,
         norm: EfficientnetNorm,
     },
+    /// `torchvision.models.mobilenetv3.MobileNetV3(inverted_residual_setting, last_channel,
+    /// dropout=0.2)` as `mobilenet_v3_large` and `mobilenet_v3_small` call it: `table` the
+    /// inverted-residual table; batch norm eps 0.001 and momentum 0.01 (`MOBILENET_BN_*`), no
+    /// stochastic depth.
+    Mobilenet { table: MobilenetTable },
 }
 
 /// torchvision's `_make_divisible(v, 8)`: to the nearest multiple of 8 (at least 8), one more
 /// step up when that lost more than 10 %.
 pub(crate) fn make_divisible(v: f64) -> usize {
-    let n = (((v + 4.0) as usize) / 8 * 8).max(8);
+    make_divisible_by(v, 8)
+}
+
+/// torchvision's `_make_divisible(v, divisor)`: `max(divisor, int(v + divisor / 2) // divisor *
+/// divisor)`, one more `divisor` when that lost more than 10 %.
+pub(crate) fn make_divisible_by(v: f64, divisor: usize) -> usize {
+    let n = (((v + divisor as f64 / 2.0) as usize) / divisor * divisor).max(divisor);
     if (n as f64) < 0.9 * v {
-        n + 8
+        n + divisor
     } else {
         n
     }
@@ -165,7 +188,9 @@ impl Family {
                     .map(|i| EFFICIENTNET_STOCHASTIC_DEPTH * i as f64 / total as f64)
                     .collect()
             }
-            Family::Resnet { .. } | Family::Densenet { .. } => Vec::new(),
+            Family::Resnet { .. } | Family::Densenet { .. } | Family::Mobilenet { .. } => {
+                Vec::new()
+            }
         }
     }
 }
@@ -176,14 +201,14 @@ impl Arch {
     /// three stride-2 stages, each ceil(s/2); DenseNet: conv0 and pool0 ceil(s/2), then three
     /// 2x2 average-pool transitions, each floor(s/2); ConvNeXt: the 4x4 stride-4 stem, floor(s/4),
     /// then three 2x2 stride-2 downsampling convolutions, each floor(s/2): floor(s/32);
-    /// EfficientNet: the stem and four stride-2 stages, each a k x k convolution padded by
-    /// (k-1)/2, so ceil(s/2) as ResNet's).
+    /// EfficientNet and MobileNetV3: the stem and four stride-2 stages, each a k x k convolution
+    /// padded by (k-1)/2, so ceil(s/2) as ResNet's).
     pub fn last_feature_size(self, input: u32) -> u32 {
         let half_up = |s: u32| s.div_ceil(2);
         match self.family() {
             Family::Convnext { .. } => input / 4 / 2 / 2 / 2,
             Family::Densenet { .. } => half_up(half_up(input)) / 2 / 2 / 2,
-            Family::Resnet { .. } | Family::Efficientnet { .. } => {
+            Family::Resnet { .. } | Family::Efficientnet { .. } | Family::Mobilenet { .. } => {
                 half_up(half_up(half_up(half_up(half_up(input)))))
             }
         }
@@ -213,7 +238,7 @@ impl Arch {
             .unwrap_or(4096)
     }
 
-    pub const ALL: [Arch; 29] = [
+    pub const ALL: [Arch; 31] = [
         Arch::Resnet18,
         Arch::Resnet34,
         Arch::Resnet50,
@@ -243,6 +268,8 @@ impl Arch {
         Arch::EfficientnetV2S,
         Arch::EfficientnetV2M,
         Arch::EfficientnetV2L,
+        Arch::MobilenetV3Small,
+        Arch::MobilenetV3Large,
     ];
 
     pub fn name(self) -> &'static str {
@@ -276,6 +303,8 @@ impl Arch {
             Arch::EfficientnetV2S => "efficientnet_v2_s",
             Arch::EfficientnetV2M => "efficientnet_v2_m",
             Arch::EfficientnetV2L => "efficientnet_v2_l",
+            Arch::MobilenetV3Small => "mobilenet_v3_small",
+            Arch::MobilenetV3Large => "mobilenet_v3_large",
         }
     }
 
@@ -341,6 +370,12 @@ impl Arch {
             Arch::EfficientnetV2S => v2(EfficientnetTable::V2S, 20),
             Arch::EfficientnetV2M => v2(EfficientnetTable::V2M, 30),
             Arch::EfficientnetV2L => v2(EfficientnetTable::V2L, 40),
+            Arch::MobilenetV3Small => Family::Mobilenet {
+                table: MobilenetTable::Small,
+            },
+            Arch::MobilenetV3Large => Family::Mobilenet {
+                table: MobilenetTable::Large,
+            },
         }
     }
 
@@ -374,5 +409,9 @@ mod tests {
         assert_eq!(make_divisible(11.0), 16); // 8 would lose 27 %
         assert_eq!(make_divisible(3.0), 8);
         assert_eq!(make_divisible(640.0), 640);
+        // RegNet's `_make_divisible(w, group_width)`.
+        assert_eq!(make_divisible_by(440.0, 8), 440);
+        assert_eq!(make_divisible_by(100.0, 24), 96);
+        assert_eq!(make_divisible_by(10.0, 16), 16);
     }
 }

@@ -16,7 +16,7 @@ use tchrun::model::Arch;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Architecture (resnet18 ... densenet201, convnext_tiny ... convnext_large, efficientnet_b0
-    /// ... efficientnet_v2_l).
+    /// ... efficientnet_v2_l, mobilenet_v3_small, mobilenet_v3_large).
     #[arg(long, default_value = "resnet18", value_parser = parse_arch)]
     arch: Arch,
     /// Input side in pixels.
