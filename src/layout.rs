@@ -4,7 +4,8 @@
 //! format"): on CUDA channels-last (cuDNN's tensor-core convolutions want NHWC; PyTorch's
 //! performance guide); on CPU channels-last only from an input size where oneDNN's NHWC
 //! convolutions overtake NCHW, which is later for small feature maps; a Vision Transformer NCHW
-//! on every device (one convolution, then matrix products). Every rank decides alike
+//! on every device (one convolution, then matrix products); NCHW for a family not measured on
+//! CPU yet (MobileNetV3). Every rank decides alike
 //! (the same inputs), so the same-model guarantee holds; the weights written are NCHW either way.
 //! Must not know tensors or devices beyond "CUDA or not".
 use crate::arch::{Arch, Family};
@@ -95,11 +96,22 @@ pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) ->
         };
     }
     let (family, from) = match arch.family() {
-        Family::Resnet { .. } => ("ResNet", CPU_FROM_SIZE_RESNET),
-        Family::Densenet { .. } => ("DenseNet", CPU_FROM_SIZE_DENSENET),
-        Family::Convnext { .. } => ("ConvNeXt", CPU_FROM_SIZE_CONVNEXT),
-        Family::Efficientnet { .. } => ("EfficientNet", CPU_FROM_SIZE_EFFICIENTNET),
-        Family::Vit { .. } => ("ViT", i64::MAX), // decided above, on every device
+        Family::Resnet { .. } => ("ResNet", Some(CPU_FROM_SIZE_RESNET)),
+        Family::Densenet { .. } => ("DenseNet", Some(CPU_FROM_SIZE_DENSENET)),
+        Family::Convnext { .. } => ("ConvNeXt", Some(CPU_FROM_SIZE_CONVNEXT)),
+        Family::Efficientnet { .. } => ("EfficientNet", Some(CPU_FROM_SIZE_EFFICIENTNET)),
+        Family::Vit { .. } => ("ViT", Some(i64::MAX)), // decided above, on every device
+        // Not measured yet (the machine was shared by four builds when MobileNetV3 came):
+        // PyTorch's default.
+        Family::Mobilenet { .. } => ("MobileNetV3", None),
+    };
+    let Some(from) = from else {
+        return Layout {
+            channels_last: false,
+            why: format!(
+                "--channels-last auto: {family} is not measured on CPU yet, PyTorch's default"
+            ),
+        };
     };
     let on = input_size >= from;
     if from == i64::MAX {
@@ -168,6 +180,14 @@ mod tests {
             assert!(!l.channels_last && l.why.contains("patch projection"), "{l:?}");
         }
         assert!(choose(ChannelsLast::On, false, Arch::VitB16, 224).channels_last);
+        let mv3 = Arch::from_name("mobilenet_v3_small").expect("mobilenet_v3_small");
+        assert_eq!(
+            choose(ChannelsLast::Auto, false, mv3, 224).describe(),
+            "NCHW (--channels-last auto: MobileNetV3 is not measured on CPU yet, PyTorch's \
+             default)"
+        );
+        assert!(choose(ChannelsLast::Auto, true, mv3, 32).channels_last);
+        assert!(choose(ChannelsLast::On, false, mv3, 32).channels_last);
         let l = choose(ChannelsLast::Auto, false, r18, 32);
         assert_eq!(
             l.describe(),

@@ -520,6 +520,11 @@ mod tests {
         assert_eq!(Arch::EfficientnetB7.last_feature_size(600), 19);
         assert_eq!(Arch::EfficientnetB0.min_input_size(), MIN_INPUT_SIZE);
         assert_eq!(Arch::EfficientnetV2L.min_input_for_single_image(), 33);
+        // MobileNetV3: the stem and four stride-2 blocks, each ceil(s / 2).
+        assert_eq!(Arch::MobilenetV3Small.last_feature_size(224), 7);
+        assert_eq!(Arch::MobilenetV3Large.last_feature_size(33), 2);
+        assert_eq!(Arch::MobilenetV3Large.min_input_size(), MIN_INPUT_SIZE);
+        assert_eq!(Arch::MobilenetV3Small.min_input_for_single_image(), 33);
         assert!(check_arch_input_size(Arch::Densenet121, 28)
             .unwrap_err()
             .contains("use an input size of 29 or more"));

@@ -2,8 +2,14 @@
 //! or as a `torch.save` file (`.pth`/`.pt`, read by `crate::pth`), checked name by name and
 //! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
 //! login nodes). `spec` is torchvision's `state_dict` layout of
-//! every architecture, computed from its block configuration.
+//! every architecture, computed from its block configuration (the newer families' in a file
+//! each: `weights/mobilenet.rs`).
 use crate::arch::{vit, Arch, EfficientnetLayout, Family};
+
+mod mobilenet;
+
+/// `(name, shape)` of a `state_dict`'s tensors, in order.
+type Spec = Vec<(String, Vec<usize>)>;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
@@ -24,6 +30,9 @@ pub fn spec_at(arch: Arch, classes: usize, image_size: u32) -> Vec<(String, Vec<
         }
         Family::Convnext { dims, blocks, .. } => convnext_spec(&mut out, dims, blocks, classes),
         Family::Efficientnet { table, .. } => efficientnet_spec(&mut out, &table.layout(), classes),
+        Family::Mobilenet { table } => {
+            mobilenet::mobilenet_spec(&mut out, &table.layout(), classes)
+        }
         Family::Densenet {
             init_features: c0,
             growth,
@@ -233,7 +242,8 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// The classifier's tensor-name prefix: the Linear a new head replaces, `fc.` (ResNet),
 /// `classifier.` (DenseNet), `classifier.2.` (ConvNeXt: `classifier.0` is its last
 /// LayerNorm2d, part of the backbone), `classifier.1.` (EfficientNet: `classifier.0` is the
-/// dropout) or `heads.head.` (ViT).
+/// dropout), `heads.head.` (ViT) or `classifier.3.` (MobileNetV3: `classifier.0` is its hidden
+/// Linear, part of the backbone).
 pub fn head_prefix(arch: Arch) -> &'static str {
     match arch.family() {
         Family::Vit { .. } => "heads.head.",
@@ -241,6 +251,7 @@ pub fn head_prefix(arch: Arch) -> &'static str {
         Family::Densenet { .. } => "classifier.",
         Family::Convnext { .. } => "classifier.2.",
         Family::Efficientnet { .. } => "classifier.1.",
+        Family::Mobilenet { .. } => "classifier.3.",
     }
 }
 
@@ -638,5 +649,7 @@ mod tests {
         assert_eq!(params(Arch::VitB16), 86_567_656);
         assert_eq!(params(Arch::VitB32), 88_224_232);
         assert_eq!(params(Arch::VitL16), 304_326_632);
+        assert_eq!(params(Arch::MobilenetV3Small), 2_542_856);
+        assert_eq!(params(Arch::MobilenetV3Large), 5_483_032);
     }
 }

@@ -272,41 +272,42 @@ fn zero_init_residual_starts_every_block_as_the_identity() {
     );
 }
 
-/// ConvNeXt from a `.pth` torchvision wrote (1000 classes): refused as another architecture or
-/// another ConvNeXt size before anything is written, the message naming convnext_tiny; as
-/// convnext_tiny, fine-tuned on 4 digits of each class at 32 px (one epoch, 2 steps): a new head
-/// `classifier.2` for 10 classes, `classifier.0` (the last LayerNorm) kept from the file and
-/// trained with the rest, and the trained `state_dict` loads into torchvision's convnext_tiny
-/// with `strict=True`.
-#[test]
-fn convnext_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
+/// A `.pth` torchvision wrote for `arch` (seeded, 1000 classes): refused as each of `refusals`
+/// (an architecture and what its message says) before anything is written, the message
+/// naming `arch`; as `arch`, fine-tuned on 4 digits of each class at 32 px (one epoch, 2 steps,
+/// with the family's dropout and stochastic depth): a new head `head` (a Linear of `head_in`
+/// inputs) for 10 classes, each tensor of `moved` trained from the file's value, and the
+/// trained `state_dict` loads into torchvision's `arch` with `strict=True`.
+fn pth_is_fine_tuned_with_a_new_head(
+    arch: &str,
+    refusals: &[(&str, &str)],
+    head: &str,
+    head_in: usize,
+    moved: &[&str],
+) {
     let t = tempdir();
-    let pth = t.path().join("cnx.pth");
+    let pth = t.path().join(format!("{arch}.pth"));
     let code = format!(
         "import torch, torchvision\n\
          torch.manual_seed(0)\n\
-         torch.save(torchvision.models.convnext_tiny().state_dict(), '{}')\n",
+         torch.save(torchvision.models.{arch}().state_dict(), '{}')\n",
         pth.display()
     );
     let r = run(python().arg("-c").arg(code), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let bad = t.path().join("bad");
-    for (arch, lacks) in [
-        ("convnext_small", "features.5.9.layer_scale"),
-        ("resnet50", "fc.weight"),
-    ] {
-        let r = init(arch, &pth, &bad);
+    for (other, detail) in refusals {
+        let r = init(other, &pth, &bad);
         assert_eq!(r.code, Some(2), "{}", r.explain());
         let want = format!(
-            "--weights {}: it lacks '{lacks}', which {arch} needs; the file looks like a \
-             convnext_tiny state_dict: use --arch convnext_tiny",
+            "--weights {}: {detail}; the file looks like a {arch} state_dict: use --arch {arch}",
             pth.display()
         );
         assert!(r.stderr.contains(&want), "{want}\n{}", r.explain());
         assert!(!bad.exists(), "nothing may be written on a refusal");
     }
     let model = t.path().join("m");
-    let r = init("convnext_tiny", &pth, &model);
+    let r = init(arch, &pth, &model);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let train = subset(&digits().join("train"), &t.path().join("train"), 4, 0);
     let valid = subset(&digits().join("valid"), &t.path().join("valid"), 2, 0);
@@ -323,116 +324,112 @@ fn convnext_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architectur
         LIMIT,
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
-    assert!(
-        r.stdout
-            .contains("a new head (classifier.2) for 10 classes (the file's has 1000)"),
-        "{}",
-        r.explain()
-    );
+    let note = format!("a new head ({head}) for 10 classes (the file's has 1000)");
+    assert!(r.stdout.contains(&note), "{note}\n{}", r.explain());
+    let moved: Vec<String> = moved.iter().map(|k| format!("'{k}'")).collect();
     let py = format!(
         "import torch, torchvision\n\
          from safetensors.torch import load_file\n\
          a = torch.load('{}'); b = load_file('{}')\n\
-         assert b['classifier.2.weight'].shape == (10, 768)\n\
-         moved = [k for k in a if k != 'classifier.2.weight' and k != 'classifier.2.bias' and not torch.equal(a[k], b[k])]\n\
-         assert 'classifier.0.weight' in moved and 'features.0.0.weight' in moved, moved[:5]\n\
+         assert b['{head}.weight'].shape == (10, {head_in}), b['{head}.weight'].shape\n\
+         moved = [k for k in a if not k.startswith('{head}.') and not torch.equal(a[k], b[k])]\n\
+         for k in [{}]:\n\
+         \x20   assert k in moved, (k, moved[:5])\n\
          assert all(torch.isfinite(v).all() for v in b.values())\n\
-         m = torchvision.models.convnext_tiny(num_classes=10)\n\
+         m = torchvision.models.{arch}(num_classes=10)\n\
          m.load_state_dict(b, strict=True)\n\
          print('fine-tuned', len(moved), 'tensors')\n",
         pth.display(),
-        out.join("model.safetensors").display()
+        out.join("model.safetensors").display(),
+        moved.join(", "),
     );
     let c = run(python().arg("-c").arg(py), LIMIT);
     assert_eq!(c.code, Some(0), "{}", c.explain());
 }
 
-/// EfficientNet from a `.pth` torchvision wrote (efficientnet_b0, 1000 classes): refused as
-/// another EfficientNet size (B1: one more block per stage; V2-S: another stem), as
-/// EfficientNetV2 and as ConvNeXt, before anything is written, the message naming
-/// efficientnet_b0; as efficientnet_b0, fine-tuned on 4 digits of each class at 32 px (one
-/// epoch, 2 steps, dropout and stochastic depth on): a new head `classifier.1` for 10 classes,
-/// the backbone (batch norms and squeeze-and-excitations too) trained from the file's weights,
-/// and the trained `state_dict` loads into torchvision's efficientnet_b0 with `strict=True`.
+/// ConvNeXt (convnext_tiny) refused as another ConvNeXt size and as a ResNet; fine-tuned with a
+/// new head `classifier.2`, `classifier.0` (the last LayerNorm) kept from the file and trained
+/// with the rest.
+#[test]
+fn convnext_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
+    pth_is_fine_tuned_with_a_new_head(
+        "convnext_tiny",
+        &[
+            (
+                "convnext_small",
+                "it lacks 'features.5.9.layer_scale', which convnext_small needs",
+            ),
+            ("resnet50", "it lacks 'fc.weight', which resnet50 needs"),
+        ],
+        "classifier.2",
+        768,
+        &["classifier.0.weight", "features.0.0.weight"],
+    );
+}
+
+/// EfficientNet (efficientnet_b0) refused as another EfficientNet size (B1: one more block per
+/// stage; V2-S: another stem), as EfficientNetV2 and as ConvNeXt; fine-tuned with a new head
+/// `classifier.1`, the backbone (batch norms and squeeze-and-excitations too) trained from the
+/// file's weights.
 #[test]
 fn efficientnet_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
-    let t = tempdir();
-    let pth = t.path().join("b0.pth");
-    let code = format!(
-        "import torch, torchvision\n\
-         torch.manual_seed(0)\n\
-         torch.save(torchvision.models.efficientnet_b0().state_dict(), '{}')\n",
-        pth.display()
+    pth_is_fine_tuned_with_a_new_head(
+        "efficientnet_b0",
+        &[
+            (
+                "efficientnet_b1",
+                "it lacks 'features.1.1.block.0.0.weight', which efficientnet_b1 needs",
+            ),
+            (
+                "efficientnet_v2_s",
+                "tensor 'features.0.0.weight' has shape [32, 3, 3, 3], efficientnet_v2_s needs \
+                 [24, 3, 3, 3]",
+            ),
+            (
+                "convnext_tiny",
+                "it lacks 'classifier.2.weight', which convnext_tiny needs",
+            ),
+        ],
+        "classifier.1",
+        1280,
+        &[
+            "features.0.0.weight",
+            "features.0.1.running_mean",
+            "features.8.1.weight",
+            "features.2.0.block.2.fc1.bias",
+        ],
     );
-    let r = run(python().arg("-c").arg(code), LIMIT);
-    assert_eq!(r.code, Some(0), "{}", r.explain());
-    let bad = t.path().join("bad");
-    for (arch, detail) in [
-        (
-            "efficientnet_b1",
-            "it lacks 'features.1.1.block.0.0.weight', which efficientnet_b1 needs",
-        ),
-        (
-            "efficientnet_v2_s",
-            "tensor 'features.0.0.weight' has shape [32, 3, 3, 3], efficientnet_v2_s needs \
-             [24, 3, 3, 3]",
-        ),
-        (
-            "convnext_tiny",
-            "it lacks 'classifier.2.weight', which convnext_tiny needs",
-        ),
-    ] {
-        let r = init(arch, &pth, &bad);
-        assert_eq!(r.code, Some(2), "{}", r.explain());
-        let want = format!(
-            "--weights {}: {detail}; the file looks like a efficientnet_b0 state_dict: use \
-             --arch efficientnet_b0",
-            pth.display()
-        );
-        assert!(r.stderr.contains(&want), "{want}\n{}", r.explain());
-        assert!(!bad.exists(), "nothing may be written on a refusal");
-    }
-    let model = t.path().join("m");
-    let r = init("efficientnet_b0", &pth, &model);
-    assert_eq!(r.code, Some(0), "{}", r.explain());
-    let train = subset(&digits().join("train"), &t.path().join("train"), 4, 0);
-    let valid = subset(&digits().join("valid"), &t.path().join("valid"), 2, 0);
-    let out = t.path().join("out");
-    let r = run(
-        tchrun_train(&model, &train, &valid, &out).args([
-            "--epochs",
-            "1",
-            "--batch-size",
-            "20",
-            "--lr",
-            "0.01",
-        ]),
-        LIMIT,
+}
+
+/// MobileNetV3 (mobilenet_v3_small) refused as mobilenet_v3_large (another table), as
+/// EfficientNet and as ResNet; fine-tuned with a new head `classifier.3`, the hidden Linear
+/// `classifier.0` kept from the file and trained with the backbone (batch norms and
+/// squeeze-and-excitations too).
+#[test]
+fn mobilenet_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
+    pth_is_fine_tuned_with_a_new_head(
+        "mobilenet_v3_small",
+        &[
+            (
+                "mobilenet_v3_large",
+                "it lacks 'features.1.block.1.0.weight', which mobilenet_v3_large needs",
+            ),
+            (
+                "efficientnet_b0",
+                "it lacks 'classifier.1.weight', which efficientnet_b0 needs",
+            ),
+            ("resnet18", "it lacks 'fc.weight', which resnet18 needs"),
+        ],
+        "classifier.3",
+        1024,
+        &[
+            "features.0.0.weight",
+            "features.0.1.running_mean",
+            "features.1.block.1.fc1.bias",
+            "features.12.1.weight",
+            "classifier.0.weight",
+        ],
     );
-    assert_eq!(r.code, Some(0), "{}", r.explain());
-    assert!(
-        r.stdout
-            .contains("a new head (classifier.1) for 10 classes (the file's has 1000)"),
-        "{}",
-        r.explain()
-    );
-    let py = format!(
-        "import torch, torchvision\n\
-         from safetensors.torch import load_file\n\
-         a = torch.load('{}'); b = load_file('{}')\n\
-         assert b['classifier.1.weight'].shape == (10, 1280)\n\
-         moved = [k for k in a if not k.startswith('classifier.1.') and not torch.equal(a[k], b[k])]\n\
-         for k in ['features.0.0.weight', 'features.0.1.running_mean', 'features.8.1.weight', 'features.2.0.block.2.fc1.bias']:\n\
-         \x20   assert k in moved, (k, moved[:5])\n\
-         assert all(torch.isfinite(v).all() for v in b.values())\n\
-         m = torchvision.models.efficientnet_b0(num_classes=10)\n\
-         m.load_state_dict(b, strict=True)\n\
-         print('fine-tuned', len(moved), 'tensors')\n",
-        pth.display(),
-        out.join("model.safetensors").display()
-    );
-    let c = run(python().arg("-c").arg(py), LIMIT);
-    assert_eq!(c.code, Some(0), "{}", c.explain());
 }
 
 /// A Vision Transformer from a torchvision `.pth` (vit_b_32 at torchvision's 224 px): refused
@@ -720,6 +717,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "efficientnet_v2_l",
         "vit_b_16",
         "vit_l_16",
+        "mobilenet_v3_small",
+        "mobilenet_v3_large",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }

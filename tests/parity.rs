@@ -26,6 +26,10 @@
 //! (at 32, 64 and 224 px) with `TCHRUN_PARITY_ALL_SIZES=1`. The resampling itself equals
 //! `interpolate_embeddings` (within 1e-5 on N(0, 1) values) on random embeddings between grids
 //! of 1 to 24 patches a side.
+//! MobileNetV3 (biases perturbed
+//! too): the same, training step with dropout off, mobilenet_v3_small at 32 and 64 px here,
+//! mobilenet_v3_large with `TCHRUN_PARITY_ALL_SIZES=1`; its batch-norm eps and momentum and its
+//! dropout equal torchvision's.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -260,21 +264,27 @@ fn efficientnets_give_torchvisions_logits_and_gradients() {
     }
 }
 
+/// torchvision's settings of `archs` (`parity.py config`, built on the meta device): each one's
+/// batch norm `eps` and `momentum`, `dropout` and per-block stochastic depth `sd`.
+fn torchvision_settings(archs: &[Arch]) -> serde_json::Value {
+    let r = run(
+        python()
+            .arg(repo().join("tests/python/parity.py"))
+            .arg("config")
+            .args(archs.iter().map(|a| a.name())),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    serde_json::from_str(r.stdout.trim()).expect("json")
+}
+
 /// Every EfficientNet size's batch norm (eps, momentum), dropout before the head and per-block
 /// stochastic-depth probabilities (bit for bit) are torchvision's (`parity.py config`, built on
 /// the meta device).
 #[test]
 fn efficientnet_settings_equal_torchvisions() {
     use tchrun::model::Family;
-    let r = run(
-        python()
-            .arg(repo().join("tests/python/parity.py"))
-            .arg("config")
-            .args(EFFICIENTNETS.map(|a| a.name())),
-        LIMIT,
-    );
-    assert_eq!(r.code, Some(0), "{}", r.explain());
-    let tv: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("json");
+    let tv = torchvision_settings(&EFFICIENTNETS);
     for arch in EFFICIENTNETS {
         let family = arch.family();
         let Family::Efficientnet {
@@ -362,6 +372,39 @@ fn vit_positional_embedding_is_resampled_as_interpolate_embeddings() {
     assert_eq!(pairs, 40);
 }
 
+const MOBILENETS: [Arch; 2] = [Arch::MobilenetV3Small, Arch::MobilenetV3Large];
+
+/// mobilenet_v3_small always; mobilenet_v3_large only with `TCHRUN_PARITY_ALL_SIZES=1`: the
+/// same code path with the other table, which `tests/finetune.rs`'s spec test compares.
+#[test]
+fn mobilenets_give_torchvisions_logits_and_gradients() {
+    if all_sizes_asked() {
+        parity(&MOBILENETS);
+    } else {
+        parity(&MOBILENETS[..1]);
+    }
+}
+
+/// Both MobileNetV3s' batch norm (eps 0.001, momentum 0.01) and dropout (0.2) are
+/// torchvision's, and neither has stochastic depth.
+#[test]
+fn mobilenet_settings_equal_torchvisions() {
+    use tchrun::arch::{MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM, MOBILENET_DROPOUT};
+    let tv = torchvision_settings(&MOBILENETS);
+    for arch in MOBILENETS {
+        let t = &tv[arch.name()];
+        let f = |k: &str| t[k].as_f64().expect("number");
+        assert_eq!(
+            (MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM, MOBILENET_DROPOUT),
+            (f("eps"), f("momentum"), f("dropout")),
+            "{}",
+            arch.name()
+        );
+        assert_eq!(t["sd"], serde_json::json!([]), "{}", arch.name());
+        assert!(arch.family().stochastic_depth_probs().is_empty());
+    }
+}
+
 /// The tests above cover every architecture tchrun offers.
 #[test]
 fn every_architecture_is_compared() {
@@ -372,6 +415,7 @@ fn every_architecture_is_compared() {
         .chain(&CONVNEXTS)
         .chain(&EFFICIENTNETS)
         .chain(&VITS)
+        .chain(&MOBILENETS)
         .map(|a| a.name())
         .collect();
     let mut all: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();

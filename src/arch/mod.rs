@@ -1,22 +1,28 @@
 //! The architectures (torchvision names: the model list of Azure ML designer's ResNet and
-//! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2, the Vision Transformer) and
-//! what each is built from (`Family`: torchvision's constructor arguments; `EfficientnetLayout`:
-//! EfficientNet's blocks after its width and depth multipliers; `vit`: ViT's layout at an image
-//! size), the one description `weights::spec` and the worker's builders read.
+//! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2, MobileNetV3, the Vision
+//! Transformer) and what each is built from (`Family`: torchvision's constructor arguments;
+//! `EfficientnetLayout`: EfficientNet's blocks after its width and depth multipliers;
+//! `MobilenetLayout`: MobileNetV3's inverted residuals; `vit`: ViT's layout at an image size),
+//! the one description `weights::spec` and the worker's builders read.
 use serde::{Deserialize, Serialize};
 
 mod efficientnet;
 pub use efficientnet::{EfficientnetLayout, EfficientnetNorm, EfficientnetTable, MbBlock};
 use efficientnet::EFFICIENTNET_STOCHASTIC_DEPTH;
 pub mod vit;
+mod mobilenet;
+pub use mobilenet::{
+    IrBlock, MobilenetLayout, MobilenetTable, MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM,
+    MOBILENET_DROPOUT,
+};
 
 /// Smallest and largest accepted input sizes (pixels, square).
 pub const MIN_INPUT_SIZE: u32 = 16;
 pub const MAX_INPUT_SIZE: u32 = 1024;
 
 /// Supported architectures (torchvision names): the model list of Azure ML designer's ResNet and
-/// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2 and Vision
-/// Transformers.
+/// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2,
+/// MobileNetV3 and Vision Transformers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -98,6 +104,12 @@ pub enum Arch {
     #[serde(rename = "vit_l_16")]
     #[value(name = "vit_l_16")]
     VitL16,
+    #[serde(rename = "mobilenet_v3_small")]
+    #[value(name = "mobilenet_v3_small")]
+    MobilenetV3Small,
+    #[serde(rename = "mobilenet_v3_large")]
+    #[value(name = "mobilenet_v3_large")]
+    MobilenetV3Large,
 }
 
 /// How torchvision builds an architecture: the numbers its constructor takes.
@@ -150,14 +162,25 @@ pub enum Family {
         hidden: usize,
         mlp: usize,
     },
+    /// `torchvision.models.mobilenetv3.MobileNetV3(inverted_residual_setting, last_channel,
+    /// dropout=0.2)` as `mobilenet_v3_large` and `mobilenet_v3_small` call it: `table` the
+    /// inverted-residual table; batch norm eps 0.001 and momentum 0.01 (`MOBILENET_BN_*`), no
+    /// stochastic depth.
+    Mobilenet { table: MobilenetTable },
 }
 
 /// torchvision's `_make_divisible(v, 8)`: to the nearest multiple of 8 (at least 8), one more
 /// step up when that lost more than 10 %.
 pub(crate) fn make_divisible(v: f64) -> usize {
-    let n = (((v + 4.0) as usize) / 8 * 8).max(8);
+    make_divisible_by(v, 8)
+}
+
+/// torchvision's `_make_divisible(v, divisor)`: `max(divisor, int(v + divisor / 2) // divisor *
+/// divisor)`, one more `divisor` when that lost more than 10 %.
+pub(crate) fn make_divisible_by(v: f64, divisor: usize) -> usize {
+    let n = (((v + divisor as f64 / 2.0) as usize) / divisor * divisor).max(divisor);
     if (n as f64) < 0.9 * v {
-        n + 8
+        n + divisor
     } else {
         n
     }
@@ -188,7 +211,10 @@ impl Family {
                     .map(|i| EFFICIENTNET_STOCHASTIC_DEPTH * i as f64 / total as f64)
                     .collect()
             }
-            Family::Resnet { .. } | Family::Densenet { .. } | Family::Vit { .. } => Vec::new(),
+            Family::Resnet { .. }
+            | Family::Densenet { .. }
+            | Family::Vit { .. }
+            | Family::Mobilenet { .. } => Vec::new(),
         }
     }
 }
@@ -199,15 +225,15 @@ impl Arch {
     /// three stride-2 stages, each ceil(s/2); DenseNet: conv0 and pool0 ceil(s/2), then three
     /// 2x2 average-pool transitions, each floor(s/2); ConvNeXt: the 4x4 stride-4 stem, floor(s/4),
     /// then three 2x2 stride-2 downsampling convolutions, each floor(s/2): floor(s/32);
-    /// EfficientNet: the stem and four stride-2 stages, each a k x k convolution padded by
-    /// (k-1)/2, so ceil(s/2) as ResNet's; ViT: the patch grid, floor(s/patch)).
+    /// EfficientNet and MobileNetV3: the stem and four stride-2 stages, each a k x k convolution
+    /// padded by (k-1)/2, so ceil(s/2) as ResNet's; ViT: the patch grid, floor(s/patch)).
     pub fn last_feature_size(self, input: u32) -> u32 {
         let half_up = |s: u32| s.div_ceil(2);
         match self.family() {
             Family::Vit { patch, .. } => input / patch as u32,
             Family::Convnext { .. } => input / 4 / 2 / 2 / 2,
             Family::Densenet { .. } => half_up(half_up(input)) / 2 / 2 / 2,
-            Family::Resnet { .. } | Family::Efficientnet { .. } => {
+            Family::Resnet { .. } | Family::Efficientnet { .. } | Family::Mobilenet { .. } => {
                 half_up(half_up(half_up(half_up(half_up(input)))))
             }
         }
@@ -247,7 +273,7 @@ impl Arch {
             .unwrap_or(4096)
     }
 
-    pub const ALL: [Arch; 32] = [
+    pub const ALL: [Arch; 34] = [
         Arch::Resnet18,
         Arch::Resnet34,
         Arch::Resnet50,
@@ -280,6 +306,8 @@ impl Arch {
         Arch::VitB16,
         Arch::VitB32,
         Arch::VitL16,
+        Arch::MobilenetV3Small,
+        Arch::MobilenetV3Large,
     ];
 
     pub fn name(self) -> &'static str {
@@ -316,6 +344,8 @@ impl Arch {
             Arch::VitB16 => "vit_b_16",
             Arch::VitB32 => "vit_b_32",
             Arch::VitL16 => "vit_l_16",
+            Arch::MobilenetV3Small => "mobilenet_v3_small",
+            Arch::MobilenetV3Large => "mobilenet_v3_large",
         }
     }
 
@@ -391,6 +421,12 @@ impl Arch {
             Arch::VitB16 => vit(16, 12, 12, 768, 3072),
             Arch::VitB32 => vit(32, 12, 12, 768, 3072),
             Arch::VitL16 => vit(16, 24, 16, 1024, 4096),
+            Arch::MobilenetV3Small => Family::Mobilenet {
+                table: MobilenetTable::Small,
+            },
+            Arch::MobilenetV3Large => Family::Mobilenet {
+                table: MobilenetTable::Large,
+            },
         }
     }
 
@@ -424,5 +460,9 @@ mod tests {
         assert_eq!(make_divisible(11.0), 16); // 8 would lose 27 %
         assert_eq!(make_divisible(3.0), 8);
         assert_eq!(make_divisible(640.0), 640);
+        // RegNet's `_make_divisible(w, group_width)`.
+        assert_eq!(make_divisible_by(440.0, 8), 440);
+        assert_eq!(make_divisible_by(100.0, 24), 96);
+        assert_eq!(make_divisible_by(10.0, 16), 16);
     }
 }

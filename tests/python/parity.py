@@ -7,11 +7,11 @@
                              batches DIR/x.safetensors at the sizes given (default 32, 64, 224,
                              256 and 299 px); and
                              torchvision's inference-mode logits DIR/ref.safetensors. For
-                             ConvNeXt and EfficientNet also LayerNorm parameters, layer scales
-                             and biases perturbed, and one training step
-                             (stochastic_depth_prob=0, EfficientNet's dropout=0, a batch of 4
-                             at 32 px, DIR/train.safetensors): its cross-entropy loss and
-                             gradients DIR/train_ref.safetensors.
+                             ConvNeXt, EfficientNet and MobileNetV3 also LayerNorm parameters,
+                             layer scales and biases perturbed, and one training step
+                             (stochastic_depth_prob=0, EfficientNet's and MobileNetV3's
+                             dropout=0, a batch of 4 at 32 px, DIR/train.safetensors): its
+                             cross-entropy loss and gradients DIR/train_ref.safetensors.
   parity.py write vit_* DIR SIZE ...
                              the same for a Vision Transformer built for the last SIZE (the
                              checkpoint: class token, head weight, LayerNorms and biases perturbed
@@ -23,22 +23,22 @@
   parity.py interpolate DIR   random positional embeddings (hidden 8) for several patch grids and
                              torchvision's interpolate_embeddings of each to several others,
                              DIR/interp.safetensors (`g{FROM}` and `g{FROM}to{TO}`).
-  parity.py config ARCH ...  prints, as JSON, each EfficientNet's batch-norm eps and momentum
-                             (every BatchNorm2d alike), its dropout and its blocks' stochastic
-                             depth probabilities, built on the meta device.
   parity.py check vit_* DIR SIZE ...
                              per SIZE: tchrun's logits (DIR/logits{SIZE}.safetensors) and
                              model directory (DIR/model-{SIZE}: the positional embedding within
                              1e-6 of torchvision's interpolation, every other tensor equal) and
                              state_dict (DIR/sd{SIZE}.safetensors, strict load); the loss and
                              gradients at the checkpoint's size.
+  parity.py config ARCH ...  prints, as JSON, each EfficientNet's or MobileNetV3's batch-norm
+                             eps and momentum (every BatchNorm2d alike), its dropout and its
+                             blocks' stochastic depth probabilities, built on the meta device.
   parity.py check ARCH DIR   compares tchrun's logits (DIR/logits.safetensors) with the
                              reference; the model directories made from the .pth (DIR/model-pth)
                              and from the safetensors file (DIR/model-st) hold equal tensors; and
                              tchrun's state_dict (DIR/sd.safetensors) loads into torchvision with
-                             strict=True and equals the weights given; for ConvNeXt and
-                             EfficientNet, tchrun's loss and gradients (DIR/grads.safetensors) equal torchvision's
-                             within GRAD_RTOL.
+                             strict=True and equals the weights given; for ConvNeXt,
+                             EfficientNet and MobileNetV3, tchrun's loss and gradients
+                             (DIR/grads.safetensors) equal torchvision's within GRAD_RTOL.
 """
 import sys
 
@@ -51,15 +51,24 @@ RTOL = 1e-4  # max |tchrun - torchvision| / max |torchvision| per batch
 GRAD_RTOL = 1e-4  # the same per gradient tensor, and for the loss
 
 
-# Families trained with stochastic depth, whose zero-initialised biases are perturbed and whose
-# training step is compared too.
-STEPPED = ("convnext", "efficientnet", "vit")
+# Families whose zero-initialised biases are perturbed and whose training step is compared too,
+# with what switches their random layers off for it.
+STEPPED = {
+    "convnext": {"stochastic_depth_prob": 0.0},
+    "efficientnet": {"stochastic_depth_prob": 0.0, "dropout": 0.0},
+    "mobilenet": {"dropout": 0.0},
+    "vit": {},  # no stochastic depth; dropout 0 by default
+}
+
+
+def stepped(arch: str) -> bool:
+    return arch.startswith(tuple(STEPPED))
 
 
 def perturb(m: torch.nn.Module, g: torch.Generator) -> None:
     """LayerNorm weights and biases, layer scales (from 1e-6 to 0.1-0.3, so that every block
     shows in the logits and gradients) and the zero-initialised biases (ConvNeXt's, and
-    EfficientNet's squeeze-and-excitation and head) made distinct."""
+    EfficientNet's and MobileNetV3's squeeze-and-excitation and Linears) made distinct."""
     for name, p in m.named_parameters():
         if name.endswith("layer_scale"):
             p.copy_(0.1 + 0.2 * torch.rand(p.shape, generator=g))
@@ -74,7 +83,7 @@ def model(arch: str, **kwargs) -> torch.nn.Module:
     m = getattr(torchvision.models, arch)(num_classes=10, **kwargs)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        if arch.startswith(STEPPED):
+        if stepped(arch):
             perturb(m, g)
         for mod in m.modules():
             if isinstance(mod, torch.nn.BatchNorm2d):
@@ -167,17 +176,14 @@ def write(arch: str, d: str, *sizes: str) -> None:
     save_file(xs, f"{d}/x.safetensors")
     with torch.no_grad():
         save_file({k: m(x).contiguous() for k, x in xs.items()}, f"{d}/ref.safetensors")
-    if arch.startswith(STEPPED):
+    if stepped(arch):
         train_step(arch, d, g)
 
 
 def train_step(arch: str, d: str, g: torch.Generator, size: int = 32) -> None:
-    if arch.startswith("vit"):  # no stochastic depth; dropout 0 by default
-        off = {"image_size": size}
-    elif arch.startswith("efficientnet"):
-        off = {"stochastic_depth_prob": 0.0, "dropout": 0.0}
-    else:
-        off = {"stochastic_depth_prob": 0.0}
+    off = dict(next(kw for family, kw in STEPPED.items() if arch.startswith(family)))
+    if arch.startswith("vit"):
+        off["image_size"] = size
     m = model(arch, **off).train()
     batch = {"x": torch.randn(4, 3, size, size, generator=g), "y": torch.tensor([0, 3, 7, 9])}
     save_file(batch, f"{d}/train.safetensors")
@@ -212,7 +218,7 @@ def check(arch: str, d: str, *sizes: str) -> None:
             assert torch.equal(sd[k], v), f"{arch}: state_dict tensor {k} differs"
     px = ", ".join(k[1:] for k in ref)
     print(f"{arch}: logits within {worst:.1e} of torchvision at {px} px; strict load ok")
-    if arch.startswith(STEPPED):
+    if stepped(arch):
         check_grads(arch, d)
 
 
@@ -240,7 +246,9 @@ def config(*archs: str) -> None:
         assert len(bns) == 1, bns
         eps, momentum = bns.pop()
         sd = [b.stochastic_depth.p for b in m.modules() if hasattr(b, "stochastic_depth")]
-        out[arch] = {"eps": eps, "momentum": momentum, "dropout": m.classifier[0].p, "sd": sd}
+        dropout = [d.p for d in m.modules() if isinstance(d, torch.nn.Dropout)]
+        assert len(dropout) == 1, dropout
+        out[arch] = {"eps": eps, "momentum": momentum, "dropout": dropout[0], "sd": sd}
     print(json.dumps(out))
 
 

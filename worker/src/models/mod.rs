@@ -1,14 +1,15 @@
 //! The architectures (tch's vision models, torchvision parameter names) and their weights as
 //! torchvision `state_dict`s in safetensors: what Python's `load_state_dict(strict=True)` takes.
 //! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`,
-//! `convnext`, `efficientnet`: EfficientNet and EfficientNetV2, `vit`: the Vision Transformer;
-//! `blocks`: layers they share) and their weights; knows nothing of ranks, data loading or
-//! training.
+//! `convnext`, `efficientnet`: EfficientNet and EfficientNetV2, `mobilenet`: MobileNetV3,
+//! `vit`: the Vision Transformer; `blocks`: layers they share) and their weights; knows nothing
+//! of ranks, data loading or training.
 pub mod blocks;
 pub mod convnext;
 pub mod densenet;
 pub mod efficientnet;
 pub mod init;
+pub mod mobilenet;
 pub mod resnet;
 pub mod vit;
 use std::collections::BTreeMap;
@@ -31,9 +32,10 @@ pub fn build(
 }
 
 /// `build` without the random layers: ConvNeXt's and EfficientNet's stochastic depth off
-/// (every block's drop probability 0) and EfficientNet's dropout before the head off, so that a
-/// training step is deterministic: the parity test's gradients against torchvision's
-/// `stochastic_depth_prob=0` (and `dropout=0`). The other families have neither.
+/// (every block's drop probability 0) and EfficientNet's and MobileNetV3's dropout in the
+/// classifier off, so that a training step is deterministic: the parity test's gradients
+/// against torchvision's `stochastic_depth_prob=0` (and `dropout=0`). The other families have
+/// neither.
 pub fn build_deterministic(
     arch: Arch,
     root: &nn::Path,
@@ -60,6 +62,9 @@ fn build_with(
         family @ Family::Efficientnet { .. } => Box::new(
             crate::models::efficientnet::efficientnet(root, family, classes, stochastic),
         ),
+        family @ Family::Mobilenet { .. } => Box::new(crate::models::mobilenet::mobilenet(
+            root, family, classes, stochastic,
+        )),
         family @ Family::Resnet { .. } => {
             Box::new(crate::models::resnet::resnet(root, family, classes))
         }
