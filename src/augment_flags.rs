@@ -1,6 +1,7 @@
 //! torchvision's augmentation and crop-size flags (its `references/classification/train.py`):
-//! `--mixup-alpha`, `--cutmix-alpha`, `--random-erase`, `--train-crop-size`,
-//! `--val-resize-size`, `--val-crop-size`, `--interpolation`. Both binaries parse them
+//! `--mixup-alpha`, `--cutmix-alpha`, `--auto-augment` (`--ra-magnitude`,
+//! `--augmix-severity`), `--random-erase`, `--train-crop-size`, `--val-resize-size`,
+//! `--val-crop-size`, `--interpolation`. Both binaries parse them
 //! (`AugmentFlags`, flattened into `TrainOptions`), the launcher hands them to the ranks
 //! (`to_args`), the checkpoint's run record and `model.json`'s training record keep them
 //! (`AugmentRecord`: a file written before they existed reads as the old behaviour). Knows the
@@ -36,8 +37,41 @@ impl Interpolation {
     }
 }
 
+/// `--auto-augment`: torchvision's policy names (train.py's `--auto-augment`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AutoAugmentName {
+    /// TrivialAugmentWide: one op per image, its magnitude one of 31 bins at random.
+    #[value(name = "ta_wide")]
+    TaWide,
+    /// RandAugment: two ops per image at magnitude --ra-magnitude.
+    #[value(name = "ra")]
+    Ra,
+    /// AugMix: three chains of 1 to 3 ops mixed with the image, severity --augmix-severity.
+    #[value(name = "augmix")]
+    Augmix,
+    /// AutoAugment's ImageNet policy: one of its 25 sub-policies.
+    #[value(name = "imagenet")]
+    Imagenet,
+}
+
+impl AutoAugmentName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AutoAugmentName::TaWide => "ta_wide",
+            AutoAugmentName::Ra => "ra",
+            AutoAugmentName::Augmix => "augmix",
+            AutoAugmentName::Imagenet => "imagenet",
+        }
+    }
+}
+
+/// RandAugment's and TrivialAugmentWide's magnitude bins (`num_magnitude_bins`).
+pub const RA_MAGNITUDE_BINS: u32 = 31;
+/// AugMix's largest severity (`_PARAMETER_MAX`).
+pub const AUGMIX_MAX_SEVERITY: u32 = 10;
+
 /// The augmentation flags (help heading "Data").
-#[derive(Args, Debug, Clone, PartialEq, Default)]
+#[derive(Args, Debug, Clone, PartialEq)]
 pub struct AugmentFlags {
     /// MixUp's alpha (torchvision's v2.MixUp): each training micro-batch becomes λ × itself +
     /// (1 - λ) × itself rolled by one, labels alike, λ ~ Beta(α, α). 0: off. With
@@ -48,6 +82,17 @@ pub struct AugmentFlags {
     /// pasted from the batch rolled by one, the labels mixed by the box's area. 0: off.
     #[arg(help_heading = "Data", long, env = "TCHRUN_CUTMIX_ALPHA", default_value_t = 0.0, value_parser = parse_alpha, allow_negative_numbers = true)]
     pub cutmix_alpha: f64,
+    /// torchvision's auto-augment policy on each training crop, after its flip and before
+    /// normalisation (ClassificationPresetTrain's order): ta_wide (TrivialAugmentWide), ra
+    /// (RandAugment), augmix (AugMix), imagenet (AutoAugment). Default: none.
+    #[arg(help_heading = "Data", long, env = "TCHRUN_AUTO_AUGMENT", value_enum)]
+    pub auto_augment: Option<AutoAugmentName>,
+    /// RandAugment's magnitude (--auto-augment ra): a bin of 31, 0 to 30.
+    #[arg(help_heading = "Data", long, env = "TCHRUN_RA_MAGNITUDE", default_value_t = DEFAULT_RA_MAGNITUDE, value_parser = parse_ra_magnitude, allow_negative_numbers = true)]
+    pub ra_magnitude: u32,
+    /// AugMix's severity (--auto-augment augmix), 1 to 10.
+    #[arg(help_heading = "Data", long, env = "TCHRUN_AUGMIX_SEVERITY", default_value_t = DEFAULT_AUGMIX_SEVERITY, value_parser = parse_augmix_severity, allow_negative_numbers = true)]
+    pub augmix_severity: u32,
     /// The probability of torchvision's RandomErasing(scale=(0.02, 0.33), ratio=(0.3, 3.3),
     /// value=0) on each normalised training image, in [0, 1]. 0: off.
     #[arg(help_heading = "Data", long, env = "TCHRUN_RANDOM_ERASE", default_value_t = 0.0, value_parser = crate::recipe::parse_closed_unit, allow_negative_numbers = true)]
@@ -62,9 +107,28 @@ pub struct AugmentFlags {
     /// Validation's center crop side. Default: the model's input size.
     #[arg(help_heading = "Data", long, env = "TCHRUN_VAL_CROP_SIZE", value_parser = clap::value_parser!(u32).range(MIN_INPUT_SIZE as i64..=MAX_INPUT_SIZE as i64))]
     pub val_crop_size: Option<u32>,
-    /// The resampling of the training crop's and validation's resize.
+    /// The resampling of the training crop's and validation's resize, and of --auto-augment's
+    /// geometric ops (nearest or bilinear there, as torchvision's tensor ops).
     #[arg(help_heading = "Data", long, env = "TCHRUN_INTERPOLATION", value_enum, default_value_t = Interpolation::Bilinear)]
     pub interpolation: Interpolation,
+}
+
+impl Default for AugmentFlags {
+    /// The flags' defaults (as parsed from no arguments).
+    fn default() -> AugmentFlags {
+        AugmentFlags {
+            mixup_alpha: 0.0,
+            cutmix_alpha: 0.0,
+            auto_augment: None,
+            ra_magnitude: DEFAULT_RA_MAGNITUDE,
+            augmix_severity: DEFAULT_AUGMIX_SEVERITY,
+            random_erase: 0.0,
+            train_crop_size: None,
+            val_resize_size: None,
+            val_crop_size: None,
+            interpolation: Interpolation::Bilinear,
+        }
+    }
 }
 
 /// The crop sizes of a run, resolved against the model's input size.
@@ -105,6 +169,15 @@ impl AugmentFlags {
         }
         if self.interpolation != Interpolation::Bilinear {
             v.push(format!("--interpolation={}", self.interpolation.as_str()));
+        }
+        if let Some(p) = self.auto_augment {
+            v.push(format!("--auto-augment={}", p.as_str()));
+        }
+        if self.ra_magnitude != DEFAULT_RA_MAGNITUDE {
+            v.push(format!("--ra-magnitude={}", self.ra_magnitude));
+        }
+        if self.augmix_severity != DEFAULT_AUGMIX_SEVERITY {
+            v.push(format!("--augmix-severity={}", self.augmix_severity));
         }
         v
     }
@@ -153,6 +226,14 @@ impl AugmentFlags {
                 ));
             }
         }
+        if self.auto_augment.is_some() && self.interpolation == Interpolation::Bicubic {
+            return Err(
+                "--interpolation bicubic with --auto-augment: torchvision's auto-augment ops on \
+                 tensors take nearest or bilinear only (bicubic raises there); give \
+                 --interpolation bilinear (torchvision's default) or nearest"
+                    .into(),
+            );
+        }
         if c.val_resize < c.val_crop {
             return Err(format!(
                 "--val-resize-size {}: smaller than the validation crop ({} pixels, \
@@ -175,9 +256,19 @@ impl AugmentFlags {
             val_resize_size: Some(c.val_resize),
             val_crop_size: Some(c.val_crop),
             interpolation: self.interpolation.as_str().into(),
+            auto_augment: self.auto_augment.map(|p| p.as_str().into()),
+            ra_magnitude: (self.auto_augment == Some(AutoAugmentName::Ra))
+                .then_some(self.ra_magnitude),
+            augmix_severity: (self.auto_augment == Some(AutoAugmentName::Augmix))
+                .then_some(self.augmix_severity),
         }
     }
 }
+
+/// `--ra-magnitude`'s default (torchvision's train.py).
+pub const DEFAULT_RA_MAGNITUDE: u32 = 9;
+/// `--augmix-severity`'s default (torchvision's train.py).
+pub const DEFAULT_AUGMIX_SEVERITY: u32 = 3;
 
 /// The augmentation flags as recorded (flattened into the run record and `model.json`'s
 /// training record). A file written before they existed reads as the old behaviour: no
@@ -199,6 +290,15 @@ pub struct AugmentRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_crop_size: Option<u32>,
     pub interpolation: String,
+    /// `--auto-augment`'s policy; none: off (and in files written before it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_augment: Option<String>,
+    /// `--ra-magnitude`, recorded with `--auto-augment ra` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ra_magnitude: Option<u32>,
+    /// `--augmix-severity`, recorded with `--auto-augment augmix` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub augmix_severity: Option<u32>,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -215,6 +315,9 @@ impl Default for AugmentRecord {
             val_resize_size: None,
             val_crop_size: None,
             interpolation: Interpolation::Bilinear.as_str().into(),
+            auto_augment: None,
+            ra_magnitude: None,
+            augmix_severity: None,
         }
     }
 }
@@ -284,7 +387,51 @@ impl AugmentRecord {
                 out.push((format!("--{name}"), was, is, fix));
             }
         }
+        // The policy, then its parameter (compared under the same policy only).
+        let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".into());
+        if self.auto_augment != now.auto_augment {
+            let fix = match &self.auto_augment {
+                Some(p) => format!("--auto-augment {p}"),
+                None => "no --auto-augment".into(),
+            };
+            let (was, is) = (show(&self.auto_augment), show(&now.auto_augment));
+            out.push(("--auto-augment".into(), was, is, fix));
+            return out;
+        }
+        for (name, was, is) in [
+            ("ra-magnitude", self.ra_magnitude, now.ra_magnitude),
+            ("augmix-severity", self.augmix_severity, now.augmix_severity),
+        ] {
+            if let (Some(was), Some(is)) = (was, is) {
+                if was != is {
+                    let fix = format!("--{name} {was}");
+                    out.push((format!("--{name}"), was.to_string(), is.to_string(), fix));
+                }
+            }
+        }
         out
+    }
+}
+
+/// A bin of RandAugment's 31: 0 to 30 (torchvision indexes its magnitudes with it).
+fn parse_ra_magnitude(s: &str) -> Result<u32, String> {
+    let max = RA_MAGNITUDE_BINS - 1;
+    match s.trim().parse::<i64>() {
+        Ok(v) if (0..=i64::from(max)).contains(&v) => Ok(v as u32),
+        Ok(_) => Err(format!(
+            "must be 0 to {max} (a bin of RandAugment's {RA_MAGNITUDE_BINS} magnitude bins), got {s}"
+        )),
+        Err(_) => Err(format!("'{s}' is not a whole number (0 to {max})")),
+    }
+}
+
+/// AugMix's severity: 1 to 10 (torchvision raises outside).
+fn parse_augmix_severity(s: &str) -> Result<u32, String> {
+    let max = AUGMIX_MAX_SEVERITY;
+    match s.trim().parse::<i64>() {
+        Ok(v) if (1..=i64::from(max)).contains(&v) => Ok(v as u32),
+        Ok(_) => Err(format!("must be 1 to {max}, got {s}")),
+        Err(_) => Err(format!("'{s}' is not a whole number (1 to {max})")),
     }
 }
 
@@ -367,6 +514,56 @@ mod tests {
         );
         assert_eq!(d[3].3, "--train-crop-size 224");
         assert_eq!(d[5].3, "--interpolation bilinear");
+        // The policy and its parameter: round trip, recorded with their policy only, a change
+        // named (a parameter only under the same policy).
+        for args in [
+            &["x", "--auto-augment", "ra", "--ra-magnitude", "30"][..],
+            &["x", "--auto-augment", "augmix", "--augmix-severity", "10"],
+            &["x", "--auto-augment", "ta_wide", "--augmix-severity", "1"],
+            &["x", "--auto-augment", "imagenet"],
+        ] {
+            let f = Cli::try_parse_from(args).expect("valid").a;
+            let mut again = vec!["x".to_string()];
+            again.extend(f.to_args());
+            assert_eq!(Cli::try_parse_from(&again).expect("round trip").a, f);
+        }
+        let ra = |m: &str| {
+            Cli::try_parse_from(["x", "--auto-augment", "ra", "--ra-magnitude", m])
+                .expect("valid")
+                .a
+                .record(64)
+        };
+        assert_eq!(
+            (ra("9").ra_magnitude, ra("9").augmix_severity),
+            (Some(9), None)
+        );
+        let d = ra("9").differences(64, &ra("12"), 64);
+        assert_eq!(
+            d,
+            [(
+                "--ra-magnitude".into(),
+                "9".into(),
+                "12".into(),
+                "--ra-magnitude 9".into()
+            )]
+        );
+        let d = old.differences(64, &ra("12"), 64);
+        assert_eq!(
+            d,
+            [(
+                "--auto-augment".into(),
+                "(none)".into(),
+                "ra".into(),
+                "no --auto-augment".into()
+            )]
+        );
+        let d = ra("12").differences(64, &c.record(64), 64);
+        assert_eq!(d[0].3, "--auto-augment ra");
+        let json = serde_json::to_string(&ra("12")).expect("json");
+        assert!(
+            json.ends_with(r#""auto_augment":"ra","ra_magnitude":12}"#),
+            "{json}"
+        );
         let json = serde_json::to_string(&c.record(224)).expect("json");
         assert_eq!(
             json,
@@ -387,6 +584,11 @@ mod tests {
             ("--train-crop-size", "2048"),
             ("--val-crop-size", "0"),
             ("--val-resize-size", "4"),
+            ("--auto-augment", "cifar"),
+            ("--ra-magnitude", "-1"),
+            ("--ra-magnitude", "31"),
+            ("--augmix-severity", "0"),
+            ("--augmix-severity", "11"),
         ] {
             let e = Cli::try_parse_from(["x", flag, v])
                 .expect_err(flag)
@@ -412,6 +614,22 @@ mod tests {
             .check(Arch::VitB32, 32)
             .expect_err("another size")
             .starts_with("--train-crop-size 64: vit_b_32 is built for its model's input size, 32"));
+        let bicubic = Cli::try_parse_from([
+            "x",
+            "--auto-augment",
+            "ta_wide",
+            "--interpolation",
+            "bicubic",
+        ])
+        .expect("parses")
+        .a;
+        let e = bicubic
+            .check(Arch::Resnet18, 64)
+            .expect_err("bicubic policy");
+        assert!(
+            e.starts_with("--interpolation bicubic with --auto-augment"),
+            "{e}"
+        );
         let resize = Cli::try_parse_from(["x", "--val-resize-size", "60"])
             .expect("parses")
             .a;

@@ -143,9 +143,10 @@ fn two_ranks_and_one_rank_accumulating_two_train_the_same_model() {
 /// epoch, as torchvision), label smoothing, gradient clipping and the model EMA (updated every
 /// step, its decay adjusted for G, not ranks × --batch-size; the best epoch chosen by the
 /// EMA's validation loss), MixUp and CutMix (one per micro-batch, drawn by its global
-/// position), random erasing (per image, by its global position) and other crop sizes and
-/// interpolation, on 2 ranks and on 1 rank accumulating 2 micro-batches give the same weights
-/// and the same EMA model, bit for bit.
+/// position), TrivialAugmentWide and random erasing (per image, by its global position) and
+/// other crop sizes and interpolation (nearest: the crop's and the policy's geometric ops), on
+/// 2 ranks and on 1 rank accumulating 2 micro-batches give the same weights and the same EMA
+/// model, bit for bit.
 #[test]
 fn recipe_flags_train_the_same_model_at_any_world_size() {
     let t = tempdir();
@@ -182,7 +183,9 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
         "--val-resize-size",
         "40",
         "--interpolation",
-        "bicubic",
+        "nearest",
+        "--auto-augment",
+        "ta_wide",
     ];
     ok(&train(&model, &two, 2, 8, &g));
     ok(&train(&model, &one, 1, 8, &g));
@@ -238,9 +241,10 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
             &tr["val_crop_size"],
             &tr["interpolation"]
         ),
-        (&28.into(), &40.into(), &32.into(), &"bicubic".into()),
+        (&28.into(), &40.into(), &32.into(), &"nearest".into()),
         "{m}"
     );
+    assert_eq!(tr["auto_augment"], "ta_wide", "{m}");
     // Each epoch's LR is torch's: epoch 1 the warmup's 0.01 × the peak, epoch 2 the peak.
     let lrs: Vec<f64> = read(&one.join("metrics.jsonl"))
         .lines()
@@ -538,13 +542,15 @@ fn model_ema_bad_values_are_refused_before_any_rank_starts() {
 
 /// The augmentation flags' bad values are refused before any rank starts (exit 2), naming the
 /// flag: a negative alpha, a probability outside [0, 1], an unknown interpolation, a crop size
-/// outside the input-size bounds, a validation resize below its crop.
+/// outside the input-size bounds, a validation resize below its crop, an unknown
+/// `--auto-augment` policy, a RandAugment magnitude outside its 31 bins, an AugMix severity
+/// outside 1 to 10, bicubic with a policy.
 #[test]
 fn augment_bad_values_are_refused_before_any_rank_starts() {
     let t = tempdir();
     let model = model_dir(t.path(), "resnet18", 32);
     let out = t.path().join("out");
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 11] = [
         (
             &["--mixup-alpha", "-0.2"],
             "invalid value '-0.2' for '--mixup-alpha <MIXUP_ALPHA>': must be >= 0 (0: off), got -0.2",
@@ -570,6 +576,28 @@ fn augment_bad_values_are_refused_before_any_rank_starts() {
             "--val-resize-size 20: smaller than the validation crop (32 pixels, --val-crop-size \
              or the model's input size), which would crop outside the resized image; give \
              --val-resize-size 32 or more",
+        ),
+        (
+            &["--auto-augment", "cifar10"],
+            "invalid value 'cifar10' for '--auto-augment <AUTO_AUGMENT>'",
+        ),
+        (
+            &["--auto-augment", "ra", "--ra-magnitude", "-1"],
+            "invalid value '-1' for '--ra-magnitude <RA_MAGNITUDE>': must be 0 to 30 (a bin of \
+             RandAugment's 31 magnitude bins), got -1",
+        ),
+        (
+            &["--auto-augment", "ra", "--ra-magnitude", "31"],
+            "invalid value '31' for '--ra-magnitude <RA_MAGNITUDE>': must be 0 to 30",
+        ),
+        (
+            &["--auto-augment", "augmix", "--augmix-severity", "11"],
+            "invalid value '11' for '--augmix-severity <AUGMIX_SEVERITY>': must be 1 to 10, got 11",
+        ),
+        (
+            &["--auto-augment", "ta_wide", "--interpolation", "bicubic"],
+            "--interpolation bicubic with --auto-augment: torchvision's auto-augment ops on \
+             tensors take nearest or bilinear only",
         ),
     ];
     for (flags, says) in cases {

@@ -1,5 +1,5 @@
-//! Augmentation: torchvision's `RandomResizedCrop` + horizontal flip (+ `RandomErasing` after
-//! normalisation) for training, resize + center crop for evaluation; the per-micro-batch draws
+//! Augmentation: torchvision's `RandomResizedCrop` + horizontal flip (+ an auto-augment policy,
+//! `auto_augment/`; + `RandomErasing` after normalisation) for training, resize + center crop for evaluation; the per-micro-batch draws
 //! of MixUp and CutMix (`mix_params`: pure, the worker applies them to the batch tensor).
 use super::*;
 pub use crate::augment_flags::Interpolation;
@@ -19,6 +19,8 @@ pub struct TrainAugment {
     pub interpolation: Interpolation,
     /// `--random-erase`: RandomErasing's p on the normalised image (0: off, no draw).
     pub random_erase: f64,
+    /// `--auto-augment`: the policy on the flipped crop, before normalisation (none: no draw).
+    pub auto_augment: Option<super::auto_augment::Policy>,
 }
 
 impl Default for TrainAugment {
@@ -28,6 +30,7 @@ impl Default for TrainAugment {
             hflip: true,
             interpolation: Interpolation::Bilinear,
             random_erase: 0.0,
+            auto_augment: None,
         }
     }
 }

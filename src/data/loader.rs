@@ -81,6 +81,9 @@ pub(super) struct WorkerState {
     resizer: fr::Resizer,
     /// Packed samples: the shards kept open.
     shards: pack::ShardFiles,
+    /// `--auto-augment`: the crop the policy works on, and its buffers.
+    policy_image: auto_augment::Rgb8,
+    policy_scratch: auto_augment::Scratch,
 }
 
 impl WorkerState {
@@ -91,6 +94,8 @@ impl WorkerState {
             dst: fr::images::Image::new(size as u32, size as u32, fr::PixelType::U8x3),
             resizer: fr::Resizer::new(),
             shards: pack::ShardFiles::default(),
+            policy_image: auto_augment::Rgb8::default(),
+            policy_scratch: auto_augment::Scratch::default(),
         }
     }
 }
@@ -228,11 +233,51 @@ pub(super) fn process_image(
         .resize(&src, &mut st.dst, &opts)
         .map_err(|e| bad(path, format!("resize failed: {e}")))?;
 
-    let px = st.dst.buffer();
+    let policy = match shared.cfg.augment {
+        Augment::Train(t) => t.auto_augment,
+        _ => None,
+    };
+    if let Some(policy) = policy {
+        // The policy runs on the flipped crop (ClassificationPresetTrain's order), its draw
+        // from the image's own RNG after the crop's and flip's.
+        let img = &mut st.policy_image;
+        img.width = size;
+        img.height = size;
+        img.data.clear();
+        let px = st.dst.buffer();
+        for row in px.chunks_exact(size * 3) {
+            if flip {
+                for p in row.chunks_exact(3).rev() {
+                    img.data.extend_from_slice(p);
+                }
+            } else {
+                img.data.extend_from_slice(row);
+            }
+        }
+        let interpolation = shared.cfg.augment.interpolation();
+        policy
+            .draw(size, size, rng)
+            .apply(img, interpolation, &mut st.policy_scratch);
+        normalize(&st.policy_image.data, false, size, &shared.lut, out);
+    } else {
+        normalize(st.dst.buffer(), flip, size, &shared.lut, out);
+    }
+    // RandomErasing after normalisation (ClassificationPresetTrain's order), drawn from the
+    // image's own RNG after its crop and flip.
+    if let Augment::Train(t) = shared.cfg.augment {
+        if let Some(b) = erase_params(t.random_erase, size, size, rng) {
+            erase(out, size, b);
+        }
+    }
+    Ok(())
+}
+
+/// The HWC RGB8 crop `px` (side `size`, mirrored if `flip`) into normalised CHW planes.
+fn normalize(px: &[u8], flip: bool, size: usize, lut: &[[f32; 256]; 3], out: &mut [f32]) {
     let plane = size * size;
     let (r_out, rest) = out.split_at_mut(plane);
     let (g_out, b_out) = rest.split_at_mut(plane);
-    let [l0, l1, l2] = &shared.lut;
+    let [l0, l1, l2] = lut;
     for y in 0..size {
         let row = &px[y * size * 3..(y + 1) * size * 3];
         let o = y * size;
@@ -250,14 +295,6 @@ pub(super) fn process_image(
             }
         }
     }
-    // RandomErasing after normalisation (ClassificationPresetTrain's order), drawn from the
-    // image's own RNG after its crop and flip.
-    if let Augment::Train(t) = shared.cfg.augment {
-        if let Some(b) = erase_params(t.random_erase, size, size, rng) {
-            erase(out, size, b);
-        }
-    }
-    Ok(())
 }
 
 pub(super) fn build_batch(

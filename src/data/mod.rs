@@ -108,6 +108,7 @@ fn norm_lut(n: &Normalization) -> [[f32; 256]; 3] {
 
 pub mod archive;
 mod augment;
+pub mod auto_augment;
 mod folder;
 pub mod index;
 mod loader;

@@ -33,6 +33,11 @@ pub struct Args {
     /// Shuffle seed.
     #[arg(long, default_value_t = 1)]
     seed: i64,
+    /// The training flags' `--auto-augment`, `--ra-magnitude`, `--augmix-severity`,
+    /// `--interpolation`, `--random-erase` as the trainer's loader applies them (the others,
+    /// applied to batches by the trainer, are not run here).
+    #[command(flatten)]
+    augment: tchrun::augment_flags::AugmentFlags,
 }
 
 /// Runs the benchmark and prints one JSON line on stdout.
@@ -57,7 +62,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 augment: if a.eval {
                     Augment::Eval
                 } else {
-                    Augment::Train(TrainAugment::default())
+                    Augment::Train(TrainAugment {
+                        interpolation: a.augment.interpolation,
+                        auto_augment: data::auto_augment::Policy::from_flags(&a.augment),
+                        random_erase: a.augment.random_erase,
+                        ..TrainAugment::default()
+                    })
                 },
                 norm: Normalization::default(),
                 seed: a.seed,
@@ -85,6 +95,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "size": a.size,
         "threads": a.threads,
         "batch_size": a.batch_size,
+        "auto_augment": a.augment.auto_augment.map(|p| p.as_str()),
         "scan_s": scan_s,
         "images_per_sec": per_epoch,
         "checksum": checksum,

@@ -213,6 +213,7 @@ impl<'a> Trainer<'a> {
                     hflip: !job.options.no_hflip,
                     interpolation: job.options.augment.interpolation,
                     random_erase: job.options.augment.random_erase,
+                    auto_augment: data::auto_augment::Policy::from_flags(&job.options.augment),
                 }),
                 norm: self.cfg.normalization,
                 seed: p.seed,
