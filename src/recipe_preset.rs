@@ -83,6 +83,7 @@ const TORCHVISION_V2: &[Setting] = &[
     text("lr_scheduler", "--lr-scheduler", "cosineannealinglr"),
     text("warmup_epochs", "--warmup-epochs", "5"),
     text("lr_warmup_method", "--lr-warmup-method", "linear"),
+    text("auto_augment", "--auto-augment", "ta_wide"),
     text("epochs", "--epochs", "600"),
     text("random_erase", "--random-erase", "0.1"),
     text("weight_decay", "--weight-decay", "0.00002"),
@@ -195,6 +196,7 @@ mod tests {
             "--model-ema",
             "--ra-sampler",
             "--ra-reps=4",
+            "--auto-augment=ta_wide",
         ] {
             assert!(all.iter().any(|a| a == want), "{want} in {all:?}");
         }

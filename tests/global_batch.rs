@@ -717,6 +717,7 @@ fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
         "--model-ema",
         "--ra-sampler",
         "--ra-reps=4",
+        "--auto-augment=ta_wide",
     ] {
         assert!(r.stdout.contains(want), "{want}: {}", r.explain());
     }
@@ -730,6 +731,7 @@ fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
     assert_eq!(tr["lr_scheduler"], "cosineannealinglr", "{m}");
     assert_eq!(tr["label_smoothing"], 0.05, "{m}");
     assert_eq!(tr["ra_reps"], 4, "{m}");
+    assert_eq!(tr["auto_augment"], "ta_wide", "{m}");
     assert_eq!(tr["model_ema"], true, "{m}");
     assert!(out.join("ema/model.json").is_file(), "{}", r.explain());
 }
