@@ -16,7 +16,10 @@ with open(f"{out}/scores.csv", newline="") as f:
     rows = list(csv.DictReader(f))
 y_true = np.array([index[r["true_class"]] for r in rows])
 y_pred = np.array([index[r["predicted_class"]] for r in rows])
-p_true = np.array([float(r["true_class_probability"]) for r in rows], dtype=np.float64)
+# The column is the shortest decimal that rounds back to the f32 tchrun computed: read it as that
+# f32 (a float64 parse of the decimal is up to half an f32 ulp off, which -log p keeps when p is
+# small), then widen it, as tchrun's log loss does.
+p_true = np.array([np.float32(r["true_class_probability"]) for r in rows]).astype(np.float64)
 top5 = [[index[c] for c in r["top5_classes"].split(";")] for r in rows]
 with open(f"{out}/metrics.json") as f:
     m = json.load(f)
