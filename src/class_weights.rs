@@ -100,7 +100,13 @@ pub fn balanced(counts: &[usize]) -> Vec<f64> {
     let c = counts.len() as f64;
     counts
         .iter()
-        .map(|&k| if k == 0 { 1.0 } else { n as f64 / (c * k as f64) })
+        .map(|&k| {
+            if k == 0 {
+                1.0
+            } else {
+                n as f64 / (c * k as f64)
+            }
+        })
         .collect()
 }
 
@@ -108,7 +114,9 @@ pub fn balanced(counts: &[usize]) -> Vec<f64> {
 /// `class,weight` (a first row whose weight is not a number is a header).
 pub fn read_file(path: &Path, classes: &[String]) -> Result<Vec<f64>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
-    let is_json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
     let pairs: Vec<(String, String)> = if is_json {
         let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
             .map_err(|e| format!("not a JSON object of class names to weights: {e}"))?;
@@ -208,7 +216,9 @@ mod tests {
         let f = ClassWeightsFlags {
             class_weights: Some(ClassWeights::Auto),
         };
-        let w = f.resolve(&names(3), [0, 0, 0, 1, 1, 2].into_iter()).expect("auto");
+        let w = f
+            .resolve(&names(3), [0, 0, 0, 1, 1, 2].into_iter())
+            .expect("auto");
         assert_eq!(w, Some(vec![6.0 / 9.0, 1.0, 2.0]));
         assert_eq!(balanced(&[4, 0]), vec![0.5, 1.0]);
     }
@@ -231,7 +241,10 @@ mod tests {
         let bare = put("w.txt", "c0,2\n");
         assert_eq!(read_file(&bare, &c), Ok(vec![2.0, 1.0, 1.0]));
         let e = read_file(&put("u.json", r#"{"cat": 2}"#), &c).expect_err("unknown");
-        assert!(e.contains("\"cat\" is not a class") && e.contains("c0, c1, c2"), "{e}");
+        assert!(
+            e.contains("\"cat\" is not a class") && e.contains("c0, c1, c2"),
+            "{e}"
+        );
         let e = read_file(&put("z.csv", "c1,0\n"), &c).expect_err("zero");
         assert!(e.contains("\"c1\": weight 0"), "{e}");
         let e = read_file(&put("n.json", r#"{"c1": "x"}"#), &c).expect_err("text");
@@ -242,7 +255,10 @@ mod tests {
             class_weights: Some(ClassWeights::File(t.path().join("missing.json"))),
         };
         let e = f.resolve(&c, std::iter::empty()).expect_err("missing");
-        assert!(e.starts_with("--class-weights ") && e.contains("cannot read"), "{e}");
+        assert!(
+            e.starts_with("--class-weights ") && e.contains("cannot read"),
+            "{e}"
+        );
         assert!(parse(" ").is_err());
     }
 
@@ -254,8 +270,14 @@ mod tests {
         };
         let none = ClassWeightsRecord::default();
         let d = auto.difference(&none).expect("differs");
-        assert_eq!((d.0.as_str(), d.3.as_str()), ("--class-weights", "--class-weights auto"));
-        assert_eq!(none.difference(&auto).map(|d| d.3), Some("no --class-weights".into()));
+        assert_eq!(
+            (d.0.as_str(), d.3.as_str()),
+            ("--class-weights", "--class-weights auto")
+        );
+        assert_eq!(
+            none.difference(&auto).map(|d| d.3),
+            Some("no --class-weights".into())
+        );
         assert!(auto.difference(&auto.clone()).is_none());
     }
 }

@@ -177,7 +177,10 @@ mod tests {
         assert!(!choose(ChannelsLast::Off, false, b0, 224).channels_last);
         for cuda in [false, true] {
             let l = choose(ChannelsLast::Auto, cuda, Arch::VitB16, 224);
-            assert!(!l.channels_last && l.why.contains("patch projection"), "{l:?}");
+            assert!(
+                !l.channels_last && l.why.contains("patch projection"),
+                "{l:?}"
+            );
         }
         assert!(choose(ChannelsLast::On, false, Arch::VitB16, 224).channels_last);
         let mv3 = Arch::from_name("mobilenet_v3_small").expect("mobilenet_v3_small");

@@ -299,7 +299,6 @@ impl RecipeFlags {
         v
     }
 
-
     /// The combinations torch refuses: Nesterov momentum without momentum (torch.optim.SGD's
     /// "Nesterov momentum requires a momentum and zero dampening").
     pub fn check(&self, momentum: f64) -> Result<(), String> {
@@ -671,8 +670,12 @@ mod tests {
             .iter()
             .any(|x| x.0 == "--ra-sampler" && x.3 == "no --ra-sampler"));
         let back = r.record().differences(&old);
-        assert!(back.iter().any(|x| x.0 == "--ra-sampler" && x.3 == "--ra-sampler"));
-        assert!(back.iter().any(|x| x.0 == "--ra-reps" && x.3 == "--ra-reps 4"));
+        assert!(back
+            .iter()
+            .any(|x| x.0 == "--ra-sampler" && x.3 == "--ra-sampler"));
+        assert!(back
+            .iter()
+            .any(|x| x.0 == "--ra-reps" && x.3 == "--ra-reps 4"));
         for (opt, name) in [
             (Opt::Sgd, "sgd"),
             (Opt::SgdNesterov, "sgd_nesterov"),

@@ -122,7 +122,11 @@ pub fn at_input(px: u32, input: u32) -> u32 {
 /// The arguments the recipe adds: every setting whose flag was not `given`, the sizes scaled to
 /// `input_size` (left out when the model's input size is unknown: the pre-flight then refuses
 /// the model directory itself).
-pub fn expand(preset: Preset, given: impl Fn(&str) -> bool, input_size: Option<u32>) -> Vec<String> {
+pub fn expand(
+    preset: Preset,
+    given: impl Fn(&str) -> bool,
+    input_size: Option<u32>,
+) -> Vec<String> {
     let mut out = Vec::new();
     for s in preset.settings() {
         if given(s.id) {
@@ -201,11 +205,22 @@ mod tests {
             assert!(all.iter().any(|a| a == want), "{want} in {all:?}");
         }
         let small = expand(Preset::TorchvisionV2, |id| id == "epochs", Some(32));
-        assert!(small.iter().any(|a| a == "--train-crop-size=25"), "{small:?}");
-        assert!(small.iter().any(|a| a == "--val-resize-size=33"), "{small:?}");
-        assert!(!small.iter().any(|a| a.starts_with("--epochs")), "{small:?}");
+        assert!(
+            small.iter().any(|a| a == "--train-crop-size=25"),
+            "{small:?}"
+        );
+        assert!(
+            small.iter().any(|a| a == "--val-resize-size=33"),
+            "{small:?}"
+        );
+        assert!(
+            !small.iter().any(|a| a.starts_with("--epochs")),
+            "{small:?}"
+        );
         let unknown = expand(Preset::TorchvisionV2, |_| false, None);
-        assert!(!unknown.iter().any(|a| a.contains("crop") || a.contains("resize")));
+        assert!(!unknown
+            .iter()
+            .any(|a| a.contains("crop") || a.contains("resize")));
         assert_eq!(at_input(176, 224), 176);
         assert_eq!(at_input(232, 64), 66);
     }

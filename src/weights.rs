@@ -116,6 +116,16 @@ pub fn spec_at(arch: Arch, classes: usize, image_size: u32) -> Vec<(String, Vec<
 }
 
 /// A batch-norm layer's tensors, in a `state_dict`'s order.
+/// A `Conv2dNormActivation`'s tensors: `.0` the convolution without bias, `[c_out,
+/// c_in_per_group, k]` (k x k), and `.1` its batch norm.
+fn conv_norm(out: &mut Spec, name: &str, [c_out, c_in_per_group, k]: [usize; 3]) {
+    out.push((
+        format!("{name}.0.weight"),
+        vec![c_out, c_in_per_group, k, k],
+    ));
+    bn(out, &format!("{name}.1"), c_out);
+}
+
 fn bn(out: &mut Vec<(String, Vec<usize>)>, name: &str, c: usize) {
     for p in ["weight", "bias", "running_mean", "running_var"] {
         out.push((format!("{name}.{p}"), vec![c]));
@@ -134,15 +144,7 @@ fn efficientnet_spec(
     layout: &EfficientnetLayout,
     classes: usize,
 ) {
-    let cna = |out: &mut Vec<(String, Vec<usize>)>, name: &str, c: [usize; 3]| {
-        let [c_out, c_in_per_group, k] = c;
-        out.push((
-            format!("{name}.0.weight"),
-            vec![c_out, c_in_per_group, k, k],
-        ));
-        bn(out, &format!("{name}.1"), c_out);
-    };
-    cna(out, "features.0", [layout.stem, 3, 3]);
+    conv_norm(out, "features.0", [layout.stem, 3, 3]);
     for (s, stage) in layout.stages.iter().enumerate() {
         for (j, b) in stage.iter().enumerate() {
             let p = format!("features.{}.{j}.block", s + 1);
@@ -158,7 +160,7 @@ fn efficientnet_spec(
                 layers.push([b.expanded, 1, b.kernel]);
             }
             for (k, &c) in layers.iter().enumerate() {
-                cna(out, &format!("{p}.{k}"), c);
+                conv_norm(out, &format!("{p}.{k}"), c);
             }
             if !b.fused {
                 let se = format!("{p}.{}", layers.len());
@@ -173,7 +175,7 @@ fn efficientnet_spec(
                 ));
                 out.push((format!("{se}.fc2.bias"), vec![b.expanded]));
                 let project = format!("{p}.{}", layers.len() + 1);
-                cna(out, &project, [b.c_out, b.expanded, 1]);
+                conv_norm(out, &project, [b.c_out, b.expanded, 1]);
             }
         }
     }
@@ -183,7 +185,7 @@ fn efficientnet_spec(
         .and_then(|s| s.last())
         .map_or(0, |b| b.c_out);
     let last = format!("features.{}", layout.stages.len() + 1);
-    cna(out, &last, [layout.last, c_in, 1]);
+    conv_norm(out, &last, [layout.last, c_in, 1]);
     out.push(("classifier.1.weight".into(), vec![classes, layout.last]));
     out.push(("classifier.1.bias".into(), vec![classes]));
 }

@@ -482,7 +482,8 @@ fn batch_size_1_at_a_1x1_feature_map_is_refused() {
     );
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
-        r.stderr.contains("training crop size 32 (--train-crop-size)")
+        r.stderr
+            .contains("training crop size 32 (--train-crop-size)")
             && r.stderr.contains("--train-crop-size 33"),
         "{}",
         r.explain()

@@ -47,11 +47,17 @@ fn train(model: &Path, out: &Path, ranks: u32, batch: u32, extra: &[&str]) -> Ru
         "--batch-size",
         &batch.to_string(),
     ])
-    .args(extra)
-    .env("TCHRUN_THREADS", "1")
-    .env_remove("TCHRUN_TEST_KILL_AT_STEP")
-    .env_remove("TCHRUN_ATTEMPT");
-    run(&mut c, LIMIT)
+    .args(extra);
+    run_quiet(&mut c)
+}
+
+/// Runs a training command as every test here does: one intra-op thread per rank (the same
+/// kernels' arithmetic in every process), no fault hook or attempt number inherited.
+fn run_quiet(c: &mut std::process::Command) -> Run {
+    c.env("TCHRUN_THREADS", "1")
+        .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+        .env_remove("TCHRUN_ATTEMPT");
+    run(c, LIMIT)
 }
 
 /// Every tensor of `model.safetensors` as f32 values, by name.
@@ -644,11 +650,8 @@ fn ra_sampler_trains_the_same_model_at_any_world_size() {
             "--ra-sampler",
             "--class-weights",
         ])
-        .arg(&weights)
-        .env("TCHRUN_THREADS", "1")
-        .env_remove("TCHRUN_TEST_KILL_AT_STEP")
-        .env_remove("TCHRUN_ATTEMPT");
-        run(&mut c, LIMIT)
+        .arg(&weights);
+        run_quiet(&mut c)
     };
     let (two, one) = (t.path().join("two"), t.path().join("one"));
     let r = job(&two, 2);
@@ -692,11 +695,8 @@ fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
             .args(["--recipe", "torchvision-v2", "--epochs", "1"])
             .args(["--launcher", "local", "--procs-per-node", "2"])
             .args(extra)
-            .env("TCHRUN_LABEL_SMOOTHING", "0.05")
-            .env("TCHRUN_THREADS", "1")
-            .env_remove("TCHRUN_TEST_KILL_AT_STEP")
-            .env_remove("TCHRUN_ATTEMPT");
-        run(&mut c, LIMIT)
+            .env("TCHRUN_LABEL_SMOOTHING", "0.05");
+        run_quiet(&mut c)
     };
     let r = job(&[], &["--batch-size", "32", "--dry-run"]);
     ok(&r);
@@ -759,11 +759,8 @@ fn class_weights_auto_are_balanced_and_a_bad_file_is_refused() {
     let job = |out: &Path, weights: &str| {
         let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), out);
         c.args(["--epochs", "1", "--batch-size", "8", "--launcher", "local"])
-            .args(["--procs-per-node", "2", "--class-weights", weights])
-            .env("TCHRUN_THREADS", "1")
-            .env_remove("TCHRUN_TEST_KILL_AT_STEP")
-            .env_remove("TCHRUN_ATTEMPT");
-        run(&mut c, LIMIT)
+            .args(["--procs-per-node", "2", "--class-weights", weights]);
+        run_quiet(&mut c)
     };
     let out = t.path().join("out");
     ok(&job(&out, "auto"));
@@ -786,7 +783,8 @@ fn class_weights_auto_are_balanced_and_a_bad_file_is_refused() {
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
         r.stderr.contains("--class-weights")
-            && r.stderr.contains("class \"cat\" is not a class of the training set (0, 1, 2"),
+            && r.stderr
+                .contains("class \"cat\" is not a class of the training set (0, 1, 2"),
         "{}",
         r.explain()
     );

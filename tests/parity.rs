@@ -154,7 +154,8 @@ fn vit_parity_of(arch: Arch, sizes: &[&str]) {
         };
         init_at(arch, size, &d.join("w.pth"), &model);
         let json = read(&model.join("model.json"));
-        let resampled = format!("\"image_size\": {base},\n    \"pos_embedding_interpolated\": true");
+        let resampled =
+            format!("\"image_size\": {base},\n    \"pos_embedding_interpolated\": true");
         assert_eq!(json.contains(&resampled), size != base, "{json}");
         let mut logits = worker();
         logits.arg("logits");

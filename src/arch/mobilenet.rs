@@ -106,20 +106,18 @@ impl MobilenetTable {
         let blocks: Vec<IrBlock> = self
             .rows()
             .iter()
-            .map(
-                |&(c_in, kernel, expanded, c_out, se, hardswish, stride)| {
-                    let expanded = adjust(expanded);
-                    IrBlock {
-                        kernel,
-                        stride,
-                        c_in: adjust(c_in),
-                        expanded,
-                        c_out: adjust(c_out),
-                        squeeze: se.then(|| make_divisible((expanded / 4) as f64)),
-                        hardswish,
-                    }
-                },
-            )
+            .map(|&(c_in, kernel, expanded, c_out, se, hardswish, stride)| {
+                let expanded = adjust(expanded);
+                IrBlock {
+                    kernel,
+                    stride,
+                    c_in: adjust(c_in),
+                    expanded,
+                    c_out: adjust(c_out),
+                    squeeze: se.then(|| make_divisible((expanded / 4) as f64)),
+                    hardswish,
+                }
+            })
             .collect();
         let stem = blocks.first().map_or(0, |b| b.c_in);
         let last_conv = 6 * blocks.last().map_or(0, |b| b.c_out);
@@ -146,7 +144,12 @@ mod tests {
     fn mobilenet_layouts_follow_torchvisions_tables() {
         let large = MobilenetTable::Large.layout();
         assert_eq!(
-            (large.stem, large.blocks.len(), large.last_conv, large.last_channel),
+            (
+                large.stem,
+                large.blocks.len(),
+                large.last_conv,
+                large.last_channel
+            ),
             (16, 15, 960, 1280)
         );
         assert!(!large.blocks[0].expands() && large.blocks[0].residual());
@@ -154,7 +157,12 @@ mod tests {
         assert_eq!(large.blocks[11].squeeze, Some(168));
         let small = MobilenetTable::Small.layout();
         assert_eq!(
-            (small.stem, small.blocks.len(), small.last_conv, small.last_channel),
+            (
+                small.stem,
+                small.blocks.len(),
+                small.last_conv,
+                small.last_channel
+            ),
             (16, 11, 576, 1024)
         );
         assert_eq!(small.blocks[0].squeeze, Some(8)); // 16 // 4 = 4 -> 8

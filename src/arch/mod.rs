@@ -7,10 +7,10 @@
 use serde::{Deserialize, Serialize};
 
 mod efficientnet;
-pub use efficientnet::{EfficientnetLayout, EfficientnetNorm, EfficientnetTable, MbBlock};
 use efficientnet::EFFICIENTNET_STOCHASTIC_DEPTH;
-pub mod vit;
+pub use efficientnet::{EfficientnetLayout, EfficientnetNorm, EfficientnetTable, MbBlock};
 mod mobilenet;
+pub mod vit;
 pub use mobilenet::{
     IrBlock, MobilenetLayout, MobilenetTable, MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM,
     MOBILENET_DROPOUT,

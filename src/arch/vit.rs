@@ -255,6 +255,9 @@ mod tests {
         assert!(up.iter().all(|v| (v - 0.5).abs() < 1e-6), "{up:?}");
         let mut tok = flat.clone();
         tok[..3].copy_from_slice(&[9.0, 8.0, 7.0]);
-        assert_eq!(&interpolate(&tok, 3, 2, 1)[..6], &[9.0, 8.0, 7.0, 0.5, 0.5, 0.5]);
+        assert_eq!(
+            &interpolate(&tok, 3, 2, 1)[..6],
+            &[9.0, 8.0, 7.0, 0.5, 0.5, 0.5]
+        );
     }
 }

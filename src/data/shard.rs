@@ -90,7 +90,14 @@ impl Sampling {
     }
 
     /// This rank's dataset indices of epoch `epoch` without `--global-batch-size`.
-    pub fn shard(&self, len: usize, rank: usize, world: usize, seed: i64, epoch: u64) -> Vec<usize> {
+    pub fn shard(
+        &self,
+        len: usize,
+        rank: usize,
+        world: usize,
+        seed: i64,
+        epoch: u64,
+    ) -> Vec<usize> {
         shard_order(&self.order(len, seed, epoch), rank, world)
     }
 }
@@ -208,7 +215,9 @@ mod tests {
     #[test]
     fn ra_sampler_is_torchvisions() {
         for (len, reps, world) in [(300, 3, 1), (300, 3, 2), (1000, 4, 4), (700, 2, 8)] {
-            let s = Sampling { ra_reps: Some(reps) };
+            let s = Sampling {
+                ra_reps: Some(reps),
+            };
             let once = epoch_order(len, 5, 1, true);
             // RASampler.__iter__, written out.
             let mut rep: Vec<usize> = once.iter().flat_map(|&i| vec![i; reps]).collect();
@@ -225,7 +234,11 @@ mod tests {
                     .take(selected)
                     .copied()
                     .collect();
-                assert_eq!(s.shard(len, r, world, 5, 1), want, "{len} {reps} {world} {r}");
+                assert_eq!(
+                    s.shard(len, r, world, 5, 1),
+                    want,
+                    "{len} {reps} {world} {r}"
+                );
                 union.extend(want);
             }
             assert_eq!(union.len(), s.epoch_len(len), "{len} {reps} {world}");

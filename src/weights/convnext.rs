@@ -6,12 +6,7 @@ use super::Spec;
 /// convolution, `block.2` the LayerNorm, `block.3`/`block.5` the two Linears), even ones the
 /// downsamplings (LayerNorm2d, 2x2 convolution); `classifier.0` a LayerNorm2d, `classifier.2`
 /// the Linear head.
-pub(super) fn convnext_spec(
-    out: &mut Spec,
-    dims: [usize; 4],
-    blocks: [usize; 4],
-    classes: usize,
-) {
+pub(super) fn convnext_spec(out: &mut Spec, dims: [usize; 4], blocks: [usize; 4], classes: usize) {
     let wb = |out: &mut Spec, name: &str, weight: Vec<usize>, c: usize| {
         out.push((format!("{name}.weight"), weight));
         out.push((format!("{name}.bias"), vec![c]));

@@ -1,6 +1,6 @@
 //! torchvision's MobileNetV3 `state_dict` (`weights::spec` for `Family::Mobilenet`), from the
 //! one layout `arch` computes.
-use super::{bn, Spec};
+use super::{conv_norm, Spec};
 use crate::arch::MobilenetLayout;
 
 /// torchvision's MobileNetV3: every `Conv2dNormActivation` is `.0` a convolution without bias
@@ -10,23 +10,15 @@ use crate::arch::MobilenetLayout;
 /// projection), the last 1x1 convolution after them; `classifier.0` the hidden Linear,
 /// `classifier.3` the head (`.1` is the Hardswish, `.2` the dropout).
 pub(super) fn mobilenet_spec(out: &mut Spec, layout: &MobilenetLayout, classes: usize) {
-    let cna = |out: &mut Spec, name: &str, c: [usize; 3]| {
-        let [c_out, c_in_per_group, k] = c;
-        out.push((
-            format!("{name}.0.weight"),
-            vec![c_out, c_in_per_group, k, k],
-        ));
-        bn(out, &format!("{name}.1"), c_out);
-    };
-    cna(out, "features.0", [layout.stem, 3, 3]);
+    conv_norm(out, "features.0", [layout.stem, 3, 3]);
     for (i, b) in layout.blocks.iter().enumerate() {
         let p = format!("features.{}.block", i + 1);
         let mut k = 0;
         if b.expands() {
-            cna(out, &format!("{p}.0"), [b.expanded, b.c_in, 1]);
+            conv_norm(out, &format!("{p}.0"), [b.expanded, b.c_in, 1]);
             k += 1;
         }
-        cna(out, &format!("{p}.{k}"), [b.expanded, 1, b.kernel]);
+        conv_norm(out, &format!("{p}.{k}"), [b.expanded, 1, b.kernel]);
         k += 1;
         if let Some(squeeze) = b.squeeze {
             let se = format!("{p}.{k}");
@@ -36,11 +28,11 @@ pub(super) fn mobilenet_spec(out: &mut Spec, layout: &MobilenetLayout, classes: 
             out.push((format!("{se}.fc2.bias"), vec![b.expanded]));
             k += 1;
         }
-        cna(out, &format!("{p}.{k}"), [b.c_out, b.expanded, 1]);
+        conv_norm(out, &format!("{p}.{k}"), [b.c_out, b.expanded, 1]);
     }
     let c_in = layout.blocks.last().map_or(0, |b| b.c_out);
     let last = format!("features.{}", layout.blocks.len() + 1);
-    cna(out, &last, [layout.last_conv, c_in, 1]);
+    conv_norm(out, &last, [layout.last_conv, c_in, 1]);
     out.push((
         "classifier.0.weight".into(),
         vec![layout.last_channel, layout.last_conv],

@@ -89,10 +89,10 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     }
     // Before anything is written: a file for another architecture, truncated or corrupt.
     let loaded = match &a.weights {
-        Some(w) => {
-            Some(tchrun::weights::load(a.arch, w, a.input_size)
-                .map_err(|e| JobError::invalid(e.to_string()))?)
-        }
+        Some(w) => Some(
+            tchrun::weights::load(a.arch, w, a.input_size)
+                .map_err(|e| JobError::invalid(e.to_string()))?,
+        ),
         None => None,
     };
     let target = a.output.join(tchrun::files::MODEL_JSON);

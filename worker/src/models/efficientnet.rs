@@ -204,19 +204,7 @@ mod tests {
         for arch in efficientnets() {
             let vs = nn::VarStore::new(Device::Cpu);
             let net = efficientnet(&vs.root(), arch.family(), 3, true);
-            let mut vars: Vec<(String, Vec<i64>)> = vs
-                .variables()
-                .into_iter()
-                .map(|(n, t)| (n, t.size()))
-                .collect();
-            vars.sort();
-            let mut want: Vec<(String, Vec<i64>)> = tchrun::weights::spec(arch, 3)
-                .into_iter()
-                .filter(|(n, _)| !n.ends_with("num_batches_tracked"))
-                .map(|(n, s)| (n, s.iter().map(|&d| d as i64).collect()))
-                .collect();
-            want.sort();
-            assert_eq!(vars, want, "{}", arch.name());
+            crate::models::assert_builds_spec(&vs, arch);
             if matches!(arch, Arch::EfficientnetB0 | Arch::EfficientnetV2S) {
                 let x = Tensor::randn([2, 3, 32, 32], (Kind::Float, Device::Cpu));
                 let y = tch::no_grad(|| net.forward_t(&x, false));

@@ -250,7 +250,9 @@ mod tests {
             let (std, max) = stats(t);
             let close = |want: f64, tol: f64| (std / want - 1.0).abs() < tol;
             let uniform_within = |b: f64| max <= b && close(b / 3f64.sqrt(), 0.03);
-            let short = name.rsplit_once("encoder_layer_").map_or(name.as_str(), |x| x.1);
+            let short = name
+                .rsplit_once("encoder_layer_")
+                .map_or(name.as_str(), |x| x.1);
             let ok = match short {
                 "class_token" | "conv_proj.bias" | "heads.head.weight" | "heads.head.bias" => {
                     all(0.0)

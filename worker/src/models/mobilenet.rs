@@ -12,9 +12,7 @@
 use super::blocks::{conv_norm_act, squeeze_excitation, Act, Norm};
 use super::init;
 use tch::{nn, nn::ModuleT};
-use tchrun::arch::{
-    Family, IrBlock, MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM, MOBILENET_DROPOUT,
-};
+use tchrun::arch::{Family, IrBlock, MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM, MOBILENET_DROPOUT};
 
 const NORM: Norm = Norm {
     eps: MOBILENET_BN_EPS,
@@ -26,7 +24,11 @@ const NORM: Norm = Norm {
 fn block(p: nn::Path, b: &IrBlock) -> impl ModuleT {
     let l = &p / "block";
     let (c_in, mid, c_out) = (b.c_in as i64, b.expanded as i64, b.c_out as i64);
-    let act = if b.hardswish { Act::Hardswish } else { Act::Relu };
+    let act = if b.hardswish {
+        Act::Hardswish
+    } else {
+        Act::Relu
+    };
     let mut layers = nn::seq_t();
     let mut k = 0;
     if b.expands() {
@@ -139,19 +141,7 @@ mod tests {
         for arch in [Arch::MobilenetV3Small, Arch::MobilenetV3Large] {
             let vs = nn::VarStore::new(Device::Cpu);
             let net = mobilenet(&vs.root(), arch.family(), 3, true);
-            let mut vars: Vec<(String, Vec<i64>)> = vs
-                .variables()
-                .into_iter()
-                .map(|(n, t)| (n, t.size()))
-                .collect();
-            vars.sort();
-            let mut want: Vec<(String, Vec<i64>)> = tchrun::weights::spec(arch, 3)
-                .into_iter()
-                .filter(|(n, _)| !n.ends_with("num_batches_tracked"))
-                .map(|(n, s)| (n, s.iter().map(|&d| d as i64).collect()))
-                .collect();
-            want.sort();
-            assert_eq!(vars, want, "{}", arch.name());
+            crate::models::assert_builds_spec(&vs, arch);
             let x = Tensor::randn([2, 3, 32, 32], (Kind::Float, Device::Cpu));
             let y = tch::no_grad(|| net.forward_t(&x, false));
             assert_eq!(y.size(), vec![2, 3], "{}", arch.name());

@@ -53,9 +53,9 @@ fn build_with(
     stochastic: bool,
 ) -> Box<dyn nn::ModuleT> {
     match arch.family() {
-        family @ Family::Vit { .. } => Box::new(crate::models::vit::vit(
-            root, family, input_size, classes,
-        )),
+        family @ Family::Vit { .. } => {
+            Box::new(crate::models::vit::vit(root, family, input_size, classes))
+        }
         family @ Family::Convnext { .. } => Box::new(crate::models::convnext::convnext(
             root, family, classes, stochastic,
         )),
@@ -75,6 +75,25 @@ fn build_with(
             memory_efficient,
         )),
     }
+}
+
+/// Test helper: the variables `vs` holds (names and shapes, sorted) equal `weights::spec` of
+/// `arch` for 3 classes, buffers' `num_batches_tracked` aside.
+#[cfg(test)]
+pub(crate) fn assert_builds_spec(vs: &nn::VarStore, arch: Arch) {
+    let mut vars: Vec<(String, Vec<i64>)> = vs
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (n, t.size()))
+        .collect();
+    vars.sort();
+    let mut want: Vec<(String, Vec<i64>)> = tchrun::weights::spec(arch, 3)
+        .into_iter()
+        .filter(|(n, _)| !n.ends_with("num_batches_tracked"))
+        .map(|(n, s)| (n, s.iter().map(|&d| d as i64).collect()))
+        .collect();
+    want.sort();
+    assert_eq!(vars, want, "{}", arch.name());
 }
 
 /// torchvision's `zero_init_residual=True`: the last batch-norm weight of every residual block

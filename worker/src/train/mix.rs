@@ -146,9 +146,8 @@ mod tests {
             for l in case["losses"].as_array().expect("losses") {
                 let eps = l["eps"].as_f64().expect("eps");
                 for (name, soft) in [("mixup", &my), ("cutmix", &cy)] {
-                    let got =
-                        crate::train::step::cross_entropy(&logits, soft, eps, None)
-                            .double_value(&[]);
+                    let got = crate::train::step::cross_entropy(&logits, soft, eps, None)
+                        .double_value(&[]);
                     let want = l[name].as_f64().expect("loss");
                     assert!(
                         (got - want).abs() <= 1e-6 * want.abs().max(1.0),
