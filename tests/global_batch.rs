@@ -264,19 +264,57 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
     );
 }
 
+/// 4 ranks and 2 ranks accumulating 2 micro-batches, with every recipe flag on that draws by
+/// position (TrivialAugmentWide, random erasing, MixUp/CutMix per micro-batch), label smoothing,
+/// class weights, gradient clipping and the model EMA: the same weights and the same EMA model,
+/// within the four-way sums' rounding.
 #[test]
 fn four_ranks_and_two_ranks_accumulating_two_train_the_same_model() {
     let t = tempdir();
     let model = model_dir(t.path(), "resnet18", 32);
     let (four, two) = (t.path().join("four"), t.path().join("two"));
+    let weights = t.path().join("weights.csv");
+    std::fs::write(&weights, "class,weight\n3,2.5\n7,0.25\n").expect("weights");
     // One step of 64 per epoch: the four-way sums' rounding (~1e-7) is not yet amplified by
     // many small-batch steps (8 steps of micro-batches of 4 at LR 0.08 drift up to 0.3 apart).
     // --lr given for 16 images: k = 4, the LR this test was measured at.
-    let g = ["--global-batch-size", "64", "--lr-reference-batch", "16"];
+    let mut g = vec![
+        "--global-batch-size",
+        "64",
+        "--lr-reference-batch",
+        "16",
+        "--auto-augment",
+        "ta_wide",
+        "--random-erase",
+        "0.5",
+        "--mixup-alpha",
+        "0.2",
+        "--cutmix-alpha",
+        "1.0",
+        "--label-smoothing",
+        "0.1",
+        "--clip-grad-norm",
+        "5",
+        "--model-ema",
+        "--model-ema-steps",
+        "1",
+        // torchvision's adjustment: 1 - 0.001 × 64 / 2 = 0.968 (0.9 would give 0: a copy).
+        "--model-ema-decay",
+        "0.999",
+        "--class-weights",
+    ];
+    g.push(weights.to_str().expect("utf-8 temp path"));
     ok(&train(&model, &four, 4, 16, &g));
     ok(&train(&model, &two, 2, 16, &g));
     let (d, name) = max_diff(&four, &two);
     assert!(d <= 1e-6, "{name} differs by {d}");
+    eprintln!("4 ranks against 2 × 2: weights differ by at most {d} ({name})");
+    let (d, name) = max_diff(&four.join("ema"), &two.join("ema"));
+    eprintln!("4 ranks against 2 × 2: EMA differs by at most {d} ({name})");
+    assert!(d <= 1e-6, "EMA: {name} differs by {d}");
+    // The EMA moved away from the raw weights: it is a model of its own, not a copy.
+    let (d, _) = max_diff(&four.join("ema"), &four);
+    assert!(d > 1e-4, "the EMA equals the raw model (largest difference {d})");
 }
 
 #[test]
