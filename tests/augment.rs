@@ -6,7 +6,10 @@
 mod common;
 use common::*;
 use std::time::Duration;
-use tchrun::data::{erase, erase_params, mix_params, mix_rng, Mix};
+use tchrun::data::{
+    center_crop_box, erase, erase_params, mix_params, mix_rng, resized_crop, BoxResize,
+    Interpolation, Mix,
+};
 
 fn reference(args: &[&str]) -> serde_json::Value {
     let out = run(
@@ -47,6 +50,58 @@ fn erasing_a_box_equals_torchvisions_erase() {
         erase(&mut image, size, [b[0], b[1], b[2], b[3]]);
         assert_eq!(image, floats(&case["erased"]), "box {b:?} at {size}");
     }
+}
+
+/// The largest difference in grey levels between two RGB8 images, and how many values differ.
+fn grey_diff(ours: &[u8], theirs: &[usize]) -> (u64, usize) {
+    assert_eq!(ours.len(), theirs.len());
+    let d = |(&a, &t): (&u8, &usize)| (a as i64 - t as i64).unsigned_abs();
+    let max = ours.iter().zip(theirs).map(d).max().unwrap_or(0);
+    (max, ours.iter().zip(theirs).filter(|p| d(*p) > 0).count())
+}
+
+/// The loader's crop and resize against torchvision's on PIL images (its reference's default
+/// backend), for nearest, bilinear and bicubic: RandomResizedCrop's kernel (`resized_crop` of a
+/// box, down and up in either axis, the box cut out first) and the eval transform (`Resize` of
+/// the shorter side + `CenterCrop`). Nearest is equal pixel for pixel; the antialiased filters
+/// are Pillow's, horizontal pass first as Pillow's, in another fixed-point arithmetic: within
+/// one grey level, on at most 6 % of the values (measured: up to 4.8 %, most cases under 1 %).
+/// Before the box was cut out first, RandomResizedCrop's filter read across the box's edges
+/// (up to 29 levels off), and with the vertical pass first bicubic clipped elsewhere (11).
+#[test]
+fn resized_crop_equals_torchvisions_on_pil_images() {
+    let v = reference(&["resize"]);
+    let w = v["width"].as_u64().expect("width") as u32;
+    let h = v["height"].as_u64().expect("height") as u32;
+    let image: Vec<u8> = usizes(&v["image"]).into_iter().map(|x| x as u8).collect();
+    let mut report = Vec::new();
+    let mut check = |name: &str, what: String, ours: Vec<u8>, theirs: Vec<usize>| {
+        let (max, n) = grey_diff(&ours, &theirs);
+        let line = format!("{name} {what}: max {max}, {n}/{} differ", ours.len());
+        let allowed = if name == "nearest" { 0 } else { 1 };
+        assert!(max <= allowed && n * 100 <= ours.len() * 6, "{line}");
+        report.push(line);
+    };
+    for case in v["cases"].as_array().expect("cases") {
+        let b = usizes(&case["box"]);
+        let size = case["size"].as_u64().expect("size") as usize;
+        let name = case["interpolation"].as_str().expect("interpolation");
+        let crop = (b[0] as f64, b[1] as f64, b[2] as f64, b[3] as f64);
+        let mode = (crop, BoxResize::CropFirst);
+        let ours = resized_crop((w, h, &image), mode, size, Interpolation::named(name));
+        let what = format!("box {b:?} -> {size}");
+        check(name, what, ours.expect("resize"), usizes(&case["out"]));
+    }
+    for case in v["evals"].as_array().expect("evals") {
+        let resize = case["resize"].as_u64().expect("resize") as usize;
+        let size = case["size"].as_u64().expect("size") as usize;
+        let name = case["interpolation"].as_str().expect("interpolation");
+        let mode = (center_crop_box(w, h, resize, size), BoxResize::WithinImage);
+        let ours = resized_crop((w, h, &image), mode, size, Interpolation::named(name));
+        let what = format!("Resize({resize}) + CenterCrop({size})");
+        check(name, what, ours.expect("resize"), usizes(&case["out"]));
+    }
+    eprintln!("{}", report.join("\n"));
 }
 
 /// The two-sample Kolmogorov-Smirnov statistic of `a` and `b` (ties counted at their value).

@@ -265,3 +265,110 @@ fn normal(rng: &mut impl Rng) -> f64 {
     let u2: f64 = rng.gen();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
+
+/// Where the resampling filter of a resized box reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoxResize {
+    /// The box is cut out first, as torchvision's `resized_crop` (RandomResizedCrop's kernel)
+    /// does: the filter sees no pixel outside it. The box is in whole pixels.
+    CropFirst,
+    /// The box is resampled inside the whole image, as `Resize` + `CenterCrop` is: the filter
+    /// reads across the box's edges, as it does when the whole image is resized.
+    WithinImage,
+}
+
+/// The box `crop` (left, top, width, height) of the RGB8 image `src` (width, height, bytes)
+/// resized into `dst` as Pillow resizes (torchvision's reference decodes with PIL): nearest,
+/// or antialiased bilinear and bicubic (Catmull-Rom, Pillow's a = -0.5), the horizontal pass
+/// first and rounded and clipped to 8 bits before the vertical one, as Pillow's
+/// `ImagingResample` (fast_image_resize alone would run the vertical pass first, whose bicubic
+/// overshoot clips elsewhere: up to 11 grey levels from torchvision's). `scratch` holds a
+/// cut-out box and the horizontal pass's rows.
+pub(super) fn resize_box(
+    resizer: &mut fr::Resizer,
+    src: (u32, u32, &[u8]),
+    (crop, mode): ((f64, f64, f64, f64), BoxResize),
+    interpolation: Interpolation,
+    scratch: &mut (Vec<u8>, Vec<u8>),
+    dst: &mut fr::images::Image<'static>,
+) -> Result<(), String> {
+    let (w, h, rgb) = src;
+    if rgb.len() < (w as usize) * (h as usize) * 3 {
+        return Err(format!("the buffer does not hold {w} x {h} RGB pixels"));
+    }
+    let alg = match interpolation {
+        Interpolation::Nearest => fr::ResizeAlg::Nearest,
+        Interpolation::Bilinear => fr::ResizeAlg::Convolution(fr::FilterType::Bilinear),
+        Interpolation::Bicubic => fr::ResizeAlg::Convolution(fr::FilterType::CatmullRom),
+    };
+    let (cut, rows) = scratch;
+    // The image the passes read, and the box in it.
+    let ((sw, sh, pixels), (left, top, cw, ch)) = match mode {
+        BoxResize::WithinImage => ((w, h, rgb), crop),
+        BoxResize::CropFirst => {
+            let (x0, y0) = (crop.0.round() as usize, crop.1.round() as usize);
+            let (bw, bh) = (
+                crop.2.round().max(1.0) as usize,
+                crop.3.round().max(1.0) as usize,
+            );
+            let (x1, y1) = ((x0 + bw).min(w as usize), (y0 + bh).min(h as usize));
+            if x0 >= x1 || y0 >= y1 {
+                return Err(format!("crop box {crop:?} is outside the {w} x {h} image"));
+            }
+            cut.clear();
+            let row = w as usize * 3;
+            for y in y0..y1 {
+                cut.extend_from_slice(&rgb[y * row + x0 * 3..y * row + x1 * 3]);
+            }
+            let (bw, bh) = ((x1 - x0) as u32, (y1 - y0) as u32);
+            ((bw, bh, cut.as_slice()), (0.0, 0.0, bw as f64, bh as f64))
+        }
+    };
+    let err = |e: &dyn std::fmt::Display| format!("resize failed: {e}");
+    let src =
+        fr::images::ImageRef::new(sw, sh, pixels, fr::PixelType::U8x3).map_err(|e| err(&e))?;
+    // The horizontal pass over every row, then the vertical pass over the box's rows.
+    let out_w = dst.width();
+    rows.clear();
+    rows.resize(out_w as usize * sh as usize * 3, 0);
+    let mut tmp = fr::images::Image::from_slice_u8(out_w, sh, rows, fr::PixelType::U8x3)
+        .map_err(|e| err(&e))?;
+    let opts = fr::ResizeOptions::new().resize_alg(alg);
+    let across = opts.crop(left, 0.0, cw, sh as f64);
+    resizer
+        .resize(&src, &mut tmp, &across)
+        .map_err(|e| err(&e))?;
+    let down = opts.crop(0.0, top, out_w as f64, ch);
+    resizer.resize(&tmp, dst, &down).map_err(|e| err(&e))
+}
+
+/// The loader's crop and resize alone, for the parity tests: the box `crop` (left, top,
+/// width, height, in source pixels) of the `w` x `h` RGB8 image `rgb`, resized to `size` x
+/// `size` with `interpolation`, the filter reading where `mode` says; RGB8 bytes, row-major.
+/// Errors name a box outside the image.
+pub fn resized_crop(
+    (w, h, rgb): (u32, u32, &[u8]),
+    crop: ((f64, f64, f64, f64), BoxResize),
+    size: usize,
+    interpolation: Interpolation,
+) -> Result<Vec<u8>, String> {
+    let mut dst = fr::images::Image::new(size as u32, size as u32, fr::PixelType::U8x3);
+    let mut scratch = (Vec::new(), Vec::new());
+    let mut resizer = fr::Resizer::new();
+    resize_box(
+        &mut resizer,
+        (w, h, rgb),
+        crop,
+        interpolation,
+        &mut scratch,
+        &mut dst,
+    )?;
+    Ok(dst.into_vec())
+}
+
+/// torchvision's eval transform `Resize(resize)` + `CenterCrop(size)` as the loader takes it:
+/// the crop's box in the source image, resampled within it (the same grid as resizing the
+/// whole image and cutting the centre).
+pub fn center_crop_box(w: u32, h: u32, resize: usize, size: usize) -> (f64, f64, f64, f64) {
+    center_crop(w, h, resize, size).0
+}

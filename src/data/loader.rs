@@ -79,6 +79,8 @@ pub(super) struct WorkerState {
     rgb: Vec<u8>,
     dst: fr::images::Image<'static>,
     resizer: fr::Resizer,
+    /// A RandomResizedCrop box cut out before it is resized, and the horizontal pass's rows.
+    crop: (Vec<u8>, Vec<u8>),
     /// Packed samples: the shards kept open.
     shards: pack::ShardFiles,
     /// `--auto-augment`: the crop the policy works on, and its buffers.
@@ -93,6 +95,7 @@ impl WorkerState {
             rgb: Vec::new(),
             dst: fr::images::Image::new(size as u32, size as u32, fr::PixelType::U8x3),
             resizer: fr::Resizer::new(),
+            crop: (Vec::new(), Vec::new()),
             shards: pack::ShardFiles::default(),
             policy_image: auto_augment::Rgb8::default(),
             policy_scratch: auto_augment::Scratch::default(),
@@ -218,20 +221,24 @@ pub(super) fn process_image(
     top = top.clamp(0.0, h as f64);
     cw = cw.min(w as f64 - left).max(1e-3);
     ch = ch.min(h as f64 - top).max(1e-3);
-    let src = fr::images::ImageRef::new(w, h, &st.rgb, fr::PixelType::U8x3)
-        .map_err(|e| bad(path, format!("internal buffer error: {e}")))?;
-    let alg = match shared.cfg.augment.interpolation() {
-        Interpolation::Nearest => fr::ResizeAlg::Nearest,
-        Interpolation::Bilinear => fr::ResizeAlg::Convolution(fr::FilterType::Bilinear),
-        // PIL's bicubic filter is a = -0.5: Catmull-Rom.
-        Interpolation::Bicubic => fr::ResizeAlg::Convolution(fr::FilterType::CatmullRom),
+    let interpolation = shared.cfg.augment.interpolation();
+    // RandomResizedCrop cuts its box out before resizing; Resize + CenterCrop resizes the
+    // whole image, so its filter reads across the crop's edges.
+    let mode = match shared.cfg.augment {
+        Augment::Train(_) => BoxResize::CropFirst,
+        Augment::Eval | Augment::Resize { .. } => BoxResize::WithinImage,
     };
-    let opts = fr::ResizeOptions::new()
-        .resize_alg(alg)
-        .crop(left, top, cw, ch);
-    st.resizer
-        .resize(&src, &mut st.dst, &opts)
-        .map_err(|e| bad(path, format!("resize failed: {e}")))?;
+    let crop = ((left, top, cw, ch), mode);
+    let (src, scratch) = ((w, h, st.rgb.as_slice()), &mut st.crop);
+    resize_box(
+        &mut st.resizer,
+        src,
+        crop,
+        interpolation,
+        scratch,
+        &mut st.dst,
+    )
+    .map_err(|e| bad(path, e))?;
 
     let policy = match shared.cfg.augment {
         Augment::Train(t) => t.auto_augment,
@@ -254,7 +261,6 @@ pub(super) fn process_image(
                 img.data.extend_from_slice(row);
             }
         }
-        let interpolation = shared.cfg.augment.interpolation();
         policy
             .draw(size, size, rng)
             .apply(img, interpolation, &mut st.policy_scratch);

@@ -6,6 +6,10 @@ and F.cross_entropy of logits against the mixed probability labels with label_sm
 (worker/src/train/mix.rs).
 `erase`: torchvision's F.erase (RandomErasing's kernel, value 0) of given images at given
 boxes (tests/augment.rs).
+`resize`: torchvision's v2 `resized_crop` of PIL images (its classification reference's default
+backend; RandomResizedCrop's kernel) at given integer boxes and sizes, nearest, bilinear and
+bicubic, antialiased, and of its eval transform (Resize of the shorter side + CenterCrop), on a
+generated 61 x 45 image with edges and noise (tests/augment.rs).
 `samples N`: N draws each, with fixed seeds, of v2.MixUp's lambda (alpha 0.2 and 1), of
 v2.CutMix's box and adjusted lambda (alpha 1 on 24 x 32 images), of v2.RandomChoice([MixUp,
 CutMix])'s choice, and of RandomErasing(p=0.5)'s box on 3 x 32 x 32 images (tests/augment.rs).
@@ -80,6 +84,36 @@ def erase():
     return {"cases": cases}
 
 
+def resize():
+    from PIL import Image
+    g = torch.Generator().manual_seed(0)
+    h, w = 45, 61
+    yy, xx = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    base = torch.stack([(xx * 4 + yy * 2) % 256, torch.sin(xx / 5.0) * 100 + 128, (yy * 23) % 256], -1)
+    img = (base + torch.randn(h, w, 3, generator=g) * 20).clamp(0, 255).to(torch.uint8)
+    pil = Image.fromarray(img.numpy())
+    cases = []
+    # (left, top, width, height, size): down in both axes, the whole image, up in both, down in
+    # one and up in the other, a small crop far up.
+    boxes = [(3, 5, 40, 30, 32), (0, 0, 61, 45, 32), (10, 7, 20, 13, 32), (5, 2, 50, 20, 24),
+             (30, 20, 9, 11, 16), (1, 1, 3, 4, 17)]
+    for interp in ["nearest", "bilinear", "bicubic"]:
+        mode = getattr(v2.InterpolationMode, interp.upper())
+        for (left, top, cw, ch, size) in boxes:
+            out = TF.resized_crop(pil, top, left, ch, cw, [size, size], interpolation=mode, antialias=True)
+            cases.append(dict(interpolation=interp, box=[left, top, cw, ch], size=size,
+                              out=flat(TF.pil_to_tensor(out).permute(1, 2, 0))))
+    # The eval transform: Resize(resize) of the shorter side + CenterCrop(size).
+    evals = []
+    for interp in ["nearest", "bilinear", "bicubic"]:
+        mode = getattr(v2.InterpolationMode, interp.upper())
+        for (resize, size) in [(36, 32), (20, 16), (56, 48), (45, 45)]:
+            out = TF.center_crop(TF.resize(pil, resize, interpolation=mode, antialias=True), size)
+            evals.append(dict(interpolation=interp, resize=resize, size=size,
+                              out=flat(TF.pil_to_tensor(out).permute(1, 2, 0))))
+    return dict(width=w, height=h, image=flat(img), cases=cases, evals=evals)
+
+
 def samples(n):
     torch.manual_seed(2)
     lam = {}
@@ -116,6 +150,8 @@ if __name__ == "__main__":
     warnings.simplefilter("ignore")
     if sys.argv[1] == "mix":
         print(json.dumps(mix()))
+    elif sys.argv[1] == "resize":
+        print(json.dumps(resize()))
     elif sys.argv[1] == "erase":
         print(json.dumps(erase()))
     else:
