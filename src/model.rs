@@ -204,6 +204,22 @@ pub struct ModelConfig {
     /// trained model's (its decay, steps and updates). Absent in every other model directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ema: Option<crate::recipe::EmaRecord>,
+    /// torchvision's recipe for this architecture where it is not tchrun's defaults (set by
+    /// `model init` from `recipe_preset::suggestion`): what `train` suggests once. Never
+    /// applied by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggested_recipe: Option<SuggestedRecipe>,
+}
+
+/// `model.json`'s `suggested_recipe`: the flags to add and every flag they set, at the model's
+/// input size, and where the recipe comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuggestedRecipe {
+    /// What to add to `tchrun train`: `--recipe NAME` and this model's own flags.
+    pub flags: String,
+    /// The flags the recipe sets (a flag given on the command line wins over its value).
+    pub sets: String,
+    pub source: String,
 }
 
 impl ModelConfig {
@@ -220,6 +236,7 @@ impl ModelConfig {
             zero_init_residual: false,
             memory_efficient: false,
             ema: None,
+            suggested_recipe: None,
         }
     }
 

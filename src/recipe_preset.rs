@@ -8,12 +8,17 @@ use clap::ArgMatches;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+mod families;
+pub use families::{suggestion, Suggestion};
+
 /// `--recipe` (help heading "Training"); the launcher has expanded it when the ranks parse it.
 #[derive(clap::Args, Debug, Clone, PartialEq, Default)]
 pub struct PresetFlags {
     /// A published recipe's values for every flag it sets that is not given on the command
-    /// line or in its variable: torchvision-v2 is torchvision's ResNet-50 IMAGENET1K_V2 recipe
-    /// (docs/training.md lists its flags; sizes scaled from 224 px to the model's input size).
+    /// line or in its variable: torchvision-v2 is torchvision's ResNet-50 IMAGENET1K_V2 recipe,
+    /// the others torchvision's recipe of that family (docs/training.md lists their flags;
+    /// sizes scaled to the model's input size). model.json's suggested_recipe names the
+    /// model's.
     #[arg(help_heading = "Training", long, env = "TCHRUN_RECIPE", value_enum)]
     pub recipe: Option<Preset>,
 }
@@ -25,12 +30,36 @@ pub enum Preset {
     /// top-1), `references/classification` README and the weights' `recipe` link.
     #[value(name = "torchvision-v2")]
     TorchvisionV2,
+    /// torchvision's ConvNeXt recipe (AdamW, cosine; `references/classification` README).
+    #[value(name = "torchvision-convnext")]
+    TorchvisionConvnext,
+    /// torchvision's EfficientNetV2 recipe (efficientnet_v2_s and _m's weights).
+    #[value(name = "torchvision-efficientnet-v2")]
+    TorchvisionEfficientnetV2,
+    /// torchvision's MobileNetV3 recipe (RMSprop, a step decay every 2 epochs).
+    #[value(name = "torchvision-mobilenet-v3")]
+    TorchvisionMobilenetV3,
+    /// torchvision's RegNet recipe (its small models'; cosine with a warmup).
+    #[value(name = "torchvision-regnet")]
+    TorchvisionRegnet,
+    /// torchvision's Swin Transformer recipe (AdamW, cosine to 1e-5).
+    #[value(name = "torchvision-swin")]
+    TorchvisionSwin,
+    /// torchvision's vit_b_16 recipe (AdamW, cosine, RandAugment).
+    #[value(name = "torchvision-vit")]
+    TorchvisionVit,
 }
 
 impl Preset {
     pub fn as_str(self) -> &'static str {
         match self {
             Preset::TorchvisionV2 => "torchvision-v2",
+            Preset::TorchvisionConvnext => "torchvision-convnext",
+            Preset::TorchvisionEfficientnetV2 => "torchvision-efficientnet-v2",
+            Preset::TorchvisionMobilenetV3 => "torchvision-mobilenet-v3",
+            Preset::TorchvisionRegnet => "torchvision-regnet",
+            Preset::TorchvisionSwin => "torchvision-swin",
+            Preset::TorchvisionVit => "torchvision-vit",
         }
     }
 
@@ -38,6 +67,12 @@ impl Preset {
     pub fn settings(self) -> &'static [Setting] {
         match self {
             Preset::TorchvisionV2 => TORCHVISION_V2,
+            Preset::TorchvisionConvnext => families::CONVNEXT,
+            Preset::TorchvisionEfficientnetV2 => families::EFFICIENTNET_V2,
+            Preset::TorchvisionMobilenetV3 => families::MOBILENET_V3,
+            Preset::TorchvisionRegnet => families::REGNET,
+            Preset::TorchvisionSwin => families::SWIN,
+            Preset::TorchvisionVit => families::VIT,
         }
     }
 }
@@ -56,12 +91,13 @@ pub enum Value {
     Text(&'static str),
     /// A switch turned on.
     On,
-    /// A size in pixels given for 224 px inputs: scaled to the model's input size,
-    /// `round(px × input / 224)` (the value itself at 224).
-    At224(u32),
+    /// A size in pixels given for inputs of the second value's size (224 px for most of
+    /// torchvision's recipes): scaled to the model's input size, `round(px × input / of)` (the
+    /// value itself at that size).
+    Scaled(u32, u32),
 }
 
-const fn text(id: &'static str, flag: &'static str, v: &'static str) -> Setting {
+pub(crate) const fn text(id: &'static str, flag: &'static str, v: &'static str) -> Setting {
     Setting {
         id,
         flag,
@@ -94,7 +130,7 @@ const TORCHVISION_V2: &[Setting] = &[
     Setting {
         id: "train_crop_size",
         flag: "--train-crop-size",
-        value: Value::At224(176),
+        value: Value::Scaled(176, 224),
     },
     Setting {
         id: "model_ema",
@@ -104,7 +140,7 @@ const TORCHVISION_V2: &[Setting] = &[
     Setting {
         id: "val_resize_size",
         flag: "--val-resize-size",
-        value: Value::At224(232),
+        value: Value::Scaled(232, 224),
     },
     Setting {
         id: "ra_sampler",
@@ -116,7 +152,13 @@ const TORCHVISION_V2: &[Setting] = &[
 
 /// `round(px × input / 224)`.
 pub fn at_input(px: u32, input: u32) -> u32 {
-    ((u64::from(px) * u64::from(input) + 112) / 224) as u32
+    scaled(px, 224, input)
+}
+
+/// `round(px × input / of)`, halves up.
+pub fn scaled(px: u32, of: u32, input: u32) -> u32 {
+    let of = u64::from(of.max(1));
+    ((u64::from(px) * u64::from(input) + of / 2) / of) as u32
 }
 
 /// The arguments the recipe adds: every setting whose flag was not `given`, the sizes scaled to
@@ -135,9 +177,9 @@ pub fn expand(
         match s.value {
             Value::Text(v) => out.push(format!("{}={v}", s.flag)),
             Value::On => out.push(s.flag.to_string()),
-            Value::At224(px) => {
+            Value::Scaled(px, of) => {
                 if let Some(i) = input_size {
-                    out.push(format!("{}={}", s.flag, at_input(px, i)));
+                    out.push(format!("{}={}", s.flag, scaled(px, of, i)));
                 }
             }
         }
@@ -151,6 +193,15 @@ fn given(m: &ArgMatches, id: &str) -> bool {
         m.value_source(id),
         Some(ValueSource::CommandLine | ValueSource::EnvVariable)
     )
+}
+
+/// The arguments the user gave to the subcommand (clap ids), recorded by `try_parse_from`.
+static GIVEN: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Whether the user gave argument `id` of this process's subcommand on the command line or in
+/// its variable (false before `try_parse_from` ran).
+pub fn user_gave(id: &str) -> bool {
+    GIVEN.get().is_some_and(|g| g.iter().any(|x| x == id))
 }
 
 /// The arguments a `--recipe` in the (sub)command of `m` adds, if any.
@@ -174,6 +225,10 @@ fn recipe_args(m: &ArgMatches) -> Vec<String> {
 /// user did not give are appended and the line parsed again.
 pub fn try_parse_from<C: clap::Parser>(args: Vec<OsString>) -> Result<C, clap::Error> {
     let m = C::command().try_get_matches_from(args.clone())?;
+    if let Some((_, sub)) = m.subcommand() {
+        let ids = sub.ids().map(|i| i.as_str()).filter(|i| given(sub, i));
+        let _ = GIVEN.set(ids.map(str::to_string).collect());
+    }
     let extra = recipe_args(&m);
     if extra.is_empty() {
         return C::from_arg_matches(&m);

@@ -314,7 +314,10 @@ fn four_ranks_and_two_ranks_accumulating_two_train_the_same_model() {
     assert!(d <= 1e-6, "EMA: {name} differs by {d}");
     // The EMA moved away from the raw weights: it is a model of its own, not a copy.
     let (d, _) = max_diff(&four.join("ema"), &four);
-    assert!(d > 1e-4, "the EMA equals the raw model (largest difference {d})");
+    assert!(
+        d > 1e-4,
+        "the EMA equals the raw model (largest difference {d})"
+    );
 }
 
 #[test]
@@ -778,6 +781,85 @@ fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
 /// "balanced" weights, 57 / (10 × 3) for class 0 and 57 / (10 × 6) for the others, recorded in
 /// `model.json`; a weights file naming a class the training set lacks is refused before any rank
 /// starts (exit 2), naming the flag, the class and the classes there are.
+/// Issue 34 item 4: a family torchvision trains with its own recipe (here ConvNeXt: AdamW,
+/// cosine) has it in `model.json` (`suggested_recipe`) from `model init`, and `train` prints it
+/// once, changing nothing, until the user chooses: `--recipe torchvision-convnext` applies it
+/// (each flag given still wins), and a flag of the recipe given by hand silences the note. A
+/// ResNet (the source component's family, whose defaults tchrun keeps) gets no note.
+#[test]
+fn a_familys_torchvision_recipe_is_suggested_once_and_applied_only_when_asked() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "convnext_tiny", 64);
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&model.join("model.json"))).expect("model.json");
+    let s = &m["suggested_recipe"];
+    assert_eq!(s["flags"], "--recipe torchvision-convnext", "{m}");
+    let sets = s["sets"].as_str().expect("sets");
+    for want in [
+        "--opt=adamw",
+        "--lr-reference-batch=1024",
+        "--train-crop-size=50",
+    ] {
+        assert!(sets.contains(want), "{want}: {m}");
+    }
+    let d = digits();
+    let out = t.path().join("out");
+    let job = |model: &Path, extra: &[&str]| {
+        let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), &out);
+        c.args([
+            "--epochs",
+            "1",
+            "--launcher",
+            "local",
+            "--procs-per-node",
+            "2",
+        ])
+        .args(["--batch-size", "16", "--dry-run"])
+        .args(extra);
+        run_quiet(&mut c)
+    };
+    let note = "note: torchvision trains convnext_tiny with its own recipe";
+    let r = job(&model, &[]);
+    ok(&r);
+    assert_eq!(r.stdout.matches(note).count(), 1, "{}", r.explain());
+    assert!(
+        r.stdout.contains("add `--recipe torchvision-convnext`")
+            && r.stdout.contains("Nothing was changed")
+            && !r.stdout.contains("--opt=adamw"),
+        "{}",
+        r.explain()
+    );
+    let r = job(&model, &["--recipe", "torchvision-convnext"]);
+    ok(&r);
+    assert!(!r.stdout.contains(note), "{}", r.explain());
+    // The recipe's 600 epochs and 128 images per rank lose to the line's.
+    for want in [
+        "--opt=adamw",
+        "--lr-scheduler=cosineannealinglr",
+        "--epochs 1 --batch-size 16",
+    ] {
+        assert!(r.stdout.contains(want), "{want}: {}", r.explain());
+    }
+    let r = job(&model, &["--opt", "sgd"]);
+    ok(&r);
+    assert!(
+        !r.stdout.contains("note: torchvision trains"),
+        "{}",
+        r.explain()
+    );
+    let resnet = model_dir(t.path(), "resnet18", 32);
+    let r = job(&resnet, &[]);
+    ok(&r);
+    assert!(
+        !r.stdout.contains("note: torchvision trains"),
+        "{}",
+        r.explain()
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&resnet.join("model.json"))).expect("model.json");
+    assert!(m.get("suggested_recipe").is_none(), "{m}");
+}
+
 #[test]
 fn class_weights_auto_are_balanced_and_a_bad_file_is_refused() {
     let t = tempdir();

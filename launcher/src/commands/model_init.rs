@@ -111,6 +111,8 @@ pub fn run(a: &InitArgs) -> Result<(), JobError> {
     let mut cfg = ModelConfig::untrained(a.arch, a.input_size, norm);
     cfg.zero_init_residual = a.zero_init_residual;
     cfg.memory_efficient = a.memory_efficient;
+    cfg.suggested_recipe =
+        tchrun::recipe_preset::suggestion(a.arch).map(|s| s.record(a.input_size));
     let weights_target = a.output.join(tchrun::files::MODEL_WEIGHTS);
     if let (Some(w), Some(loaded)) = (&a.weights, loaded) {
         tchrun::files::write_atomic(&weights_target, &loaded.safetensors).map_err(|e| {

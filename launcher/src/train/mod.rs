@@ -205,6 +205,15 @@ fn prepare(
     for line in &checked.notes {
         outln!("tchrun: {line}");
     }
+    // A family torchvision trains with its own recipe: said once, on a new run whose flags
+    // chose nothing of it (a resume keeps the run's recipe).
+    let cfg = &checked.inputs.cfg;
+    let resuming = matches!(decision, tchrun::checkpoint::Decision::Resume { .. });
+    if let Some(s) = tchrun::recipe_preset::suggestion(cfg.arch) {
+        if !resuming && !s.chosen(tchrun::recipe_preset::user_gave) {
+            outln!("tchrun: {}", s.note(cfg.arch, cfg.input_size));
+        }
+    }
     (job.train, job.valid) = (
         checked.inputs.train.root.clone(),
         checked.inputs.valid.root.clone(),
