@@ -172,4 +172,23 @@ mod tests {
         assert!(b.projects() && !l.stages[1][1].projects());
         assert_eq!(l.stages[1][1].squeeze, Some(26)); // round(0.25 * 104)
     }
+
+    /// Every size has four stages (what `Arch::last_feature_size` counts on: the stem and four
+    /// stride-2 blocks), the Y sizes a squeeze-and-excitation in every block, the X sizes none.
+    #[test]
+    fn every_regnet_has_four_stages() {
+        use crate::arch::{Arch, Family};
+        let mut n = 0;
+        for arch in Arch::ALL {
+            let Family::Regnet { params } = arch.family() else {
+                continue;
+            };
+            let l = params.layout();
+            assert_eq!(l.stages.len(), 4, "{}", arch.name());
+            let y = arch.name().starts_with("regnet_y");
+            assert!(l.stages.iter().flatten().all(|b| b.squeeze.is_some() == y));
+            n += 1;
+        }
+        assert_eq!(n, 14);
+    }
 }

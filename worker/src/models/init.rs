@@ -382,7 +382,10 @@ mod tests {
                 let want = 1.0 / 3f64.sqrt();
                 assert!((std / want - 1.0).abs() < 0.03, "{arch:?} SE biases: {std}");
             } else {
-                assert!(se_biases.is_empty(), "regnet_x has no squeeze-and-excitation");
+                assert!(
+                    se_biases.is_empty(),
+                    "regnet_x has no squeeze-and-excitation"
+                );
             }
         }
     }

@@ -27,7 +27,14 @@ fn block(p: nn::Path, b: &RegnetBlock) -> impl ModuleT {
         .then(|| conv_norm_act(&p / "proj", (c_in, c_out, 1), stride, 1, NORM, Act::None));
     let f = &p / "f";
     let mut layers = nn::seq_t()
-        .add(conv_norm_act(&f / "a", (c_in, c_out, 1), 1, 1, NORM, Act::Relu))
+        .add(conv_norm_act(
+            &f / "a",
+            (c_in, c_out, 1),
+            1,
+            1,
+            NORM,
+            Act::Relu,
+        ))
         .add(conv_norm_act(
             &f / "b",
             (c_out, c_out, 3),
