@@ -757,6 +757,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "vit_l_16",
         "mobilenet_v3_small",
         "mobilenet_v3_large",
+        "regnet_y_400mf",
+        "regnet_x_32gf",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }
