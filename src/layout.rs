@@ -104,6 +104,8 @@ pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) ->
         // Not measured yet (the machine was shared by four builds when MobileNetV3 came):
         // PyTorch's default.
         Family::Mobilenet { .. } => ("MobileNetV3", None),
+        // Not measured yet either (two CPU cores shared by three builds when RegNet came).
+        Family::Regnet { .. } => ("RegNet", None),
     };
     let Some(from) = from else {
         return Layout {
@@ -191,6 +193,11 @@ mod tests {
         );
         assert!(choose(ChannelsLast::Auto, true, mv3, 32).channels_last);
         assert!(choose(ChannelsLast::On, false, mv3, 32).channels_last);
+        assert_eq!(
+            choose(ChannelsLast::Auto, false, Arch::RegnetY400mf, 224).describe(),
+            "NCHW (--channels-last auto: RegNet is not measured on CPU yet, PyTorch's default)"
+        );
+        assert!(choose(ChannelsLast::Auto, true, Arch::RegnetX400mf, 32).channels_last);
         let l = choose(ChannelsLast::Auto, false, r18, 32);
         assert_eq!(
             l.describe(),

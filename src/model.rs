@@ -542,6 +542,11 @@ mod tests {
         assert_eq!(Arch::MobilenetV3Large.last_feature_size(33), 2);
         assert_eq!(Arch::MobilenetV3Large.min_input_size(), MIN_INPUT_SIZE);
         assert_eq!(Arch::MobilenetV3Small.min_input_for_single_image(), 33);
+        // RegNet: the stem and four stages' first blocks, each stride 2, ceil(s / 2).
+        assert_eq!(Arch::RegnetY400mf.last_feature_size(224), 7);
+        assert_eq!(Arch::RegnetX32gf.last_feature_size(33), 2);
+        assert_eq!(Arch::RegnetX400mf.min_input_size(), MIN_INPUT_SIZE);
+        assert_eq!(Arch::RegnetY32gf.min_input_for_single_image(), 33);
         assert!(check_arch_input_size(Arch::Densenet121, 28)
             .unwrap_err()
             .contains("use an input size of 29 or more"));

@@ -3,11 +3,12 @@
 //! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
 //! login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration (the newer families' in a file
-//! each: `weights/convnext.rs`, `weights/mobilenet.rs`).
+//! each: `weights/convnext.rs`, `weights/mobilenet.rs`, `weights/regnet.rs`).
 use crate::arch::{vit, Arch, EfficientnetLayout, Family};
 
 mod convnext;
 mod mobilenet;
+mod regnet;
 
 /// `(name, shape)` of a `state_dict`'s tensors, in order.
 type Spec = Vec<(String, Vec<usize>)>;
@@ -36,6 +37,7 @@ pub fn spec_at(arch: Arch, classes: usize, image_size: u32) -> Vec<(String, Vec<
         Family::Mobilenet { table } => {
             mobilenet::mobilenet_spec(&mut out, &table.layout(), classes)
         }
+        Family::Regnet { params } => regnet::regnet_spec(&mut out, &params.layout(), classes),
         Family::Densenet {
             init_features: c0,
             growth,
@@ -201,15 +203,15 @@ fn sha256_hex(bytes: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The classifier's tensor-name prefix: the Linear a new head replaces, `fc.` (ResNet),
-/// `classifier.` (DenseNet), `classifier.2.` (ConvNeXt: `classifier.0` is its last
+/// The classifier's tensor-name prefix: the Linear a new head replaces, `fc.` (ResNet,
+/// RegNet), `classifier.` (DenseNet), `classifier.2.` (ConvNeXt: `classifier.0` is its last
 /// LayerNorm2d, part of the backbone), `classifier.1.` (EfficientNet: `classifier.0` is the
 /// dropout), `heads.head.` (ViT) or `classifier.3.` (MobileNetV3: `classifier.0` is its hidden
 /// Linear, part of the backbone).
 pub fn head_prefix(arch: Arch) -> &'static str {
     match arch.family() {
         Family::Vit { .. } => "heads.head.",
-        Family::Resnet { .. } => "fc.",
+        Family::Resnet { .. } | Family::Regnet { .. } => "fc.",
         Family::Densenet { .. } => "classifier.",
         Family::Convnext { .. } => "classifier.2.",
         Family::Efficientnet { .. } => "classifier.1.",
@@ -613,5 +615,19 @@ mod tests {
         assert_eq!(params(Arch::VitL16), 304_326_632);
         assert_eq!(params(Arch::MobilenetV3Small), 2_542_856);
         assert_eq!(params(Arch::MobilenetV3Large), 5_483_032);
+        assert_eq!(params(Arch::RegnetY400mf), 4_344_144);
+        assert_eq!(params(Arch::RegnetY800mf), 6_432_512);
+        assert_eq!(params(Arch::RegnetY1_6gf), 11_202_430);
+        assert_eq!(params(Arch::RegnetY3_2gf), 19_436_338);
+        assert_eq!(params(Arch::RegnetY8gf), 39_381_472);
+        assert_eq!(params(Arch::RegnetY16gf), 83_590_140);
+        assert_eq!(params(Arch::RegnetY32gf), 145_046_770);
+        assert_eq!(params(Arch::RegnetX400mf), 5_495_976);
+        assert_eq!(params(Arch::RegnetX800mf), 7_259_656);
+        assert_eq!(params(Arch::RegnetX1_6gf), 9_190_136);
+        assert_eq!(params(Arch::RegnetX3_2gf), 15_296_552);
+        assert_eq!(params(Arch::RegnetX8gf), 39_572_648);
+        assert_eq!(params(Arch::RegnetX16gf), 54_278_536);
+        assert_eq!(params(Arch::RegnetX32gf), 107_811_560);
     }
 }

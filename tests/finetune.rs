@@ -52,7 +52,8 @@ fn train_still(model: &Path, out: &Path) -> Run {
 }
 
 /// `tchrun::weights::spec` is torchvision's `state_dict` for every architecture (names and
-/// shapes, in order), as torchvision itself lists it.
+/// shapes, in order), as torchvision itself lists it (each model built on the meta device by
+/// `parity.py`'s `meta`: RegNet's `BlockParams` on the CPU, as torchvision computes them).
 #[test]
 fn weight_spec_equals_torchvision_state_dicts() {
     use tchrun::model::Arch;
@@ -61,13 +62,15 @@ fn weight_spec_equals_torchvision_state_dicts() {
         .map(|a| format!("'{}'", a.name()))
         .collect();
     let code = format!(
-        "import json, torch, torchvision\n\
+        "import json, sys\n\
+         sys.path.insert(0, '{}')\n\
+         from parity import meta\n\
          out = {{}}\n\
          for a in [{}]:\n\
-         \x20   with torch.device('meta'):\n\
-         \x20       m = getattr(torchvision.models, a)(num_classes=7)\n\
+         \x20   m = meta(a, num_classes=7)\n\
          \x20   out[a] = [[k, list(v.shape)] for k, v in m.state_dict().items()]\n\
          print(json.dumps(out))\n",
+        repo().join("tests/python").display(),
         names.join(",")
     );
     let r = run(python().arg("-c").arg(code), LIMIT);
@@ -432,6 +435,41 @@ fn mobilenet_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architectu
     );
 }
 
+/// RegNet (regnet_y_400mf) refused as regnet_x_400mf (other widths, no squeeze-and-excitation),
+/// as regnet_y_1_6gf (the same first width in groups of 24, not 8) and as ResNet (whose head is
+/// `fc` too), naming regnet_y_400mf; fine-tuned with a new head `fc`, the backbone (stem,
+/// projections, grouped convolutions, batch norms and squeeze-and-excitations) trained from the
+/// file's weights.
+#[test]
+fn regnet_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
+    pth_is_fine_tuned_with_a_new_head(
+        "regnet_y_400mf",
+        &[
+            (
+                "regnet_x_400mf",
+                "tensor 'trunk_output.block1.block1-0.proj.0.weight' has shape [48, 32, 1, 1], \
+                 regnet_x_400mf needs [32, 32, 1, 1]",
+            ),
+            (
+                "regnet_y_1_6gf",
+                "tensor 'trunk_output.block1.block1-0.f.b.0.weight' has shape [48, 8, 3, 3], \
+                 regnet_y_1_6gf needs [48, 24, 3, 3]",
+            ),
+            ("resnet18", "it lacks 'conv1.weight', which resnet18 needs"),
+        ],
+        "fc",
+        440,
+        &[
+            "stem.0.weight",
+            "stem.1.running_mean",
+            "trunk_output.block1.block1-0.proj.0.weight",
+            "trunk_output.block2.block2-1.f.b.0.weight",
+            "trunk_output.block3.block3-0.f.se.fc1.bias",
+            "trunk_output.block4.block4-5.f.c.1.weight",
+        ],
+    );
+}
+
 /// A Vision Transformer from a torchvision `.pth` (vit_b_32 at torchvision's 224 px): refused
 /// as another ViT or family, naming vit_b_32; refused at an input size that is no multiple of
 /// its patch, naming the patch size; made at 32 px with its positional embedding resampled
@@ -719,6 +757,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "vit_l_16",
         "mobilenet_v3_small",
         "mobilenet_v3_large",
+        "regnet_y_400mf",
+        "regnet_x_32gf",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }

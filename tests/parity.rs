@@ -29,7 +29,10 @@
 //! MobileNetV3 (biases perturbed
 //! too): the same, training step with dropout off, mobilenet_v3_small at 32 and 64 px here,
 //! mobilenet_v3_large with `TCHRUN_PARITY_ALL_SIZES=1`; its batch-norm eps and momentum and its
-//! dropout equal torchvision's.
+//! dropout equal torchvision's. RegNet (biases perturbed too): the same, training step as it is
+//! (no dropout, no stochastic depth), regnet_x_400mf and regnet_y_400mf at 32 and 64 px here,
+//! the twelve other sizes with `TCHRUN_PARITY_ALL_SIZES=1`; every size's batch-norm eps and
+//! momentum equal torchvision's, none has dropout or stochastic depth.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -406,6 +409,58 @@ fn mobilenet_settings_equal_torchvisions() {
     }
 }
 
+const REGNETS: [Arch; 14] = [
+    Arch::RegnetX400mf,
+    Arch::RegnetY400mf,
+    Arch::RegnetX800mf,
+    Arch::RegnetX1_6gf,
+    Arch::RegnetX3_2gf,
+    Arch::RegnetX8gf,
+    Arch::RegnetX16gf,
+    Arch::RegnetX32gf,
+    Arch::RegnetY800mf,
+    Arch::RegnetY1_6gf,
+    Arch::RegnetY3_2gf,
+    Arch::RegnetY8gf,
+    Arch::RegnetY16gf,
+    Arch::RegnetY32gf,
+];
+
+/// regnet_x_400mf and regnet_y_400mf (without and with squeeze-and-excitation) always; the
+/// others (up to 145 million parameters) only with `TCHRUN_PARITY_ALL_SIZES=1`: the same code
+/// paths with other widths, depths and group widths, which `tests/finetune.rs`'s spec test
+/// compares for every size.
+#[test]
+fn regnets_give_torchvisions_logits_and_gradients() {
+    if all_sizes_asked() {
+        parity(&REGNETS);
+    } else {
+        parity(&REGNETS[..2]);
+    }
+}
+
+/// Every RegNet's batch norm (eps 1e-5, momentum 0.1) is torchvision's (`parity.py config`:
+/// the model built on the meta device after `BlockParams` on the CPU), and none has dropout or
+/// stochastic depth.
+#[test]
+fn regnet_settings_equal_torchvisions() {
+    use tchrun::arch::{REGNET_BN_EPS, REGNET_BN_MOMENTUM};
+    let tv = torchvision_settings(&REGNETS);
+    for arch in REGNETS {
+        let t = &tv[arch.name()];
+        let f = |k: &str| t[k].as_f64().expect("number");
+        let name = arch.name();
+        assert_eq!(
+            (REGNET_BN_EPS, REGNET_BN_MOMENTUM),
+            (f("eps"), f("momentum")),
+            "{name}"
+        );
+        assert_eq!(t["dropout"], serde_json::Value::Null, "{name}");
+        assert_eq!(t["sd"], serde_json::json!([]), "{name}");
+        assert!(arch.family().stochastic_depth_probs().is_empty());
+    }
+}
+
 /// The tests above cover every architecture tchrun offers.
 #[test]
 fn every_architecture_is_compared() {
@@ -417,6 +472,7 @@ fn every_architecture_is_compared() {
         .chain(&EFFICIENTNETS)
         .chain(&VITS)
         .chain(&MOBILENETS)
+        .chain(&REGNETS)
         .map(|a| a.name())
         .collect();
     let mut all: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();

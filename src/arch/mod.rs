@@ -1,9 +1,10 @@
 //! The architectures (torchvision names: the model list of Azure ML designer's ResNet and
 //! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2, MobileNetV3, the Vision
-//! Transformer) and what each is built from (`Family`: torchvision's constructor arguments;
-//! `EfficientnetLayout`: EfficientNet's blocks after its width and depth multipliers;
-//! `MobilenetLayout`: MobileNetV3's inverted residuals; `vit`: ViT's layout at an image size),
-//! the one description `weights::spec` and the worker's builders read.
+//! Transformer, RegNet) and what each is built from (`Family`: torchvision's constructor
+//! arguments; `EfficientnetLayout`: EfficientNet's blocks after its width and depth multipliers;
+//! `MobilenetLayout`: MobileNetV3's inverted residuals; `vit`: ViT's layout at an image size;
+//! `RegnetLayout`: RegNet's stages from `BlockParams.from_init_params`), the one description
+//! `weights::spec` and the worker's builders read.
 use serde::{Deserialize, Serialize};
 
 mod efficientnet;
@@ -15,6 +16,10 @@ pub use mobilenet::{
     IrBlock, MobilenetLayout, MobilenetTable, MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM,
     MOBILENET_DROPOUT,
 };
+mod regnet;
+pub use regnet::{
+    RegnetBlock, RegnetLayout, RegnetParams, REGNET_BN_EPS, REGNET_BN_MOMENTUM, REGNET_STEM,
+};
 
 /// Smallest and largest accepted input sizes (pixels, square).
 pub const MIN_INPUT_SIZE: u32 = 16;
@@ -22,7 +27,7 @@ pub const MAX_INPUT_SIZE: u32 = 1024;
 
 /// Supported architectures (torchvision names): the model list of Azure ML designer's ResNet and
 /// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2,
-/// MobileNetV3 and Vision Transformers.
+/// MobileNetV3, Vision Transformers and RegNet (X and Y).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -110,6 +115,48 @@ pub enum Arch {
     #[serde(rename = "mobilenet_v3_large")]
     #[value(name = "mobilenet_v3_large")]
     MobilenetV3Large,
+    #[serde(rename = "regnet_y_400mf")]
+    #[value(name = "regnet_y_400mf")]
+    RegnetY400mf,
+    #[serde(rename = "regnet_y_800mf")]
+    #[value(name = "regnet_y_800mf")]
+    RegnetY800mf,
+    #[serde(rename = "regnet_y_1_6gf")]
+    #[value(name = "regnet_y_1_6gf")]
+    RegnetY1_6gf,
+    #[serde(rename = "regnet_y_3_2gf")]
+    #[value(name = "regnet_y_3_2gf")]
+    RegnetY3_2gf,
+    #[serde(rename = "regnet_y_8gf")]
+    #[value(name = "regnet_y_8gf")]
+    RegnetY8gf,
+    #[serde(rename = "regnet_y_16gf")]
+    #[value(name = "regnet_y_16gf")]
+    RegnetY16gf,
+    #[serde(rename = "regnet_y_32gf")]
+    #[value(name = "regnet_y_32gf")]
+    RegnetY32gf,
+    #[serde(rename = "regnet_x_400mf")]
+    #[value(name = "regnet_x_400mf")]
+    RegnetX400mf,
+    #[serde(rename = "regnet_x_800mf")]
+    #[value(name = "regnet_x_800mf")]
+    RegnetX800mf,
+    #[serde(rename = "regnet_x_1_6gf")]
+    #[value(name = "regnet_x_1_6gf")]
+    RegnetX1_6gf,
+    #[serde(rename = "regnet_x_3_2gf")]
+    #[value(name = "regnet_x_3_2gf")]
+    RegnetX3_2gf,
+    #[serde(rename = "regnet_x_8gf")]
+    #[value(name = "regnet_x_8gf")]
+    RegnetX8gf,
+    #[serde(rename = "regnet_x_16gf")]
+    #[value(name = "regnet_x_16gf")]
+    RegnetX16gf,
+    #[serde(rename = "regnet_x_32gf")]
+    #[value(name = "regnet_x_32gf")]
+    RegnetX32gf,
 }
 
 /// How torchvision builds an architecture: the numbers its constructor takes.
@@ -167,6 +214,11 @@ pub enum Family {
     /// inverted-residual table; batch norm eps 0.001 and momentum 0.01 (`MOBILENET_BN_*`), no
     /// stochastic depth.
     Mobilenet { table: MobilenetTable },
+    /// `torchvision.models.regnet.RegNet(BlockParams.from_init_params(depth, w_0, w_a, w_m,
+    /// group_width, se_ratio))` as `regnet_y_*` (`se_ratio=0.25`) and `regnet_x_*` call it: the
+    /// stem 32 wide, `ResBottleneckBlock`s with bottleneck multiplier 1, batch norm eps 1e-5 and
+    /// momentum 0.1 (`REGNET_BN_*`), no dropout or stochastic depth, head `fc`.
+    Regnet { params: RegnetParams },
 }
 
 /// torchvision's `_make_divisible(v, 8)`: to the nearest multiple of 8 (at least 8), one more
@@ -214,7 +266,8 @@ impl Family {
             Family::Resnet { .. }
             | Family::Densenet { .. }
             | Family::Vit { .. }
-            | Family::Mobilenet { .. } => Vec::new(),
+            | Family::Mobilenet { .. }
+            | Family::Regnet { .. } => Vec::new(),
         }
     }
 }
@@ -226,16 +279,19 @@ impl Arch {
     /// 2x2 average-pool transitions, each floor(s/2); ConvNeXt: the 4x4 stride-4 stem, floor(s/4),
     /// then three 2x2 stride-2 downsampling convolutions, each floor(s/2): floor(s/32);
     /// EfficientNet and MobileNetV3: the stem and four stride-2 stages, each a k x k convolution
-    /// padded by (k-1)/2, so ceil(s/2) as ResNet's; ViT: the patch grid, floor(s/patch)).
+    /// padded by (k-1)/2, so ceil(s/2) as ResNet's; RegNet: the 3x3 stride-2 stem and four
+    /// stages whose first block strides 2 (3x3 padded by 1, its shortcut 1x1), each ceil(s/2);
+    /// ViT: the patch grid, floor(s/patch)).
     pub fn last_feature_size(self, input: u32) -> u32 {
         let half_up = |s: u32| s.div_ceil(2);
         match self.family() {
             Family::Vit { patch, .. } => input / patch as u32,
             Family::Convnext { .. } => input / 4 / 2 / 2 / 2,
             Family::Densenet { .. } => half_up(half_up(input)) / 2 / 2 / 2,
-            Family::Resnet { .. } | Family::Efficientnet { .. } | Family::Mobilenet { .. } => {
-                half_up(half_up(half_up(half_up(half_up(input)))))
-            }
+            Family::Resnet { .. }
+            | Family::Efficientnet { .. }
+            | Family::Mobilenet { .. }
+            | Family::Regnet { .. } => half_up(half_up(half_up(half_up(half_up(input))))),
         }
     }
 
@@ -273,7 +329,7 @@ impl Arch {
             .unwrap_or(4096)
     }
 
-    pub const ALL: [Arch; 34] = [
+    pub const ALL: [Arch; 48] = [
         Arch::Resnet18,
         Arch::Resnet34,
         Arch::Resnet50,
@@ -308,6 +364,20 @@ impl Arch {
         Arch::VitL16,
         Arch::MobilenetV3Small,
         Arch::MobilenetV3Large,
+        Arch::RegnetY400mf,
+        Arch::RegnetY800mf,
+        Arch::RegnetY1_6gf,
+        Arch::RegnetY3_2gf,
+        Arch::RegnetY8gf,
+        Arch::RegnetY16gf,
+        Arch::RegnetY32gf,
+        Arch::RegnetX400mf,
+        Arch::RegnetX800mf,
+        Arch::RegnetX1_6gf,
+        Arch::RegnetX3_2gf,
+        Arch::RegnetX8gf,
+        Arch::RegnetX16gf,
+        Arch::RegnetX32gf,
     ];
 
     pub fn name(self) -> &'static str {
@@ -346,6 +416,20 @@ impl Arch {
             Arch::VitL16 => "vit_l_16",
             Arch::MobilenetV3Small => "mobilenet_v3_small",
             Arch::MobilenetV3Large => "mobilenet_v3_large",
+            Arch::RegnetY400mf => "regnet_y_400mf",
+            Arch::RegnetY800mf => "regnet_y_800mf",
+            Arch::RegnetY1_6gf => "regnet_y_1_6gf",
+            Arch::RegnetY3_2gf => "regnet_y_3_2gf",
+            Arch::RegnetY8gf => "regnet_y_8gf",
+            Arch::RegnetY16gf => "regnet_y_16gf",
+            Arch::RegnetY32gf => "regnet_y_32gf",
+            Arch::RegnetX400mf => "regnet_x_400mf",
+            Arch::RegnetX800mf => "regnet_x_800mf",
+            Arch::RegnetX1_6gf => "regnet_x_1_6gf",
+            Arch::RegnetX3_2gf => "regnet_x_3_2gf",
+            Arch::RegnetX8gf => "regnet_x_8gf",
+            Arch::RegnetX16gf => "regnet_x_16gf",
+            Arch::RegnetX32gf => "regnet_x_32gf",
         }
     }
 
@@ -387,6 +471,18 @@ impl Arch {
             hidden,
             mlp,
         };
+        let regnet = |depth, w_0, w_a_centi, w_m_centi, group_width, se| Family::Regnet {
+            params: RegnetParams {
+                depth,
+                w_0,
+                w_a_centi,
+                w_m_centi,
+                group_width,
+                se,
+            },
+        };
+        let y = |d, w_0, w_a, w_m, g| regnet(d, w_0, w_a, w_m, g, true);
+        let x = |d, w_0, w_a, w_m, g| regnet(d, w_0, w_a, w_m, g, false);
         let (torch_bn, tf_bn) = (EfficientnetNorm::Torch, EfficientnetNorm::Eps1e3Momentum1e2);
         match self {
             Arch::Resnet18 => resnet(false, [2, 2, 2, 2], 1, 64),
@@ -427,6 +523,20 @@ impl Arch {
             Arch::MobilenetV3Large => Family::Mobilenet {
                 table: MobilenetTable::Large,
             },
+            Arch::RegnetY400mf => y(16, 48, 2789, 209, 8),
+            Arch::RegnetY800mf => y(14, 56, 3884, 240, 16),
+            Arch::RegnetY1_6gf => y(27, 48, 2071, 265, 24),
+            Arch::RegnetY3_2gf => y(21, 80, 4263, 266, 24),
+            Arch::RegnetY8gf => y(17, 192, 7682, 219, 56),
+            Arch::RegnetY16gf => y(18, 200, 10623, 248, 112),
+            Arch::RegnetY32gf => y(20, 232, 11589, 253, 232),
+            Arch::RegnetX400mf => x(22, 24, 2448, 254, 16),
+            Arch::RegnetX800mf => x(16, 56, 3573, 228, 16),
+            Arch::RegnetX1_6gf => x(18, 80, 3401, 225, 24),
+            Arch::RegnetX3_2gf => x(25, 88, 2631, 225, 48),
+            Arch::RegnetX8gf => x(23, 80, 4956, 288, 120),
+            Arch::RegnetX16gf => x(22, 216, 5559, 210, 128),
+            Arch::RegnetX32gf => x(23, 320, 6986, 200, 168),
         }
     }
 

@@ -7,9 +7,9 @@
                              batches DIR/x.safetensors at the sizes given (default 32, 64, 224,
                              256 and 299 px); and
                              torchvision's inference-mode logits DIR/ref.safetensors. For
-                             ConvNeXt, EfficientNet and MobileNetV3 also LayerNorm parameters,
-                             layer scales and biases perturbed, and one training step
-                             (stochastic_depth_prob=0, EfficientNet's and MobileNetV3's
+                             ConvNeXt, EfficientNet, MobileNetV3 and RegNet also LayerNorm
+                             parameters, layer scales and biases perturbed, and one training
+                             step (stochastic_depth_prob=0, EfficientNet's and MobileNetV3's
                              dropout=0, a batch of 4 at 32 px, DIR/train.safetensors): its
                              cross-entropy loss and gradients DIR/train_ref.safetensors.
   parity.py write vit_* DIR SIZE ...
@@ -29,15 +29,16 @@
                              1e-6 of torchvision's interpolation, every other tensor equal) and
                              state_dict (DIR/sd{SIZE}.safetensors, strict load); the loss and
                              gradients at the checkpoint's size.
-  parity.py config ARCH ...  prints, as JSON, each EfficientNet's or MobileNetV3's batch-norm
-                             eps and momentum (every BatchNorm2d alike), its dropout and its
-                             blocks' stochastic depth probabilities, built on the meta device.
+  parity.py config ARCH ...  prints, as JSON, each EfficientNet's, MobileNetV3's or RegNet's
+                             batch-norm eps and momentum (every BatchNorm2d alike), its dropout
+                             (null without one) and its blocks' stochastic depth probabilities,
+                             built on the meta device (`meta`).
   parity.py check ARCH DIR   compares tchrun's logits (DIR/logits.safetensors) with the
                              reference; the model directories made from the .pth (DIR/model-pth)
                              and from the safetensors file (DIR/model-st) hold equal tensors; and
                              tchrun's state_dict (DIR/sd.safetensors) loads into torchvision with
                              strict=True and equals the weights given; for ConvNeXt,
-                             EfficientNet and MobileNetV3, tchrun's loss and gradients
+                             EfficientNet, MobileNetV3 and RegNet, tchrun's loss and gradients
                              (DIR/grads.safetensors) equal torchvision's within GRAD_RTOL.
 """
 import sys
@@ -57,6 +58,7 @@ STEPPED = {
     "convnext": {"stochastic_depth_prob": 0.0},
     "efficientnet": {"stochastic_depth_prob": 0.0, "dropout": 0.0},
     "mobilenet": {"dropout": 0.0},
+    "regnet": {},  # neither dropout nor stochastic depth
     "vit": {},  # no stochastic depth; dropout 0 by default
 }
 
@@ -68,7 +70,8 @@ def stepped(arch: str) -> bool:
 def perturb(m: torch.nn.Module, g: torch.Generator) -> None:
     """LayerNorm weights and biases, layer scales (from 1e-6 to 0.1-0.3, so that every block
     shows in the logits and gradients) and the zero-initialised biases (ConvNeXt's, and
-    EfficientNet's and MobileNetV3's squeeze-and-excitation and Linears) made distinct."""
+    EfficientNet's, MobileNetV3's and RegNet's squeeze-and-excitation and Linears) made
+    distinct."""
     for name, p in m.named_parameters():
         if name.endswith("layer_scale"):
             p.copy_(0.1 + 0.2 * torch.rand(p.shape, generator=g))
@@ -93,6 +96,28 @@ def model(arch: str, **kwargs) -> torch.nn.Module:
                 mod.running_mean.copy_(0.1 * torch.randn(c, generator=g))
                 mod.running_var.copy_(0.8 + 0.4 * torch.rand(c, generator=g))
     return m.eval()
+
+
+def meta(arch: str, **kwargs) -> torch.nn.Module:
+    """torchvision's `arch` built on the meta device. RegNet's builder computes its widths with
+    tensors it reads back (`BlockParams.from_init_params`), which the meta device cannot: there
+    that runs on the CPU and only `RegNet.__init__` on the meta device."""
+    if not arch.startswith("regnet"):
+        with torch.device("meta"):
+            return getattr(torchvision.models, arch)(**kwargs)
+    from torchvision.models import regnet
+
+    init = regnet.RegNet.__init__
+
+    def on_meta(self, *args, **kw):
+        with torch.device("meta"):
+            init(self, *args, **kw)
+
+    regnet.RegNet.__init__ = on_meta
+    try:
+        return getattr(torchvision.models, arch)(**kwargs)
+    finally:
+        regnet.RegNet.__init__ = init
 
 
 def vit_at(arch: str, size: int, sd: dict) -> torch.nn.Module:
@@ -210,8 +235,7 @@ def check(arch: str, d: str, *sizes: str) -> None:
     for k, v in given.items():
         assert torch.equal(from_pth[k], v) and torch.equal(from_st[k], v), f"{arch}: {k} differs"
     sd = load_file(f"{d}/sd.safetensors")
-    with torch.device("meta"):
-        m = getattr(torchvision.models, arch)(num_classes=10)
+    m = meta(arch, num_classes=10)
     m.load_state_dict(sd, strict=True, assign=True)
     for k, v in given.items():
         if not k.endswith("num_batches_tracked"):
@@ -240,15 +264,16 @@ def config(*archs: str) -> None:
 
     out = {}
     for arch in archs:
-        with torch.device("meta"):
-            m = getattr(torchvision.models, arch)()
+        m = meta(arch)
+        assert all(t.is_meta for t in m.state_dict().values()), arch
         bns = {(b.eps, b.momentum) for b in m.modules() if isinstance(b, torch.nn.BatchNorm2d)}
         assert len(bns) == 1, bns
         eps, momentum = bns.pop()
         sd = [b.stochastic_depth.p for b in m.modules() if hasattr(b, "stochastic_depth")]
         dropout = [d.p for d in m.modules() if isinstance(d, torch.nn.Dropout)]
-        assert len(dropout) == 1, dropout
-        out[arch] = {"eps": eps, "momentum": momentum, "dropout": dropout[0], "sd": sd}
+        assert len(dropout) <= 1, dropout
+        out[arch] = {"eps": eps, "momentum": momentum, "dropout": dropout[0] if dropout else None,
+                     "sd": sd}
     print(json.dumps(out))
 
 

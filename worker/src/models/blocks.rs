@@ -1,8 +1,8 @@
 //! Layers more than one architecture shares, as torchvision defines them: row-mode stochastic
 //! depth (`torchvision.ops.StochasticDepth(p, "row")`, ConvNeXt's and EfficientNet's blocks),
 //! `Conv2dNormActivation` and `SqueezeExcitation` (`torchvision.ops.misc`), initialised as
-//! EfficientNet and MobileNetV3 initialise them (Kaiming-normal fan-out convolutions, zero
-//! biases, batch norm 1/0).
+//! EfficientNet, MobileNetV3 and RegNet initialise them (Kaiming-normal fan-out convolutions,
+//! zero biases or, RegNet's, `nn.Conv2d`'s default ones; batch norm 1/0).
 use super::init;
 use tch::{nn, nn::init::FanInOut, nn::Init, nn::ModuleT, Tensor};
 
@@ -103,6 +103,8 @@ impl nn::Module for SqueezeExcitation {
     }
 }
 
+/// A `SqueezeExcitation` under `p` whose convolution biases are zero (EfficientNet's and
+/// MobileNetV3's `__init__` zero them).
 pub fn squeeze_excitation(
     p: nn::Path,
     c: i64,
@@ -110,14 +112,37 @@ pub fn squeeze_excitation(
     act: Act,
     scale: Act,
 ) -> SqueezeExcitation {
-    let cfg = nn::ConvConfig {
+    se_with_biases(p, (c, squeeze), (act, scale), |_| Init::Const(0.0))
+}
+
+/// A `SqueezeExcitation` under `p` whose convolution biases keep `nn.Conv2d`'s default,
+/// Uniform(±1/√fan_in) (`RegNet.__init__` draws only the weights again).
+pub fn squeeze_excitation_default_bias(
+    p: nn::Path,
+    c: i64,
+    squeeze: i64,
+    act: Act,
+    scale: Act,
+) -> SqueezeExcitation {
+    se_with_biases(p, (c, squeeze), (act, scale), init::conv_default_bias)
+}
+
+/// `fc1` (`c` to `squeeze`) and `fc2` (back) with Kaiming-normal fan-out weights and the
+/// biases `bias(fan_in)` draws.
+fn se_with_biases(
+    p: nn::Path,
+    (c, squeeze): (i64, i64),
+    (act, scale): (Act, Act),
+    bias: fn(i64) -> Init,
+) -> SqueezeExcitation {
+    let cfg = |fan_in| nn::ConvConfig {
         ws_init: init::conv(FanInOut::FanOut),
-        bs_init: Init::Const(0.0),
+        bs_init: bias(fan_in),
         ..Default::default()
     };
     SqueezeExcitation {
-        fc1: nn::conv2d(&p / "fc1", c, squeeze, 1, cfg),
-        fc2: nn::conv2d(&p / "fc2", squeeze, c, 1, cfg),
+        fc1: nn::conv2d(&p / "fc1", c, squeeze, 1, cfg(c)),
+        fc2: nn::conv2d(&p / "fc2", squeeze, c, 1, cfg(squeeze)),
         act,
         scale,
     }

@@ -17,6 +17,9 @@
 //!   xavier-uniform with N(0, 1e-6²) biases; LayerNorm 1/0; the head `heads.head` all 0.
 //! * MobileNetV3: convolutions `kaiming_normal_(mode="fan_out")` (biases 0), batch norm 1/0,
 //!   both Linears (`classifier.0`, `classifier.3`) N(0, 0.01²) with bias 0.
+//! * RegNet: convolution weights N(0, 2/fan_out) (`kaiming_normal_(mode="fan_out")`'s law),
+//!   the squeeze-and-excitation's biases left at `nn.Conv2d`'s default Uniform(±1/√fan_in),
+//!   batch norm 1/0, the head `fc` N(0, 0.01²) with bias 0.
 use tch::nn::{self, init::FanInOut, init::NonLinearity, init::NormalOrUniform, Init};
 
 /// Kaiming normal with the ReLU gain, over fan out (ResNet) or fan in (DenseNet).
@@ -25,6 +28,16 @@ pub fn conv(fan: FanInOut) -> Init {
         dist: NormalOrUniform::Normal,
         fan,
         non_linearity: NonLinearity::ReLU,
+    }
+}
+
+/// `nn.Conv2d`'s default bias, Uniform(±1/√fan_in) with `fan_in` the input channels per group
+/// times the kernel's area (what RegNet's squeeze-and-excitation keeps).
+pub fn conv_default_bias(fan_in: i64) -> Init {
+    let bound = 1.0 / (fan_in as f64).sqrt();
+    Init::Uniform {
+        lo: -bound,
+        up: bound,
     }
 }
 
@@ -321,6 +334,59 @@ mod tests {
             }
             assert_eq!(linears, 2, "{arch:?}");
             assert!(large >= 10, "{arch:?}: {large} large convolutions");
+        }
+    }
+
+    /// RegNet from scratch, as `RegNet.__init__` initialises it: every convolution weight
+    /// N(0, 2/fan_out) (within 3 % on the tensors of 20 000 values or more), batch norm 1/0,
+    /// `fc` N(0, 0.01²) (within 5 %: 4 400 values) with bias 0; the Y models'
+    /// squeeze-and-excitation biases keep `nn.Conv2d`'s default Uniform(±1/√fan_in), which
+    /// `__init__` does not touch: each within its bound and, pooled over the model in units of
+    /// their bounds, with the standard deviation 1/√3 within 3 %.
+    #[test]
+    fn regnet_is_initialised_as_torchvision_does() {
+        let _seed = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        for arch in [Arch::RegnetY400mf, Arch::RegnetX400mf] {
+            tch::manual_seed(1);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _model = build(arch, &vs.root(), 10, 32, false);
+            let vars = vs.variables();
+            let (mut large, mut se_biases) = (0, Vec::new());
+            for (name, t) in &vars {
+                let all = |v: f64| bool::try_from(t.eq(v).all()).expect("bool");
+                let dims = t.size();
+                if name.contains(".f.se.") && name.ends_with(".bias") {
+                    let w = &vars[&name.replace(".bias", ".weight")];
+                    let bound = 1.0 / (w.size()[1] as f64).sqrt();
+                    let (_, max) = stats(t);
+                    assert!(max <= bound && max > 0.0, "{arch:?} {name}: max {max}");
+                    se_biases.push(t / bound);
+                } else if name.ends_with(".bias") {
+                    assert!(all(0.0), "{arch:?} {name}: not all 0");
+                } else if name.ends_with(".weight") && dims.len() == 1 {
+                    assert!(all(1.0), "{arch:?} {name}: not all 1");
+                } else if name == "fc.weight" {
+                    let (std, _) = stats(t);
+                    assert!((std / 0.01 - 1.0).abs() < 0.05, "{arch:?} {name}: {std}");
+                } else if dims.len() == 4 && t.numel() >= 20_000 {
+                    let want = (2.0 / (dims[0] * dims[2] * dims[3]) as f64).sqrt();
+                    let (std, _) = stats(t);
+                    assert!((std / want - 1.0).abs() < 0.03, "{arch:?} {name}: {std}");
+                    large += 1;
+                }
+            }
+            assert!(large >= 10, "{arch:?}: {large} large convolutions");
+            if arch == Arch::RegnetY400mf {
+                assert_eq!(se_biases.len(), 2 * 16, "two per block");
+                let (std, _) = stats(&tch::Tensor::cat(&se_biases, 0));
+                let want = 1.0 / 3f64.sqrt();
+                assert!((std / want - 1.0).abs() < 0.03, "{arch:?} SE biases: {std}");
+            } else {
+                assert!(
+                    se_biases.is_empty(),
+                    "regnet_x has no squeeze-and-excitation"
+                );
+            }
         }
     }
 }

@@ -2,14 +2,15 @@
 //! torchvision `state_dict`s in safetensors: what Python's `load_state_dict(strict=True)` takes.
 //! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`,
 //! `convnext`, `efficientnet`: EfficientNet and EfficientNetV2, `mobilenet`: MobileNetV3,
-//! `vit`: the Vision Transformer; `blocks`: layers they share) and their weights; knows nothing
-//! of ranks, data loading or training.
+//! `vit`: the Vision Transformer, `regnet`: RegNet X and Y; `blocks`: layers they share) and
+//! their weights; knows nothing of ranks, data loading or training.
 pub mod blocks;
 pub mod convnext;
 pub mod densenet;
 pub mod efficientnet;
 pub mod init;
 pub mod mobilenet;
+pub mod regnet;
 pub mod resnet;
 pub mod vit;
 use std::collections::BTreeMap;
@@ -65,6 +66,9 @@ fn build_with(
         family @ Family::Mobilenet { .. } => Box::new(crate::models::mobilenet::mobilenet(
             root, family, classes, stochastic,
         )),
+        family @ Family::Regnet { .. } => {
+            Box::new(crate::models::regnet::regnet(root, family, classes))
+        }
         family @ Family::Resnet { .. } => {
             Box::new(crate::models::resnet::resnet(root, family, classes))
         }
