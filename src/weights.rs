@@ -3,11 +3,13 @@
 //! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
 //! login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration (the newer families' in a file
-//! each: `weights/convnext.rs`, `weights/mobilenet.rs`).
-use crate::arch::{vit, Arch, EfficientnetLayout, Family};
+//! each: `weights/convnext.rs`, `weights/mobilenet.rs`, `weights/swin.rs`).
+use crate::arch::{swin::SwinShape, vit, Arch, EfficientnetLayout, Family};
 
 mod convnext;
 mod mobilenet;
+mod swin;
+pub use swin::RELATIVE_POSITION_INDEX;
 
 /// `(name, shape)` of a `state_dict`'s tensors, in order.
 type Spec = Vec<(String, Vec<usize>)>;
@@ -36,6 +38,7 @@ pub fn spec_at(arch: Arch, classes: usize, image_size: u32) -> Vec<(String, Vec<
         Family::Mobilenet { table } => {
             mobilenet::mobilenet_spec(&mut out, &table.layout(), classes)
         }
+        f @ Family::Swin { .. } => swin::swin_spec(&mut out, SwinShape::of(f).expect("a Swin"), classes),
         Family::Densenet {
             init_features: c0,
             growth,
@@ -204,10 +207,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// The classifier's tensor-name prefix: the Linear a new head replaces, `fc.` (ResNet),
 /// `classifier.` (DenseNet), `classifier.2.` (ConvNeXt: `classifier.0` is its last
 /// LayerNorm2d, part of the backbone), `classifier.1.` (EfficientNet: `classifier.0` is the
-/// dropout), `heads.head.` (ViT) or `classifier.3.` (MobileNetV3: `classifier.0` is its hidden
-/// Linear, part of the backbone).
+/// dropout), `heads.head.` (ViT), `classifier.3.` (MobileNetV3: `classifier.0` is its hidden
+/// Linear, part of the backbone) or `head.` (Swin).
 pub fn head_prefix(arch: Arch) -> &'static str {
     match arch.family() {
+        Family::Swin { .. } => "head.",
         Family::Vit { .. } => "heads.head.",
         Family::Resnet { .. } => "fc.",
         Family::Densenet { .. } => "classifier.",
@@ -307,7 +311,9 @@ fn head_classes_if(arch: Arch, st: &Listing) -> Result<(usize, Option<u32>), Str
                 arch.name()
             ));
         }
-        let float_expected = !name.ends_with(".num_batches_tracked");
+        // Integer buffers: batch norm's counter, Swin's relative position index.
+        let float_expected = !name.ends_with(".num_batches_tracked")
+            && !name.ends_with(RELATIVE_POSITION_INDEX);
         if float_expected && !is_float(*dtype) {
             return Err(format!(
                 "tensor '{name}' is {dtype:?}; weights must be floating point (F32, F16, BF16 or F64)"
@@ -613,5 +619,10 @@ mod tests {
         assert_eq!(params(Arch::VitL16), 304_326_632);
         assert_eq!(params(Arch::MobilenetV3Small), 2_542_856);
         assert_eq!(params(Arch::MobilenetV3Large), 5_483_032);
+        // Swin: its relative_position_index buffers are no parameters.
+        let swin = |arch| params(arch) - 2401 * spec(arch, 1000).iter().filter(|(n, _)| n.ends_with(RELATIVE_POSITION_INDEX)).count();
+        assert_eq!(swin(Arch::SwinT), 28_288_354);
+        assert_eq!(swin(Arch::SwinS), 49_606_258);
+        assert_eq!(swin(Arch::SwinB), 87_768_224);
     }
 }

@@ -1,15 +1,17 @@
 //! The architectures (torchvision names: the model list of Azure ML designer's ResNet and
 //! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2, MobileNetV3, the Vision
-//! Transformer) and what each is built from (`Family`: torchvision's constructor arguments;
-//! `EfficientnetLayout`: EfficientNet's blocks after its width and depth multipliers;
-//! `MobilenetLayout`: MobileNetV3's inverted residuals; `vit`: ViT's layout at an image size),
-//! the one description `weights::spec` and the worker's builders read.
+//! Transformer, the Swin Transformer) and what each is built from (`Family`: torchvision's
+//! constructor arguments; `EfficientnetLayout`: EfficientNet's blocks after its width and depth
+//! multipliers; `MobilenetLayout`: MobileNetV3's inverted residuals; `vit`: ViT's layout at an
+//! image size; `swin`: Swin's constants, attention index and mask), the one description
+//! `weights::spec` and the worker's builders read.
 use serde::{Deserialize, Serialize};
 
 mod efficientnet;
 use efficientnet::EFFICIENTNET_STOCHASTIC_DEPTH;
 pub use efficientnet::{EfficientnetLayout, EfficientnetNorm, EfficientnetTable, MbBlock};
 mod mobilenet;
+pub mod swin;
 pub mod vit;
 pub use mobilenet::{
     IrBlock, MobilenetLayout, MobilenetTable, MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM,
@@ -22,7 +24,7 @@ pub const MAX_INPUT_SIZE: u32 = 1024;
 
 /// Supported architectures (torchvision names): the model list of Azure ML designer's ResNet and
 /// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2,
-/// MobileNetV3 and Vision Transformers.
+/// MobileNetV3, Vision Transformers and Swin Transformers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -110,6 +112,15 @@ pub enum Arch {
     #[serde(rename = "mobilenet_v3_large")]
     #[value(name = "mobilenet_v3_large")]
     MobilenetV3Large,
+    #[serde(rename = "swin_t")]
+    #[value(name = "swin_t")]
+    SwinT,
+    #[serde(rename = "swin_s")]
+    #[value(name = "swin_s")]
+    SwinS,
+    #[serde(rename = "swin_b")]
+    #[value(name = "swin_b")]
+    SwinB,
 }
 
 /// How torchvision builds an architecture: the numbers its constructor takes.
@@ -167,6 +178,17 @@ pub enum Family {
     /// inverted-residual table; batch norm eps 0.001 and momentum 0.01 (`MOBILENET_BN_*`), no
     /// stochastic depth.
     Mobilenet { table: MobilenetTable },
+    /// `torchvision.models.swin_transformer.SwinTransformer(patch_size=[4, 4], embed_dim,
+    /// depths, num_heads, window_size=[7, 7], stochastic_depth_prob)` with its defaults (MLP
+    /// ratio 4, dropout and attention dropout 0, LayerNorm eps 1e-5, `PatchMerging`), as
+    /// `swin_t`, `swin_s` and `swin_b` call it (`swin::{PATCH, WINDOW}`); block `i` of `n` drops
+    /// with `p * i / (n - 1)`, `p` = `stochastic_depth_pct` / 100, as ConvNeXt's.
+    Swin {
+        embed: usize,
+        depths: [usize; 4],
+        heads: [usize; 4],
+        stochastic_depth_pct: u32,
+    },
 }
 
 /// torchvision's `_make_divisible(v, 8)`: to the nearest multiple of 8 (at least 8), one more
@@ -187,13 +209,18 @@ pub(crate) fn make_divisible_by(v: f64, divisor: usize) -> usize {
 }
 
 impl Family {
-    /// The drop probability of each block, in order: ConvNeXt's (torchvision's `sd_prob =
-    /// stochastic_depth_prob * stage_block_id / (total_stage_blocks - 1.0)`) or EfficientNet's
+    /// The drop probability of each block, in order: ConvNeXt's and Swin's (torchvision's
+    /// `sd_prob = stochastic_depth_prob * stage_block_id / (total_stage_blocks - 1)`) or EfficientNet's
     /// (divided by `total_stage_blocks`); empty for the families without stochastic depth.
     pub fn stochastic_depth_probs(self) -> Vec<f64> {
         match self {
             Family::Convnext {
                 blocks,
+                stochastic_depth_pct,
+                ..
+            }
+            | Family::Swin {
+                depths: blocks,
                 stochastic_depth_pct,
                 ..
             } => {
@@ -226,10 +253,12 @@ impl Arch {
     /// 2x2 average-pool transitions, each floor(s/2); ConvNeXt: the 4x4 stride-4 stem, floor(s/4),
     /// then three 2x2 stride-2 downsampling convolutions, each floor(s/2): floor(s/32);
     /// EfficientNet and MobileNetV3: the stem and four stride-2 stages, each a k x k convolution
-    /// padded by (k-1)/2, so ceil(s/2) as ResNet's; ViT: the patch grid, floor(s/patch)).
+    /// padded by (k-1)/2, so ceil(s/2) as ResNet's; ViT: the patch grid, floor(s/patch); Swin:
+    /// floor(s/4), then three patch mergings, each ceil(s/2): `swin::stage_sides`).
     pub fn last_feature_size(self, input: u32) -> u32 {
         let half_up = |s: u32| s.div_ceil(2);
         match self.family() {
+            Family::Swin { .. } => swin::stage_sides(input)[3],
             Family::Vit { patch, .. } => input / patch as u32,
             Family::Convnext { .. } => input / 4 / 2 / 2 / 2,
             Family::Densenet { .. } => half_up(half_up(input)) / 2 / 2 / 2,
@@ -240,9 +269,12 @@ impl Arch {
     }
 
     /// Whether the architecture has batch-norm layers (whose running statistics one value per
-    /// channel would poison); ConvNeXt and ViT normalise with LayerNorm, per image.
+    /// channel would poison); ConvNeXt, ViT and Swin normalise with LayerNorm, per image.
     pub fn has_batch_norm(self) -> bool {
-        !matches!(self.family(), Family::Convnext { .. } | Family::Vit { .. })
+        !matches!(
+            self.family(),
+            Family::Convnext { .. } | Family::Vit { .. } | Family::Swin { .. }
+        )
     }
 
     /// ViT's patch side: its input size must be a multiple of it (torchvision's
@@ -273,7 +305,7 @@ impl Arch {
             .unwrap_or(4096)
     }
 
-    pub const ALL: [Arch; 34] = [
+    pub const ALL: [Arch; 37] = [
         Arch::Resnet18,
         Arch::Resnet34,
         Arch::Resnet50,
@@ -308,6 +340,9 @@ impl Arch {
         Arch::VitL16,
         Arch::MobilenetV3Small,
         Arch::MobilenetV3Large,
+        Arch::SwinT,
+        Arch::SwinS,
+        Arch::SwinB,
     ];
 
     pub fn name(self) -> &'static str {
@@ -346,6 +381,9 @@ impl Arch {
             Arch::VitL16 => "vit_l_16",
             Arch::MobilenetV3Small => "mobilenet_v3_small",
             Arch::MobilenetV3Large => "mobilenet_v3_large",
+            Arch::SwinT => "swin_t",
+            Arch::SwinS => "swin_s",
+            Arch::SwinB => "swin_b",
         }
     }
 
@@ -387,6 +425,12 @@ impl Arch {
             hidden,
             mlp,
         };
+        let swin = |embed, depths, heads, stochastic_depth_pct| Family::Swin {
+            embed,
+            depths,
+            heads,
+            stochastic_depth_pct,
+        };
         let (torch_bn, tf_bn) = (EfficientnetNorm::Torch, EfficientnetNorm::Eps1e3Momentum1e2);
         match self {
             Arch::Resnet18 => resnet(false, [2, 2, 2, 2], 1, 64),
@@ -427,6 +471,9 @@ impl Arch {
             Arch::MobilenetV3Large => Family::Mobilenet {
                 table: MobilenetTable::Large,
             },
+            Arch::SwinT => swin(96, [2, 2, 6, 2], [3, 6, 12, 24], 20),
+            Arch::SwinS => swin(96, [2, 2, 18, 2], [3, 6, 12, 24], 30),
+            Arch::SwinB => swin(128, [2, 2, 18, 2], [4, 8, 16, 32], 50),
         }
     }
 
