@@ -31,8 +31,8 @@
 //! mobilenet_v3_large with `TCHRUN_PARITY_ALL_SIZES=1`; its batch-norm eps and momentum and its
 //! dropout equal torchvision's. Swin Transformers (LayerNorms and biases perturbed too): the
 //! same, training step with stochastic depth off, swin_t at 32 px (8x8 patches padded to 14x14:
-//! four windows, the shifted blocks masked) and 64 px (16x16 padded to 21x21, then 8x8 to
-//! 14x14) here, swin_s and swin_b with `TCHRUN_PARITY_ALL_SIZES=1`; every size's LayerNorm eps,
+//! four windows, the shifted blocks masked), 36 px (9x9 patches: every patch merging pads an
+//! odd side) and 64 px (16x16 padded to 21x21, then 8x8 to 14x14) here, swin_s and swin_b with `TCHRUN_PARITY_ALL_SIZES=1`; every size's LayerNorm eps,
 //! dropouts, window and shift per block and per-block stochastic depth equal torchvision's.
 mod common;
 use common::*;
@@ -52,8 +52,12 @@ fn parity_of(arch: Arch) {
     let t = tempdir();
     let d = t.path();
     let all_sizes = LARGE_SIZES_FOR.contains(&arch) || all_sizes_asked();
+    let swin = matches!(arch.family(), tchrun::model::Family::Swin { .. });
     let sizes: &[&str] = if all_sizes {
         &["32", "64", "224", "256", "299"]
+    } else if swin {
+        // 36 px: 9x9 patches, then 5x5 and 3x3: every patch merging pads an odd side.
+        &["32", "36", "64"]
     } else {
         &["32", "64"]
     };

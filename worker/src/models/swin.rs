@@ -266,4 +266,39 @@ mod tests {
             crate::models::assert_builds_spec(&vs, arch);
         }
     }
+
+    /// Stochastic depth is on in training, per block: a block of drop probability 0.2 (swin_t's
+    /// last) with its MLP branch zeroed, on 4000 one-token maps, leaves the input as it is
+    /// (the attention branch dropped) on a fraction of rows within 4.5 standard deviations of
+    /// 0.2, and adds the inference-mode branch scaled by 1 / 0.8 on the others; inference mode
+    /// drops nothing.
+    #[test]
+    fn blocks_drop_their_branches_with_their_probability_in_training() {
+        use tch::{nn::ModuleT, Kind, Tensor};
+        let _seed = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        tch::manual_seed(3);
+        let p = 0.2;
+        let vs = nn::VarStore::new(Device::Cpu);
+        let b = super::block(vs.root() / "b", 8, 2, false, p);
+        tch::no_grad(|| {
+            for (name, mut v) in vs.variables() {
+                if name.contains("mlp.3") {
+                    let _ = v.zero_();
+                }
+            }
+        });
+        let rows = 4000i64;
+        let x = Tensor::randn([rows, 1, 1, 8], (Kind::Float, Device::Cpu));
+        let branch = (b.forward_t(&x, false) - &x).reshape([rows, 8]);
+        let got = (b.forward_t(&x, true) - &x).reshape([rows, 8]);
+        let dropped = got.abs().sum_dim_intlist(1, false, Kind::Float).eq(0.0);
+        let frac = dropped.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        let sd = (p * (1.0 - p) / rows as f64).sqrt();
+        assert!((frac - p).abs() <= 4.5 * sd, "{frac} of the rows dropped");
+        let kept = dropped.logical_not();
+        let want = branch.index_select(0, &kept.nonzero().squeeze_dim(1)) / (1.0 - p);
+        let have = got.index_select(0, &kept.nonzero().squeeze_dim(1));
+        assert!(have.allclose(&want, 1e-5, 1e-6, false));
+        assert!(bool::try_from(branch.abs().sum(Kind::Float).gt(0.0)).expect("bool"));
+    }
 }
