@@ -198,7 +198,10 @@ mod tests {
         assert!(choose(ChannelsLast::On, false, Arch::VitB16, 224).channels_last);
         for cuda in [false, true] {
             let l = choose(ChannelsLast::Auto, cuda, Arch::SwinT, 224);
-            assert!(!l.channels_last && l.why.contains("patch embedding"), "{l:?}");
+            assert!(
+                !l.channels_last && l.why.contains("patch embedding"),
+                "{l:?}"
+            );
         }
         assert!(choose(ChannelsLast::On, false, Arch::SwinT, 224).channels_last);
         let mv3 = Arch::from_name("mobilenet_v3_small").expect("mobilenet_v3_small");

@@ -38,7 +38,9 @@ pub fn spec_at(arch: Arch, classes: usize, image_size: u32) -> Vec<(String, Vec<
         Family::Mobilenet { table } => {
             mobilenet::mobilenet_spec(&mut out, &table.layout(), classes)
         }
-        f @ Family::Swin { .. } => swin::swin_spec(&mut out, SwinShape::of(f).expect("a Swin"), classes),
+        f @ Family::Swin { .. } => {
+            swin::swin_spec(&mut out, SwinShape::of(f).expect("a Swin"), classes)
+        }
         Family::Densenet {
             init_features: c0,
             growth,
@@ -312,8 +314,8 @@ fn head_classes_if(arch: Arch, st: &Listing) -> Result<(usize, Option<u32>), Str
             ));
         }
         // Integer buffers: batch norm's counter, Swin's relative position index.
-        let float_expected = !name.ends_with(".num_batches_tracked")
-            && !name.ends_with(RELATIVE_POSITION_INDEX);
+        let float_expected =
+            !name.ends_with(".num_batches_tracked") && !name.ends_with(RELATIVE_POSITION_INDEX);
         if float_expected && !is_float(*dtype) {
             return Err(format!(
                 "tensor '{name}' is {dtype:?}; weights must be floating point (F32, F16, BF16 or F64)"
@@ -620,7 +622,14 @@ mod tests {
         assert_eq!(params(Arch::MobilenetV3Small), 2_542_856);
         assert_eq!(params(Arch::MobilenetV3Large), 5_483_032);
         // Swin: its relative_position_index buffers are no parameters.
-        let swin = |arch| params(arch) - 2401 * spec(arch, 1000).iter().filter(|(n, _)| n.ends_with(RELATIVE_POSITION_INDEX)).count();
+        let swin = |arch| {
+            params(arch)
+                - 2401
+                    * spec(arch, 1000)
+                        .iter()
+                        .filter(|(n, _)| n.ends_with(RELATIVE_POSITION_INDEX))
+                        .count()
+        };
         assert_eq!(swin(Arch::SwinT), 28_288_354);
         assert_eq!(swin(Arch::SwinS), 49_606_258);
         assert_eq!(swin(Arch::SwinB), 87_768_224);

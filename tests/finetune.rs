@@ -452,7 +452,10 @@ fn swin_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() 
                 "tensor 'features.0.0.weight' has shape [96, 3, 4, 4], swin_b needs \
                  [128, 3, 4, 4]",
             ),
-            ("vit_b_16", "it lacks 'heads.head.weight', which vit_b_16 needs"),
+            (
+                "vit_b_16",
+                "it lacks 'heads.head.weight', which vit_b_16 needs",
+            ),
             (
                 "convnext_tiny",
                 "it lacks 'classifier.2.weight', which convnext_tiny needs",

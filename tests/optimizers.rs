@@ -68,7 +68,10 @@ fn weight_decay_groups_equal_torchvisions_set_weight_decay() {
                 let leaf = n.rsplit('.').next().unwrap_or(n);
                 let buffer = matches!(
                     leaf,
-                    "running_mean" | "running_var" | "num_batches_tracked" | "relative_position_index"
+                    "running_mean"
+                        | "running_var"
+                        | "num_batches_tracked"
+                        | "relative_position_index"
                 );
                 assert_eq!(want.contains_key(*n), !buffer, "{arch}: {n}");
             }

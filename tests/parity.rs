@@ -433,8 +433,8 @@ fn swins_give_torchvisions_logits_and_gradients() {
 /// "row" mode) are torchvision's (`parity.py config`, built on the meta device).
 #[test]
 fn swin_settings_equal_torchvisions() {
-    use tchrun::arch::swin::{EPS, WINDOW};
     use tchrun::arch::swin::SwinShape;
+    use tchrun::arch::swin::{EPS, WINDOW};
     let tv = torchvision_settings(&SWINS);
     for arch in SWINS {
         let t = &tv[arch.name()];

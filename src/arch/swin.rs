@@ -166,7 +166,10 @@ mod tests {
         // Token 0 against token 48 (6, 6): offset (-6, -6), row 0; the reverse the last row.
         assert_eq!(idx[48], 0);
         assert_eq!(idx[48 * 49], 168);
-        assert_eq!(*idx.iter().max().expect("max"), bias_table_rows() as i64 - 1);
+        assert_eq!(
+            *idx.iter().max().expect("max"),
+            bias_table_rows() as i64 - 1
+        );
         assert_eq!(stage_sides(224), [56, 28, 14, 7]);
         assert_eq!(stage_sides(32), [8, 4, 2, 1]);
         assert_eq!(stage_sides(33), [8, 4, 2, 1]);

@@ -38,7 +38,12 @@ pub(super) fn swin_spec(out: &mut Spec, v: SwinShape, classes: usize) {
             wb(out, &format!("{a}.qkv"), vec![3 * c, c], 3 * c);
             wb(out, &format!("{a}.proj"), vec![c, c], c);
             wb(out, &format!("{p}.norm2"), vec![c], c);
-            wb(out, &format!("{p}.mlp.0"), vec![MLP_RATIO * c, c], MLP_RATIO * c);
+            wb(
+                out,
+                &format!("{p}.mlp.0"),
+                vec![MLP_RATIO * c, c],
+                MLP_RATIO * c,
+            );
             wb(out, &format!("{p}.mlp.3"), vec![c, MLP_RATIO * c], c);
         }
         if s + 1 < v.depths.len() {

@@ -66,9 +66,9 @@ fn build_with(
         family @ Family::Mobilenet { .. } => Box::new(crate::models::mobilenet::mobilenet(
             root, family, classes, stochastic,
         )),
-        family @ Family::Swin { .. } => Box::new(crate::models::swin::swin(
-            root, family, classes, stochastic,
-        )),
+        family @ Family::Swin { .. } => {
+            Box::new(crate::models::swin::swin(root, family, classes, stochastic))
+        }
         family @ Family::Resnet { .. } => {
             Box::new(crate::models::resnet::resnet(root, family, classes))
         }

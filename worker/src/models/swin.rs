@@ -292,7 +292,10 @@ mod tests {
         let branch = (b.forward_t(&x, false) - &x).reshape([rows, 8]);
         let got = (b.forward_t(&x, true) - &x).reshape([rows, 8]);
         let dropped = got.abs().sum_dim_intlist(1, false, Kind::Float).eq(0.0);
-        let frac = dropped.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        let frac = dropped
+            .to_kind(Kind::Float)
+            .mean(Kind::Float)
+            .double_value(&[]);
         let sd = (p * (1.0 - p) / rows as f64).sqrt();
         assert!((frac - p).abs() <= 4.5 * sd, "{frac} of the rows dropped");
         let kept = dropped.logical_not();
