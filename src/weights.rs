@@ -316,6 +316,11 @@ fn head_classes_if(arch: Arch, st: &Listing) -> Result<(usize, Option<u32>), Str
         // Integer buffers: batch norm's counter, Swin's relative position index.
         let float_expected =
             !name.ends_with(".num_batches_tracked") && !name.ends_with(RELATIVE_POSITION_INDEX);
+        if !float_expected && (is_float(*dtype) || *dtype == Dtype::BOOL) {
+            return Err(format!(
+                "tensor '{name}' is {dtype:?}; torchvision keeps it as an integer buffer (I64)"
+            ));
+        }
         if float_expected && !is_float(*dtype) {
             return Err(format!(
                 "tensor '{name}' is {dtype:?}; weights must be floating point (F32, F16, BF16 or F64)"
@@ -633,5 +638,29 @@ mod tests {
         assert_eq!(swin(Arch::SwinT), 28_288_354);
         assert_eq!(swin(Arch::SwinS), 49_606_258);
         assert_eq!(swin(Arch::SwinB), 87_768_224);
+    }
+
+    /// A Swin `state_dict`'s `relative_position_index` buffers are integers (torchvision's
+    /// int64); the same listing with one of them in float is refused, naming it.
+    #[test]
+    fn swin_position_indexes_must_be_integers() {
+        let listing = |float_index: bool| -> Listing {
+            spec(Arch::SwinT, 10)
+                .into_iter()
+                .map(|(n, s)| {
+                    let int = n.ends_with(RELATIVE_POSITION_INDEX) && !float_index;
+                    (n, (if int { Dtype::I64 } else { Dtype::F32 }, s))
+                })
+                .collect()
+        };
+        assert_eq!(
+            head_classes_if(Arch::SwinT, &listing(false)),
+            Ok((10, None))
+        );
+        let err = head_classes_if(Arch::SwinT, &listing(true)).unwrap_err();
+        assert!(
+            err.contains(".relative_position_index' is F32") && err.contains("integer"),
+            "{err}"
+        );
     }
 }
