@@ -316,7 +316,8 @@ fn head_classes_if(arch: Arch, st: &Listing) -> Result<(usize, Option<u32>), Str
         // Integer buffers: batch norm's counter, Swin's relative position index.
         let float_expected =
             !name.ends_with(".num_batches_tracked") && !name.ends_with(RELATIVE_POSITION_INDEX);
-        if !float_expected && (is_float(*dtype) || *dtype == Dtype::BOOL) {
+        let index = name.ends_with(RELATIVE_POSITION_INDEX);
+        if index && (is_float(*dtype) || *dtype == Dtype::BOOL) {
             return Err(format!(
                 "tensor '{name}' is {dtype:?}; torchvision keeps it as an integer buffer (I64)"
             ));
