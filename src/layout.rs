@@ -4,7 +4,8 @@
 //! format"): on CUDA channels-last (cuDNN's tensor-core convolutions want NHWC; PyTorch's
 //! performance guide); on CPU channels-last only from an input size where oneDNN's NHWC
 //! convolutions overtake NCHW, which is later for small feature maps; a Vision Transformer NCHW
-//! on every device (one convolution, then matrix products); NCHW for a family not measured on
+//! on every device (one convolution, then matrix products), a Swin Transformer likewise (not
+//! measured: its one convolution is all a memory format touches); NCHW for a family not measured on
 //! CPU yet (MobileNetV3). Every rank decides alike
 //! (the same inputs), so the same-model guarantee holds; the weights written are NCHW either way.
 //! Must not know tensors or devices beyond "CUDA or not".
@@ -89,6 +90,16 @@ pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) ->
                 .into(),
         };
     }
+    if let Family::Swin { .. } = arch.family() {
+        return Layout {
+            channels_last: false,
+            why: "--channels-last auto: a Swin Transformer has one convolution, the patch \
+                  embedding; the rest (LayerNorms, Linears, window attention) works on (batch, \
+                  height, width, channels) tensors that have no memory format, so PyTorch's \
+                  default (not measured)"
+                .into(),
+        };
+    }
     if cuda {
         return Layout {
             channels_last: true,
@@ -100,7 +111,9 @@ pub fn choose(setting: ChannelsLast, cuda: bool, arch: Arch, input_size: i64) ->
         Family::Densenet { .. } => ("DenseNet", Some(CPU_FROM_SIZE_DENSENET)),
         Family::Convnext { .. } => ("ConvNeXt", Some(CPU_FROM_SIZE_CONVNEXT)),
         Family::Efficientnet { .. } => ("EfficientNet", Some(CPU_FROM_SIZE_EFFICIENTNET)),
-        Family::Vit { .. } => ("ViT", Some(i64::MAX)), // decided above, on every device
+        // Decided above, on every device.
+        Family::Vit { .. } => ("ViT", Some(i64::MAX)),
+        Family::Swin { .. } => ("Swin", Some(i64::MAX)),
         // Not measured yet (the machine was shared by four builds when MobileNetV3 came):
         // PyTorch's default.
         Family::Mobilenet { .. } => ("MobileNetV3", None),
@@ -185,6 +198,14 @@ mod tests {
             );
         }
         assert!(choose(ChannelsLast::On, false, Arch::VitB16, 224).channels_last);
+        for cuda in [false, true] {
+            let l = choose(ChannelsLast::Auto, cuda, Arch::SwinT, 224);
+            assert!(
+                !l.channels_last && l.why.contains("patch embedding"),
+                "{l:?}"
+            );
+        }
+        assert!(choose(ChannelsLast::On, false, Arch::SwinT, 224).channels_last);
         let mv3 = Arch::from_name("mobilenet_v3_small").expect("mobilenet_v3_small");
         assert_eq!(
             choose(ChannelsLast::Auto, false, mv3, 224).describe(),

@@ -547,6 +547,14 @@ mod tests {
         assert_eq!(Arch::RegnetX32gf.last_feature_size(33), 2);
         assert_eq!(Arch::RegnetX400mf.min_input_size(), MIN_INPUT_SIZE);
         assert_eq!(Arch::RegnetY32gf.min_input_for_single_image(), 33);
+        // Swin: the 4x4 patches, floor(s / 4), then three patch mergings, each ceil(s / 2);
+        // torchvision runs it at any size from 4 px (checked: 4, 15, 17, 33, 100), windows and
+        // odd sides padded, so every accepted size is.
+        assert_eq!(Arch::SwinT.last_feature_size(224), 7);
+        assert_eq!(Arch::SwinB.last_feature_size(100), 4);
+        assert_eq!(Arch::SwinS.min_input_size(), MIN_INPUT_SIZE);
+        assert_eq!(Arch::SwinT.min_input_for_single_image(), MIN_INPUT_SIZE);
+        assert!(check_arch_input_size(Arch::SwinT, 17).is_ok());
         assert!(check_arch_input_size(Arch::Densenet121, 28)
             .unwrap_err()
             .contains("use an input size of 29 or more"));

@@ -3,12 +3,15 @@
 //! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
 //! login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration (the newer families' in a file
-//! each: `weights/convnext.rs`, `weights/mobilenet.rs`, `weights/regnet.rs`).
-use crate::arch::{vit, Arch, EfficientnetLayout, Family};
+//! each: `weights/convnext.rs`, `weights/mobilenet.rs`, `weights/regnet.rs`,
+//! `weights/swin.rs`).
+use crate::arch::{swin::SwinShape, vit, Arch, EfficientnetLayout, Family};
 
 mod convnext;
 mod mobilenet;
 mod regnet;
+mod swin;
+pub use swin::RELATIVE_POSITION_INDEX;
 
 /// `(name, shape)` of a `state_dict`'s tensors, in order.
 type Spec = Vec<(String, Vec<usize>)>;
@@ -38,6 +41,9 @@ pub fn spec_at(arch: Arch, classes: usize, image_size: u32) -> Vec<(String, Vec<
             mobilenet::mobilenet_spec(&mut out, &table.layout(), classes)
         }
         Family::Regnet { params } => regnet::regnet_spec(&mut out, &params.layout(), classes),
+        f @ Family::Swin { .. } => {
+            swin::swin_spec(&mut out, SwinShape::of(f).expect("a Swin"), classes)
+        }
         Family::Densenet {
             init_features: c0,
             growth,
@@ -206,10 +212,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// The classifier's tensor-name prefix: the Linear a new head replaces, `fc.` (ResNet,
 /// RegNet), `classifier.` (DenseNet), `classifier.2.` (ConvNeXt: `classifier.0` is its last
 /// LayerNorm2d, part of the backbone), `classifier.1.` (EfficientNet: `classifier.0` is the
-/// dropout), `heads.head.` (ViT) or `classifier.3.` (MobileNetV3: `classifier.0` is its hidden
-/// Linear, part of the backbone).
+/// dropout), `heads.head.` (ViT), `classifier.3.` (MobileNetV3: `classifier.0` is its hidden
+/// Linear, part of the backbone) or `head.` (Swin).
 pub fn head_prefix(arch: Arch) -> &'static str {
     match arch.family() {
+        Family::Swin { .. } => "head.",
         Family::Vit { .. } => "heads.head.",
         Family::Resnet { .. } | Family::Regnet { .. } => "fc.",
         Family::Densenet { .. } => "classifier.",
@@ -309,7 +316,15 @@ fn head_classes_if(arch: Arch, st: &Listing) -> Result<(usize, Option<u32>), Str
                 arch.name()
             ));
         }
-        let float_expected = !name.ends_with(".num_batches_tracked");
+        // Integer buffers: batch norm's counter, Swin's relative position index.
+        let float_expected =
+            !name.ends_with(".num_batches_tracked") && !name.ends_with(RELATIVE_POSITION_INDEX);
+        let index = name.ends_with(RELATIVE_POSITION_INDEX);
+        if index && (is_float(*dtype) || *dtype == Dtype::BOOL) {
+            return Err(format!(
+                "tensor '{name}' is {dtype:?}; torchvision keeps it as an integer buffer (I64)"
+            ));
+        }
         if float_expected && !is_float(*dtype) {
             return Err(format!(
                 "tensor '{name}' is {dtype:?}; weights must be floating point (F32, F16, BF16 or F64)"
@@ -629,5 +644,41 @@ mod tests {
         assert_eq!(params(Arch::RegnetX8gf), 39_572_648);
         assert_eq!(params(Arch::RegnetX16gf), 54_278_536);
         assert_eq!(params(Arch::RegnetX32gf), 107_811_560);
+        // Swin: its relative_position_index buffers are no parameters.
+        let swin = |arch| {
+            params(arch)
+                - 2401
+                    * spec(arch, 1000)
+                        .iter()
+                        .filter(|(n, _)| n.ends_with(RELATIVE_POSITION_INDEX))
+                        .count()
+        };
+        assert_eq!(swin(Arch::SwinT), 28_288_354);
+        assert_eq!(swin(Arch::SwinS), 49_606_258);
+        assert_eq!(swin(Arch::SwinB), 87_768_224);
+    }
+
+    /// A Swin `state_dict`'s `relative_position_index` buffers are integers (torchvision's
+    /// int64); the same listing with one of them in float is refused, naming it.
+    #[test]
+    fn swin_position_indexes_must_be_integers() {
+        let listing = |float_index: bool| -> Listing {
+            spec(Arch::SwinT, 10)
+                .into_iter()
+                .map(|(n, s)| {
+                    let int = n.ends_with(RELATIVE_POSITION_INDEX) && !float_index;
+                    (n, (if int { Dtype::I64 } else { Dtype::F32 }, s))
+                })
+                .collect()
+        };
+        assert_eq!(
+            head_classes_if(Arch::SwinT, &listing(false)),
+            Ok((10, None))
+        );
+        let err = head_classes_if(Arch::SwinT, &listing(true)).unwrap_err();
+        assert!(
+            err.contains(".relative_position_index' is F32") && err.contains("integer"),
+            "{err}"
+        );
     }
 }

@@ -470,6 +470,47 @@ fn regnet_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture(
     );
 }
 
+/// Swin (swin_t, its checkpoint for 224 px made at 32 px: the bias tables depend on the 7x7
+/// window, not the input size, so nothing is resampled) refused as swin_s (more blocks), swin_b
+/// (wider), a ViT and ConvNeXt, naming swin_t; fine-tuned with a new head `head`, with its
+/// stochastic depth on, the backbone (patch embedding, bias tables, patch mergings, the last
+/// LayerNorm) trained from the file's weights; the trained `state_dict` (with the
+/// `relative_position_index` buffers tchrun writes) loads into torchvision strictly.
+#[test]
+fn swin_pth_is_fine_tuned_with_a_new_head_and_refused_as_another_architecture() {
+    pth_is_fine_tuned_with_a_new_head(
+        "swin_t",
+        &[
+            (
+                "swin_s",
+                "it lacks 'features.5.6.norm1.weight', which swin_s needs",
+            ),
+            (
+                "swin_b",
+                "tensor 'features.0.0.weight' has shape [96, 3, 4, 4], swin_b needs \
+                 [128, 3, 4, 4]",
+            ),
+            (
+                "vit_b_16",
+                "it lacks 'heads.head.weight', which vit_b_16 needs",
+            ),
+            (
+                "convnext_tiny",
+                "it lacks 'classifier.2.weight', which convnext_tiny needs",
+            ),
+        ],
+        "head",
+        768,
+        &[
+            "features.0.0.weight",
+            "features.1.0.attn.relative_position_bias_table",
+            "features.2.reduction.weight",
+            "features.7.1.mlp.3.weight",
+            "norm.weight",
+        ],
+    );
+}
+
 /// A Vision Transformer from a torchvision `.pth` (vit_b_32 at torchvision's 224 px): refused
 /// as another ViT or family, naming vit_b_32; refused at an input size that is no multiple of
 /// its patch, naming the patch size; made at 32 px with its positional embedding resampled
@@ -759,6 +800,8 @@ fn unknown_architecture_lists_the_valid_ones() {
         "mobilenet_v3_large",
         "regnet_y_400mf",
         "regnet_x_32gf",
+        "swin_t",
+        "swin_b",
     ] {
         assert!(r.stderr.contains(name), "{}", r.explain());
     }

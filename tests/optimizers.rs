@@ -1,7 +1,9 @@
 //! `--norm-weight-decay` and `--bias-weight-decay`: the weight decay of every parameter of
 //! resnet18, densenet121, convnext_tiny (LayerNorms), efficientnet_b0 (batch norms beside
-//! squeeze-and-excitation convolutions with biases) and vit_b_32 (LayerNorms beside the
-//! attention's `in_proj_bias`, which is no `bias`), as tchrun groups them (`tchrun::recipe::norm_parameters` over the
+//! squeeze-and-excitation convolutions with biases), vit_b_32 (LayerNorms beside the
+//! attention's `in_proj_bias`, which is no `bias`) and swin_t (LayerNorms, patch mergings'
+//! reductions without bias, the relative position bias tables: torchvision's train.py gives
+//! these --weight-decay unless --transformer-embedding-decay, which tchrun does not have), as tchrun groups them (`tchrun::recipe::norm_parameters` over the
 //! model's variables, `RecipeFlags::weight_decay_of`), equals torchvision's `set_weight_decay`
 //! on torchvision's own models (normalisation layers found by class;
 //! `tests/python/recipe_reference.py decay`). The optimizers' steps are checked against
@@ -45,6 +47,7 @@ fn weight_decay_groups_equal_torchvisions_set_weight_decay() {
             "convnext_tiny",
             "efficientnet_b0",
             "vit_b_32",
+            "swin_t",
         ] {
             let a = Arch::from_name(arch).expect("architecture");
             let spec = tchrun::weights::spec(a, 3);
@@ -63,7 +66,13 @@ fn weight_decay_groups_equal_torchvisions_set_weight_decay() {
             assert_eq!(trainable.len(), want.len(), "{arch}");
             for n in &names {
                 let leaf = n.rsplit('.').next().unwrap_or(n);
-                let buffer = matches!(leaf, "running_mean" | "running_var" | "num_batches_tracked");
+                let buffer = matches!(
+                    leaf,
+                    "running_mean"
+                        | "running_var"
+                        | "num_batches_tracked"
+                        | "relative_position_index"
+                );
                 assert_eq!(want.contains_key(*n), !buffer, "{arch}: {n}");
             }
             for n in trainable {

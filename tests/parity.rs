@@ -33,6 +33,11 @@
 //! (no dropout, no stochastic depth), regnet_x_400mf and regnet_y_400mf at 32 and 64 px here,
 //! the twelve other sizes with `TCHRUN_PARITY_ALL_SIZES=1`; every size's batch-norm eps and
 //! momentum equal torchvision's, none has dropout or stochastic depth.
+//! dropout equal torchvision's. Swin Transformers (LayerNorms and biases perturbed too): the
+//! same, training step with stochastic depth off, swin_t at 32 px (8x8 patches padded to 14x14:
+//! four windows, the shifted blocks masked), 36 px (9x9 patches: every patch merging pads an
+//! odd side) and 64 px (16x16 padded to 21x21, then 8x8 to 14x14) here, swin_s and swin_b with `TCHRUN_PARITY_ALL_SIZES=1`; every size's LayerNorm eps,
+//! dropouts, window and shift per block and per-block stochastic depth equal torchvision's.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -51,8 +56,12 @@ fn parity_of(arch: Arch) {
     let t = tempdir();
     let d = t.path();
     let all_sizes = LARGE_SIZES_FOR.contains(&arch) || all_sizes_asked();
+    let swin = matches!(arch.family(), tchrun::model::Family::Swin { .. });
     let sizes: &[&str] = if all_sizes {
         &["32", "64", "224", "256", "299"]
+    } else if swin {
+        // 36 px: 9x9 patches, then 5x5 and 3x3: every patch merging pads an odd side.
+        &["32", "36", "64"]
     } else {
         &["32", "64"]
     };
@@ -461,6 +470,55 @@ fn regnet_settings_equal_torchvisions() {
     }
 }
 
+const SWINS: [Arch; 3] = [Arch::SwinT, Arch::SwinS, Arch::SwinB];
+
+/// swin_t always (28 million parameters; at 32 and 64 px its windows are padded, and its
+/// shifted blocks masked, in the first stages); swin_s and swin_b only with
+/// `TCHRUN_PARITY_ALL_SIZES=1`: the same code with more blocks, wider and more heads.
+#[test]
+fn swins_give_torchvisions_logits_and_gradients() {
+    if all_sizes_asked() {
+        parity(&SWINS);
+    } else {
+        parity(&SWINS[..1]);
+    }
+}
+
+/// Every Swin's LayerNorm eps (1e-5), dropouts (0), window (7) and shift (0, then 3, in turn
+/// within each stage) per block, and per-block stochastic-depth probabilities (bit for bit,
+/// "row" mode) are torchvision's (`parity.py config`, built on the meta device).
+#[test]
+fn swin_settings_equal_torchvisions() {
+    use tchrun::arch::swin::SwinShape;
+    use tchrun::arch::swin::{EPS, WINDOW};
+    let tv = torchvision_settings(&SWINS);
+    for arch in SWINS {
+        let t = &tv[arch.name()];
+        let name = arch.name();
+        let family = arch.family();
+        let shape = SwinShape::of(family).expect("a Swin");
+        assert_eq!(t["eps"].as_f64(), Some(EPS), "{name}");
+        assert_eq!(t["dropout"].as_f64(), Some(0.0), "{name}");
+        let (mut window, mut shift) = (Vec::new(), Vec::new());
+        for &n in &shape.depths {
+            for j in 0..n {
+                window.push(serde_json::json!([WINDOW, WINDOW]));
+                let s = if j % 2 == 1 { WINDOW / 2 } else { 0 };
+                shift.push(serde_json::json!([s, s]));
+            }
+        }
+        assert_eq!(t["window"], serde_json::Value::from(window), "{name}");
+        assert_eq!(t["shift"], serde_json::Value::from(shift), "{name}");
+        let sd: Vec<f64> = t["sd"]
+            .as_array()
+            .expect("sd")
+            .iter()
+            .map(|v| v.as_f64().expect("p"))
+            .collect();
+        assert_eq!(family.stochastic_depth_probs(), sd, "{name}");
+    }
+}
+
 /// The tests above cover every architecture tchrun offers.
 #[test]
 fn every_architecture_is_compared() {
@@ -473,6 +531,7 @@ fn every_architecture_is_compared() {
         .chain(&VITS)
         .chain(&MOBILENETS)
         .chain(&REGNETS)
+        .chain(&SWINS)
         .map(|a| a.name())
         .collect();
     let mut all: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();

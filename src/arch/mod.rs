@@ -1,9 +1,10 @@
 //! The architectures (torchvision names: the model list of Azure ML designer's ResNet and
 //! DenseNet components, ConvNeXt, EfficientNet and EfficientNetV2, MobileNetV3, the Vision
-//! Transformer, RegNet) and what each is built from (`Family`: torchvision's constructor
-//! arguments; `EfficientnetLayout`: EfficientNet's blocks after its width and depth multipliers;
-//! `MobilenetLayout`: MobileNetV3's inverted residuals; `vit`: ViT's layout at an image size;
-//! `RegnetLayout`: RegNet's stages from `BlockParams.from_init_params`), the one description
+//! Transformer, RegNet, the Swin Transformer) and what each is built from (`Family`:
+//! torchvision's constructor arguments; `EfficientnetLayout`: EfficientNet's blocks after its
+//! width and depth multipliers; `MobilenetLayout`: MobileNetV3's inverted residuals; `vit`: ViT's
+//! layout at an image size; `RegnetLayout`: RegNet's stages from `BlockParams.from_init_params`;
+//! `swin`: Swin's constants, attention index and mask), the one description
 //! `weights::spec` and the worker's builders read.
 use serde::{Deserialize, Serialize};
 
@@ -11,6 +12,7 @@ mod efficientnet;
 use efficientnet::EFFICIENTNET_STOCHASTIC_DEPTH;
 pub use efficientnet::{EfficientnetLayout, EfficientnetNorm, EfficientnetTable, MbBlock};
 mod mobilenet;
+pub mod swin;
 pub mod vit;
 pub use mobilenet::{
     IrBlock, MobilenetLayout, MobilenetTable, MOBILENET_BN_EPS, MOBILENET_BN_MOMENTUM,
@@ -27,7 +29,7 @@ pub const MAX_INPUT_SIZE: u32 = 1024;
 
 /// Supported architectures (torchvision names): the model list of Azure ML designer's ResNet and
 /// DenseNet components, and torchvision's ConvNeXt, EfficientNet and EfficientNetV2,
-/// MobileNetV3, Vision Transformers and RegNet (X and Y).
+/// MobileNetV3, Vision Transformers, RegNet (X and Y) and Swin Transformers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -157,6 +159,15 @@ pub enum Arch {
     #[serde(rename = "regnet_x_32gf")]
     #[value(name = "regnet_x_32gf")]
     RegnetX32gf,
+    #[serde(rename = "swin_t")]
+    #[value(name = "swin_t")]
+    SwinT,
+    #[serde(rename = "swin_s")]
+    #[value(name = "swin_s")]
+    SwinS,
+    #[serde(rename = "swin_b")]
+    #[value(name = "swin_b")]
+    SwinB,
 }
 
 /// How torchvision builds an architecture: the numbers its constructor takes.
@@ -219,6 +230,17 @@ pub enum Family {
     /// stem 32 wide, `ResBottleneckBlock`s with bottleneck multiplier 1, batch norm eps 1e-5 and
     /// momentum 0.1 (`REGNET_BN_*`), no dropout or stochastic depth, head `fc`.
     Regnet { params: RegnetParams },
+    /// `torchvision.models.swin_transformer.SwinTransformer(patch_size=[4, 4], embed_dim,
+    /// depths, num_heads, window_size=[7, 7], stochastic_depth_prob)` with its defaults (MLP
+    /// ratio 4, dropout and attention dropout 0, LayerNorm eps 1e-5, `PatchMerging`), as
+    /// `swin_t`, `swin_s` and `swin_b` call it (`swin::{PATCH, WINDOW}`); block `i` of `n` drops
+    /// with `p * i / (n - 1)`, `p` = `stochastic_depth_pct` / 100, as ConvNeXt's.
+    Swin {
+        embed: usize,
+        depths: [usize; 4],
+        heads: [usize; 4],
+        stochastic_depth_pct: u32,
+    },
 }
 
 /// torchvision's `_make_divisible(v, 8)`: to the nearest multiple of 8 (at least 8), one more
@@ -239,13 +261,18 @@ pub(crate) fn make_divisible_by(v: f64, divisor: usize) -> usize {
 }
 
 impl Family {
-    /// The drop probability of each block, in order: ConvNeXt's (torchvision's `sd_prob =
-    /// stochastic_depth_prob * stage_block_id / (total_stage_blocks - 1.0)`) or EfficientNet's
+    /// The drop probability of each block, in order: ConvNeXt's and Swin's (torchvision's
+    /// `sd_prob = stochastic_depth_prob * stage_block_id / (total_stage_blocks - 1)`) or EfficientNet's
     /// (divided by `total_stage_blocks`); empty for the families without stochastic depth.
     pub fn stochastic_depth_probs(self) -> Vec<f64> {
         match self {
             Family::Convnext {
                 blocks,
+                stochastic_depth_pct,
+                ..
+            }
+            | Family::Swin {
+                depths: blocks,
                 stochastic_depth_pct,
                 ..
             } => {
@@ -281,10 +308,12 @@ impl Arch {
     /// EfficientNet and MobileNetV3: the stem and four stride-2 stages, each a k x k convolution
     /// padded by (k-1)/2, so ceil(s/2) as ResNet's; RegNet: the 3x3 stride-2 stem and four
     /// stages whose first block strides 2 (3x3 padded by 1, its shortcut 1x1), each ceil(s/2);
-    /// ViT: the patch grid, floor(s/patch)).
+    /// ViT: the patch grid, floor(s/patch); Swin: floor(s/4), then three patch mergings, each
+    /// ceil(s/2): `swin::stage_sides`).
     pub fn last_feature_size(self, input: u32) -> u32 {
         let half_up = |s: u32| s.div_ceil(2);
         match self.family() {
+            Family::Swin { .. } => swin::stage_sides(input)[3],
             Family::Vit { patch, .. } => input / patch as u32,
             Family::Convnext { .. } => input / 4 / 2 / 2 / 2,
             Family::Densenet { .. } => half_up(half_up(input)) / 2 / 2 / 2,
@@ -296,9 +325,12 @@ impl Arch {
     }
 
     /// Whether the architecture has batch-norm layers (whose running statistics one value per
-    /// channel would poison); ConvNeXt and ViT normalise with LayerNorm, per image.
+    /// channel would poison); ConvNeXt, ViT and Swin normalise with LayerNorm, per image.
     pub fn has_batch_norm(self) -> bool {
-        !matches!(self.family(), Family::Convnext { .. } | Family::Vit { .. })
+        !matches!(
+            self.family(),
+            Family::Convnext { .. } | Family::Vit { .. } | Family::Swin { .. }
+        )
     }
 
     /// ViT's patch side: its input size must be a multiple of it (torchvision's
@@ -329,7 +361,7 @@ impl Arch {
             .unwrap_or(4096)
     }
 
-    pub const ALL: [Arch; 48] = [
+    pub const ALL: [Arch; 51] = [
         Arch::Resnet18,
         Arch::Resnet34,
         Arch::Resnet50,
@@ -378,6 +410,9 @@ impl Arch {
         Arch::RegnetX8gf,
         Arch::RegnetX16gf,
         Arch::RegnetX32gf,
+        Arch::SwinT,
+        Arch::SwinS,
+        Arch::SwinB,
     ];
 
     pub fn name(self) -> &'static str {
@@ -430,6 +465,9 @@ impl Arch {
             Arch::RegnetX8gf => "regnet_x_8gf",
             Arch::RegnetX16gf => "regnet_x_16gf",
             Arch::RegnetX32gf => "regnet_x_32gf",
+            Arch::SwinT => "swin_t",
+            Arch::SwinS => "swin_s",
+            Arch::SwinB => "swin_b",
         }
     }
 
@@ -483,6 +521,12 @@ impl Arch {
         };
         let y = |d, w_0, w_a, w_m, g| regnet(d, w_0, w_a, w_m, g, true);
         let x = |d, w_0, w_a, w_m, g| regnet(d, w_0, w_a, w_m, g, false);
+        let swin = |embed, depths, heads, stochastic_depth_pct| Family::Swin {
+            embed,
+            depths,
+            heads,
+            stochastic_depth_pct,
+        };
         let (torch_bn, tf_bn) = (EfficientnetNorm::Torch, EfficientnetNorm::Eps1e3Momentum1e2);
         match self {
             Arch::Resnet18 => resnet(false, [2, 2, 2, 2], 1, 64),
@@ -537,6 +581,9 @@ impl Arch {
             Arch::RegnetX8gf => x(23, 80, 4956, 288, 120),
             Arch::RegnetX16gf => x(22, 216, 5559, 210, 128),
             Arch::RegnetX32gf => x(23, 320, 6986, 200, 168),
+            Arch::SwinT => swin(96, [2, 2, 6, 2], [3, 6, 12, 24], 20),
+            Arch::SwinS => swin(96, [2, 2, 18, 2], [3, 6, 12, 24], 30),
+            Arch::SwinB => swin(128, [2, 2, 18, 2], [4, 8, 16, 32], 50),
         }
     }
 

@@ -7,9 +7,10 @@
                              batches DIR/x.safetensors at the sizes given (default 32, 64, 224,
                              256 and 299 px); and
                              torchvision's inference-mode logits DIR/ref.safetensors. For
-                             ConvNeXt, EfficientNet, MobileNetV3 and RegNet also LayerNorm
-                             parameters, layer scales and biases perturbed, and one training
-                             step (stochastic_depth_prob=0, EfficientNet's and MobileNetV3's
+                             ConvNeXt, EfficientNet, MobileNetV3, RegNet and Swin also
+                             LayerNorm parameters, layer scales and biases perturbed, and one
+                             training step (stochastic_depth_prob=0, EfficientNet's and
+                             MobileNetV3's
                              dropout=0, a batch of 4 at 32 px, DIR/train.safetensors): its
                              cross-entropy loss and gradients DIR/train_ref.safetensors.
   parity.py write vit_* DIR SIZE ...
@@ -32,7 +33,9 @@
   parity.py config ARCH ...  prints, as JSON, each EfficientNet's, MobileNetV3's or RegNet's
                              batch-norm eps and momentum (every BatchNorm2d alike), its dropout
                              (null without one) and its blocks' stochastic depth probabilities,
-                             built on the meta device (`meta`).
+                             built on the meta device (`meta`); for a Swin its LayerNorms' eps, its dropouts' and attention
+                             dropouts' probabilities (every one alike), window and shift sizes
+                             per block, and its blocks' stochastic depth probabilities.
   parity.py check ARCH DIR   compares tchrun's logits (DIR/logits.safetensors) with the
                              reference; the model directories made from the .pth (DIR/model-pth)
                              and from the safetensors file (DIR/model-st) hold equal tensors; and
@@ -60,6 +63,9 @@ STEPPED = {
     "mobilenet": {"dropout": 0.0},
     "regnet": {},  # neither dropout nor stochastic depth
     "vit": {},  # no stochastic depth; dropout 0 by default
+    # swin_t/s/b pass stochastic_depth_prob themselves: set to 0 on the built model in
+    # train_step; dropout and attention dropout 0 by default.
+    "swin": {},
 }
 
 
@@ -210,6 +216,10 @@ def train_step(arch: str, d: str, g: torch.Generator, size: int = 32) -> None:
     if arch.startswith("vit"):
         off["image_size"] = size
     m = model(arch, **off).train()
+    if arch.startswith("swin"):
+        for b in m.modules():
+            if hasattr(b, "stochastic_depth"):
+                b.stochastic_depth.p = 0.0
     batch = {"x": torch.randn(4, 3, size, size, generator=g), "y": torch.tensor([0, 3, 7, 9])}
     save_file(batch, f"{d}/train.safetensors")
     loss = torch.nn.functional.cross_entropy(m(batch["x"]), batch["y"])
@@ -266,6 +276,9 @@ def config(*archs: str) -> None:
     for arch in archs:
         m = meta(arch)
         assert all(t.is_meta for t in m.state_dict().values()), arch
+        if arch.startswith("swin"):
+            out[arch] = swin_config(m)
+            continue
         bns = {(b.eps, b.momentum) for b in m.modules() if isinstance(b, torch.nn.BatchNorm2d)}
         assert len(bns) == 1, bns
         eps, momentum = bns.pop()
@@ -275,6 +288,20 @@ def config(*archs: str) -> None:
         out[arch] = {"eps": eps, "momentum": momentum, "dropout": dropout[0] if dropout else None,
                      "sd": sd}
     print(json.dumps(out))
+
+
+def swin_config(m: torch.nn.Module) -> dict:
+    from torchvision.models.swin_transformer import ShiftedWindowAttention
+
+    lns = {n.eps for n in m.modules() if isinstance(n, torch.nn.LayerNorm)}
+    attn = [a for a in m.modules() if isinstance(a, ShiftedWindowAttention)]
+    drops = {d.p for d in m.modules() if isinstance(d, torch.nn.Dropout)}
+    drops |= {a.dropout for a in attn} | {a.attention_dropout for a in attn}
+    assert len(lns) == 1 and len(drops) == 1, (lns, drops)
+    sd = [b.stochastic_depth.p for b in m.modules() if hasattr(b, "stochastic_depth")]
+    assert all(b.stochastic_depth.mode == "row" for b in m.modules() if hasattr(b, "stochastic_depth"))
+    return {"eps": lns.pop(), "dropout": drops.pop(), "sd": sd,
+            "window": [a.window_size for a in attn], "shift": [a.shift_size for a in attn]}
 
 
 if __name__ == "__main__":

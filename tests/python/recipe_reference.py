@@ -7,7 +7,7 @@ references/classification/train.py builds it (tests/lr_schedulers.rs).
 `optim`: torch.optim's SGD (plain and Nesterov), RMSprop and AdamW as torchvision's train.py
 builds them, stepped on given gradients with per-parameter groups (LR multiplier, weight
 decay) and a changing LR: the parameters after each step (worker/src/train/optim.rs).
-`decay NORM BIAS`: the weight decay of each parameter of resnet18, densenet121, convnext_tiny, efficientnet_b0 and vit_b_32 as
+`decay NORM BIAS`: the weight decay of each parameter of resnet18, densenet121, convnext_tiny, efficientnet_b0, vit_b_32 and swin_t as
 torchvision's set_weight_decay groups them (tests/lr_schedulers.rs).
 `ema`: torchvision's ExponentialMovingAverage (references/classification/utils.py, v0.26) of
 a given sequence of weights, updated as its train.py does (the decay adjusted for world size
@@ -176,7 +176,8 @@ def weight_decay_groups(model, weight_decay, norm_weight_decay, bias_weight_deca
 def decay(norm_wd, bias_wd):
     import torchvision
     out = {}
-    for arch in ["resnet18", "densenet121", "convnext_tiny", "efficientnet_b0", "vit_b_32"]:
+    for arch in ["resnet18", "densenet121", "convnext_tiny", "efficientnet_b0", "vit_b_32",
+                 "swin_t"]:
         m = getattr(torchvision.models, arch)(num_classes=3)
         out[arch] = weight_decay_groups(m, 1e-4, norm_wd, bias_wd)
     return out

@@ -17,6 +17,7 @@ pub struct InitArgs {
     /// Square input size in pixels (224 for ImageNet-like data; 32 or 64 for tiny images). A
     /// ViT is built for it: a multiple of its patch (16, vit_b_32 32); --weights of another
     /// size have their positional embedding resampled (torchvision's interpolate_embeddings).
+    /// A Swin takes any size (windows padded); its checkpoints load at any size unchanged.
     #[arg(long, default_value_t = 224)]
     pub input_size: u32,
     /// Per-channel mean of RGB inputs in [0, 1] (default ImageNet's).

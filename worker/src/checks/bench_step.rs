@@ -17,7 +17,7 @@ use tchrun::model::Arch;
 pub struct Args {
     /// Architecture (resnet18 ... densenet201, convnext_tiny ... convnext_large, efficientnet_b0
     /// ... efficientnet_v2_l, mobilenet_v3_small, mobilenet_v3_large, vit_b_16, vit_b_32, vit_l_16:
-    /// ViTs built for --size; regnet_y_400mf ... regnet_x_32gf).
+    /// ViTs built for --size; regnet_y_400mf ... regnet_x_32gf; swin_t, swin_s, swin_b).
     #[arg(long, default_value = "resnet18", value_parser = parse_arch)]
     arch: Arch,
     /// Input side in pixels.

@@ -2,7 +2,8 @@
 //! torchvision `state_dict`s in safetensors: what Python's `load_state_dict(strict=True)` takes.
 //! Owns the network definitions (`resnet`: ResNet/ResNeXt/Wide ResNet, `densenet`,
 //! `convnext`, `efficientnet`: EfficientNet and EfficientNetV2, `mobilenet`: MobileNetV3,
-//! `vit`: the Vision Transformer, `regnet`: RegNet X and Y; `blocks`: layers they share) and
+//! `vit`: the Vision Transformer, `regnet`: RegNet X and Y, `swin`: the Swin Transformer;
+//! `blocks`: layers they share) and
 //! their weights; knows nothing of ranks, data loading or training.
 pub mod blocks;
 pub mod convnext;
@@ -12,6 +13,7 @@ pub mod init;
 pub mod mobilenet;
 pub mod regnet;
 pub mod resnet;
+pub mod swin;
 pub mod vit;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -69,6 +71,9 @@ fn build_with(
         family @ Family::Regnet { .. } => {
             Box::new(crate::models::regnet::regnet(root, family, classes))
         }
+        family @ Family::Swin { .. } => {
+            Box::new(crate::models::swin::swin(root, family, classes, stochastic))
+        }
         family @ Family::Resnet { .. } => {
             Box::new(crate::models::resnet::resnet(root, family, classes))
         }
@@ -82,7 +87,7 @@ fn build_with(
 }
 
 /// Test helper: the variables `vs` holds (names and shapes, sorted) equal `weights::spec` of
-/// `arch` for 3 classes, buffers' `num_batches_tracked` aside.
+/// `arch` for 3 classes, the buffers the store does not keep aside (`is_derived_buffer`).
 #[cfg(test)]
 pub(crate) fn assert_builds_spec(vs: &nn::VarStore, arch: Arch) {
     let mut vars: Vec<(String, Vec<i64>)> = vs
@@ -93,7 +98,7 @@ pub(crate) fn assert_builds_spec(vs: &nn::VarStore, arch: Arch) {
     vars.sort();
     let mut want: Vec<(String, Vec<i64>)> = tchrun::weights::spec(arch, 3)
         .into_iter()
-        .filter(|(n, _)| !n.ends_with("num_batches_tracked"))
+        .filter(|(n, _)| !is_derived_buffer(n))
         .map(|(n, s)| (n, s.iter().map(|&d| d as i64).collect()))
         .collect();
     want.sort();
@@ -133,6 +138,14 @@ pub fn is_buffer(name: &str) -> bool {
     name.ends_with(".running_mean") || name.ends_with(".running_var")
 }
 
+/// A `state_dict` buffer the store does not keep, written from what it does
+/// (`state_dict`) and skipped when read: batch norm's `num_batches_tracked` (the steps taken)
+/// and Swin's `relative_position_index` (a constant of the window size).
+pub fn is_derived_buffer(name: &str) -> bool {
+    name.ends_with(".num_batches_tracked")
+        || name.ends_with(&format!(".{}", tchrun::weights::RELATIVE_POSITION_INDEX))
+}
+
 /// `x` (N, C, H, W) with channels-last strides (NHWC in memory); same shape and values.
 pub fn channels_last(x: &Tensor) -> Tensor {
     x.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])
@@ -156,7 +169,8 @@ pub fn to_channels_last(tensors: &[(String, Tensor)]) -> usize {
 }
 
 /// The state dict as torchvision names it: tch's variables plus `num_batches_tracked` for each
-/// batch-norm layer (set to the optimizer steps taken), all on the CPU.
+/// batch-norm layer (set to the optimizer steps taken) and Swin's `relative_position_index`
+/// beside each `relative_position_bias_table`, all on the CPU.
 pub fn state_dict(weights: &BTreeMap<String, Tensor>, steps: i64) -> Vec<(String, Tensor)> {
     let mut out: Vec<(String, Tensor)> = Vec::with_capacity(weights.len() + weights.len() / 4);
     for (name, t) in weights {
@@ -168,6 +182,11 @@ pub fn state_dict(weights: &BTreeMap<String, Tensor>, steps: i64) -> Vec<(String
         ));
         if let Some(layer) = name.strip_suffix(".running_var") {
             out.push((format!("{layer}.num_batches_tracked"), Tensor::from(steps)));
+        }
+        if let Some(attn) = name.strip_suffix(".relative_position_bias_table") {
+            let index = tchrun::arch::swin::relative_position_index(tchrun::arch::swin::WINDOW);
+            let key = tchrun::weights::RELATIVE_POSITION_INDEX;
+            out.push((format!("{attn}.{key}"), Tensor::from_slice(&index)));
         }
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -217,11 +236,11 @@ fn copy_from_file(
     })?;
     let by_name: BTreeMap<String, Tensor> = tensors.into_iter().collect();
     // Strict, as load_state_dict(strict=True): no tensor the model lacks (torchvision's
-    // batch-norm counters excepted: the store does not keep them).
+    // batch-norm counters and Swin's position indexes excepted: the store does not keep them).
     let vars = vs.variables();
     if let Some(extra) = by_name
         .keys()
-        .find(|n| !vars.contains_key(*n) && !n.ends_with(".num_batches_tracked"))
+        .find(|n| !vars.contains_key(*n) && !is_derived_buffer(n))
     {
         return Err(WeightsError::Extra {
             path: p.clone(),
