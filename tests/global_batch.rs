@@ -781,6 +781,45 @@ fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
 /// "balanced" weights, 57 / (10 × 3) for class 0 and 57 / (10 × 6) for the others, recorded in
 /// `model.json`; a weights file naming a class the training set lacks is refused before any rank
 /// starts (exit 2), naming the flag, the class and the classes there are.
+/// Issue 34 item 3: every family keeps the promise, those with random layers too: dropout and
+/// stochastic depth draw by the micro-batch's global position (`data::layer_seed`), so 2 ranks
+/// and 1 rank accumulating 2 micro-batches train the same model bit for bit (EfficientNet-B0:
+/// stochastic depth and dropout; MobileNetV3: dropout; ConvNeXt and Swin: stochastic depth),
+/// as RegNet and the ViT, which have none.
+#[test]
+fn every_family_trains_the_same_model_at_any_world_size() {
+    let t = tempdir();
+    let d = tiny_digits();
+    for arch in [
+        "efficientnet_b0",
+        "mobilenet_v3_small",
+        "convnext_tiny",
+        "swin_t",
+        "regnet_y_400mf",
+        "vit_b_32",
+    ] {
+        let model = model_dir(t.path(), arch, 32);
+        let job = |out: &Path, ranks: u32| {
+            let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), out);
+            c.args(["--epochs", "1", "--lr", "0.02", "--launcher", "local"])
+                .args(["--oversubscribe", "--procs-per-node", &ranks.to_string()])
+                .args(["--batch-size", "8", "--global-batch-size", "16"]);
+            run_quiet(&mut c)
+        };
+        let (two, one) = (
+            t.path().join(format!("{arch}-2")),
+            t.path().join(format!("{arch}-1")),
+        );
+        ok(&job(&two, 2));
+        ok(&job(&one, 1));
+        let (d, name) = max_diff(&two, &one);
+        assert_eq!(d, 0.0, "{arch}: not bit-identical: {name} differs by {d}");
+        for out in [&two, &one] {
+            let _ = std::fs::remove_dir_all(out);
+        }
+    }
+}
+
 /// Issue 34 item 4: a family torchvision trains with its own recipe (here ConvNeXt: AdamW,
 /// cosine) has it in `model.json` (`suggested_recipe`) from `model init`, and `train` prints it
 /// once, changing nothing, until the user chooses: `--recipe torchvision-convnext` applies it

@@ -191,6 +191,19 @@ pub fn mix_rng(seed: i64, epoch: u64, micro_batch: usize) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(h)
 }
 
+/// The seed of the model's own random layers (dropout, stochastic depth) for global
+/// micro-batch `micro_batch` of `epoch`: set with `tch::manual_seed` before its forward, so the
+/// same micro-batch drops the same units at any world size and on a resume (a seed per rank
+/// would draw the same masks on every rank, and one stream per process another sequence on 1
+/// rank accumulating than on 2). Non-negative, as `manual_seed` takes it.
+pub fn layer_seed(seed: i64, epoch: u64, micro_batch: usize) -> i64 {
+    use super::loader::splitmix64;
+    let mut h = splitmix64(seed as u64 ^ 0x6c61_7965_725f_7264); // "layer_rd"
+    h = splitmix64(h ^ epoch);
+    h = splitmix64(h ^ micro_batch as u64);
+    (h >> 1) as i64
+}
+
 /// The draw of one micro-batch of `h` x `w` images, as torchvision's
 /// `RandomChoice([MixUp(alpha=mixup), CutMix(alpha=cutmix)])` (each alone when the other is 0;
 /// `None` when both are): the choice (uniform), λ ~ Beta(α, α), CutMix's box centre uniform

@@ -3,10 +3,11 @@
 //! `v2.RandomChoice`), the batch mixed with itself rolled by one, the labels made one-hot and
 //! mixed alike. The draw is `tchrun::data::mix_params`, seeded by the micro-batch's global
 //! position, so `--global-batch-size` mixes the same micro-batches alike at any world size and
-//! a resume draws what the uninterrupted run drew.
+//! a resume draws what the uninterrupted run drew. The model's random layers (dropout,
+//! stochastic depth) are seeded by the same global position (`seed_random_layers`).
 use super::trainer::Trainer;
 use tch::{Kind, Tensor};
-use tchrun::data::{mix_params, mix_rng, Mix};
+use tchrun::data::{layer_seed, mix_params, mix_rng, Mix};
 
 /// `v2.MixUp`/`v2.CutMix`'s transform of images `x` (N x C x H x W) and index labels `y` (N)
 /// of `classes` classes with the drawn `mix`: (images, probability labels N x classes).
@@ -33,6 +34,23 @@ pub(crate) fn apply(x: &Tensor, y: &Tensor, classes: i64, mix: Mix) -> (Tensor, 
 }
 
 impl Trainer<'_> {
+    /// The global index of the rank's micro-batch `m` of the epoch: `GlobalCut`'s micro-batch
+    /// j of step k (the same at any world size), else (rank, m) apart.
+    pub(super) fn global_micro_batch(&self, m: usize) -> usize {
+        let batch = self.job.params.batch_size as usize;
+        match self.plan.cut {
+            Some(cut) => cut.position(m * batch) / batch,
+            None => m * self.world + self.rank,
+        }
+    }
+
+    /// Seeds the model's random layers (dropout, stochastic depth) for the rank's micro-batch
+    /// `m` of epoch `epoch` by its global position (`data::layer_seed`).
+    pub(super) fn seed_random_layers(&self, epoch: u32, m: usize) {
+        let global = self.global_micro_batch(m);
+        tch::manual_seed(layer_seed(self.job.params.seed, u64::from(epoch), global));
+    }
+
     /// The rank's micro-batch `m` of epoch `epoch` (counted from the epoch's start, a resume's
     /// skipped ones included) mixed as `--mixup-alpha`/`--cutmix-alpha` say; unchanged when
     /// both are 0.
@@ -41,12 +59,7 @@ impl Trainer<'_> {
         if !flags.mixes() {
             return (x, y);
         }
-        let batch = self.job.params.batch_size as usize;
-        // The global index: GlobalCut's micro-batch j of step k, else (rank, m) apart.
-        let global = match self.plan.cut {
-            Some(cut) => cut.position(m * batch) / batch,
-            None => m * self.world + self.rank,
-        };
+        let global = self.global_micro_batch(m);
         let mut rng = mix_rng(self.job.params.seed, u64::from(epoch), global);
         let size = x.size();
         let (h, w) = (size[2] as usize, size[3] as usize);

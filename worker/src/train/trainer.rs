@@ -331,6 +331,8 @@ impl<'a> Trainer<'a> {
         let micro_batch =
             (self.s.skip_batches + e.steps) as usize * self.plan.micro_batches + e.micro;
         let input = input.map(|(x, y)| self.mix(e.index, micro_batch, x, y));
+        // Dropout and stochastic depth draw by the micro-batch's global position too.
+        self.seed_random_layers(e.index, micro_batch);
         let input = input.as_ref().map(|(x, y)| (x, y));
         if e.micro + 1 < self.plan.micro_batches {
             // Not the step's last micro-batch: forward and backward, no communication.
