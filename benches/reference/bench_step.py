@@ -44,6 +44,8 @@ def main() -> int:
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     kwargs = {"memory_efficient": True} if a.memory_efficient else {}
+    if a.arch.startswith("vit_"):
+        kwargs["image_size"] = a.size  # a ViT is built for its input size, as tchrun's
     model = getattr(torchvision.models, a.arch)(num_classes=a.classes, **kwargs).to(dev)
     x = torch.randn(a.batch_size, 3, a.size, a.size, device=dev)
     y = torch.randint(a.classes, (a.batch_size,), device=dev)
