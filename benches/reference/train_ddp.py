@@ -59,6 +59,10 @@ import torchvision  # noqa: E402
 from torch.optim.swa_utils import AveragedModel  # noqa: E402
 from torch.utils.data.dataloader import default_collate  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+# The ablation of the one documented difference in the running statistics: tchrun's are the
+# mean over all ranks' micro-batches after each step (docs/training.md), DDP's rank 0's.
+AVERAGE_BN = os.environ.get("TCHRUN_REF_AVERAGE_BN") == "1"
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 from torchvision import transforms as T  # noqa: E402
@@ -394,7 +398,9 @@ def train(args) -> int:
     if cuda:
         model = DDP(model.to(dev, memory_format=memory_format), device_ids=[local_rank])
     else:
-        model = DDP(model)  # broadcasts parameters and buffers from rank 0
+        # broadcasts parameters and buffers from rank 0; TCHRUN_REF_AVERAGE_BN=1: tchrun's
+        # running statistics instead (the mean of every rank's after each step; an ablation)
+        model = DDP(model, broadcast_buffers=not AVERAGE_BN)
     # tchrun's --lr-reference-batch (src/schedule.rs): lr x images per step / reference batch;
     # without it the reference is --batch-size, so lr x world size.
     peak = args.lr * world
@@ -456,6 +462,12 @@ def train(args) -> int:
                 for g in opt.param_groups:
                     g["lr"] = lr
             opt.step()
+            if AVERAGE_BN:
+                for mod in model.module.modules():
+                    if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+                        for buf in (mod.running_mean, mod.running_var):
+                            dist.all_reduce(buf)
+                            buf /= world
             if model_ema is not None and it % args.model_ema_steps == 0:
                 model_ema.update_parameters(model.module)
                 if epoch < args.warmup_epochs:
