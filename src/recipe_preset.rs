@@ -105,6 +105,38 @@ pub(crate) const fn text(id: &'static str, flag: &'static str, v: &'static str) 
     }
 }
 
+/// A switch the recipe turns on.
+pub(crate) const fn on(id: &'static str, flag: &'static str) -> Setting {
+    Setting {
+        id,
+        flag,
+        value: Value::On,
+    }
+}
+
+/// A size given at `of` px, scaled to the model's input size.
+pub(crate) const fn sized(id: &'static str, flag: &'static str, px: u32, of: u32) -> Setting {
+    Setting {
+        id,
+        flag,
+        value: Value::Scaled(px, of),
+    }
+}
+
+impl Setting {
+    /// The setting as an argument, `flag` and value joined by `sep` (a switch alone); `None` for
+    /// a size when the model's input size is unknown.
+    pub fn arg(&self, sep: &str, input_size: Option<u32>) -> Option<String> {
+        match self.value {
+            Value::Text(v) => Some(format!("{}{sep}{v}", self.flag)),
+            Value::On => Some(self.flag.to_string()),
+            Value::Scaled(px, of) => {
+                input_size.map(|i| format!("{}{sep}{}", self.flag, scaled(px, of, i)))
+            }
+        }
+    }
+}
+
 /// torchvision's command for `ResNet50_Weights.IMAGENET1K_V2` (8 GPUs):
 /// `--batch-size 128 --lr 0.5 --lr-scheduler cosineannealinglr --lr-warmup-epochs 5
 /// --lr-warmup-method linear --auto-augment ta_wide --epochs 600 --random-erase 0.1
@@ -127,26 +159,10 @@ const TORCHVISION_V2: &[Setting] = &[
     text("label_smoothing", "--label-smoothing", "0.1"),
     text("mixup_alpha", "--mixup-alpha", "0.2"),
     text("cutmix_alpha", "--cutmix-alpha", "1.0"),
-    Setting {
-        id: "train_crop_size",
-        flag: "--train-crop-size",
-        value: Value::Scaled(176, 224),
-    },
-    Setting {
-        id: "model_ema",
-        flag: "--model-ema",
-        value: Value::On,
-    },
-    Setting {
-        id: "val_resize_size",
-        flag: "--val-resize-size",
-        value: Value::Scaled(232, 224),
-    },
-    Setting {
-        id: "ra_sampler",
-        flag: "--ra-sampler",
-        value: Value::On,
-    },
+    sized("train_crop_size", "--train-crop-size", 176, 224),
+    on("model_ema", "--model-ema"),
+    sized("val_resize_size", "--val-resize-size", 232, 224),
+    on("ra_sampler", "--ra-sampler"),
     text("ra_reps", "--ra-reps", "4"),
 ];
 
@@ -169,22 +185,8 @@ pub fn expand(
     given: impl Fn(&str) -> bool,
     input_size: Option<u32>,
 ) -> Vec<String> {
-    let mut out = Vec::new();
-    for s in preset.settings() {
-        if given(s.id) {
-            continue;
-        }
-        match s.value {
-            Value::Text(v) => out.push(format!("{}={v}", s.flag)),
-            Value::On => out.push(s.flag.to_string()),
-            Value::Scaled(px, of) => {
-                if let Some(i) = input_size {
-                    out.push(format!("{}={}", s.flag, scaled(px, of, i)));
-                }
-            }
-        }
-    }
-    out
+    let settings = preset.settings().iter().filter(|s| !given(s.id));
+    settings.filter_map(|s| s.arg("=", input_size)).collect()
 }
 
 /// Whether the user gave argument `id` (on the command line or in its variable).

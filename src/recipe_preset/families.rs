@@ -9,25 +9,9 @@
 //! scaled to the model's. Flags tchrun does not have are left out and said in the docs
 //! (`--amp`, device-dependent; Swin's `--transformer-embedding-decay`; Swin's `--interpolation
 //! bicubic`, which tchrun's auto-augment ops refuse, as torchvision's tensor ops do).
-use super::{text, Preset, Setting, Value};
+use super::{on, sized, text, Preset, Setting};
 use crate::arch::Arch;
 use crate::model::SuggestedRecipe;
-
-const fn on(id: &'static str, flag: &'static str) -> Setting {
-    Setting {
-        id,
-        flag,
-        value: Value::On,
-    }
-}
-
-const fn sized(id: &'static str, flag: &'static str, px: u32, of: u32) -> Setting {
-    Setting {
-        id,
-        flag,
-        value: Value::Scaled(px, of),
-    }
-}
 
 /// `--model convnext_* --batch-size 128 --opt adamw --lr 1e-3 --lr-scheduler cosineannealinglr
 /// --lr-warmup-epochs 5 --lr-warmup-method linear --auto-augment ta_wide --epochs 600
@@ -253,15 +237,11 @@ impl Suggestion {
     /// The flags to add, at the model's input size: `--recipe NAME` and this model's own.
     pub fn flags(&self, input_size: u32) -> String {
         let mut out = vec![format!("--recipe {}", self.recipe.as_str())];
-        for e in self.extra {
-            match e.value {
-                Value::Text(v) => out.push(format!("{} {v}", e.flag)),
-                Value::On => out.push(e.flag.to_string()),
-                Value::Scaled(px, of) => {
-                    out.push(format!("{} {}", e.flag, super::scaled(px, of, input_size)))
-                }
-            }
-        }
+        out.extend(
+            self.extra
+                .iter()
+                .filter_map(|e| e.arg(" ", Some(input_size))),
+        );
         out.join(" ")
     }
 
