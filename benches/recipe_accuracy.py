@@ -39,6 +39,7 @@ between the recipe markers of FILE (BENCHMARKS.md).
 """
 import argparse
 import json
+import math
 import os
 import shlex
 import shutil
@@ -177,6 +178,45 @@ def pct(values):
     return f"{statistics.mean(vals):.1f} ± {statistics.stdev(vals):.1f}"
 
 
+def welch(a, b):
+    """tchrun minus reference: (difference of the means in points, its 95 % interval's half-width,
+    Welch's two-sided p), or None with fewer than 2 runs a side."""
+    a, b = [100 * v for v in a if v is not None], [100 * v for v in b if v is not None]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    from scipy import stats  # the reference's venv has scipy (torchvision's dependency chain)
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = statistics.mean(a) - statistics.mean(b)
+    if va + vb == 0:
+        return diff, 0.0, 1.0 if diff == 0 else 0.0
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    p = stats.ttest_ind(a, b, equal_var=False).pvalue
+    return diff, half, float(p)
+
+
+def comparison(runs, recipes):
+    """One line per recipe: tchrun against the reference, top-1 and the EMA's."""
+    lines = []
+    for recipe in recipes:
+        t = [r for r in runs if r["impl"] == "tchrun" and r["recipe"] == recipe]
+        for impl in ("reference", "reference-no-aa"):
+            ref = [r for r in runs if r["impl"] == impl and r["recipe"] == recipe]
+            parts = []
+            for key, name in (("top1", "top-1"), ("ema_top1", "EMA top-1")):
+                w = welch([r[key] for r in t], [r[key] for r in ref])
+                if w is None:
+                    continue
+                diff, half, p = w
+                verdict = ("no difference at these seeds" if p >= 0.05 else
+                           "tchrun ahead" if diff > 0 else "tchrun behind")
+                parts.append(f"{name} {diff:+.1f} ± {half:.1f} points (95 % interval), "
+                             f"Welch's p = {p:.2f}: {verdict}")
+            if parts:
+                lines.append(f"- {recipe}, tchrun minus {IMPLS[impl]}: " + "; ".join(parts) + ".")
+    return lines
+
+
 def table(runs, a, seeds, auto_aug, minutes, loads):
     rows = ["| implementation | recipe | auto-augment | top-1 % (last epoch) | EMA top-1 % | "
             "train images/s | seeds |",
@@ -211,6 +251,8 @@ def table(runs, a, seeds, auto_aug, minutes, loads):
         "mean over the runs of the epochs after the first.",
         "",
         *rows,
+        "",
+        *comparison(runs, a.recipes),
         END,
     ])
 

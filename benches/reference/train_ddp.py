@@ -9,7 +9,8 @@
         [torchvision's recipe flags, below]
 
 Semantics matched to tchrun (worker/src/train.rs, src/data.rs, src/schedule.rs):
-* model torchvision.models.<arch>(num_classes=C), seeded; DDP over Gloo on CPU;
+* model torchvision.models.<arch>(num_classes=C), seeded; DDP over Gloo on CPU; the loader's
+  random draws seeded per rank (--seed x 1000 + rank), so the ranks' augmentations differ;
 * SGD(momentum 0.9, weight_decay 1e-4), effective LR = lr x world size, set per optimizer step:
   linear warmup over warmup_epochs x steps_per_epoch steps, then peak x (1 - t)^power;
 * DistributedSampler(shuffle=True, seed) with set_epoch; per-rank batch size B; drop_last False;
@@ -427,9 +428,17 @@ def train(args) -> int:
                                      seed=args.seed, drop_last=False)
     mix = mixup_cutmix(args, classes)
     collate = MixCollate(mix) if mix else default_collate
+    # The initial weights are the same on every rank (torch.manual_seed above; DDP broadcasts
+    # rank 0's too), the augmentation draws must not be: the DataLoader seeds its workers from
+    # `generator`, and from the one --seed every rank drew the same crops, flips, erase boxes and
+    # MixUp/CutMix pairs, and with RASampler (which gives every rank the same images) trained on
+    # identical batches, DDP averaging two copies of one gradient. torchvision's train.py seeds
+    # nothing, so its ranks' draws differ; tchrun's differ by the sample's global position.
+    loader_rng = torch.Generator()
+    loader_rng.manual_seed(args.seed * 1000 + rank)
     train_dl = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler,
                           num_workers=loader_threads, drop_last=False, pin_memory=cuda,
-                          collate_fn=collate)
+                          collate_fn=collate, generator=loader_rng)
     valid_dl = DataLoader(Subset(valid_ds, range(rank, len(valid_ds), world)),
                           batch_size=args.batch_size, shuffle=False, num_workers=loader_threads,
                           pin_memory=cuda)
