@@ -31,6 +31,10 @@ pub const TCHRUN_TEST_KILL_AT_STEP: &str = "TCHRUN_TEST_KILL_AT_STEP";
 /// divergence guard's tests (the first non-finite step named, nothing non-finite written);
 /// never set it in a real job.
 pub const TCHRUN_TEST_NAN_AT_STEP: &str = "TCHRUN_TEST_NAN_AT_STEP";
+/// Test hook, read by the worker: `SCALE` runs the fp16 dynamic loss scaler (otherwise CUDA
+/// with `--amp fp16` only) on any device with this initial scale, so the CPU tests exercise
+/// its unscale, overflow check, skipped step and backoff. Never set it in a real job.
+pub const TCHRUN_TEST_LOSS_SCALE: &str = "TCHRUN_TEST_LOSS_SCALE";
 /// Test hook (fault injection), read by the worker: `RANK:STEP:SECONDS` makes rank RANK's main
 /// thread spin (a busy loop) SECONDS in forward just before optimizer step STEP (its heartbeat thread goes
 /// on beating): a rank that is stuck, not stopped. For `tests/hang.rs`; never set it in a real

@@ -28,6 +28,9 @@ pub struct FaultPlan {
     pub slow_step: Option<Duration>,
     /// `TCHRUN_TEST_NAN_AT_STEP` (this rank): the input of this optimizer step is NaN.
     pub nan_at_step: Option<u64>,
+    /// `TCHRUN_TEST_LOSS_SCALE` (every rank): the fp16 loss scaler runs on any device, from
+    /// this initial scale.
+    pub loss_scale: Option<f64>,
 }
 
 /// Why a rank kills itself now (a fault of the plan that is due).
@@ -76,6 +79,7 @@ impl FaultPlan {
             allocate: allocate(get, rank)?,
             slow_step: slow_for(get, env::TCHRUN_TEST_SLOW_STEP, rank, host)?,
             nan_at_step: nan_at_step(get, rank)?,
+            loss_scale: loss_scale(get)?,
         })
     }
 
@@ -118,6 +122,21 @@ fn nan_at_step(get: &dyn Fn(&str) -> Option<String>, rank: usize) -> Result<Opti
             name: env::TCHRUN_TEST_NAN_AT_STEP,
             value: v.clone(),
             why: "expected RANK:STEP".into(),
+        }),
+    }
+}
+
+/// `TCHRUN_TEST_LOSS_SCALE=SCALE`: a finite scale > 0.
+fn loss_scale(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<f64>, EnvError> {
+    let Some(v) = get(env::TCHRUN_TEST_LOSS_SCALE).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match v.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 => Ok(Some(s)),
+        _ => Err(EnvError::Invalid {
+            name: env::TCHRUN_TEST_LOSS_SCALE,
+            value: v.clone(),
+            why: "expected a finite scale > 0".into(),
         }),
     }
 }

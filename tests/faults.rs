@@ -716,3 +716,100 @@ fn a_libtorch_panic_in_a_rank_names_its_message_and_the_lines_before_it() {
         again.explain()
     );
 }
+
+/// Every tensor of two safetensors files, byte for byte: the names that differ.
+fn differing_tensors(a: &Path, b: &Path) -> Vec<String> {
+    use safetensors::SafeTensors;
+    let (ba, bb) = (
+        std::fs::read(a).expect("model a"),
+        std::fs::read(b).expect("model b"),
+    );
+    let (ta, tb) = (
+        SafeTensors::deserialize(&ba).expect("safetensors a"),
+        SafeTensors::deserialize(&bb).expect("safetensors b"),
+    );
+    let mut names: Vec<String> = ta.names().into_iter().cloned().collect();
+    names.sort();
+    assert_eq!(
+        names.len(),
+        tb.names().len(),
+        "the two models hold other tensors"
+    );
+    names
+        .into_iter()
+        .filter(|n| match (ta.tensor(n), tb.tensor(n)) {
+            (Ok(x), Ok(y)) => x.data() != y.data() || x.shape() != y.shape(),
+            _ => true,
+        })
+        .collect()
+}
+
+/// Issue 30: the fp16 dynamic loss scaler (CUDA with `--amp fp16` only) run on the CPU through
+/// its test hook, `TCHRUN_TEST_LOSS_SCALE`, so the path a GPU run takes is exercised here. At
+/// 2^16, where every gradient stays finite, it changes nothing, bit for bit (scaling the loss
+/// and unscaling the gradients by a power of two is exact). At 2^127 the first steps overflow:
+/// each is skipped with a warning in the driver log and the scale halves (2^126, 2^125, ...)
+/// until a step is finite; the job then trains on and writes finite weights.
+#[test]
+fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let plain = t.path().join("plain");
+    let r = run(&mut train_cmd(&model, &plain, 2, "local", 1, &[]), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let scaled = t.path().join("scaled");
+    let mut c = train_cmd(&model, &scaled, 2, "local", 1, &[]);
+    let r = run(c.env("TCHRUN_TEST_LOSS_SCALE", "65536"), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        !log_has(&scaled, 0, "step skipped"),
+        "no step overflows at 2^16"
+    );
+    let differ = differing_tensors(
+        &plain.join("model.safetensors"),
+        &scaled.join("model.safetensors"),
+    );
+    assert!(differ.is_empty(), "the scaler at 2^16 changed {differ:?}");
+
+    let overflow = t.path().join("overflow");
+    let mut c = train_cmd(&model, &overflow, 2, "local", 1, &[]);
+    let r = run(
+        c.env("TCHRUN_TEST_LOSS_SCALE", 2f64.powi(127).to_string()),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let log = read(&overflow.join("logs").join("70_driver_log_0"));
+    let scales: Vec<f64> = log
+        .lines()
+        .filter(|l| l.contains("step skipped, loss scale lowered"))
+        .filter_map(|l| {
+            l.split("scale=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(!scales.is_empty(), "no skipped step at 2^127:\n{log}");
+    assert!(scales.len() < 10, "every step skipped: {scales:?}");
+    for (k, s) in scales.iter().enumerate() {
+        assert_eq!(
+            *s,
+            2f64.powi(126 - k as i32),
+            "the scale halves per skipped step: {scales:?}"
+        );
+    }
+    assert!(
+        all_weights_finite(&overflow.join("model.safetensors")).is_ok(),
+        "non-finite weights written"
+    );
+    let differ = differing_tensors(
+        &plain.join("model.safetensors"),
+        &overflow.join("model.safetensors"),
+    );
+    assert!(
+        !differ.is_empty(),
+        "skipped steps must leave a different model"
+    );
+}

@@ -119,7 +119,12 @@ impl<'a> Trainer<'a> {
         super::resume::broadcast_optimizer_state(pg, &mut opt)?;
         let ema = super::ema::Ema::start(job, ctx, &cfg, train.classes.len(), &named, ema)?;
         say_start(job, ctx, &cfg, &train, &valid, &plan);
-        let mut scaler = LossScaler::new(job.options.amp == Amp::Fp16 && device.is_cuda());
+        let mut scaler = LossScaler::new(
+            job.options.amp == Amp::Fp16 && device.is_cuda() || faults.loss_scale.is_some(),
+        );
+        if let Some(s) = faults.loss_scale {
+            scaler.scale = s;
+        }
         if let Some(s) = resume.loss_scale.filter(|_| scaler.enabled) {
             scaler.scale = s;
         }
