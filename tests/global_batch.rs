@@ -60,47 +60,6 @@ fn run_quiet(c: &mut std::process::Command) -> Run {
     run(c, LIMIT)
 }
 
-/// Every tensor of `model.safetensors` as f32 values, by name.
-fn tensors(out: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(out.join("model.safetensors")).expect("model.safetensors");
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
-    let mut v: Vec<(String, Vec<f32>)> = st
-        .tensors()
-        .into_iter()
-        .filter(|(_, t)| t.dtype() == safetensors::Dtype::F32)
-        .map(|(n, t)| {
-            let vals = t
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            (n, vals)
-        })
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
-}
-
-/// The largest absolute difference over every tensor (and the tensor it is in).
-fn max_diff(a: &Path, b: &Path) -> (f32, String) {
-    let (ta, tb) = (tensors(a), tensors(b));
-    assert_eq!(ta.len(), tb.len());
-    assert!(!ta.is_empty());
-    let mut worst = (0.0f32, String::new());
-    for ((na, va), (nb, vb)) in ta.iter().zip(&tb) {
-        assert_eq!(na, nb);
-        assert_eq!(va.len(), vb.len(), "{na}");
-        for (x, y) in va.iter().zip(vb) {
-            let d = (x - y).abs();
-            assert!(d.is_finite(), "{na}: {x} vs {y}");
-            if d > worst.0 {
-                worst = (d, na.clone());
-            }
-        }
-    }
-    worst
-}
-
 fn ok(r: &Run) {
     assert_eq!(r.code, Some(0), "{}", r.explain());
 }
@@ -777,10 +736,6 @@ fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
     assert!(out.join("ema/model.json").is_file(), "{}", r.explain());
 }
 
-/// `--class-weights auto` on an imbalanced set (class 0 keeps 3 of its 6 images): scikit-learn's
-/// "balanced" weights, 57 / (10 × 3) for class 0 and 57 / (10 × 6) for the others, recorded in
-/// `model.json`; a weights file naming a class the training set lacks is refused before any rank
-/// starts (exit 2), naming the flag, the class and the classes there are.
 /// Issue 34 item 3: every family keeps the promise, those with random layers too: dropout and
 /// stochastic depth draw by the micro-batch's global position (`data::layer_seed`), so 2 ranks
 /// and 1 rank accumulating 2 micro-batches train the same model bit for bit (EfficientNet-B0:
@@ -899,6 +854,10 @@ fn a_familys_torchvision_recipe_is_suggested_once_and_applied_only_when_asked() 
     assert!(m.get("suggested_recipe").is_none(), "{m}");
 }
 
+/// `--class-weights auto` on an imbalanced set (class 0 keeps 3 of its 6 images): scikit-learn's
+/// "balanced" weights, 57 / (10 × 3) for class 0 and 57 / (10 × 6) for the others, recorded in
+/// `model.json`; a weights file naming a class the training set lacks is refused before any rank
+/// starts (exit 2), naming the flag, the class and the classes there are.
 #[test]
 fn class_weights_auto_are_balanced_and_a_bad_file_is_refused() {
     let t = tempdir();

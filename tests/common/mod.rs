@@ -625,3 +625,44 @@ pub fn culprit_stack_shown(err: &str, rank: usize) -> bool {
             })
         })
 }
+
+/// Every tensor of `model.safetensors` as f32 values, by name.
+pub fn tensors(out: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(out.join("model.safetensors")).expect("model.safetensors");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let mut v: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == safetensors::Dtype::F32)
+        .map(|(n, t)| {
+            let vals = t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (n, vals)
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// The largest absolute difference over every tensor (and the tensor it is in).
+pub fn max_diff(a: &Path, b: &Path) -> (f32, String) {
+    let (ta, tb) = (tensors(a), tensors(b));
+    assert_eq!(ta.len(), tb.len());
+    assert!(!ta.is_empty());
+    let mut worst = (0.0f32, String::new());
+    for ((na, va), (nb, vb)) in ta.iter().zip(&tb) {
+        assert_eq!(na, nb);
+        assert_eq!(va.len(), vb.len(), "{na}");
+        for (x, y) in va.iter().zip(vb) {
+            let d = (x - y).abs();
+            assert!(d.is_finite(), "{na}: {x} vs {y}");
+            if d > worst.0 {
+                worst = (d, na.clone());
+            }
+        }
+    }
+    worst
+}
