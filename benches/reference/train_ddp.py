@@ -60,15 +60,15 @@ import torchvision  # noqa: E402
 from torch.optim.swa_utils import AveragedModel  # noqa: E402
 from torch.utils.data.dataloader import default_collate  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-
-# The ablation of the one documented difference in the running statistics: tchrun's are the
-# mean over all ranks' micro-batches after each step (docs/training.md), DDP's rank 0's.
-AVERAGE_BN = os.environ.get("TCHRUN_REF_AVERAGE_BN") == "1"
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 from torchvision import transforms as T  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 from torchvision.transforms.functional import InterpolationMode  # noqa: E402
+
+# The ablation of the one documented difference in the running statistics: tchrun's are the
+# mean over all ranks' micro-batches after each step (docs/training.md), DDP's rank 0's.
+AVERAGE_BN = os.environ.get("TCHRUN_REF_AVERAGE_BN") == "1"
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
