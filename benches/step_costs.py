@@ -15,7 +15,10 @@ from the one before it:
 - + read-back: the stats and the guard read to the host every step (the trainer before issue 30);
 - + window: instead of the read-back, the step's row in the device window, read when full (4
   rows on CPU, 32 on CUDA) or every 10 steps (the trainer now);
-- + timers: the time split's clocks.
+- + timers: the time split's clocks;
+- + fp16 loss scaler: `--amp fp16`'s dynamic loss scaling (on the device: scale, unscale and
+  check, the fused SGD kernel's skip, the scale's update; its flags in the window's row), which
+  a CUDA fp16 run adds to every step.
 The replica hooks of 2 or more ranks and the progress line are not per-step costs of one
 process; the whole trainer at 1 and 2 ranks is `scripts/bench.sh --matrix --parts train`.
 """
@@ -34,10 +37,12 @@ VARIANTS = [
     ("+ read-back (before)", "group,guard,read-back"),
     ("+ window (now)", "group,guard,window"),
     ("+ timers", "group,guard,window,timers"),
+    ("+ fp16 loss scaler", "group,guard,window,timers,scaler"),
 ]
 # Which variant each one is measured against.
 BASE = {"+ group": "bare", "+ guard": "+ group", "+ read-back (before)": "+ guard",
-        "+ window (now)": "+ guard", "+ timers": "+ window (now)"}
+        "+ window (now)": "+ guard", "+ timers": "+ window (now)",
+        "+ fp16 loss scaler": "+ timers"}
 
 
 def one(size, batch, steps, threads, device, with_):

@@ -718,11 +718,14 @@ fn a_libtorch_panic_in_a_rank_names_its_message_and_the_lines_before_it() {
 }
 
 /// Issue 30: the fp16 dynamic loss scaler (CUDA with `--amp fp16` only) run on the CPU through
-/// its test hook, `TCHRUN_TEST_LOSS_SCALE`, so the path a GPU run takes is exercised here. At
-/// 2^16, where every gradient stays finite, it changes nothing, bit for bit (scaling the loss
-/// and unscaling the gradients by a power of two is exact). At 2^127 the first steps overflow:
-/// each is skipped with a warning in the driver log and the scale halves (2^126, 2^125, ...)
-/// until a step is finite; the job then trains on and writes finite weights.
+/// its test hook, `TCHRUN_TEST_LOSS_SCALE`, so the path a GPU run takes is exercised here: the
+/// scale, the overflow check and the skip stay on the device (the fused SGD kernel skips an
+/// overflowing step itself), and the window's read warns of each skipped step. At 2^16, where
+/// every gradient stays finite, it changes nothing, bit for bit (scaling the loss and unscaling
+/// the gradients by a power of two is exact). At 2^127 the first steps overflow: each is
+/// skipped with a warning naming it and the scale halves (2^126, 2^125, ...) until a step is
+/// finite; the job then trains on and writes finite weights. The same with AdamW (which reads
+/// the flag on the host) over two accumulated micro-batches per step (`--global-batch-size`).
 #[test]
 fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
     let t = tempdir();
@@ -746,39 +749,56 @@ fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
         max_diff(&plain, &scaled)
     );
 
-    let overflow = t.path().join("overflow");
-    let mut c = train_cmd(&model, &overflow, 2, "local", 1, &[]);
-    let r = run(
-        c.env("TCHRUN_TEST_LOSS_SCALE", 2f64.powi(127).to_string()),
-        LIMIT,
-    );
-    assert_eq!(r.code, Some(0), "{}", r.explain());
-    let log = read(&overflow.join("logs").join("70_driver_log_0"));
-    let scales: Vec<f64> = log
-        .lines()
-        .filter(|l| l.contains("step skipped, loss scale lowered"))
-        .filter_map(|l| {
-            l.split("scale=")
+    let huge = 2f64.powi(127).to_string();
+    let cases: [(&str, &[&str]); 2] = [
+        ("overflow", &[]),
+        (
+            "overflow-adamw",
+            &["--opt", "adamw", "--global-batch-size", "80"],
+        ),
+    ];
+    for (name, extra) in cases {
+        let overflow = t.path().join(name);
+        let mut c = train_cmd(&model, &overflow, 2, "local", 1, extra);
+        let r = run(c.env("TCHRUN_TEST_LOSS_SCALE", &huge), LIMIT);
+        assert_eq!(r.code, Some(0), "{name}: {}", r.explain());
+        let log = read(&overflow.join("logs").join("70_driver_log_0"));
+        let field = |l: &str, key: &str| -> Option<f64> {
+            l.split(&format!("{key}="))
                 .nth(1)?
                 .split_whitespace()
                 .next()?
                 .parse()
                 .ok()
-        })
-        .collect();
-    assert!(!scales.is_empty(), "no skipped step at 2^127:\n{log}");
-    assert!(scales.len() < 10, "every step skipped: {scales:?}");
-    for (k, s) in scales.iter().enumerate() {
-        assert_eq!(
-            *s,
-            2f64.powi(126 - k as i32),
-            "the scale halves per skipped step: {scales:?}"
+        };
+        let skipped: Vec<(f64, f64)> = log
+            .lines()
+            .filter(|l| l.contains("step skipped, loss scale lowered"))
+            .filter_map(|l| Some((field(l, "step")?, field(l, "scale")?)))
+            .collect();
+        assert!(
+            !skipped.is_empty(),
+            "{name}: no skipped step at 2^127:\n{log}"
+        );
+        assert!(
+            skipped.len() < 10,
+            "{name}: every step skipped: {skipped:?}"
+        );
+        for (k, (step, scale)) in skipped.iter().enumerate() {
+            assert_eq!(
+                (*step, *scale),
+                (k as f64, 2f64.powi(126 - k as i32)),
+                "{name}: the first steps are skipped and the scale halves per step: {skipped:?}"
+            );
+        }
+        assert!(
+            all_weights_finite(&overflow.join("model.safetensors")).is_ok(),
+            "{name}: non-finite weights written"
+        );
+        let (d, _) = max_diff(&plain, &overflow);
+        assert!(
+            d > 0.0,
+            "{name}: skipped steps must leave a different model"
         );
     }
-    assert!(
-        all_weights_finite(&overflow.join("model.safetensors")).is_ok(),
-        "non-finite weights written"
-    );
-    let (d, _) = max_diff(&plain, &overflow);
-    assert!(d > 0.0, "skipped steps must leave a different model");
 }

@@ -310,14 +310,13 @@ char* tchrun_l1_total(tchrun_tensor* tensors, size_t n, tchrun_tensor out) {
   })
 }
 
-char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int* found_inf) {
+char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, tchrun_tensor found_inf,
+                         tchrun_tensor inv_scale) {
   PROTECT({
-    *found_inf = 0;
     if (n == 0) return nullptr;
     auto v = tensor_vec(tensors, n);
-    auto opts = at::TensorOptions().dtype(at::kFloat).device(v[0].device());
-    at::Tensor found = at::zeros({1}, opts);
-    at::Tensor inv = at::full({1}, inv_scale, opts);
+    at::Tensor& found = tensor_ref(found_inf);
+    at::Tensor& inv = tensor_ref(inv_scale);
     // The fused kernel wants tensors of one device and dtype per call (GradScaler groups them).
     std::vector<at::Tensor> group;
     for (auto& t : v) {
@@ -329,16 +328,16 @@ char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int
       group.push_back(t);
     }
     if (!group.empty()) at::_amp_foreach_non_finite_check_and_unscale_(group, found, inv);
-    *found_inf = found.item<float>() != 0.0f ? 1 : 0;
   })
 }
 
 // torch.optim.SGD(fused=True)'s kernel over one parameter group: `grads[i]` (+ weight decay)
 // into `bufs[i]` (momentum; set to the gradient when `first_step`), then `params[i]` updated,
 // in one pass per tensor. `bufs` is ignored when momentum is 0. One device and dtype per call.
+// `found_inf` (may be null): the loss scaler's overflow flag; at 1 the kernel changes nothing.
 char* tchrun_fused_sgd(tchrun_tensor* params, tchrun_tensor* grads, tchrun_tensor* bufs, size_t n,
                        double weight_decay, double momentum, double lr, int nesterov,
-                       int first_step) {
+                       int first_step, tchrun_tensor found_inf) {
   PROTECT({
     if (n == 0) return nullptr;
     auto p = tensor_vec(params, n);
@@ -346,8 +345,10 @@ char* tchrun_fused_sgd(tchrun_tensor* params, tchrun_tensor* grads, tchrun_tenso
     std::vector<at::Tensor> b;
     if (momentum != 0.0) b = tensor_vec(bufs, n);
     at::NoGradGuard no_grad;
+    std::optional<at::Tensor> found;
+    if (found_inf != nullptr) found = tensor_ref(found_inf);
     at::_fused_sgd_(p, g, b, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov != 0,
-                    /*maximize=*/false, first_step != 0);
+                    /*maximize=*/false, first_step != 0, /*grad_scale=*/std::nullopt, found);
   })
 }
 

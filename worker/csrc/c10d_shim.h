@@ -92,10 +92,13 @@ char* tchrun_cuda_bf16_supported(int device, int* out);
 // fused kernel group (_foreach_norm): finite exactly when every value is (short of an overflow
 // past 3.4e38, itself a divergence). Asynchronous on CUDA: nothing waits for the device.
 char* tchrun_l1_total(tchrun_tensor* tensors, size_t n, tchrun_tensor out);
-char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, double inv_scale, int* found_inf);
+// torch's GradScaler check: every tensor times `inv_scale` in place, `found_inf` set to 1 when a
+// value is NaN or infinite (both 0-d float tensors on the tensors' device). Nothing is read back.
+char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, tchrun_tensor found_inf,
+                         tchrun_tensor inv_scale);
 char* tchrun_fused_sgd(tchrun_tensor* params, tchrun_tensor* grads, tchrun_tensor* bufs, size_t n,
                        double weight_decay, double momentum, double lr, int nesterov,
-                       int first_step);
+                       int first_step, tchrun_tensor found_inf);
 
 // DenseNet's bottleneck conv1(relu(norm1(cat(inputs, 1)))) as torchvision's memory_efficient
 // layer computes it: in training mode with grad mode on, a custom autograd function that keeps

@@ -6,7 +6,8 @@
 //! `scripts/bench.sh` (CPU, and the GPU mode: ResNet-50, 224 × 224, bf16).
 use crate::models;
 use crate::train::optim::Optimizer;
-use crate::train::step::{train_step, Guard, LossScaler, StepModel, Update};
+use crate::train::scaler::LossScaler;
+use crate::train::step::{train_step, Guard, StepModel, Update};
 use crate::train::window::{RowInfo, StepWindow};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -55,7 +56,9 @@ pub struct Args {
     /// its stats tensor), `guard` (the divergence guard's total every step), `window` (the
     /// step's row in the device window, read when full or every 10 steps: the trainer now), `read-back` (the
     /// stats read to the host every step: the trainer before), `timers` (the time split's
-    /// clocks). `window` and `read-back` need `group`.
+    /// clocks), `scaler` (fp16's dynamic loss scaling, on any device: the loss scaled, the
+    /// gradients unscaled and checked, the scale updated, all on the device; with `window` its
+    /// flags in the row). `window` and `read-back` need `group`.
     #[arg(long, value_enum, value_delimiter = ',')]
     with: Vec<Addition>,
 }
@@ -67,6 +70,7 @@ enum Addition {
     Window,
     ReadBack,
     Timers,
+    Scaler,
 }
 
 /// This process's peak resident set size (getrusage's ru_maxrss, KiB on Linux), in MiB.
@@ -134,8 +138,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         label_smoothing: 0.0,
         class_weights: None,
     };
-    // Loss scaling is fp16 training's (off here, as it was: scale 1, every step taken).
-    let mut scaler = LossScaler::new(false);
+    // Loss scaling is fp16 training's (off unless `--with scaler`: scale 1, every step taken).
+    let mut scaler = if a.with.contains(&Addition::Scaler) {
+        LossScaler::on(device, crate::train::scaler::INITIAL_SCALE)
+    } else {
+        LossScaler::off()
+    };
     let sync = || {
         if device.is_cuda() {
             tch::Cuda::synchronize(0);
@@ -151,7 +159,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let group = group_and_store.as_ref().map(|(pg, _)| pg);
     let replicas = group.map(|_| crate::comm::ddp::Replicator::new(&named, models::is_buffer));
     let guard = has(Addition::Guard).then(|| Guard::watching(&named));
-    let mut window = has(Addition::Window).then(|| StepWindow::new(device));
+    let mut window = has(Addition::Window).then(|| StepWindow::new(device, scaler.enabled()));
     let mut split = [0.0f64; 3];
     let mut start = Instant::now();
     for i in 0..a.warmup + a.steps {
@@ -191,7 +199,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     lr_before: 0.01,
                     lr_after: 0.01,
                 };
-                w.push(stats, total.as_ref(), row);
+                let flags = scaler.flags().filter(|_| done.scaler_checked);
+                w.push(stats, total.as_ref(), flags, row);
                 if w.is_full() || (i + 1) % 10 == 0 {
                     w.read()
                         .map_err(|(bad, at)| anyhow::anyhow!("{bad:?} at step {}", at.step))?;

@@ -112,12 +112,13 @@ extern "C" {
         lr: f64,
         nesterov: c_int,
         first_step: c_int,
+        found_inf: *mut c_void,
     ) -> *mut c_char;
     pub fn tchrun_amp_unscale(
         tensors: *mut *mut c_void,
         n: usize,
-        inv_scale: f64,
-        found_inf: *mut c_int,
+        found_inf: *mut c_void,
+        inv_scale: *mut c_void,
     ) -> *mut c_char;
     pub fn tchrun_dense_bottleneck(
         inputs: *mut *mut c_void,

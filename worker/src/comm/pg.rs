@@ -76,16 +76,24 @@ pub fn cuda_bf16_supported(device: tch::Device) -> Result<Option<bool>, C10dErro
 }
 
 /// torch's fused GradScaler check (`_amp_foreach_non_finite_check_and_unscale_`): every tensor
-/// is multiplied by `inv_scale` in place; true when any value was NaN or infinite. One read on
-/// the host for all tensors (not one per tensor).
-pub fn amp_unscale(tensors: &[Tensor], inv_scale: f64) -> Result<bool, C10dError> {
+/// is multiplied by `inv_scale` in place and `found_inf` set to 1 when any value was NaN or
+/// infinite (left as it was otherwise; both 0-d float tensors on the tensors' device). Nothing
+/// is read on the host.
+pub fn amp_unscale(
+    tensors: &[Tensor],
+    found_inf: &Tensor,
+    inv_scale: &Tensor,
+) -> Result<(), C10dError> {
     let mut ptrs: Vec<*mut std::ffi::c_void> =
         tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
-    let mut found = 0;
     check("unscale gradients", unsafe {
-        ffi::tchrun_amp_unscale(ptrs.as_mut_ptr(), ptrs.len(), inv_scale, &mut found)
-    })?;
-    Ok(found != 0)
+        ffi::tchrun_amp_unscale(
+            ptrs.as_mut_ptr(),
+            ptrs.len(),
+            found_inf.as_ptr() as *mut _,
+            inv_scale.as_ptr() as *mut _,
+        )
+    })
 }
 
 /// The sum of every tensor's L1 norm (one fused kernel group, no wait on the device): a 0-d
@@ -594,15 +602,25 @@ mod tests {
     fn fused_unscale_finds_non_finite_values_and_scales() {
         let a = Tensor::from_slice(&[2.0f32, 4.0]);
         let b = Tensor::from_slice(&[8.0f32]);
-        let found = amp_unscale(&[a.shallow_clone(), b.shallow_clone()], 0.5).expect("unscale");
-        assert!(!found);
+        let found = Tensor::zeros([], (tch::Kind::Float, Device::Cpu));
+        let half = Tensor::from(0.5f32);
+        amp_unscale(&[a.shallow_clone(), b.shallow_clone()], &found, &half).expect("unscale");
+        assert_eq!(found.double_value(&[]), 0.0);
         assert_eq!(Vec::<f32>::try_from(&a).expect("a"), vec![1.0, 2.0]);
         assert_eq!(Vec::<f32>::try_from(&b).expect("b"), vec![4.0]);
+        let one = Tensor::from(1.0f32);
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let found = Tensor::zeros([], (tch::Kind::Float, Device::Cpu));
             let c = Tensor::from_slice(&[1.0f32, bad]);
-            assert!(amp_unscale(&[a.shallow_clone(), c], 1.0).expect("unscale"));
+            amp_unscale(&[a.shallow_clone(), c], &found, &one).expect("unscale");
+            assert_eq!(found.double_value(&[]), 1.0);
+            // A later finite group leaves a set flag set.
+            amp_unscale(&[a.shallow_clone()], &found, &one).expect("unscale");
+            assert_eq!(found.double_value(&[]), 1.0);
         }
-        assert!(!amp_unscale(&[], 1.0).expect("no tensors"));
+        let found = Tensor::zeros([], (tch::Kind::Float, Device::Cpu));
+        amp_unscale(&[], &found, &one).expect("no tensors");
+        assert_eq!(found.double_value(&[]), 0.0);
     }
 
     #[test]

@@ -8,13 +8,15 @@ use tch::Tensor;
 /// torch's fused SGD kernel (`torch.optim.SGD(fused=True)`, dampening 0) over one parameter
 /// group: weight decay, momentum (`bufs` set to the gradient on the `first_step`; unused when
 /// `momentum` is 0) and the update, one pass per tensor instead of one per operation.
-/// The three lists are parallel and share one device and dtype.
+/// The three lists are parallel and share one device and dtype. `found_inf`: the loss
+/// scaler's overflow flag (a 0-d float on the device); at 1 the kernel changes nothing.
 pub fn sgd(
     params: &[Tensor],
     grads: &[Tensor],
     bufs: &[Tensor],
     hyper: (f64, f64, f64, bool),
     first_step: bool,
+    found_inf: Option<&Tensor>,
 ) -> Result<(), C10dError> {
     let (weight_decay, momentum, lr, nesterov) = hyper;
     let n = params.len();
@@ -43,6 +45,7 @@ pub fn sgd(
             lr,
             nesterov as i32,
             first_step as i32,
+            found_inf.map_or(std::ptr::null_mut(), |f| f.as_ptr() as *mut _),
         )
     })
 }

@@ -14,6 +14,7 @@ mod mix;
 pub mod optim;
 pub mod outputs;
 mod resume;
+pub(crate) mod scaler;
 mod setup;
 pub(crate) mod step;
 pub mod tracking;

@@ -126,11 +126,21 @@ impl Optimizer {
     }
 
     /// One step at `lr` (× each parameter's multiplier); parameters without a gradient are
-    /// left alone, as torch does.
-    pub fn step(&mut self, lr: f64) -> Result<(), crate::comm::pg::C10dError> {
+    /// left alone, as torch does. `found_inf`: the fp16 loss scaler's overflow flag (0-d, on
+    /// the device); when it is 1 nothing changes. SGD's fused kernel reads it on the device;
+    /// RMSprop and AdamW read it on the host first (torch's GradScaler with a non-fused
+    /// optimizer).
+    pub fn step(
+        &mut self,
+        lr: f64,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), crate::comm::pg::C10dError> {
         let (opt, momentum) = (self.opt, self.momentum);
         if matches!(opt, Opt::Sgd | Opt::SgdNesterov) {
-            return self.fused_sgd(lr, opt == Opt::SgdNesterov);
+            return self.fused_sgd(lr, opt == Opt::SgdNesterov, found_inf);
+        }
+        if found_inf.is_some_and(|f| f.double_value(&[]) != 0.0) {
+            return Ok(());
         }
         tch::no_grad(|| {
             for (i, ((_, p), slot)) in self.params.iter().zip(&mut self.slots).enumerate() {
@@ -151,8 +161,15 @@ impl Optimizer {
 
     /// SGD through torch's fused kernel, one call per group of parameters that share an LR
     /// multiplier, a weight decay and whether their momentum buffer exists yet (on its first
-    /// step the kernel sets the buffer to the gradient plus decay, as torch's loop does).
-    fn fused_sgd(&mut self, lr: f64, nesterov: bool) -> Result<(), crate::comm::pg::C10dError> {
+    /// step the kernel sets the buffer to the gradient plus decay, as torch's loop does). With
+    /// the scaler's flag, which may skip the step on the device, a new buffer starts at zero
+    /// instead (`m·0 + d` is `d` exactly), so a skipped first step leaves no buffer unset.
+    fn fused_sgd(
+        &mut self,
+        lr: f64,
+        nesterov: bool,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), crate::comm::pg::C10dError> {
         type Group = (Vec<Tensor>, Vec<Tensor>, Vec<Tensor>);
         let momentum = self.momentum;
         let mut groups: Vec<((f64, f64, bool), Group)> = Vec::new();
@@ -169,6 +186,11 @@ impl Optimizer {
                 (_, false) => (None, false),
                 (Some(b), true) => {
                     let b = in_layout_of(p, b);
+                    slot.a = Some(b.shallow_clone());
+                    (Some(b), false)
+                }
+                (None, true) if found_inf.is_some() => {
+                    let b = tch::no_grad(|| p.zeros_like());
                     slot.a = Some(b.shallow_clone());
                     (Some(b), false)
                 }
@@ -192,7 +214,8 @@ impl Optimizer {
             bs.extend(buf);
         }
         for ((scale, wd, first), (ps, gs, bs)) in groups {
-            super::fused::sgd(&ps, &gs, &bs, (wd, momentum, lr * scale, nesterov), first)?;
+            let hyper = (wd, momentum, lr * scale, nesterov);
+            super::fused::sgd(&ps, &gs, &bs, hyper, first, found_inf)?;
         }
         Ok(())
     }
@@ -443,7 +466,7 @@ mod tests {
                 for (i, (_, p)) in o.params().iter().enumerate() {
                     set_grad(p, &floats(&case["grads"][step][i]));
                 }
-                o.step(*lr).expect("step");
+                o.step(*lr, None).expect("step");
                 for (i, (name, p)) in o.params().iter().enumerate() {
                     let got = Vec::<f32>::try_from(p.detach()).expect("values");
                     let want = floats(&case["after"][step][i]);
@@ -508,7 +531,7 @@ mod tests {
                     let _ = p.g_add_(&(d * (-lr * scale)));
                 });
             }
-            opt.step(lr).expect("step");
+            opt.step(lr, None).expect("step");
             for ((_, p), q) in opt.params().iter().zip(&old) {
                 let (a, b) = (
                     Vec::<f32>::try_from(p.detach()).expect("ours"),
@@ -531,11 +554,11 @@ mod tests {
         let p = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let mut sgd = Optimizer::new(Opt::Sgd, vec![("w".into(), p.shallow_clone())], 0.9, 0.0);
         set_grad(&p, &[1.0, 2.0, 3.0]);
-        sgd.step(0.1).expect("step");
+        sgd.step(0.1, None).expect("step");
         assert_eq!(sgd.state().keys().collect::<Vec<_>>(), ["momentum.w"]);
         let mut adamw = Optimizer::new(Opt::Adamw, vec![("w".into(), p.shallow_clone())], 0.9, 0.0);
-        adamw.step(0.1).expect("step");
-        adamw.step(0.1).expect("step");
+        adamw.step(0.1, None).expect("step");
+        adamw.step(0.1, None).expect("step");
         let state = adamw.state();
         assert_eq!(
             state.keys().collect::<Vec<_>>(),
@@ -617,7 +640,7 @@ mod tests {
                     (lr * scale, 0.9, 1e-2),
                 );
             }
-            sgd.step(lr).expect("step");
+            sgd.step(lr, None).expect("step");
             for (i, (_, p)) in params.iter().enumerate() {
                 let diff = (p.to_kind(Kind::Double) - &reference[i])
                     .abs()
@@ -655,9 +678,37 @@ mod tests {
             let mut grad = w.grad();
             let _ = grad.copy_(&g);
         });
-        opt.step(0.1).expect("step");
+        opt.step(0.1, None).expect("step");
         let want = &w0 - (buf * 0.9 + &g) * 0.1;
         let diff = (w.detach() - want).abs().max().double_value(&[]);
         assert!(diff < 1e-5, "differs by {diff}");
+    }
+
+    /// The fp16 scaler's overflow flag: at 1 no optimizer changes a weight or its state (SGD's
+    /// fused kernel reads it on the device; a skipped first step leaves a zero buffer, not an
+    /// unset one), and at 0 every step equals the step without the flag bit for bit (SGD's
+    /// first step from a zero buffer is the first step).
+    #[test]
+    fn the_overflow_flag_skips_the_step_and_otherwise_changes_nothing() {
+        let (set, clear) = (Tensor::from(1.0f32), Tensor::from(0.0f32));
+        for opt in [Opt::Sgd, Opt::SgdNesterov, Opt::Rmsprop, Opt::Adamw] {
+            let make = || {
+                let p = Tensor::from_slice(&[0.5f32, -1.5, 2.0]).set_requires_grad(true);
+                Optimizer::new(opt, vec![("p".into(), p)], 0.9, 1e-4)
+            };
+            let (mut flagged, mut plain) = (make(), make());
+            let weights =
+                |o: &Optimizer| Vec::<f32>::try_from(o.params()[0].1.detach()).expect("w");
+            set_grad(&flagged.params()[0].1, &[f32::NAN, 1.0, 2.0]);
+            flagged.step(0.1, Some(&set)).expect("skipped step");
+            assert_eq!(weights(&flagged), vec![0.5, -1.5, 2.0], "{opt:?}");
+            for (step, g) in [[0.1f32, -0.2, 0.3], [0.4, 0.5, -0.6]].iter().enumerate() {
+                set_grad(&flagged.params()[0].1, g);
+                set_grad(&plain.params()[0].1, g);
+                flagged.step(0.1, Some(&clear)).expect("step");
+                plain.step(0.1, None).expect("step");
+                assert_eq!(weights(&flagged), weights(&plain), "{opt:?} step {step}");
+            }
+        }
     }
 }

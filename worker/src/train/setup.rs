@@ -4,7 +4,8 @@
 //! rank 0, and the start line of the driver log.
 use super::board::Board;
 use super::resume::{fresh, load_resume, Resume, Start};
-use super::step::{Guard, LossScaler};
+use super::scaler::{LossScaler, INITIAL_SCALE};
+use super::step::Guard;
 use super::trainer::{Plan, State, Trainer};
 use super::validate::{log_skipped, BadImages};
 use super::{loader_threads, Inputs, RankCtx, TrainError};
@@ -119,15 +120,13 @@ impl<'a> Trainer<'a> {
         super::resume::broadcast_optimizer_state(pg, &mut opt)?;
         let ema = super::ema::Ema::start(job, ctx, &cfg, train.classes.len(), &named, ema)?;
         say_start(job, ctx, &cfg, &train, &valid, &plan);
-        let mut scaler = LossScaler::new(
-            job.options.amp == Amp::Fp16 && device.is_cuda() || faults.loss_scale.is_some(),
-        );
-        if let Some(s) = faults.loss_scale {
-            scaler.scale = s;
-        }
-        if let Some(s) = resume.loss_scale.filter(|_| scaler.enabled) {
-            scaler.scale = s;
-        }
+        // fp16 on CUDA, or the test hook's scale on any device; a resume's scale wins.
+        let scaling = (job.options.amp == Amp::Fp16 && device.is_cuda())
+            .then_some(INITIAL_SCALE)
+            .or(faults.loss_scale)
+            .map(|s| resume.loss_scale.unwrap_or(s));
+        let scaler = scaling.map_or_else(LossScaler::off, |s| LossScaler::on(device, s));
+        let window = super::window::StepWindow::new(device, scaler.enabled());
         let guard = Guard::watching(&named);
         let live = start_live(job, ctx, &plan, &resume);
         let s = State {
@@ -177,7 +176,7 @@ impl<'a> Trainer<'a> {
             board,
             scaler,
             guard,
-            window: super::window::StepWindow::new(device),
+            window,
             live,
             ema,
             s,

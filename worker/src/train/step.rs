@@ -5,6 +5,7 @@
 use crate::comm::ddp::{Accumulation, Replicator, StepStats};
 use crate::comm::pg::{C10dError, ProcessGroup};
 use crate::train::optim::Optimizer;
+use crate::train::scaler::LossScaler;
 use std::time::Instant;
 use tch::{nn::ModuleT, Device, Kind, Tensor};
 use tchrun::job_record::heartbeat::Phase;
@@ -39,16 +40,22 @@ pub(crate) struct StepResult {
     /// When backward ended (this rank's compute), and when the reduction had ended.
     pub(crate) backward_done: Instant,
     pub(crate) reduced: Instant,
-    /// The optimizer stepped (false: no sample on any rank, or fp16 overflow, or no update).
+    /// The optimizer step was issued (false: no sample on any rank, or no update). With the
+    /// fp16 scaler the device may still skip it: `scaler_checked`.
     pub(crate) updated: bool,
+    /// The loss scaler checked this step's gradients: its flags (`LossScaler::flags`) are this
+    /// step's overflow and the scale after it.
+    pub(crate) scaler_checked: bool,
 }
 
 /// One step on `batch` (inputs, labels; `None`: this rank sits the step out with no sample):
 /// forward and loss (cross entropy of the float logits, under autocast), with a group the
 /// replicator's `begin_step`, backward (the loss scaled by the fp16 scaler's scale when there
 /// is an update) while buckets are all-reduced, `end_step`, then the optimizer step: skipped
-/// when no rank had a sample or the fp16 gradients overflowed. Nothing is read back from the
-/// device (the caller's `StepWindow` reads the stats at its own pace). Gradients are not zeroed here (the caller does, before).
+/// when no rank had a sample, or on the device when the fp16 gradients overflowed (the
+/// scaler's flag). Nothing is read back from the device (the caller's `StepWindow` reads the
+/// stats and the scaler's flag at its own pace). Gradients are not zeroed here (the caller
+/// does, before).
 /// `acc`: the step's earlier micro-batches (`--global-batch-size`; needs `dp`): this batch is
 /// the step's last, and the reduction covers them all.
 pub(crate) fn train_step(
@@ -75,7 +82,7 @@ pub(crate) fn train_step(
     crate::heartbeat::phase(Phase::Backward);
     if n_local > 0 {
         match &update {
-            Some(u) => (&loss * u.scaler.scale).backward(),
+            Some(u) => u.scaler.scaled(&loss).backward(),
             None => loss.backward(),
         }
     }
@@ -86,22 +93,26 @@ pub(crate) fn train_step(
     };
     let reduced_at = Instant::now();
     let any_sample = stats.as_ref().map_or(n_local > 0, |s| s.any_sample);
-    let mut updated = false;
+    let (mut updated, mut scaler_checked) = (false, false);
     crate::heartbeat::phase(Phase::Optimizer);
-    if let Some(u) = update {
-        if any_sample && u.scaler.unscale_and_check(u.opt.params())? {
-            if let Some(max) = u.clip {
-                super::clip::clip_grad_norm(u.opt.params(), max);
-            }
-            u.opt.step(u.lr)?;
-            updated = true;
+    if let Some(u) = update.filter(|_| any_sample) {
+        // torch's order under a GradScaler: unscale, clip the unscaled gradients, step (skipped
+        // on an overflow), update the scale.
+        let found_inf = u.scaler.unscale(u.opt.params())?;
+        if let Some(max) = u.clip {
+            super::clip::clip_grad_norm(u.opt.params(), max);
         }
+        u.opt.step(u.lr, found_inf.as_ref())?;
+        u.scaler.update();
+        updated = true;
+        scaler_checked = found_inf.is_some();
     }
     Ok(StepResult {
         stats,
         backward_done,
         reduced: reduced_at,
         updated,
+        scaler_checked,
     })
 }
 
@@ -135,14 +146,14 @@ pub(crate) fn cross_entropy(
 }
 
 /// A micro-batch that is not its step's last (`--global-batch-size`): forward (its batch-norm
-/// statistics into `acc`), backward of the loss × `loss_scale`, its gradients into `acc`. No
-/// communication and no update: the step's last micro-batch (`train_step`) does both.
+/// statistics into `acc`), backward of the loss × the scaler's scale, its gradients into `acc`.
+/// No communication and no update: the step's last micro-batch (`train_step`) does both.
 pub(crate) fn accumulate_micro_batch(
     model: &StepModel,
     batch: Option<(&Tensor, &Tensor)>,
     replicas: &Replicator,
     acc: &mut Accumulation,
-    loss_scale: f64,
+    scaler: &LossScaler,
 ) -> Result<(), C10dError> {
     let n_local = batch.map(|(x, _)| x.size()[0] as usize).unwrap_or(0);
     crate::heartbeat::phase(Phase::Forward);
@@ -150,7 +161,7 @@ pub(crate) fn accumulate_micro_batch(
     crate::heartbeat::phase(Phase::Backward);
     replicas.absorb_forward(acc);
     if n_local > 0 {
-        (&loss * loss_scale).backward();
+        scaler.scaled(&loss).backward();
     }
     replicas.absorb_backward(acc, &loss, n_local)
 }
@@ -233,55 +244,5 @@ impl Guard {
             first_non_finite(&labelled)
         });
         what.unwrap_or_else(|| ("a weight".into(), f64::NAN))
-    }
-}
-
-/// Dynamic loss scaling for fp16 autocast (off: scale 1, every step taken).
-pub(crate) struct LossScaler {
-    pub(crate) enabled: bool,
-    pub(crate) scale: f64,
-    good_steps: u32,
-}
-
-impl LossScaler {
-    pub(crate) fn new(enabled: bool) -> LossScaler {
-        LossScaler {
-            enabled,
-            scale: if enabled { 65536.0 } else { 1.0 },
-            good_steps: 0,
-        }
-    }
-
-    /// Unscales the (reduced, identical on every rank) gradients; false: skip this step.
-    pub(crate) fn unscale_and_check(
-        &mut self,
-        params: &[(String, Tensor)],
-    ) -> Result<bool, C10dError> {
-        if !self.enabled {
-            return Ok(true);
-        }
-        let grads: Vec<Tensor> = params
-            .iter()
-            .map(|(_, p)| p.grad())
-            .filter(|g| g.defined())
-            .collect();
-        // torch's GradScaler: one fused unscale-and-check, one read on the host (not a
-        // synchronization per parameter).
-        let finite = !crate::comm::pg::amp_unscale(&grads, 1.0 / self.scale)?;
-        if finite {
-            self.good_steps += 1;
-            if self.good_steps >= 2000 {
-                self.scale *= 2.0;
-                self.good_steps = 0;
-            }
-        } else {
-            self.scale /= 2.0;
-            self.good_steps = 0;
-            tracing::warn!(
-                scale = self.scale,
-                "fp16 gradients overflowed; step skipped, loss scale lowered"
-            );
-        }
-        Ok(finite)
     }
 }

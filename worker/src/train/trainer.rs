@@ -5,7 +5,8 @@
 //! `finish` writes the model. A new training flag touches `setup` and the one method it
 //! changes.
 use super::board::Board;
-use super::step::{accumulate_micro_batch, train_step, Guard, LossScaler, StepModel, Update};
+use super::scaler::LossScaler;
+use super::step::{accumulate_micro_batch, train_step, Guard, StepModel, Update};
 use super::validate::BadImages;
 use super::{to_input, RankCtx, TrainError};
 use crate::comm::ddp::{Accumulation, Replicator};
@@ -171,7 +172,7 @@ impl<'a> Trainer<'a> {
             since_best: s.stopping.since_best,
             history: s.history.clone(),
             partial,
-            loss_scale: self.scaler.scale,
+            loss_scale: self.scaler.scale(),
             finished,
             global_batch_size: self.job.options.global_batch_size,
             tensors: String::new(),
@@ -346,7 +347,7 @@ impl<'a> Trainer<'a> {
                     label_smoothing: self.job.options.recipe.label_smoothing,
                     class_weights: self.class_weights.as_ref(),
                 };
-                accumulate_micro_batch(&model, input, &self.replicas, a, self.scaler.scale)?;
+                accumulate_micro_batch(&model, input, &self.replicas, a, &self.scaler)?;
             }
             e.micro_compute += t.elapsed().as_secs_f64();
             self.s.images += n_local as f64;
@@ -425,7 +426,8 @@ impl<'a> Trainer<'a> {
         } else {
             None
         };
-        self.window.push(&stats, total.as_ref(), row);
+        let flags = self.scaler.flags().filter(|_| done.scaler_checked);
+        self.window.push(&stats, total.as_ref(), flags, row);
         Ok((done.backward_done, done.reduced))
     }
 

@@ -18,8 +18,10 @@ use tch::{Device, Kind, Tensor};
 const CUDA_ROWS: usize = 32;
 const CPU_ROWS: usize = 4;
 
-/// Columns of a row: mean loss, samples, stop vote, the guard's total (0 without an update).
-const COLS: i64 = 4;
+/// Columns of a row: mean loss, samples, stop vote, the guard's total (0 without an update),
+/// and the loss scaler's overflow flag (1: the device skipped the update) and scale after the
+/// step (both 0 without the scaler).
+const COLS: i64 = 6;
 
 /// Where a row's step stands: for the message of a step that went non-finite.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +46,8 @@ pub(crate) struct Read {
     /// Some rank voted to stop in one of the rows.
     pub(super) stop: bool,
     pub(super) rows: usize,
+    /// Rows whose update the loss scaler skipped (fp16 overflow).
+    pub(super) overflowed: usize,
 }
 
 /// A row's step went non-finite.
@@ -59,30 +63,46 @@ pub(crate) struct StepWindow {
     rows: Tensor,
     info: Vec<RowInfo>,
     capacity: usize,
+    /// Rows carry the loss scaler's columns.
+    scaled: bool,
 }
 
+/// The loss scaler's flags of a step (`LossScaler::flags`): its overflow flag and the scale
+/// after it, 0-d on the device.
+pub(crate) type ScalerFlags<'a> = Option<(&'a Tensor, &'a Tensor)>;
+
 impl StepWindow {
-    pub(crate) fn new(device: Device) -> StepWindow {
+    /// A window on `device`; `scaled`: the run scales its loss (fp16), so rows carry the
+    /// scaler's columns.
+    pub(crate) fn new(device: Device, scaled: bool) -> StepWindow {
         let capacity = if device.is_cuda() {
             CUDA_ROWS
         } else {
             CPU_ROWS
         };
-        StepWindow::with_capacity(capacity, device)
+        StepWindow::with_capacity(capacity, device, scaled)
     }
 
-    fn with_capacity(capacity: usize, device: Device) -> StepWindow {
+    fn with_capacity(capacity: usize, device: Device, scaled: bool) -> StepWindow {
         StepWindow {
             rows: Tensor::zeros([capacity as i64, COLS], (Kind::Double, device)),
             info: Vec::with_capacity(capacity),
             capacity,
+            scaled,
         }
     }
 
-    /// The step's row: its stats and the guard's `total` (copies on the device, no read).
-    /// Full: the caller reads before the next push (`is_full`); a push into a full window
-    /// overwrites its last row (never happens in the trainer, which reads first).
-    pub(crate) fn push(&mut self, stats: &StepStats, total: Option<&Tensor>, info: RowInfo) {
+    /// The step's row: its stats, the guard's `total` and the scaler's `flags` when it checked
+    /// this step (copies on the device, no read). Full: the caller reads before the next push
+    /// (`is_full`); a push into a full window overwrites its last row (never happens in the
+    /// trainer, which reads first).
+    pub(crate) fn push(
+        &mut self,
+        stats: &StepStats,
+        total: Option<&Tensor>,
+        flags: ScalerFlags,
+        info: RowInfo,
+    ) {
         let i = self.info.len().min(self.capacity - 1);
         tch::no_grad(|| {
             let row = self.rows.get(i as i64);
@@ -92,6 +112,18 @@ impl StepWindow {
                 Some(t) => guard.copy_(t),
                 None => {
                     let _ = guard.fill_(0.0);
+                }
+            }
+            if self.scaled {
+                let mut overflow = row.get(4);
+                match flags {
+                    Some((found_inf, scale)) => {
+                        overflow.copy_(found_inf);
+                        row.get(5).copy_(scale);
+                    }
+                    None => {
+                        let _ = overflow.fill_(0.0);
+                    }
                 }
             }
         });
@@ -127,6 +159,14 @@ impl StepWindow {
         };
         for (row, (v, at)) in values.chunks(COLS as usize).zip(&info).enumerate() {
             let (loss, samples, stop, total) = (v[0], v[1], v[2], v[3]);
+            if v[4] != 0.0 {
+                read.overflowed += 1;
+                tracing::warn!(
+                    step = at.step,
+                    scale = v[5],
+                    "fp16 gradients overflowed; step skipped, loss scale lowered"
+                );
+            }
             if !loss.is_finite() {
                 return Err((NonFinite::Loss { row, value: loss }, *at));
             }
@@ -172,7 +212,7 @@ impl Trainer<'_> {
             NonFinite::Weights { row } => {
                 // The failing step's gradients are still held when it was the last row (and
                 // they are unscaled: no fp16 scaling).
-                let grads = (row + 1 == rows && !self.scaler.enabled).then(|| self.opt.params());
+                let grads = (row + 1 == rows && !self.scaler.enabled()).then(|| self.opt.params());
                 let (what, value) = self.guard.culprit(grads);
                 (what, value, at.lr_after)
             }
@@ -211,13 +251,13 @@ mod tests {
 
     #[test]
     fn a_read_sums_the_rows_and_names_the_first_non_finite_step() {
-        let mut w = StepWindow::with_capacity(3, Device::Cpu);
+        let mut w = StepWindow::with_capacity(3, Device::Cpu, false);
         assert_eq!(w.read().ok(), Some(Read::default()));
         let ok = Tensor::from(5.0f32);
-        w.push(&stats(2.0, 16.0, false), Some(&ok), info(0));
-        w.push(&stats(1.0, 0.0, false), None, info(1));
+        w.push(&stats(2.0, 16.0, false), Some(&ok), None, info(0));
+        w.push(&stats(1.0, 0.0, false), None, None, info(1));
         assert!(!w.is_full());
-        w.push(&stats(3.0, 8.0, true), Some(&ok), info(2));
+        w.push(&stats(3.0, 8.0, true), Some(&ok), None, info(2));
         assert!(w.is_full());
         let r = w.read().expect("finite");
         assert_eq!(
@@ -228,24 +268,62 @@ mod tests {
                 last_loss: 3.0,
                 stop: true,
                 rows: 3,
+                overflowed: 0,
             }
         );
         // The window is empty again and reused.
         assert!(!w.is_full());
         let nan = Tensor::from(f32::NAN);
-        w.push(&stats(2.0, 16.0, false), Some(&ok), info(3));
-        w.push(&stats(2.5, 16.0, false), Some(&nan), info(4));
-        w.push(&stats(f64::NAN, 16.0, false), Some(&nan), info(5));
+        w.push(&stats(2.0, 16.0, false), Some(&ok), None, info(3));
+        w.push(&stats(2.5, 16.0, false), Some(&nan), None, info(4));
+        w.push(&stats(f64::NAN, 16.0, false), Some(&nan), None, info(5));
         match w.read() {
             Err((NonFinite::Weights { row: 1 }, at)) => assert_eq!(at.step, 4),
             other => panic!("expected the weights of step 4: {other:?}"),
         }
-        w.push(&stats(f64::INFINITY, 16.0, false), Some(&nan), info(6));
+        w.push(
+            &stats(f64::INFINITY, 16.0, false),
+            Some(&nan),
+            None,
+            info(6),
+        );
         match w.read() {
             Err((NonFinite::Loss { row: 0, value }, at)) => {
                 assert_eq!((at.step, value), (6, f64::INFINITY))
             }
             other => panic!("expected the loss of step 6: {other:?}"),
         }
+    }
+
+    /// With the scaler, a row carries its overflow flag: the read counts the skipped updates,
+    /// and a row the scaler did not check (no sample anywhere) is not counted from an earlier
+    /// window's value in the same place.
+    #[test]
+    fn a_read_counts_the_updates_the_scaler_skipped() {
+        let mut w = StepWindow::with_capacity(2, Device::Cpu, true);
+        let ok = Tensor::from(5.0f32);
+        let (set, clear) = (Tensor::from(1.0f32), Tensor::from(0.0f32));
+        let scale = Tensor::from(32768.0f32);
+        w.push(
+            &stats(2.0, 16.0, false),
+            Some(&ok),
+            Some((&set, &scale)),
+            info(0),
+        );
+        w.push(
+            &stats(2.0, 16.0, false),
+            Some(&ok),
+            Some((&clear, &scale)),
+            info(1),
+        );
+        assert_eq!(w.read().ok().map(|r| r.overflowed), Some(1));
+        w.push(&stats(2.0, 0.0, false), None, None, info(2));
+        w.push(
+            &stats(2.0, 16.0, false),
+            Some(&ok),
+            Some((&set, &scale)),
+            info(3),
+        );
+        assert_eq!(w.read().ok().map(|r| r.overflowed), Some(1));
     }
 }
