@@ -34,6 +34,9 @@ def main() -> int:
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--memory-efficient", action="store_true")
+    ap.add_argument("--opt", default="sgd", choices=["sgd", "adamw"],
+                    help="torch.optim.SGD(momentum=0.9, weight_decay=1e-4) or "
+                         "AdamW(weight_decay=0.05), torch's defaults otherwise")
     a = ap.parse_args()
     if a.memory_efficient and not a.arch.startswith("densenet"):
         ap.error("--memory-efficient: DenseNet only")
@@ -52,7 +55,10 @@ def main() -> int:
     if a.channels_last:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    if a.opt == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     amp = cuda and a.amp != "off"
     dtype = torch.bfloat16 if a.amp == "bf16" else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=amp and a.amp == "fp16")
@@ -78,7 +84,7 @@ def main() -> int:
     out = {"tool": "torch", "arch": a.arch, "size": a.size, "batch_size": a.batch_size,
            "steps": a.steps, "device": a.device, "amp": a.amp if amp else "off",
            "channels_last": a.channels_last, "threads": torch.get_num_threads(),
-           "memory_efficient": a.memory_efficient,
+           "memory_efficient": a.memory_efficient, "opt": a.opt,
            "ms_per_step": secs * 1e3, "images_per_sec": a.batch_size / secs,
            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if cuda:

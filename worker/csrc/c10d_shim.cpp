@@ -352,6 +352,32 @@ char* tchrun_fused_sgd(tchrun_tensor* params, tchrun_tensor* grads, tchrun_tenso
   })
 }
 
+// torch.optim.AdamW(fused=True)'s step over one parameter group (torch's `_fused_adamw`): the
+// step counts (0-d floats) + 1, the kernel (decoupled weight decay, both moments, the bias
+// corrections from the counts, the update; not amsgrad), then with `found_inf` (may be null:
+// the loss scaler's flag, at 1 the kernel changes nothing) the counts - the flag, so a skipped
+// step does not count. One device and dtype per call; nothing is read on the host.
+char* tchrun_fused_adamw(tchrun_tensor* params, tchrun_tensor* grads, tchrun_tensor* exp_avgs,
+                         tchrun_tensor* exp_avg_sqs, tchrun_tensor* steps, size_t n, double lr,
+                         double beta1, double beta2, double weight_decay, double eps,
+                         tchrun_tensor found_inf) {
+  PROTECT({
+    if (n == 0) return nullptr;
+    auto p = tensor_vec(params, n);
+    auto g = tensor_vec(grads, n);
+    auto a = tensor_vec(exp_avgs, n);
+    auto b = tensor_vec(exp_avg_sqs, n);
+    auto c = tensor_vec(steps, n);
+    at::NoGradGuard no_grad;
+    at::_foreach_add_(c, 1);
+    std::optional<at::Tensor> found;
+    if (found_inf != nullptr) found = tensor_ref(found_inf);
+    at::_fused_adamw_(p, g, a, b, /*max_exp_avg_sqs=*/{}, c, lr, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, found);
+    if (found) at::_foreach_sub_(c, std::vector<at::Tensor>(n, *found));
+  })
+}
+
 }  // extern "C"
 
 // ---------------------------------------------------------------------------------------------

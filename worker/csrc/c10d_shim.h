@@ -99,6 +99,10 @@ char* tchrun_amp_unscale(tchrun_tensor* tensors, size_t n, tchrun_tensor found_i
 char* tchrun_fused_sgd(tchrun_tensor* params, tchrun_tensor* grads, tchrun_tensor* bufs, size_t n,
                        double weight_decay, double momentum, double lr, int nesterov,
                        int first_step, tchrun_tensor found_inf);
+char* tchrun_fused_adamw(tchrun_tensor* params, tchrun_tensor* grads, tchrun_tensor* exp_avgs,
+                         tchrun_tensor* exp_avg_sqs, tchrun_tensor* steps, size_t n, double lr,
+                         double beta1, double beta2, double weight_decay, double eps,
+                         tchrun_tensor found_inf);
 
 // DenseNet's bottleneck conv1(relu(norm1(cat(inputs, 1)))) as torchvision's memory_efficient
 // layer computes it: in training mode with grad mode on, a custom autograd function that keeps

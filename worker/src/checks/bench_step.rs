@@ -48,6 +48,9 @@ pub struct Args {
     /// Intra-op threads (default: libtorch's).
     #[arg(long)]
     threads: Option<i32>,
+    /// The optimizer, as `train --opt` (momentum 0.9; weight decay 1e-4, AdamW's 0.05).
+    #[arg(long, value_enum, default_value_t = tchrun::recipe::Opt::Sgd)]
+    opt: tchrun::recipe::Opt,
     /// DenseNet: the memory-efficient layers (`model init --memory-efficient`).
     #[arg(long)]
     memory_efficient: bool,
@@ -122,7 +125,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .filter(|(n, t)| !models::is_buffer(n) && t.requires_grad())
         .map(|(n, t)| (n.clone(), t.shallow_clone()))
         .collect();
-    let mut opt = Optimizer::new(tchrun::recipe::Opt::Sgd, trainable, 0.9, 1e-4);
+    let decay = if a.opt == tchrun::recipe::Opt::Adamw {
+        0.05
+    } else {
+        1e-4
+    };
+    let mut opt = Optimizer::new(a.opt, trainable, 0.9, decay);
     let x = Tensor::randn([a.batch_size, 3, a.size, a.size], (Kind::Float, device));
     let x = if channels_last {
         models::channels_last(&x)
@@ -227,6 +235,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "channels_last": channels_last,
         "threads": tch::get_num_threads(),
         "memory_efficient": a.memory_efficient,
+        "opt": a.opt.as_str(),
         "ms_per_step": secs * 1e3,
         "images_per_sec": a.batch_size as f64 / secs,
         "peak_rss_mib": peak_rss_mib(),

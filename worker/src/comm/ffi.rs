@@ -114,6 +114,20 @@ extern "C" {
         first_step: c_int,
         found_inf: *mut c_void,
     ) -> *mut c_char;
+    pub fn tchrun_fused_adamw(
+        params: *mut *mut c_void,
+        grads: *mut *mut c_void,
+        exp_avgs: *mut *mut c_void,
+        exp_avg_sqs: *mut *mut c_void,
+        steps: *mut *mut c_void,
+        n: usize,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        found_inf: *mut c_void,
+    ) -> *mut c_char;
     pub fn tchrun_amp_unscale(
         tensors: *mut *mut c_void,
         n: usize,

@@ -49,3 +49,64 @@ pub fn sgd(
         )
     })
 }
+
+/// The AdamW moments' decay rates and epsilon, and the step's LR and weight decay.
+pub struct AdamwHyper {
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub weight_decay: f64,
+    pub eps: f64,
+}
+
+/// torch's fused AdamW step (`torch.optim.AdamW(fused=True)`, not amsgrad) over one parameter
+/// group: the step counts (`steps`, 0-d floats) + 1, then decoupled weight decay, both moments,
+/// the bias corrections and the update in one pass per tensor. `found_inf`: the loss scaler's
+/// overflow flag; at 1 nothing changes, the counts included. The five lists are parallel and
+/// share one device and dtype.
+pub fn adamw(
+    params: &[Tensor],
+    grads: &[Tensor],
+    moments: (&[Tensor], &[Tensor]),
+    steps: &[Tensor],
+    h: &AdamwHyper,
+    found_inf: Option<&Tensor>,
+) -> Result<(), C10dError> {
+    let n = params.len();
+    let (exp_avgs, exp_avg_sqs) = moments;
+    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len(), steps.len()]
+        .iter()
+        .any(|&l| l != n)
+    {
+        return Err(C10dError {
+            op: "optimizer step",
+            message: format!(
+                "{n} parameters, {} gradients, {}/{} moments, {} step counts",
+                grads.len(),
+                exp_avgs.len(),
+                exp_avg_sqs.len(),
+                steps.len()
+            ),
+        });
+    }
+    let ptrs = |ts: &[Tensor]| -> Vec<*mut std::ffi::c_void> {
+        ts.iter().map(|t| t.as_ptr() as *mut _).collect()
+    };
+    let (mut p, mut g) = (ptrs(params), ptrs(grads));
+    let (mut a, mut b, mut c) = (ptrs(exp_avgs), ptrs(exp_avg_sqs), ptrs(steps));
+    check("optimizer step", unsafe {
+        ffi::tchrun_fused_adamw(
+            p.as_mut_ptr(),
+            g.as_mut_ptr(),
+            a.as_mut_ptr(),
+            b.as_mut_ptr(),
+            c.as_mut_ptr(),
+            n,
+            h.lr,
+            h.betas.0,
+            h.betas.1,
+            h.weight_decay,
+            h.eps,
+            found_inf.map_or(std::ptr::null_mut(), |f| f.as_ptr() as *mut _),
+        )
+    })
+}

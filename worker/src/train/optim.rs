@@ -5,8 +5,9 @@
 //! groups are per parameter: an LR multiplier (`--backbone-lr-scale`) and a weight decay
 //! (`--norm-weight-decay`, `--bias-weight-decay`). Its state (buffers and step counts) is
 //! ours, so checkpoints hold it and a resumed run continues exactly. SGD (plain and Nesterov)
-//! runs torch's fused kernel (`SGD(fused=True)`, `fused::sgd`: the same arithmetic, one pass
-//! per tensor instead of one per operation); RMSprop and AdamW the single-tensor steps.
+//! and AdamW run torch's fused kernels (`SGD(fused=True)`, `AdamW(fused=True)`: `fused::sgd`,
+//! `fused::adamw`: the same arithmetic, one pass per tensor instead of one per operation, and
+//! the fp16 scaler's skip on the device); RMSprop the single-tensor step.
 use std::collections::{BTreeMap, HashMap};
 use tch::{Kind, Tensor};
 use tchrun::recipe::Opt;
@@ -27,8 +28,10 @@ struct Slot {
     a: Option<Tensor>,
     /// RMSprop: the momentum buffer; AdamW: `exp_avg_sq`.
     b: Option<Tensor>,
-    /// Steps taken (RMSprop and AdamW).
+    /// Steps taken (RMSprop).
     step: u64,
+    /// AdamW: steps taken, on the device (a 0-d float: the fused kernel's `state_steps`).
+    steps: Option<Tensor>,
 }
 
 /// The names of `opt`'s two buffers in the state (and the checkpoint: `<name>.<parameter>`)
@@ -127,17 +130,21 @@ impl Optimizer {
 
     /// One step at `lr` (× each parameter's multiplier); parameters without a gradient are
     /// left alone, as torch does. `found_inf`: the fp16 loss scaler's overflow flag (0-d, on
-    /// the device); when it is 1 nothing changes. SGD's fused kernel reads it on the device;
-    /// RMSprop and AdamW read it on the host first (torch's GradScaler with a non-fused
-    /// optimizer).
+    /// the device); when it is 1 nothing changes. The fused SGD and AdamW kernels read it on
+    /// the device; RMSprop (no fused kernel in torch) reads it on the host first, as torch's
+    /// GradScaler does with a non-fused optimizer.
     pub fn step(
         &mut self,
         lr: f64,
         found_inf: Option<&Tensor>,
     ) -> Result<(), crate::comm::pg::C10dError> {
         let (opt, momentum) = (self.opt, self.momentum);
-        if matches!(opt, Opt::Sgd | Opt::SgdNesterov) {
-            return self.fused_sgd(lr, opt == Opt::SgdNesterov, found_inf);
+        match opt {
+            Opt::Sgd | Opt::SgdNesterov => {
+                return self.fused_sgd(lr, opt == Opt::SgdNesterov, found_inf)
+            }
+            Opt::Adamw => return self.fused_adamw(lr, found_inf),
+            Opt::Rmsprop => {}
         }
         if found_inf.is_some_and(|f| f.double_value(&[]) != 0.0) {
             return Ok(());
@@ -145,17 +152,64 @@ impl Optimizer {
         tch::no_grad(|| {
             for (i, ((_, p), slot)) in self.params.iter().zip(&mut self.slots).enumerate() {
                 let g = p.grad();
-                if !g.defined() {
-                    continue;
-                }
-                let (lr, wd) = (lr * self.lr_scales[i], self.decays[i]);
-                match opt {
-                    Opt::Rmsprop => rmsprop(p, &g, slot, lr, wd, momentum),
-                    Opt::Adamw => adamw(p, &g, slot, lr, wd),
-                    Opt::Sgd | Opt::SgdNesterov => {}
+                if g.defined() {
+                    let (lr, wd) = (lr * self.lr_scales[i], self.decays[i]);
+                    rmsprop(p, &g, slot, lr, wd, momentum);
                 }
             }
         });
+        Ok(())
+    }
+
+    /// AdamW through torch's fused kernel, one call per group of parameters that share an LR
+    /// multiplier and a weight decay; a parameter's moments and step count start at zero on its
+    /// first step, as torch's do.
+    fn fused_adamw(
+        &mut self,
+        lr: f64,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), crate::comm::pg::C10dError> {
+        type Group = [Vec<Tensor>; 5];
+        let mut groups: Vec<((f64, f64), Group)> = Vec::new();
+        for (i, ((_, p), slot)) in self.params.iter().zip(&mut self.slots).enumerate() {
+            let g = p.grad();
+            if !g.defined() {
+                continue;
+            }
+            let state = |t: &mut Option<Tensor>| {
+                let b = match t.take() {
+                    Some(b) => in_layout_of(p, b),
+                    None => tch::no_grad(|| p.zeros_like()),
+                };
+                *t = Some(b.shallow_clone());
+                b
+            };
+            let (exp_avg, exp_avg_sq) = (state(&mut slot.a), state(&mut slot.b));
+            let steps = slot
+                .steps
+                .get_or_insert_with(|| Tensor::zeros([], (Kind::Float, p.device())))
+                .shallow_clone();
+            let group = group_of(&mut groups, (self.lr_scales[i], self.decays[i]));
+            let tensors = [
+                p.shallow_clone(),
+                in_layout_of(p, g),
+                exp_avg,
+                exp_avg_sq,
+                steps,
+            ];
+            for (list, t) in group.iter_mut().zip(tensors) {
+                list.push(t);
+            }
+        }
+        for ((scale, weight_decay), [ps, gs, avgs, sqs, steps]) in groups {
+            let h = super::fused::AdamwHyper {
+                lr: lr * scale,
+                betas: ADAMW_BETAS,
+                weight_decay,
+                eps: ADAMW_EPS,
+            };
+            super::fused::adamw(&ps, &gs, (&avgs, &sqs), &steps, &h, found_inf)?;
+        }
         Ok(())
     }
 
@@ -200,15 +254,7 @@ impl Optimizer {
                     (Some(b), true)
                 }
             };
-            let key = (self.lr_scales[i], self.decays[i], first);
-            let at = match groups.iter().position(|(k, _)| *k == key) {
-                Some(at) => at,
-                None => {
-                    groups.push((key, Default::default()));
-                    groups.len() - 1
-                }
-            };
-            let (ps, gs, bs) = &mut groups[at].1;
+            let (ps, gs, bs) = group_of(&mut groups, (self.lr_scales[i], self.decays[i], first));
             ps.push(p.shallow_clone());
             gs.push(g);
             bs.extend(buf);
@@ -234,7 +280,12 @@ impl Optimizer {
                 out.insert(format!("{b}.{name}"), t.shallow_clone());
             }
             // With its buffers, even at 0 (the placeholders of a resume's broadcast).
-            if counts && (slot.step > 0 || slot.a.is_some()) {
+            if let Some(t) = &slot.steps {
+                out.insert(
+                    format!("{STEP}.{name}"),
+                    t.to_kind(Kind::Double).reshape([1]),
+                );
+            } else if counts && (slot.step > 0 || slot.a.is_some()) {
                 let s = Tensor::from_slice(&[slot.step as f64]).to_device(p.device());
                 out.insert(format!("{STEP}.{name}"), s);
             }
@@ -295,6 +346,10 @@ impl Optimizer {
             }
             let slot = slots.entry(i).or_default();
             match which {
+                STEP if self.opt == Opt::Adamw => {
+                    let count = t.double_value(&[0]).max(0.0);
+                    slot.steps = Some(Tensor::full([], count, (Kind::Float, p.device())));
+                }
                 STEP => slot.step = t.double_value(&[0]).max(0.0) as u64,
                 w if w == a => slot.a = Some(t.to_device(p.device()).to_kind(p.kind())),
                 _ => slot.b = Some(t.to_device(p.device()).to_kind(p.kind())),
@@ -310,6 +365,19 @@ impl Optimizer {
     pub fn params(&self) -> &[(String, Tensor)] {
         &self.params
     }
+}
+
+/// The group of `key` in `groups`, added empty when new (torch's parameter groups, by what
+/// their fused kernel call must share).
+fn group_of<K: PartialEq, G: Default>(groups: &mut Vec<(K, G)>, key: K) -> &mut G {
+    let at = match groups.iter().position(|(k, _)| *k == key) {
+        Some(at) => at,
+        None => {
+            groups.push((key, G::default()));
+            groups.len() - 1
+        }
+    };
+    &mut groups[at].1
 }
 
 /// `t` with `p`'s strides: itself when it has them, else a copy laid out as `p`.
@@ -345,29 +413,6 @@ fn rmsprop(p: &Tensor, g: &Tensor, slot: &mut Slot, lr: f64, wd: f64, momentum: 
     } else {
         let _ = p.addcdiv_(&(&g * (-lr)), &avg);
     }
-}
-
-/// torch's `_single_tensor_adam` with `decoupled_weight_decay` (AdamW), not amsgrad.
-fn adamw(p: &Tensor, g: &Tensor, slot: &mut Slot, lr: f64, wd: f64) {
-    let (beta1, beta2) = ADAMW_BETAS;
-    slot.step += 1;
-    let mut p = p.shallow_clone();
-    if wd != 0.0 {
-        let _ = p.g_mul_scalar_(1.0 - lr * wd);
-    }
-    let exp_avg = slot.a.get_or_insert_with(|| p.detach().zeros_like());
-    let _ = exp_avg.lerp_(g, 1.0 - beta1);
-    let exp_avg_sq = slot.b.get_or_insert_with(|| p.detach().zeros_like());
-    let _ = exp_avg_sq
-        .g_mul_scalar_(beta2)
-        .addcmul_(&(g * (1.0 - beta2)), g);
-    let step = slot.step as f64;
-    let bias_correction1 = 1.0 - beta1.powf(step);
-    let bias_correction2 = 1.0 - beta2.powf(step);
-    let step_size = lr / bias_correction1;
-    let bias_correction2_sqrt = bias_correction2.powf(0.5);
-    let denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).g_add_scalar_(ADAMW_EPS);
-    let _ = p.addcdiv_(&(&*exp_avg * (-step_size)), &denom);
 }
 
 #[cfg(test)]
