@@ -88,8 +88,9 @@ fn parse_arch(s: &str) -> Result<Arch, String> {
     Arch::from_name(s).ok_or_else(|| format!("unknown architecture '{s}'"))
 }
 
-/// Runs the benchmark and prints one JSON line on stdout.
-pub fn run(a: Args) -> anyhow::Result<()> {
+/// The device of `--device`, with `--threads`, autocast's dtype and cuDNN's autotuner set;
+/// returns it and whether autocast is on.
+fn set_up_device(a: &Args) -> anyhow::Result<(Device, bool)> {
     let device = match a.device.as_str() {
         "cpu" => Device::Cpu,
         "cuda" if tch::Cuda::is_available() => Device::Cuda(0),
@@ -106,6 +107,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
+    Ok((device, amp))
+}
+
+/// Runs the benchmark and prints one JSON line on stdout.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let (device, amp) = set_up_device(&a)?;
     tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(device);
     let net = models::build(a.arch, &vs.root(), a.classes, a.size, a.memory_efficient);
