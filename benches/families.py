@@ -4,13 +4,15 @@ against PyTorch eager on the same machine, side by side.
 
     .venv/bin/python benches/families.py [--archs resnet50,convnext_tiny,...] [--size 64]
                                          [--batch 16] [--steps 5] [--warmup 2] [--rounds 2]
-                                         [--threads 1]
+                                         [--threads 1] [--opt sgd|adamw]
 
 For each architecture, `tchrun-worker bench-step` (the trainer's step on synthetic tensors:
 forward, cross-entropy, backward, SGD with momentum) and `benches/reference/bench_step.py` (the
 same loop in PyTorch: torchvision.models.<arch>, SGD momentum 0.9, weight decay 1e-4), both in
 their default memory format (tchrun's `--channels-last auto` choice, PyTorch's NCHW), one
-intra-op thread each, alternating round by round (this machine is noisy). Prints a Markdown
+intra-op thread each, alternating round by round (this machine is noisy). `--opt adamw`: both
+sides step AdamW instead (weight decay 0.05; tchrun's fused kernel, torch.optim.AdamW's default
+on CPU, the single-tensor loop). Prints a Markdown
 table: the median images/s of each side and their ratio (the median of the rounds' paired
 ratios), and each side's peak RSS (VmHWM of the process: weights, gradients, momentum and the
 step's activations).
@@ -65,9 +67,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--opt", default="sgd", choices=["sgd", "adamw"])
     a = ap.parse_args()
     common = ["--size", str(a.size), "--batch-size", str(a.batch), "--steps", str(a.steps),
-              "--warmup", str(a.warmup), "--threads", str(a.threads)]
+              "--warmup", str(a.warmup), "--threads", str(a.threads), "--opt", a.opt]
     started = time.time()
     rows = []
     for arch in a.archs.split(","):

@@ -62,11 +62,21 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", default=None,
+                    help="a comma-separated subset of the variants' --with lists' last parts, "
+                         "e.g. timers,scaler: those variants alone (more rounds in less time)")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
-    ms = {(s, name): [] for s in sizes for name, _ in VARIANTS}
+    variants = VARIANTS
+    if a.only:
+        keep = set(a.only.split(","))
+        variants = [(n, w) for n, w in VARIANTS if (w.split(",")[-1] if w else "bare") in keep]
+        if len(variants) != len(keep):
+            ap.error(f"--only {a.only}: expected some of bare,"
+                     + ",".join(w.split(",")[-1] for _, w in VARIANTS if w))
+    ms = {(s, name): [] for s in sizes for name, _ in variants}
     for r in range(a.rounds):
-        order = VARIANTS if r % 2 == 0 else list(reversed(VARIANTS))
+        order = variants if r % 2 == 0 else list(reversed(variants))
         for s in sizes:
             for name, with_ in order:
                 ms[(s, name)].append(one(s, a.batch, a.steps, a.threads, a.device, with_))
@@ -75,11 +85,11 @@ def main():
         f"{s} px | Δ at {s} px" for s in sizes) + " |"
     print(head)
     print("|---" * (1 + 2 * len(sizes)) + "|")
-    for name, _ in VARIANTS:
+    for name, _ in variants:
         cells = []
         for s in sizes:
             v = med[(s, name)]
-            base = BASE.get(name)
+            base = BASE.get(name) if (s, BASE.get(name)) in med else None
             delta = "" if base is None else "%+.2f (%+.1f %%)" % (
                 v - med[(s, base)], 100 * (v - med[(s, base)]) / med[(s, base)])
             cells += ["%.2f" % v, delta]

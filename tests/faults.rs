@@ -724,8 +724,8 @@ fn a_libtorch_panic_in_a_rank_names_its_message_and_the_lines_before_it() {
 /// every gradient stays finite, it changes nothing, bit for bit (scaling the loss and unscaling
 /// the gradients by a power of two is exact). At 2^127 the first steps overflow: each is
 /// skipped with a warning naming it and the scale halves (2^126, 2^125, ...) until a step is
-/// finite; the job then trains on and writes finite weights. The same with AdamW (which reads
-/// the flag on the host) over two accumulated micro-batches per step (`--global-batch-size`).
+/// finite; the job then trains on and writes finite weights. The same with AdamW over two
+/// accumulated micro-batches per step (`--global-batch-size`). A resume keeps the scale.
 #[test]
 fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
     let t = tempdir();
@@ -801,4 +801,16 @@ fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
             "{name}: skipped steps must leave a different model"
         );
     }
+    // A resume continues from the checkpoint's scale (2^(127 - skipped)), not the hook's: the
+    // resumed epoch skips no step.
+    let overflow = t.path().join("overflow");
+    let mut c = train_cmd(&model, &overflow, 2, "local", 2, &["--resume"]);
+    let r = run(c.env("TCHRUN_TEST_LOSS_SCALE", &huge), LIMIT);
+    assert_eq!(r.code, Some(0), "resume: {}", r.explain());
+    let log = read(&overflow.join("logs").join("70_driver_log_0"));
+    let resumed = log.rsplit("resuming from").next().unwrap_or_default();
+    assert!(
+        log.contains("resuming from") && !resumed.contains("step skipped"),
+        "the resumed run must keep the checkpoint's loss scale:\n{log}"
+    );
 }
