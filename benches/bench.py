@@ -285,12 +285,13 @@ def first_step_ref(c, data, nproc, work, tag):
     return {"first_step": float(result_line(r["text"], "FIRST_STEP")) - r["t0"]}
 
 
-def step_tchrun(c, device, threads, work, tag):
+def step_tchrun(c, device, threads, work, tag, amp="bf16", extra=()):
+    """`extra`: more bench-step flags (`--with ...`: the trainer's per-step additions)."""
     cmd = [WORKER, "bench-step", "--arch", c["step_arch"], "--size", str(c["step_size"]),
            "--batch-size", str(c["step_batch"]), "--steps", str(c["step_steps"]),
-           "--device", device]
+           "--device", device, *extra]
     if device == "cuda":
-        cmd += ["--amp", "bf16"]
+        cmd += ["--amp", amp]
     else:
         cmd += ["--threads", str(threads), "--classes", "10"]
     r = run(cmd, is_tchrun_rank, os.path.join(work, f"step-{tag}.stdout"), done_tag=None,
@@ -299,13 +300,13 @@ def step_tchrun(c, device, threads, work, tag):
     return {"ips": res["images_per_sec"], "hwm": r["hwm_mib"], "gpu_mib": r["gpu_mib"]}
 
 
-def step_ref(c, device, threads, work, tag):
+def step_ref(c, device, threads, work, tag, amp="bf16"):
     cmd = [PY, os.path.join(REF, "bench_step.py"), "--arch", c["step_arch"], "--size",
            str(c["step_size"]), "--batch-size", str(c["step_batch"]), "--steps",
            str(c["step_steps"]), "--device", device]
     if device == "cuda":
-        # The issue's GPU mode: channels-last and bf16 on both sides.
-        cmd += ["--amp", "bf16", "--channels-last"]
+        # The issue's GPU mode: channels-last and bf16 on both sides (fp16: GradScaler).
+        cmd += ["--amp", amp, "--channels-last"]
     else:
         # PyTorch's default layout, as a user's script runs (tchrun's default is channels-last).
         cmd += ["--threads", str(threads), "--classes", "10"]
@@ -570,9 +571,18 @@ def gpu_main(a) -> int:
     if not os.path.isfile(os.path.join(c["model_dir"], "model.json")):
         subprocess.run([TCHRUN, "model", "init", "--arch", c["arch"], "--input-size",
                         str(c["train_size"]), "--output", c["model_dir"]], check=True, timeout=300)
+    # Small images in fp16 (issue 30): a step of a few ms, where a fixed cost per step shows.
+    # tchrun with the trainer's per-step additions (group, guard, window, timers, the loss
+    # scaler on the device) against PyTorch's loop with GradScaler (which reads its overflow
+    # flag on the host every step with a non-fused SGD).
+    small = dict(c, step_arch="resnet18", step_size=32, step_batch=64, step_steps=200)
+    trainer_step = ["--with", "group,guard,window,timers,scaler"]
     cases = {
         "step": (lambda r: step_tchrun(c, "cuda", 0, work, f"gpu-{r}"),
                  lambda r: step_ref(c, "cuda", 0, work, f"gpu-{r}")),
+        "small": (lambda r: step_tchrun(small, "cuda", 0, work, f"gpu-small-{r}", "fp16",
+                                        trainer_step),
+                  lambda r: step_ref(small, "cuda", 0, work, f"gpu-small-{r}", "fp16")),
         "train": (lambda r: train_tchrun(c, data, 1, work, f"gpu-{r}",
                                          ["--device", "cuda", "--amp", "bf16"], gpu=True),
                   lambda r: train_ref(c, data, 1, work, f"gpu-{r}",
@@ -623,6 +633,8 @@ def gpu_main(a) -> int:
         "| benchmark | unit | tchrun | reference | tchrun / reference | target | met |",
         "|---|---|---|---|---|---|---|",
         *rows_for("step", "Synthetic tensors"),
+        *rows_for("small", "Small images, fp16 (resnet18, 32 px, batch 64, 200 steps; "
+                           "tchrun with the trainer's per-step additions and the loss scaler)"),
         *rows_for("train", "Decoded JPEGs"),
         GPU_END,
     ])

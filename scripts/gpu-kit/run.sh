@@ -320,8 +320,8 @@ run_bench() {
             TCHRUN_BENCH_TCHRUN="$T" TCHRUN_BENCH_WORKER="$W" TCHRUN_BENCH_COMMIT="${KIT_COMMIT:-?}" \
             "$PY" "$KIT/benches/bench.py" --gpu --out "$WORK/bench" --table "$OUT/bench-gpu.md" \
             --command "$CMDLINE" "$@"; then
-        fig="$(grep -E '^\| (Synthetic tensors|Decoded JPEGs): throughput' "$OUT/bench-gpu.md" \
-            | awk -F'|' '{ gsub(/ /, "", $6); printf "%s%s %s", (n++ ? "; " : ""), ($2 ~ /Synthetic/ ? "tensors" : "JPEGs"), $6 }')"
+        fig="$(grep -E '^\| (Synthetic tensors|Small images[^|]*|Decoded JPEGs): throughput' "$OUT/bench-gpu.md" \
+            | awk -F'|' '{ gsub(/ /, "", $6); printf "%s%s %s", (n++ ? "; " : ""), ($2 ~ /Synthetic/ ? "tensors" : ($2 ~ /Small/ ? "small fp16" : "JPEGs")), $6 }')"
         row "$name" pass "tchrun / PyTorch images/s: ${fig:-?} (bench-gpu.md)" "$SECS" "$logf"
     else
         row "$name" fail "$(why "$logf" $?); a longer run: run.sh --bench-only" "$SECS" "$logf"
