@@ -724,8 +724,9 @@ fn a_libtorch_panic_in_a_rank_names_its_message_and_the_lines_before_it() {
 /// every gradient stays finite, it changes nothing, bit for bit (scaling the loss and unscaling
 /// the gradients by a power of two is exact). At 2^127 the first steps overflow: each is
 /// skipped with a warning naming it and the scale halves (2^126, 2^125, ...) until a step is
-/// finite; the job then trains on and writes finite weights. The same with AdamW over two
-/// accumulated micro-batches per step (`--global-batch-size`). A resume keeps the scale.
+/// finite, and the epoch's end counts them; the job then trains on and writes finite weights.
+/// The same with AdamW over two accumulated micro-batches per step (`--global-batch-size`). A
+/// resume continues the checkpoint's scaler; after a run without one it starts afresh.
 #[test]
 fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
     let t = tempdir();
@@ -791,6 +792,11 @@ fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
                 "{name}: the first steps are skipped and the scale halves per step: {skipped:?}"
             );
         }
+        let summary = format!(
+            "epoch 1: the fp16 loss scaler skipped {} step(s)",
+            skipped.len()
+        );
+        assert!(log.contains(&summary), "{name}: no '{summary}':\n{log}");
         assert!(
             all_weights_finite(&overflow.join("model.safetensors")).is_ok(),
             "{name}: non-finite weights written"
@@ -812,5 +818,21 @@ fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
     assert!(
         log.contains("resuming from") && !resumed.contains("step skipped"),
         "the resumed run must keep the checkpoint's loss scale:\n{log}"
+    );
+    // A run without the scaler has no scale to continue: resumed with it, the scaler starts
+    // from its own initial scale (not the unscaled run's 1), so 2^127 overflows again.
+    let mut c = train_cmd(&model, &plain, 2, "local", 2, &["--resume"]);
+    let r = run(c.env("TCHRUN_TEST_LOSS_SCALE", &huge), LIMIT);
+    assert_eq!(
+        r.code,
+        Some(0),
+        "resume of the unscaled run: {}",
+        r.explain()
+    );
+    let log = read(&plain.join("logs").join("70_driver_log_0"));
+    let resumed = log.rsplit("resuming from").next().unwrap_or_default();
+    assert!(
+        resumed.contains("step skipped, loss scale lowered"),
+        "the scaler must start from its initial scale after an unscaled run:\n{log}"
     );
 }

@@ -44,7 +44,13 @@ pub struct Last {
     pub history: Vec<EpochMetrics>,
     /// Partial sums of the interrupted epoch: (loss sum, samples, seconds).
     pub partial: (f64, f64, f64),
+    /// The fp16 loss scale (1 when the run did not scale its loss).
     pub loss_scale: f64,
+    /// The fp16 loss scaler's state when it ran (torch's `GradScaler.state_dict()`: the scale
+    /// and its growth count); absent when it did not, and in checkpoints written before it was
+    /// recorded (their `loss_scale` holds the scale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<LossScalerState>,
     /// The run ended (early stop or last epoch) and wrote its model.
     pub finished: bool,
     /// `--global-batch-size` of the run (its steps do not depend on the world size).
@@ -62,6 +68,14 @@ pub struct Last {
     /// When rank 0 wrote it (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written: Option<String>,
+}
+
+/// The fp16 loss scaler between two runs.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct LossScalerState {
+    pub scale: f64,
+    /// Finite steps in a row since the scale last changed (torch's `_growth_tracker`).
+    pub growth_tracker: u32,
 }
 
 /// A checkpoint that cannot be used, or a job that does not fit the checkpoint it finds.

@@ -342,6 +342,7 @@ mod tests {
             history: Vec::new(),
             partial: (0.0, 0.0, 0.0),
             loss_scale: 1.0,
+            loss_scaler: None,
             finished: false,
             global_batch_size: None,
             tensors: String::new(),

@@ -51,6 +51,15 @@ impl Trainer<'_> {
         let ev = self.validate_ema()?;
         self.s.epoch_skipped = 0;
         let (stragglers, slowest, whole) = self.live.end_epoch();
+        if e.overflowed > 0 {
+            (self.ctx.say)(&format!(
+                "epoch {}: the fp16 loss scaler skipped {} step(s) whose gradients overflowed \
+                 (each named in the driver log); the loss scale is now {}",
+                epoch + 1,
+                e.overflowed,
+                self.scaler.scale()
+            ));
+        }
         if v.skipped > self.preflight_skipped {
             (self.ctx.say)(&format!(
                 "epoch {}: {} image(s) failed to decode and were skipped (--skip-bad-images); named in the driver logs",

@@ -20,7 +20,8 @@ pub(super) struct Resume {
     pub(super) stopping: EarlyStopping,
     pub(super) history: Vec<EpochMetrics>,
     pub(super) partial: (f64, f64, f64),
-    pub(super) loss_scale: Option<f64>,
+    /// The fp16 loss scaler's state in the checkpoint, when its run scaled the loss.
+    pub(super) loss_scaler: Option<tchrun::checkpoint::LossScalerState>,
 }
 
 /// This rank's record of the run (`last.json`'s `run`): the job's, with the intra-op threads
@@ -43,7 +44,7 @@ pub(super) fn fresh(patience: u32) -> Resume {
         stopping: EarlyStopping::new(patience),
         history: Vec::new(),
         partial: (0.0, 0.0, 0.0),
-        loss_scale: None,
+        loss_scaler: None,
     }
 }
 

@@ -10,6 +10,7 @@
 //! torch's GradScaler does with an optimizer that cannot take it.
 use crate::comm::pg::C10dError;
 use tch::{Device, Kind, Tensor};
+use tchrun::checkpoint::LossScalerState;
 
 /// torch's `GradScaler` defaults.
 pub(crate) const INITIAL_SCALE: f64 = 65536.0;
@@ -51,6 +52,53 @@ impl LossScaler {
                 inv_scale: Tensor::zeros([], float),
             }),
         }
+    }
+
+    /// The run's scaler: on for fp16 autocast on CUDA (from 2^16) or under the test hook (from
+    /// its `hook` scale, on any device), continuing the checkpoint's scaler when the resumed
+    /// run had one (`resumed`); off otherwise.
+    pub(crate) fn of_run(
+        device: Device,
+        fp16_cuda: bool,
+        hook: Option<f64>,
+        resumed: Option<LossScalerState>,
+    ) -> LossScaler {
+        match (fp16_cuda.then_some(INITIAL_SCALE).or(hook), resumed) {
+            (None, _) => LossScaler::off(),
+            (Some(_), Some(state)) => LossScaler::resumed(device, state),
+            (Some(scale), None) => LossScaler::on(device, scale),
+        }
+    }
+
+    /// The scaler's state in checkpoint `meta`, when its run scaled the loss. A checkpoint
+    /// written before the state was recorded holds the scale alone, 1 when its run did not
+    /// scale.
+    pub(crate) fn in_checkpoint(meta: &tchrun::checkpoint::Last) -> Option<LossScalerState> {
+        meta.loss_scaler.or_else(|| {
+            (meta.loss_scale != 1.0).then_some(LossScalerState {
+                scale: meta.loss_scale,
+                growth_tracker: 0,
+            })
+        })
+    }
+
+    /// Scaling on `device`, continuing a checkpoint's scaler.
+    pub(crate) fn resumed(device: Device, state: LossScalerState) -> LossScaler {
+        let mut s = LossScaler::on(device, state.scale);
+        if let Some(on) = s.on.as_mut() {
+            tch::no_grad(|| {
+                let _ = on.growth_tracker.fill_(i64::from(state.growth_tracker));
+            });
+        }
+        s
+    }
+
+    /// The state a checkpoint keeps (read on the host), `None` when off.
+    pub(crate) fn state(&self) -> Option<LossScalerState> {
+        self.on.as_ref().map(|s| LossScalerState {
+            scale: s.scale.double_value(&[]),
+            growth_tracker: s.growth_tracker.int64_value(&[]).max(0) as u32,
+        })
     }
 
     pub(crate) fn enabled(&self) -> bool {
@@ -132,7 +180,8 @@ mod tests {
 
     /// Unscaling divides by the scale and raises the flag on a NaN or an infinity; the update
     /// halves the scale on an overflow and doubles it after 2000 finite steps, as torch's
-    /// GradScaler does; nothing of it needs a read on the host until `scale()`.
+    /// GradScaler does, also across a checkpoint; nothing of it needs a read on the host until
+    /// `scale()`.
     #[test]
     fn the_scale_backs_off_on_overflow_and_grows_after_2000_finite_steps() {
         let mut s = LossScaler::on(Device::Cpu, 1024.0);
@@ -164,6 +213,11 @@ mod tests {
             s.update();
         }
         assert_eq!(s.scale(), 8.0);
+        // A checkpoint's state carries the growth count: the resumed scaler grows on its next
+        // finite step, as the uninterrupted one would.
+        let state = s.state().expect("on");
+        assert_eq!((state.scale, state.growth_tracker), (8.0, 1999));
+        let mut s = LossScaler::resumed(Device::Cpu, state);
         s.update();
         assert_eq!(s.scale(), 16.0);
         let mut off = LossScaler::off();
@@ -171,6 +225,6 @@ mod tests {
             .unscale(&[param(&[f32::NAN], 1.0)])
             .expect("off")
             .is_none());
-        assert_eq!(off.scale(), 1.0);
+        assert_eq!((off.scale(), off.state()), (1.0, None));
     }
 }

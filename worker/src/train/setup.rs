@@ -4,7 +4,7 @@
 //! rank 0, and the start line of the driver log.
 use super::board::Board;
 use super::resume::{fresh, load_resume, Resume, Start};
-use super::scaler::{LossScaler, INITIAL_SCALE};
+use super::scaler::LossScaler;
 use super::step::Guard;
 use super::trainer::{Plan, State, Trainer};
 use super::validate::{log_skipped, BadImages};
@@ -120,12 +120,8 @@ impl<'a> Trainer<'a> {
         super::resume::broadcast_optimizer_state(pg, &mut opt)?;
         let ema = super::ema::Ema::start(job, ctx, &cfg, train.classes.len(), &named, ema)?;
         say_start(job, ctx, &cfg, &train, &valid, &plan);
-        // fp16 on CUDA, or the test hook's scale on any device; a resume's scale wins.
-        let scaling = (job.options.amp == Amp::Fp16 && device.is_cuda())
-            .then_some(INITIAL_SCALE)
-            .or(faults.loss_scale)
-            .map(|s| resume.loss_scale.unwrap_or(s));
-        let scaler = scaling.map_or_else(LossScaler::off, |s| LossScaler::on(device, s));
+        let fp16 = job.options.amp == Amp::Fp16 && device.is_cuda();
+        let scaler = LossScaler::of_run(device, fp16, faults.loss_scale, resume.loss_scaler);
         let window = super::window::StepWindow::new(device, scaler.enabled());
         let guard = Guard::watching(&named);
         let live = start_live(job, ctx, &plan, &resume);
@@ -516,7 +512,7 @@ fn resumed_state(
         } else {
             (0.0, 0.0, 0.0)
         },
-        loss_scale: Some(meta.loss_scale),
+        loss_scaler: LossScaler::in_checkpoint(meta),
     };
     let mut msg = format!(
         "resuming from {} at epoch {} (batch {}), step {}",

@@ -86,6 +86,8 @@ pub(super) struct Epoch {
     pub(super) micro: usize,
     pub(super) acc: Option<Accumulation>,
     pub(super) micro_compute: f64,
+    /// Steps the fp16 loss scaler skipped (gradients overflowed), as the window's reads saw.
+    pub(super) overflowed: usize,
 }
 
 /// A model that trains, and everything it trains with.
@@ -173,6 +175,7 @@ impl<'a> Trainer<'a> {
             history: s.history.clone(),
             partial,
             loss_scale: self.scaler.scale(),
+            loss_scaler: self.scaler.state(),
             finished,
             global_batch_size: self.job.options.global_batch_size,
             tensors: String::new(),
@@ -244,6 +247,7 @@ impl<'a> Trainer<'a> {
             micro: 0,
             acc: None,
             micro_compute: 0.0,
+            overflowed: 0,
         };
         loop {
             // The time until the next batch is there: the loader's share of the step.

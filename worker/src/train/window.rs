@@ -202,6 +202,7 @@ impl Trainer<'_> {
                 e.loss_sum += r.loss_sum;
                 e.seen += r.samples;
                 e.seen_print += r.samples;
+                e.overflowed += r.overflowed;
                 return Ok(r);
             }
             Err(bad) => bad,
