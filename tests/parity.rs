@@ -52,6 +52,15 @@ fn all_sizes_asked() -> bool {
     std::env::var("TCHRUN_PARITY_ALL_SIZES").is_ok_and(|v| v == "1")
 }
 
+/// The first `n` of a family's `archs`, or all of them with `TCHRUN_PARITY_ALL_SIZES=1`.
+fn first_unless_all_asked(archs: &[Arch], n: usize) -> &[Arch] {
+    if all_sizes_asked() {
+        archs
+    } else {
+        &archs[..n.min(archs.len())]
+    }
+}
+
 fn parity_of(arch: Arch) {
     let t = tempdir();
     let d = t.path();
@@ -243,11 +252,7 @@ const CONVNEXTS: [Arch; 4] = [
 /// `TCHRUN_PARITY_ALL_SIZES=1`: their code path is tiny's with other block counts and widths.
 #[test]
 fn convnexts_give_torchvisions_logits_and_gradients() {
-    if all_sizes_asked() {
-        parity(&CONVNEXTS);
-    } else {
-        parity(&CONVNEXTS[..1]);
-    }
+    parity(first_unless_all_asked(&CONVNEXTS, 1));
 }
 
 const EFFICIENTNETS: [Arch; 11] = [
@@ -270,11 +275,7 @@ const EFFICIENTNETS: [Arch; 11] = [
 /// `efficientnet_settings_equal_torchvisions` and `tests/finetune.rs`'s spec test compare.
 #[test]
 fn efficientnets_give_torchvisions_logits_and_gradients() {
-    if all_sizes_asked() {
-        parity(&EFFICIENTNETS);
-    } else {
-        parity(&EFFICIENTNETS[..2]);
-    }
+    parity(first_unless_all_asked(&EFFICIENTNETS, 2));
 }
 
 /// torchvision's settings of `archs` (`parity.py config`, built on the meta device): each one's
@@ -391,11 +392,7 @@ const MOBILENETS: [Arch; 2] = [Arch::MobilenetV3Small, Arch::MobilenetV3Large];
 /// same code path with the other table, which `tests/finetune.rs`'s spec test compares.
 #[test]
 fn mobilenets_give_torchvisions_logits_and_gradients() {
-    if all_sizes_asked() {
-        parity(&MOBILENETS);
-    } else {
-        parity(&MOBILENETS[..1]);
-    }
+    parity(first_unless_all_asked(&MOBILENETS, 1));
 }
 
 /// Both MobileNetV3s' batch norm (eps 0.001, momentum 0.01) and dropout (0.2) are
@@ -441,11 +438,7 @@ const REGNETS: [Arch; 14] = [
 /// compares for every size.
 #[test]
 fn regnets_give_torchvisions_logits_and_gradients() {
-    if all_sizes_asked() {
-        parity(&REGNETS);
-    } else {
-        parity(&REGNETS[..2]);
-    }
+    parity(first_unless_all_asked(&REGNETS, 2));
 }
 
 /// Every RegNet's batch norm (eps 1e-5, momentum 0.1) is torchvision's (`parity.py config`:
@@ -477,11 +470,7 @@ const SWINS: [Arch; 3] = [Arch::SwinT, Arch::SwinS, Arch::SwinB];
 /// `TCHRUN_PARITY_ALL_SIZES=1`: the same code with more blocks, wider and more heads.
 #[test]
 fn swins_give_torchvisions_logits_and_gradients() {
-    if all_sizes_asked() {
-        parity(&SWINS);
-    } else {
-        parity(&SWINS[..1]);
-    }
+    parity(first_unless_all_asked(&SWINS, 1));
 }
 
 /// Every Swin's LayerNorm eps (1e-5), dropouts (0), window (7) and shift (0, then 3, in turn

@@ -2,12 +2,13 @@
 //! 2000 finite steps in a row, ×0.5 and the step skipped when a gradient overflowed) kept on
 //! the device, so a step reads nothing back on the host (issue 30). The scale, its growth
 //! tracker and the step's overflow flag are 0-d tensors: unscaling and the check are one fused
-//! kernel group (`_amp_foreach_non_finite_check_and_unscale_`), the fused SGD kernel takes the
-//! flag and skips an overflowing step itself (torch's `SGD(fused=True)` under a GradScaler),
-//! and `_amp_update_scale_` updates the scale. The step's row of the `StepWindow` carries the
-//! flag and the new scale to the host when the window is read, which warns of each skipped
-//! step there. RMSprop and AdamW (no fused kernel here) read the flag before their step, as
-//! torch's GradScaler does with an optimizer that cannot take it.
+//! kernel group (`_amp_foreach_non_finite_check_and_unscale_`), the fused SGD and AdamW
+//! kernels take the flag and skip an overflowing step themselves (torch's `fused=True`
+//! optimizers under a GradScaler), and `_amp_update_scale_` updates the scale. The step's row
+//! of the `StepWindow` carries the flag and the new scale to the host when the window is read,
+//! which warns of each skipped step there. RMSprop (no fused kernel in torch) reads the flag
+//! before its step, as torch's GradScaler does with an optimizer that cannot take it. A
+//! checkpoint keeps the scale and its growth count (`LossScalerState`).
 use crate::comm::pg::C10dError;
 use tch::{Device, Kind, Tensor};
 use tchrun::checkpoint::LossScalerState;
