@@ -204,7 +204,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 let (loss, _, _) = stats.read();
                 let finite = total
                     .as_ref()
-                    .map_or(true, |t| t.double_value(&[]).is_finite());
+                    .is_none_or(|t| t.double_value(&[]).is_finite());
                 anyhow::ensure!(loss.is_finite() && finite, "non-finite at step {i}");
             }
             if let Some(w) = window.as_mut() {
