@@ -47,13 +47,19 @@ pub fn set_autocast_dtype(bf16: bool) -> Result<(), C10dError> {
     })
 }
 
+/// The tensors' handles for a shim call that takes a list (`tchrun_tensor*`).
+pub(crate) fn tensor_ptrs<'a>(
+    tensors: impl IntoIterator<Item = &'a Tensor>,
+) -> Vec<*mut std::ffi::c_void> {
+    tensors.into_iter().map(|t| t.as_ptr() as *mut _).collect()
+}
+
 /// Drops every tensor's gradient (torch's `zero_grad(set_to_none=True)`, its default): the
 /// next backward stores its gradient without zero-filling and adding into the old one.
 pub fn set_grads_to_none<'a>(
     tensors: impl IntoIterator<Item = &'a Tensor>,
 ) -> Result<(), C10dError> {
-    let mut ptrs: Vec<*mut std::ffi::c_void> =
-        tensors.into_iter().map(|t| t.as_ptr() as *mut _).collect();
+    let mut ptrs = tensor_ptrs(tensors);
     check("zero_grad", unsafe {
         ffi::tchrun_grads_to_none(ptrs.as_mut_ptr(), ptrs.len())
     })
@@ -84,8 +90,7 @@ pub fn amp_unscale(
     found_inf: &Tensor,
     inv_scale: &Tensor,
 ) -> Result<(), C10dError> {
-    let mut ptrs: Vec<*mut std::ffi::c_void> =
-        tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
+    let mut ptrs = tensor_ptrs(tensors);
     check("unscale gradients", unsafe {
         ffi::tchrun_amp_unscale(
             ptrs.as_mut_ptr(),
@@ -105,8 +110,7 @@ pub fn l1_total(tensors: &[Tensor]) -> Result<Tensor, C10dError> {
         .map(|t| t.device())
         .unwrap_or(tch::Device::Cpu);
     let out = Tensor::zeros([], (tch::Kind::Float, device));
-    let mut ptrs: Vec<*mut std::ffi::c_void> =
-        tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
+    let mut ptrs = tensor_ptrs(tensors);
     check("non-finite check", unsafe {
         ffi::tchrun_l1_total(ptrs.as_mut_ptr(), ptrs.len(), out.as_ptr() as *mut _)
     })?;
@@ -493,8 +497,7 @@ impl Reducer {
         bucket_bytes: usize,
     ) -> Result<Reducer, C10dError> {
         check_devices("reducer create", pg.device, pg.backend, params)?;
-        let mut ptrs: Vec<*mut std::ffi::c_void> =
-            params.iter().map(|t| t.as_ptr() as *mut _).collect();
+        let mut ptrs = tensor_ptrs(params);
         let mut raw = std::ptr::null_mut();
         check("reducer create", unsafe {
             ffi::tchrun_reducer_new(

@@ -55,8 +55,7 @@ pub fn bottleneck(
     // `nn::batch_norm2d` with `Default::default()` (what `DenseLayer::new` builds) normalizes
     // with these.
     let bn = nn::BatchNormConfig::default();
-    let mut ptrs: Vec<*mut std::ffi::c_void> =
-        features.iter().map(|t| t.as_ptr() as *mut _).collect();
+    let mut ptrs = crate::comm::pg::tensor_ptrs(features);
     let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
     let err = unsafe {
         ffi::tchrun_dense_bottleneck(

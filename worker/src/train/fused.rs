@@ -2,7 +2,7 @@
 //! parameter, gradient and state, where the plain loop makes one per operation. Must not know
 //! which parameters exist or how the LR was chosen.
 use crate::comm::ffi;
-use crate::comm::pg::{check, C10dError};
+use crate::comm::pg::{check, tensor_ptrs as ptrs, C10dError};
 use tch::Tensor;
 
 /// torch's fused SGD kernel (`torch.optim.SGD(fused=True)`, dampening 0) over one parameter
@@ -30,9 +30,6 @@ pub fn sgd(
             ),
         });
     }
-    let ptrs = |ts: &[Tensor]| -> Vec<*mut std::ffi::c_void> {
-        ts.iter().map(|t| t.as_ptr() as *mut _).collect()
-    };
     let (mut p, mut g, mut b) = (ptrs(params), ptrs(grads), ptrs(bufs));
     check("optimizer step", unsafe {
         ffi::tchrun_fused_sgd(
@@ -45,7 +42,7 @@ pub fn sgd(
             lr,
             nesterov as i32,
             first_step as i32,
-            found_inf.map_or(std::ptr::null_mut(), |f| f.as_ptr() as *mut _),
+            flag_ptr(found_inf),
         )
     })
 }
@@ -88,9 +85,6 @@ pub fn adamw(
             ),
         });
     }
-    let ptrs = |ts: &[Tensor]| -> Vec<*mut std::ffi::c_void> {
-        ts.iter().map(|t| t.as_ptr() as *mut _).collect()
-    };
     let (mut p, mut g) = (ptrs(params), ptrs(grads));
     let (mut a, mut b, mut c) = (ptrs(exp_avgs), ptrs(exp_avg_sqs), ptrs(steps));
     check("optimizer step", unsafe {
@@ -106,7 +100,12 @@ pub fn adamw(
             h.betas.1,
             h.weight_decay,
             h.eps,
-            found_inf.map_or(std::ptr::null_mut(), |f| f.as_ptr() as *mut _),
+            flag_ptr(found_inf),
         )
     })
+}
+
+/// The loss scaler's flag for a kernel call: its handle, or null without one.
+fn flag_ptr(found_inf: Option<&Tensor>) -> *mut std::ffi::c_void {
+    found_inf.map_or(std::ptr::null_mut(), |f| f.as_ptr() as *mut _)
 }

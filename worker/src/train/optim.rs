@@ -176,15 +176,8 @@ impl Optimizer {
             if !g.defined() {
                 continue;
             }
-            let state = |t: &mut Option<Tensor>| {
-                let b = match t.take() {
-                    Some(b) => in_layout_of(p, b),
-                    None => tch::no_grad(|| p.zeros_like()),
-                };
-                *t = Some(b.shallow_clone());
-                b
-            };
-            let (exp_avg, exp_avg_sq) = (state(&mut slot.a), state(&mut slot.b));
+            let exp_avg = held_in_layout(p, &mut slot.a, Tensor::zeros_like);
+            let exp_avg_sq = held_in_layout(p, &mut slot.b, Tensor::zeros_like);
             let steps = slot
                 .steps
                 .get_or_insert_with(|| Tensor::zeros([], (Kind::Float, p.device())))
@@ -215,9 +208,7 @@ impl Optimizer {
 
     /// SGD through torch's fused kernel, one call per group of parameters that share an LR
     /// multiplier, a weight decay and whether their momentum buffer exists yet (on its first
-    /// step the kernel sets the buffer to the gradient plus decay, as torch's loop does). With
-    /// the scaler's flag, which may skip the step on the device, a new buffer starts at zero
-    /// instead (`m·0 + d` is `d` exactly), so a skipped first step leaves no buffer unset.
+    /// step the kernel sets the buffer to the gradient plus decay, as torch's loop does).
     fn fused_sgd(
         &mut self,
         lr: f64,
@@ -232,28 +223,20 @@ impl Optimizer {
             if !g.defined() {
                 continue;
             }
-            // The kernel walks the three tensors' memory in step: each must have the
-            // parameter's strides (a channels-last weight's gradient from a bucket view, or a
-            // buffer read from a checkpoint, may not; it is copied into the parameter's layout).
+            // A new buffer is set to the gradient (plus decay) by the kernel's first step. With
+            // the scaler's flag, which may skip that step on the device, it starts at zero
+            // instead (`m·0 + d` is `d` exactly), so a skipped first step leaves none unset.
+            let first = momentum != 0.0 && slot.a.is_none() && found_inf.is_none();
+            let buf = (momentum != 0.0).then(|| {
+                held_in_layout(p, &mut slot.a, |p| {
+                    if first {
+                        p.empty_like()
+                    } else {
+                        p.zeros_like()
+                    }
+                })
+            });
             let g = in_layout_of(p, g);
-            let (buf, first) = match (slot.a.take(), momentum != 0.0) {
-                (_, false) => (None, false),
-                (Some(b), true) => {
-                    let b = in_layout_of(p, b);
-                    slot.a = Some(b.shallow_clone());
-                    (Some(b), false)
-                }
-                (None, true) if found_inf.is_some() => {
-                    let b = tch::no_grad(|| p.zeros_like());
-                    slot.a = Some(b.shallow_clone());
-                    (Some(b), false)
-                }
-                (None, true) => {
-                    let b = tch::no_grad(|| p.empty_like());
-                    slot.a = Some(b.shallow_clone());
-                    (Some(b), true)
-                }
-            };
             let (ps, gs, bs) = group_of(&mut groups, (self.lr_scales[i], self.decays[i], first));
             ps.push(p.shallow_clone());
             gs.push(g);
@@ -378,6 +361,22 @@ fn group_of<K: PartialEq, G: Default>(groups: &mut Vec<(K, G)>, key: K) -> &mut 
         }
     };
     &mut groups[at].1
+}
+
+/// Parameter `p`'s state tensor `held`, in `p`'s layout (a fused kernel walks parameter,
+/// gradient and state memory in step; a buffer read from a checkpoint, or a channels-last
+/// weight's, may have other strides), made by `fresh` when `p` has none yet; kept in `held`.
+fn held_in_layout(
+    p: &Tensor,
+    held: &mut Option<Tensor>,
+    fresh: impl FnOnce(&Tensor) -> Tensor,
+) -> Tensor {
+    let t = match held.take() {
+        Some(t) => in_layout_of(p, t),
+        None => tch::no_grad(|| fresh(p)),
+    };
+    *held = Some(t.shallow_clone());
+    t
 }
 
 /// `t` with `p`'s strides: itself when it has them, else a copy laid out as `p`.

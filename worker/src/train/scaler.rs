@@ -106,8 +106,8 @@ impl LossScaler {
         self.on.is_some()
     }
 
-    /// The scale now, read on the host (1 when off): for a checkpoint, which reads the window
-    /// (and so waits for the device) first anyway.
+    /// The scale now, read on the host (1 when off): for the epoch's summary, which reads the
+    /// window (and so waits for the device) first anyway.
     pub(crate) fn scale(&self) -> f64 {
         self.on.as_ref().map_or(1.0, |s| s.scale.double_value(&[]))
     }

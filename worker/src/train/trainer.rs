@@ -162,6 +162,8 @@ impl<'a> Trainer<'a> {
         finished: bool,
     ) -> checkpoint::Meta {
         let s = &self.s;
+        // One read of the scaler on the host.
+        let loss_scaler = self.scaler.state();
         checkpoint::Meta {
             format_version: checkpoint::FORMAT_VERSION,
             epoch,
@@ -174,8 +176,8 @@ impl<'a> Trainer<'a> {
             since_best: s.stopping.since_best,
             history: s.history.clone(),
             partial,
-            loss_scale: self.scaler.scale(),
-            loss_scaler: self.scaler.state(),
+            loss_scale: loss_scaler.map_or(1.0, |l| l.scale),
+            loss_scaler,
             finished,
             global_batch_size: self.job.options.global_batch_size,
             tensors: String::new(),
