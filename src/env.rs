@@ -95,6 +95,14 @@ pub const TCHRUN_LOCK_HELD: &str = "TCHRUN_LOCK_HELD";
 // Every other variable tchrun reads (the `TCHRUN_<FLAG>` variables of the shared flags are
 // documented with their flags in `flags.rs`).
 
+/// The job's secret (64 hex digits: 32 random bytes, `tchrun::secret`): made by `tchrun` for
+/// each attempt and set on the commands it spawns (mpirun `-x` forwards it by name), never
+/// on a command line or in a file. Every rank proves it to rank 0's rendezvous front before
+/// it reaches the store. A job started by hand under MPI needs none (rank 0 makes one and
+/// sends it to the others over MPI); one started by hand without MPI with more than one
+/// rank needs the same value in every rank's environment.
+pub const TCHRUN_JOB_SECRET: &str = "TCHRUN_JOB_SECRET";
+
 /// Rank 0's address as the other ranks reach it (store and process group): overrides the
 /// first non-loopback IPv4 address of rank 0's host (multi-node) or 127.0.0.1 (one node).
 pub const TCHRUN_MASTER_ADDR: &str = "TCHRUN_MASTER_ADDR";

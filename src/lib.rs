@@ -43,6 +43,7 @@ pub mod preflight;
 pub mod recipe;
 pub mod recipe_preset;
 pub mod schedule;
+pub mod secret;
 pub mod straggler;
 pub mod weights;
 

@@ -223,12 +223,18 @@ pub fn run_attempt(
     env: &RankEnv,
     status: Option<&JobStatus>,
 ) -> Result<AttemptOutcome, JobError> {
-    let vars = env.vars();
+    let mut vars = env.vars();
     if args.dry_run {
         let specs = commands(plan, &worker_args, &vars)?;
         print_dry_run(plan, &specs, &vars);
         return Ok(AttemptOutcome::ended(0));
     }
+    // The attempt's secret: in the environment of the commands only (mpirun forwards it by
+    // name with `-x`, srun with `--export=ALL`), never in an argument, a log or a file.
+    vars.push((
+        tchrun::env::TCHRUN_JOB_SECRET.to_string(),
+        tchrun::secret::JobSecret::generate().to_hex(),
+    ));
     std::fs::create_dir_all(&plan.log_dir).map_err(|e| {
         JobError::invalid(format!(
             "--log-dir {}: cannot create it: {e}",

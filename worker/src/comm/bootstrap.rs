@@ -7,10 +7,12 @@
 use crate::comm::netif::{self, Candidate, GlooDevice, Network, NoSuchInterface};
 use crate::comm::pg::{C10dError, Store};
 use crate::comm::probe;
+use crate::comm::rendezvous::{self, RendezvousError};
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::time::Duration;
 use tchrun::driver_log::BOOTSTRAP_PREFIX;
 use tchrun::env::{self as contract, EnvError, StartedBy};
+use tchrun::secret::{JobSecret, SecretError, SECRET_BYTES};
 
 /// Where this rank sits: known before any store exists (so the driver log can be opened
 /// first), and part of every joined rank's `RankInfo`.
@@ -56,6 +58,18 @@ pub enum BootstrapError {
     /// No address of rank 0 was reached by every rank (exit 3).
     #[error("{0}")]
     Unreachable(String),
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
+    /// A job of several ranks started without MPI and without a secret: nobody could tell
+    /// its ranks from strangers.
+    #[error(
+        "{world_size} ranks started without MPI need the job's secret: set {var} to the same 64 \
+         hexadecimal digits in every rank's environment (e.g. `export {var}=$(od -An -tx1 -N32 \
+         /dev/urandom | tr -d ' \\n')`), or start them with tchrun, mpirun or srun --mpi=pmix"
+    )]
+    NoSecret { world_size: usize, var: &'static str },
     #[error("cannot find this rank's address towards {master}: {source}")]
     Route {
         master: String,
@@ -119,6 +133,8 @@ pub struct Identity {
     universe: Option<mpi::environment::Universe>,
     /// This host's interfaces and the user's settings (`check_network`).
     net: Network,
+    /// `TCHRUN_JOB_SECRET`, when the environment holds it.
+    secret: Option<JobSecret>,
 }
 
 /// Learns rank, world size and local rank however the process was started.
@@ -159,6 +175,7 @@ pub fn identify() -> Result<Identity, BootstrapError> {
         master,
         universe: None,
         net: Network::unchecked(),
+        secret: JobSecret::from_env()?,
     })
 }
 
@@ -197,6 +214,7 @@ fn identify_mpi(host: String) -> Result<Identity, BootstrapError> {
         master: None,
         universe: Some(universe),
         net: Network::unchecked(),
+        secret: JobSecret::from_env()?,
     })
 }
 
@@ -411,17 +429,48 @@ impl Identity {
         text
     }
 
-    /// Creates (rank 0) or connects to the TCPStore every process group is built on.
+    /// The job's secret. Under MPI rank 0's (its environment's, or a fresh one when the job
+    /// was started by hand) reaches every rank over MPI unless every rank's environment
+    /// holds it; without MPI the environment's, or a fresh one for a job of one rank.
+    fn job_secret(&self) -> Result<JobSecret, BootstrapError> {
+        use mpi::traits::*;
+        let Some(universe) = &self.universe else {
+            return match (&self.secret, self.place.world_size) {
+                (Some(s), _) => Ok(s.clone()),
+                (None, 1) => Ok(JobSecret::generate()),
+                (None, world_size) => Err(BootstrapError::NoSecret {
+                    world_size,
+                    var: contract::TCHRUN_JOB_SECRET,
+                }),
+            };
+        };
+        let world = universe.world();
+        let mine = self.secret.is_some() as i32;
+        let mut everyone = 0i32;
+        world.all_reduce_into(&mine, &mut everyone, mpi::collective::SystemOperation::min());
+        if everyone == 1 {
+            return Ok(self.secret.clone().unwrap_or_else(JobSecret::generate));
+        }
+        let mut buf = [0u8; SECRET_BYTES];
+        if self.place.rank == 0 {
+            let s = self.secret.clone().unwrap_or_else(JobSecret::generate);
+            buf.copy_from_slice(s.bytes());
+        }
+        world.process_at_rank(0).broadcast_into(&mut buf[..]);
+        Ok(JobSecret::from_bytes(buf))
+    }
+
+    /// Creates (rank 0: the store and its authenticating front) or joins (through this
+    /// rank's relay, proving the job's secret) the TCPStore every process group is built on.
     pub fn join(self, timeout: Duration) -> Result<Joined, BootstrapError> {
         let world_size = self.place.world_size;
+        let secret = self.job_secret()?;
         let (master_addr, master_port, served, how) = self.agree_on_master(|addr, port| {
-            let s = Store::serve(addr, port, world_size, timeout)?;
-            let p = s.port();
-            Ok((s, p))
+            Ok(rendezvous::serve(addr, port, &secret, world_size, timeout)?)
         })?;
         let store = match served {
             Some(s) => s,
-            None => Store::connect(&master_addr, master_port, timeout)?,
+            None => rendezvous::connect(&master_addr, master_port, &secret, timeout)?,
         };
         let info = self.info(master_addr, master_port, how)?;
         Ok(Joined {

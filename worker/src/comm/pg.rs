@@ -154,6 +154,17 @@ impl Store {
         Store::new(host, port, true, world_size, timeout, fd)
     }
 
+    /// Serves on the listening socket `fd` (bound to loopback on `port`, not yet listening;
+    /// c10d owns it from now on); c10d's own client connects to 127.0.0.1 on that port.
+    pub(crate) fn serve_on(
+        fd: i32,
+        port: u16,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Result<Store, C10dError> {
+        Store::new("127.0.0.1", port, true, world_size, timeout, fd)
+    }
+
     /// Connects to rank 0's store, retrying until `timeout`.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Store, C10dError> {
         Store::new(host, port, false, 0, timeout, -1)
