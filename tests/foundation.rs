@@ -127,10 +127,13 @@ fn env_contract_without_mpi() {
     let t = tempdir();
     let logs = t.path().join("logs");
     let port = free_port().to_string();
+    // Ranks started by hand without MPI share the job's secret through their environment.
+    let secret = "5e".repeat(32);
     let handles: Vec<_> = (0..2)
         .map(|rank| {
             let logs = logs.clone();
             let port = port.clone();
+            let secret = secret.clone();
             std::thread::spawn(move || {
                 run(
                     worker()
@@ -150,6 +153,7 @@ fn env_contract_without_mpi() {
                             ("WORLD_SIZE", "2".into()),
                             ("MASTER_ADDR", "127.0.0.1".into()),
                             ("MASTER_PORT", port),
+                            ("TCHRUN_JOB_SECRET", secret),
                         ]),
                     LIMIT,
                 )
@@ -182,19 +186,20 @@ fn shim_failure_is_a_readable_error_not_a_hang() {
                 ("WORLD_SIZE", "2"),
                 ("MASTER_ADDR", "127.0.0.1"),
                 ("MASTER_PORT", "1"),
+                ("TCHRUN_JOB_SECRET", &"5e".repeat(32)),
             ]),
         Duration::from_secs(60),
     );
     assert_eq!(r.code, Some(4), "{}", r.explain());
     assert!(
         r.stderr
-            .contains("tchrun-worker: error: joining the job: c10d TCPStore connect: 127.0.0.1:1"),
+            .contains("tchrun-worker: error: joining the job: rendezvous: cannot reach rank 0's store at 127.0.0.1:1"),
         "{}",
         r.explain()
     );
     let log = read(&logs.join("70_driver_log_1"));
     assert!(
-        log.contains("ERROR joining the job: c10d TCPStore connect"),
+        log.contains("ERROR joining the job: rendezvous: cannot reach rank 0's store"),
         "{log}"
     );
     assert!(

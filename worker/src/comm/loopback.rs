@@ -184,23 +184,40 @@ impl PortFilter {
     }
 }
 
-/// The owner (uid) of the loopback socket at `peer` connected to `local`, from
-/// `/proc/self/net/tcp` (this network namespace's table); None when no row matches.
-fn loopback_peer_uid(peer: SocketAddrV4, local: SocketAddrV4) -> io::Result<Option<u32>> {
-    let table = std::fs::read_to_string("/proc/self/net/tcp")?;
-    let parse = |field: &str| -> Option<SocketAddrV4> {
-        let (ip, port) = field.split_once(':')?;
-        let ip = u32::from_str_radix(ip, 16).ok()?;
-        let port = u16::from_str_radix(port, 16).ok()?;
-        Some(SocketAddrV4::new(Ipv4Addr::from(ip.to_ne_bytes()), port))
-    };
-    for line in table.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 8 {
-            continue;
+/// An address of a `/proc/net/tcp{,6}` row (`HEX:PORT`, the address as the kernel's u32
+/// words in host order); a v4-mapped IPv6 address as its IPv4 address.
+fn proc_addr(field: &str) -> Option<SocketAddrV4> {
+    let (ip, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for i in (0..ip.len()).step_by(8) {
+        let word = u32::from_str_radix(ip.get(i..i + 8)?, 16).ok()?;
+        bytes.extend_from_slice(&word.to_ne_bytes());
+    }
+    let ip = match bytes.len() {
+        4 => Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]),
+        16 => {
+            let b: [u8; 16] = bytes.try_into().ok()?;
+            std::net::Ipv6Addr::from(b).to_ipv4_mapped()?
         }
-        if parse(f[1]) == Some(peer) && parse(f[2]) == Some(local) {
-            return Ok(f[7].parse().ok());
+        _ => return None,
+    };
+    Some(SocketAddrV4::new(ip, port))
+}
+
+/// The owner (uid) of the loopback socket at `peer` connected to `local`, from this network
+/// namespace's `/proc/self/net/tcp` and `tcp6` (c10d's client is a dual-stack IPv6 socket);
+/// None when no row matches.
+fn loopback_peer_uid(peer: SocketAddrV4, local: SocketAddrV4) -> io::Result<Option<u32>> {
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() >= 8 && proc_addr(f[1]) == Some(peer) && proc_addr(f[2]) == Some(local) {
+                return Ok(f[7].parse().ok());
+            }
         }
     }
     Ok(None)
@@ -251,6 +268,10 @@ mod tests {
         accepted.read_exact(&mut b).unwrap();
         assert_eq!(&b, b"ping");
         assert!(peer_is_own_user(&accepted).is_ok());
+        assert_eq!(
+            proc_addr("0000000000000000FFFF00000100007F:ECCC"),
+            Some(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0xECCC))
+        );
         inner.filter.forbid(src);
         assert!(inner.filter.ports.lock().unwrap().is_empty());
     }
