@@ -85,7 +85,8 @@ pub fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// The temporary file beside `path` that an atomic write fills: `.<name>.<pid>.<n>.tmp`.
+/// The temporary file beside `path` that an atomic write fills: `.<name>.<pid>.<n>.<random>.tmp`
+/// (the random part: nobody who can write the directory can plant a link there first).
 fn atomic_tmp(path: &Path) -> PathBuf {
     let name = path
         .file_name()
@@ -95,7 +96,11 @@ fn atomic_tmp(path: &Path) -> PathBuf {
     // status thread and the main thread's last word) must not rename each other's temp file.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
+    let random: u64 = rand::random();
+    path.with_file_name(format!(
+        ".{name}.{}.{n}.{random:016x}.tmp",
+        std::process::id()
+    ))
 }
 
 /// Writes `path` atomically: `fill` writes a temporary file beside it (the path it is given),
@@ -154,11 +159,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
     write_atomic_with(
         path,
         |tmp| {
+            // A new file only, never through a link (a name planted first fails the write).
             std::fs::OpenOptions::new()
-                .create(true)
+                .create_new(true)
                 .write(true)
-                .truncate(true)
                 .mode(0o640)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
                 .open(tmp)
                 .and_then(|mut f| f.write_all(bytes))
                 .map_err(|source| AtomicWriteError {

@@ -42,6 +42,8 @@ fn write_in_place(path: &Path, record: &impl serde::Serialize) -> std::io::Resul
         .write(true)
         .truncate(false)
         .mode(0o640)
+        // A link planted in a shared log directory is not followed: the write fails (ELOOP).
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
         .open(path)?;
     f.write_all_at(&text, 0)?;
     if f.metadata()?.len() > text.len() as u64 {

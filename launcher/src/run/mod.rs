@@ -180,12 +180,41 @@ fn create_log(path: &Path) -> std::io::Result<std::fs::File> {
         .write(true)
         .truncate(true)
         .mode(0o640)
+        // Never through a link planted in a shared log directory (ELOOP instead).
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
         .open(path)?;
     let mode = f.metadata()?.permissions().mode() & 0o7777;
     if mode & !0o640 != 0 {
         f.set_permissions(std::fs::Permissions::from_mode(mode & 0o640))?;
     }
     Ok(f)
+}
+
+/// Creates the log directory (0755 whatever the umask: a `umask 000` does not make it
+/// writable by everyone) and warns, naming owner and mode, when other users can write it:
+/// they could plant links there (tchrun opens its files there without following links).
+fn create_log_dir(dir: &Path) -> Result<(), JobError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| {
+            JobError::invalid(format!("--log-dir {}: cannot create it: {e}", dir.display()))
+        })?;
+    if let Ok(m) = std::fs::metadata(dir) {
+        let mode = m.mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            errln!(
+                "tchrun: warning: the log directory {} is writable by other users (owner uid {}, \
+                 mode {mode:04o}): they can replace its files; tchrun writes there without \
+                 following links, but use a directory only you can write",
+                dir.display(),
+                m.uid()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Runs a job end to end (pre-flight, GPU check, launch); returns the exit code.
@@ -235,12 +264,7 @@ pub fn run_attempt(
         tchrun::env::TCHRUN_JOB_SECRET.to_string(),
         tchrun::secret::JobSecret::generate().to_hex(),
     ));
-    std::fs::create_dir_all(&plan.log_dir).map_err(|e| {
-        JobError::invalid(format!(
-            "--log-dir {}: cannot create it: {e}",
-            plan.log_dir.display()
-        ))
-    })?;
+    create_log_dir(&plan.log_dir)?;
     clear_stale(&plan.log_dir);
     if let Some(s) = status {
         write_status(&plan.log_dir, s);

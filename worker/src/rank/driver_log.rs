@@ -247,6 +247,8 @@ pub fn open(
         .write(true)
         .truncate(true)
         .mode(0o640)
+        // Never through a link planted in a shared log directory (ELOOP instead).
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&path)?;
     let text = tchrun::driver_log::Header {
         host: header.host.to_string(),

@@ -1,0 +1,282 @@
+//! Issue 51: nobody joins a job who does not belong. A stranger (another user on rank 0's
+//! host, `tests/python/stranger.py`) attacks every port the job opens, from before it starts
+//! until it ends: a real c10d client without the secret never joins the store, the job's
+//! model equals an unattacked run's bit for bit, a forged `scores.csv` row never lands, and
+//! the job's secret is in no process's argv and no file under the log and output dirs.
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(300);
+/// The stranger's user and group (nobody).
+const STRANGER_ID: &str = "65534";
+
+/// The stranger, running as another user.
+struct Stranger {
+    child: Child,
+    out: PathBuf,
+    stop: PathBuf,
+}
+
+impl Stranger {
+    /// Starts the stranger (as `nobody`; root is needed to be another user) and waits until
+    /// it has noted the ports already open. None: skipped (not root).
+    fn start(dir: &Path, forge: Option<(&str, &str)>) -> Option<Stranger> {
+        if !nix::unistd::geteuid().is_root() {
+            skip_or_fail("the stranger runs as another user, which needs root");
+            return None;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let sdir = dir.join("stranger");
+        std::fs::create_dir_all(&sdir).expect("stranger dir");
+        for d in [dir, sdir.as_path()] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        let (out, stop) = (sdir.join("rows.jsonl"), sdir.join("stop"));
+        std::fs::write(&out, "").expect("rows file");
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let py = repo().join(".venv/bin/python");
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", STRANGER_ID, "--regid", STRANGER_ID, "--clear-groups"])
+            .arg(&py)
+            .arg(repo().join("tests/python/stranger.py"))
+            .arg(&out)
+            .arg(&stop)
+            .arg("240")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(sdir.join("stderr")).expect("stderr"));
+        if let Some((k, v)) = forge {
+            c.args(["--forge", k, v]);
+        }
+        let child = c.spawn().expect("start the stranger");
+        let s = Stranger { child, out, stop };
+        assert!(
+            wait_for(Duration::from_secs(60), || read(&s.out).contains("ready")),
+            "the stranger did not start: {}",
+            read(&sdir.join("stderr"))
+        );
+        Some(s)
+    }
+
+    /// Stops it and returns its c10d attempts and the ports it attacked.
+    fn stop(mut self) -> (Vec<serde_json::Value>, Vec<u64>) {
+        std::fs::write(&self.stop, "").expect("stop file");
+        let start = Instant::now();
+        while self.child.try_wait().ok().flatten().is_none() && start.elapsed().as_secs() < 20 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let rows: Vec<serde_json::Value> = read(&self.out)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let ports = rows
+            .iter()
+            .find(|r| r["done"] == true)
+            .and_then(|r| r["ports"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p.as_u64())
+            .collect();
+        (
+            rows.into_iter().filter(|r| r.get("joined").is_some()).collect(),
+            ports,
+        )
+    }
+}
+
+/// The job's secret, read from a rank's environment while the job runs, and every process's
+/// argv seen meanwhile.
+fn watch_for_secret(job: &mut Job) -> (Option<String>, Vec<String>, Option<i32>) {
+    let mut secret = None;
+    let mut argvs = Vec::new();
+    let start = Instant::now();
+    loop {
+        if let Some(code) = job.wait(Duration::from_millis(200)) {
+            return (secret, argvs, Some(code));
+        }
+        if start.elapsed() > LIMIT {
+            return (secret, argvs, None);
+        }
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+                argvs.push(String::from_utf8_lossy(&cmd).replace('\0', " "));
+            }
+            let Ok(env) = std::fs::read(e.path().join("environ")) else {
+                continue;
+            };
+            for var in env.split(|&b| b == 0) {
+                let var = String::from_utf8_lossy(var);
+                if let Some(v) = var.strip_prefix("TCHRUN_JOB_SECRET=") {
+                    if secret.is_none() && var.len() > 20 {
+                        secret = Some(v.to_string());
+                    }
+                }
+            }
+        }
+        argvs.sort();
+        argvs.dedup();
+    }
+}
+
+/// Every file under `dir` that holds `needle` (its text or, for the secret, its 32 bytes).
+fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let raw: Vec<u8> = (0..needle.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&needle[2 * i..2 * i + 2], 16).ok())
+        .collect();
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(b) = std::fs::read(&p) {
+                let has = |n: &[u8]| !n.is_empty() && b.windows(n.len()).any(|w| w == n);
+                if has(needle.as_bytes()) || has(&raw) {
+                    found.push(p);
+                }
+            }
+        }
+    }
+    found
+}
+
+fn train(model: &Path, out: &Path) -> Command {
+    let d = small_digits();
+    let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), out);
+    c.args(["--launcher", "local", "--procs-per-node", "2", "--epochs", "1"])
+        .args(["--batch-size", "20", "--threads", "1"])
+        .env_remove("TCHRUN_THREADS")
+        .env_remove("TCHRUN_ATTEMPT")
+        .env_remove("TCHRUN_JOB_SECRET");
+    c
+}
+
+/// The stranger attacks every new port of a 2-rank training job from before it starts until
+/// it ends: never joins the store (refused, logged with its address), and the model is the
+/// unattacked run's bit for bit; the secret (from a rank's environment) is in no argv and no
+/// file under the output and log directories.
+#[test]
+fn a_stranger_neither_joins_nor_harms_a_training_job() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let (calm, attacked) = (t.path().join("calm"), t.path().join("attacked"));
+    let r = run(&mut train(&model, &calm), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let Some(stranger) = Stranger::start(t.path(), None) else {
+        return;
+    };
+    let mut job = Job::start(&mut train(&model, &attacked), t.path());
+    let (secret, argvs, code) = watch_for_secret(&mut job);
+    let (tries, ports) = stranger.stop();
+    assert_eq!(code, Some(0), "{}", job.output());
+    let joined: Vec<_> = tries.iter().filter(|r| r["joined"] == true).collect();
+    assert!(joined.is_empty(), "a stranger joined the store: {joined:?}");
+    let log0 = read(&attacked.join("logs/70_driver_log_0"));
+    let front = log0
+        .split("master=")
+        .nth(1)
+        .and_then(|s| s.split([' ', '\n']).next())
+        .and_then(|m| m.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse::<u64>().ok())
+        .expect("rank 0's driver log names the store's address");
+    assert!(
+        ports.contains(&front) && tries.iter().any(|r| r["port"] == front),
+        "the stranger never tried the front ({front}): {ports:?} {tries:?}"
+    );
+    assert!(
+        log0.contains("rendezvous: refused an unauthenticated connection from 127.0.0.1:"),
+        "{log0}"
+    );
+    let read_model = |o: &Path| std::fs::read(o.join("model.safetensors")).expect("model");
+    assert!(
+        read_model(&calm) == read_model(&attacked),
+        "the attacked run's model differs from the unattacked run's"
+    );
+    let secret = secret.expect("a rank's environment holds TCHRUN_JOB_SECRET");
+    assert_eq!(secret.len(), 64, "{secret}");
+    let in_argv: Vec<_> = argvs.iter().filter(|a| a.contains(&secret)).collect();
+    assert!(in_argv.is_empty(), "the secret is in an argv: {in_argv:?}");
+    let in_files = files_holding(&attacked, &secret);
+    assert!(in_files.is_empty(), "the secret is in {in_files:?}");
+    assert!(!read(&job.out).contains(&secret) && !read(&job.err).contains(&secret));
+}
+
+/// The issue's forged-scores attack: a c10d client that sets `tchrun/inference/rows/1` while
+/// a 2-rank `tchrun score` runs. It cannot join, and the CSV is the unattacked run's.
+#[test]
+fn a_forged_score_row_never_lands() {
+    let t = tempdir();
+    let untrained = model_dir(t.path(), "resnet18", 32);
+    let model = t.path().join("trained");
+    let r = run(&mut train(&untrained, &model), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let images = subset(&small_digits().join("valid"), &t.path().join("images"), 4, 0);
+    let score = |csv: &Path| {
+        let mut c = tchrun();
+        c.arg("score")
+            .arg("--model")
+            .arg(&model)
+            .arg("--images")
+            .arg(&images)
+            .arg("--output")
+            .arg(csv)
+            .args(["--batch-size", "8", "--procs-per-node", "2", "--launcher", "local"])
+            .env_remove("TCHRUN_JOB_SECRET");
+        c
+    };
+    let (calm, forged) = (t.path().join("calm.csv"), t.path().join("forged.csv"));
+    let r = run(&mut score(&calm), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let Some(stranger) = Stranger::start(t.path(), Some(("tchrun/inference/rows/1", "forged")))
+    else {
+        return;
+    };
+    let r = run(&mut score(&forged), LIMIT);
+    let (tries, _) = stranger.stop();
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        tries.iter().all(|r| r["joined"] == false) && !tries.is_empty(),
+        "{tries:?}"
+    );
+    assert_eq!(read(&calm), read(&forged), "the scores differ from the unattacked run's");
+}
+
+/// A log directory others can write (mode 0777), with `70_mpi_log` planted as a link to a
+/// file of someone else's: tchrun warns naming owner and mode, and the link is not followed
+/// (the file keeps its bytes and mode; the job stops naming the log it cannot write).
+#[test]
+fn a_link_planted_in_a_shared_log_directory_is_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempdir();
+    let logs = t.path().join("shared");
+    std::fs::create_dir(&logs).expect("mkdir");
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let victim = t.path().join("precious");
+    std::fs::write(&victim, "precious\n").expect("victim");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::os::unix::fs::symlink(&victim, logs.join("70_mpi_log")).expect("plant the link");
+    let r = run(
+        tchrun()
+            .args(["selftest", "--launcher", "local", "--procs-per-node", "1"])
+            .args(["--sizes", "4096", "--iters", "1", "--log-dir"])
+            .arg(&logs),
+        LIMIT,
+    );
+    assert_eq!(read(&victim), "precious\n", "{}", r.explain());
+    let mode = std::fs::metadata(&victim).expect("victim").permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o600, "{}", r.explain());
+    assert!(
+        r.stderr.contains("is writable by other users (owner uid")
+            && r.stderr.contains("mode 0777"),
+        "{}",
+        r.explain()
+    );
+    assert_ne!(r.code, Some(0), "{}", r.explain());
+    assert!(r.stderr.contains("70_mpi_log"), "{}", r.explain());
+}
