@@ -366,9 +366,15 @@ fn unwind(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let own = pid == std::process::id();
+    // Unwinding this process: only the tool may trace it, only while it runs (Yama's
+    // PR_SET_PTRACER with the tool's pid; the tool waits for it before it starts).
+    let _self_capture = own.then(|| SELF_CAPTURE.lock().unwrap_or_else(|p| p.into_inner()));
+    let gate = if own { Some(TracerGate::new(&mut cmd)?) } else { None };
     let mut child = cmd
         .spawn()
         .map_err(|source| StackError::Spawn { tool, source })?;
+    let _allowed = gate.map(|g| g.open(child.id()));
     // Drain the pipes from threads of their own: a tool that fills one would never exit.
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
@@ -406,6 +412,60 @@ fn unwind(
         });
     }
     Ok(frames)
+}
+
+/// One capture of this process at a time: Yama keeps one allowed tracer per process.
+static SELF_CAPTURE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds the stack tool back until this process has allowed it (and only it) to trace.
+struct TracerGate {
+    release: std::os::fd::OwnedFd,
+    /// The read end: the child's (its copy closes at exec); the parent closes its own.
+    wait: std::os::fd::OwnedFd,
+}
+
+/// The tool's allowance; dropping it withdraws it (the tool has ended or was killed).
+struct Allowed;
+
+impl TracerGate {
+    /// A pipe the child reads one byte from before it executes the tool.
+    fn new(cmd: &mut Command) -> Result<TracerGate, StackError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let (wait, release) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| StackError::Spawn {
+                tool: "pipe",
+                source: e.into(),
+            })?;
+        let (w, r) = (release.as_raw_fd(), wait.as_raw_fd());
+        // SAFETY: close(2) and read(2) are async-signal-safe; the closure allocates nothing.
+        // The child closes its copy of the write end first, so it never waits on itself.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::libc::close(w);
+                let mut b = 0u8;
+                nix::libc::read(r, &mut b as *mut u8 as *mut nix::libc::c_void, 1);
+                Ok(())
+            });
+        }
+        Ok(TracerGate { release, wait })
+    }
+
+    /// Allows `tracer` to trace this process, then lets it start.
+    fn open(self, tracer: u32) -> Allowed {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { nix::libc::prctl(nix::libc::PR_SET_PTRACER, tracer as nix::libc::c_ulong, 0, 0, 0) };
+        let _ = nix::unistd::write(&self.release, &[1u8]);
+        drop(self.wait);
+        Allowed
+    }
+}
+
+impl Drop for Allowed {
+    fn drop(&mut self) {
+        // SAFETY: prctl with integer arguments only; 0 withdraws the allowance.
+        unsafe { nix::libc::prctl(nix::libc::PR_SET_PTRACER, 0 as nix::libc::c_ulong, 0, 0, 0) };
+    }
 }
 
 fn drain<R: std::io::Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<String> {

@@ -65,7 +65,7 @@ impl Stranger {
     fn stop(mut self) -> (Vec<serde_json::Value>, Vec<u64>) {
         std::fs::write(&self.stop, "").expect("stop file");
         let start = Instant::now();
-        while self.child.try_wait().ok().flatten().is_none() && start.elapsed().as_secs() < 20 {
+        while self.child.try_wait().ok().flatten().is_none() && start.elapsed().as_secs() < 30 {
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = self.child.kill();

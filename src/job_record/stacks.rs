@@ -34,9 +34,17 @@ impl CaptureRequest {
         crate::files::write_atomic(&Self::path(log_dir), &text).map_err(std::io::Error::other)
     }
 
-    /// The request in `log_dir`, if any (an unreadable one is none).
+    /// The request in `log_dir`, if any (an unreadable one is none). Only a plain file of
+    /// this process's own user counts: in a log directory others can write, a request (or a
+    /// link) planted by another user starts no capture.
     pub fn read(log_dir: &Path) -> Option<CaptureRequest> {
-        let text = std::fs::read(Self::path(log_dir)).ok()?;
+        use std::os::unix::fs::MetadataExt;
+        let path = Self::path(log_dir);
+        let meta = std::fs::symlink_metadata(&path).ok()?;
+        if !meta.file_type().is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
+            return None;
+        }
+        let text = std::fs::read(path).ok()?;
         serde_json::from_slice(&text).ok()
     }
 

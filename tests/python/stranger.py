@@ -100,9 +100,13 @@ before = listening()
 record({"ready": True})
 start = time.time()
 seen = set()
+attacks = []
 while time.time() - start < limit and not os.path.exists(stop_path):
     for target in sorted(listening() - before - seen):
         seen.add(target)
-        threading.Thread(target=attack, args=target, daemon=True).start()
+        attacks.append(threading.Thread(target=attack, args=target, daemon=True))
+        attacks[-1].start()
     time.sleep(0.02)
+for a in attacks:  # each ends within its timeouts (2 s a connect, 2 s the c10d client)
+    a.join(timeout=10)
 record({"done": True, "ports": sorted(p for _, p in seen)})

@@ -132,7 +132,6 @@ pub fn start(log_dir: PathBuf, rank: usize, host: &str) {
         return;
     }
     phase(Phase::StartUp);
-    allow_stack_capture();
     let id = IDENTITY.get_or_init(|| Identity {
         log_dir,
         rank,
@@ -160,20 +159,6 @@ pub fn start(log_dir: PathBuf, rank: usize, host: &str) {
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot start the heartbeat thread: {e}");
-    }
-}
-
-/// Lets any process of this user ptrace this one, where Yama restricts ptrace to ancestors
-/// (`kernel.yama.ptrace_scope=1`): the stacks are taken by a child of this process, of a peer
-/// rank or of the launcher (`capture.rs`). Where Yama is absent the call fails harmlessly.
-fn allow_stack_capture() {
-    // SAFETY: prctl with integer arguments only; it changes no memory of this process.
-    let rc = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
-    if rc != 0 {
-        tracing::debug!(
-            "PR_SET_PTRACER: {} (no Yama: nothing to allow)",
-            std::io::Error::last_os_error()
-        );
     }
 }
 
