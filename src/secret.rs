@@ -158,7 +158,10 @@ mod tests {
         let (a, b) = (nonce(), nonce());
         let p = s.prove(Side::Client, &a, &b);
         assert!(s.verify(Side::Client, &a, &b, &p));
-        assert!(!s.verify(Side::Server, &a, &b, &p), "a proof is not reflected");
+        assert!(
+            !s.verify(Side::Server, &a, &b, &p),
+            "a proof is not reflected"
+        );
         assert!(!s.verify(Side::Client, &b, &a, &p));
         assert!(!JobSecret::generate().verify(Side::Client, &a, &b, &p));
         assert!(!s.verify(Side::Client, &a, &b, &p[..31]));

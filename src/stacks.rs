@@ -350,31 +350,41 @@ fn unwind(
     pid: u32,
     limit: Duration,
 ) -> Result<BTreeMap<u32, Vec<String>>, StackError> {
-    let mut cmd = Command::new(tool);
     let pid_s = pid.to_string();
-    if tool == "gdb" {
-        cmd.args(["-nx", "-batch", "-p", &pid_s]).args([
-            "-ex",
-            "set pagination off",
-            "-ex",
-            "thread apply all bt",
-        ]);
+    let args: Vec<&str> = if tool == "gdb" {
+        let bt = ["-ex", "set pagination off", "-ex", "thread apply all bt"];
+        ["-nx", "-batch", "-p", &pid_s]
+            .into_iter()
+            .chain(bt)
+            .collect()
     } else {
         // Raw names: demangled here, Rust's too (eu-stack knows only C++'s).
-        cmd.args(["-r", "-p", &pid_s]);
-    }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        vec!["-r", "-p", &pid_s]
+    };
     let own = pid == std::process::id();
     // Unwinding this process: only the tool may trace it, only while it runs (Yama's
-    // PR_SET_PTRACER with the tool's pid; the tool waits for it before it starts).
+    // PR_SET_PTRACER with the tool's pid). The tool is started by a shell that waits for a
+    // line on its stdin and then becomes the tool (same pid): the line is sent once allowed.
     let _self_capture = own.then(|| SELF_CAPTURE.lock().unwrap_or_else(|p| p.into_inner()));
-    let gate = if own { Some(TracerGate::new(&mut cmd)?) } else { None };
+    let mut cmd = if own {
+        let mut c = Command::new("sh");
+        c.args(["-c", "read _ && exec \"$0\" \"$@\"", tool])
+            .args(&args)
+            .stdin(Stdio::piped());
+        c
+    } else {
+        let mut c = Command::new(tool);
+        c.args(&args).stdin(Stdio::null());
+        c
+    };
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd
         .spawn()
         .map_err(|source| StackError::Spawn { tool, source })?;
-    let _allowed = gate.map(|g| g.open(child.id()));
+    let _allowed = child
+        .stdin
+        .take()
+        .map(|stdin| allow_tracer(child.id(), stdin));
     // Drain the pipes from threads of their own: a tool that fills one would never exit.
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
@@ -417,48 +427,28 @@ fn unwind(
 /// One capture of this process at a time: Yama keeps one allowed tracer per process.
 static SELF_CAPTURE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Holds the stack tool back until this process has allowed it (and only it) to trace.
-struct TracerGate {
-    release: std::os::fd::OwnedFd,
-    /// The read end: the child's (its copy closes at exec); the parent closes its own.
-    wait: std::os::fd::OwnedFd,
-}
-
 /// The tool's allowance; dropping it withdraws it (the tool has ended or was killed).
 struct Allowed;
 
-impl TracerGate {
-    /// A pipe the child reads one byte from before it executes the tool.
-    fn new(cmd: &mut Command) -> Result<TracerGate, StackError> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
-        let (wait, release) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| StackError::Spawn {
-                tool: "pipe",
-                source: e.into(),
-            })?;
-        let (w, r) = (release.as_raw_fd(), wait.as_raw_fd());
-        // SAFETY: close(2) and read(2) are async-signal-safe; the closure allocates nothing.
-        // The child closes its copy of the write end first, so it never waits on itself.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::libc::close(w);
-                let mut b = 0u8;
-                nix::libc::read(r, &mut b as *mut u8 as *mut nix::libc::c_void, 1);
-                Ok(())
-            });
-        }
-        Ok(TracerGate { release, wait })
-    }
-
-    /// Allows `tracer` to trace this process, then lets it start.
-    fn open(self, tracer: u32) -> Allowed {
-        // SAFETY: prctl with integer arguments only.
-        unsafe { nix::libc::prctl(nix::libc::PR_SET_PTRACER, tracer as nix::libc::c_ulong, 0, 0, 0) };
-        let _ = nix::unistd::write(&self.release, &[1u8]);
-        drop(self.wait);
-        Allowed
-    }
+/// Allows `tracer` (and only it) to trace this process, then lets it start (a line on its
+/// stdin, which is then closed).
+fn allow_tracer(tracer: u32, mut stdin: std::process::ChildStdin) -> Allowed {
+    use std::io::Write;
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe {
+        nix::libc::prctl(
+            nix::libc::PR_SET_PTRACER,
+            tracer as nix::libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    // Without Yama the call fails (EINVAL) and nothing needs allowing: ptrace then follows
+    // the plain same-user rule.
+    let _ = rc;
+    let _ = stdin.write_all(b"go\n");
+    Allowed
 }
 
 impl Drop for Allowed {

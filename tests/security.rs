@@ -39,15 +39,21 @@ impl Stranger {
         std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o666)).expect("chmod");
         let py = repo().join(".venv/bin/python");
         let mut c = Command::new("setpriv");
-        c.args(["--reuid", STRANGER_ID, "--regid", STRANGER_ID, "--clear-groups"])
-            .arg(&py)
-            .arg(repo().join("tests/python/stranger.py"))
-            .arg(&out)
-            .arg(&stop)
-            .arg("240")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(sdir.join("stderr")).expect("stderr"));
+        c.args([
+            "--reuid",
+            STRANGER_ID,
+            "--regid",
+            STRANGER_ID,
+            "--clear-groups",
+        ])
+        .arg(&py)
+        .arg(repo().join("tests/python/stranger.py"))
+        .arg(&out)
+        .arg(&stop)
+        .arg("240")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(sdir.join("stderr")).expect("stderr"));
         if let Some((k, v)) = forge {
             c.args(["--forge", k, v]);
         }
@@ -83,7 +89,9 @@ impl Stranger {
             .filter_map(|p| p.as_u64())
             .collect();
         (
-            rows.into_iter().filter(|r| r.get("joined").is_some()).collect(),
+            rows.into_iter()
+                .filter(|r| r.get("joined").is_some())
+                .collect(),
             ports,
         )
     }
@@ -149,11 +157,18 @@ fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
 fn train(model: &Path, out: &Path) -> Command {
     let d = small_digits();
     let mut c = tchrun_train(model, &d.join("train"), &d.join("valid"), out);
-    c.args(["--launcher", "local", "--procs-per-node", "2", "--epochs", "1"])
-        .args(["--batch-size", "20", "--threads", "1"])
-        .env_remove("TCHRUN_THREADS")
-        .env_remove("TCHRUN_ATTEMPT")
-        .env_remove("TCHRUN_JOB_SECRET");
+    c.args([
+        "--launcher",
+        "local",
+        "--procs-per-node",
+        "2",
+        "--epochs",
+        "1",
+    ])
+    .args(["--batch-size", "20", "--threads", "1"])
+    .env_remove("TCHRUN_THREADS")
+    .env_remove("TCHRUN_ATTEMPT")
+    .env_remove("TCHRUN_JOB_SECRET");
     c
 }
 
@@ -216,7 +231,12 @@ fn a_forged_score_row_never_lands() {
     let model = t.path().join("trained");
     let r = run(&mut train(&untrained, &model), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
-    let images = subset(&small_digits().join("valid"), &t.path().join("images"), 4, 0);
+    let images = subset(
+        &small_digits().join("valid"),
+        &t.path().join("images"),
+        4,
+        0,
+    );
     let score = |csv: &Path| {
         let mut c = tchrun();
         c.arg("score")
@@ -226,7 +246,14 @@ fn a_forged_score_row_never_lands() {
             .arg(&images)
             .arg("--output")
             .arg(csv)
-            .args(["--batch-size", "8", "--procs-per-node", "2", "--launcher", "local"])
+            .args([
+                "--batch-size",
+                "8",
+                "--procs-per-node",
+                "2",
+                "--launcher",
+                "local",
+            ])
             .env_remove("TCHRUN_JOB_SECRET");
         c
     };
@@ -244,7 +271,11 @@ fn a_forged_score_row_never_lands() {
         tries.iter().all(|r| r["joined"] == false) && !tries.is_empty(),
         "{tries:?}"
     );
-    assert_eq!(read(&calm), read(&forged), "the scores differ from the unattacked run's");
+    assert_eq!(
+        read(&calm),
+        read(&forged),
+        "the scores differ from the unattacked run's"
+    );
 }
 
 /// A log directory others can write (mode 0777), with `70_mpi_log` planted as a link to a
@@ -269,7 +300,11 @@ fn a_link_planted_in_a_shared_log_directory_is_not_followed() {
         LIMIT,
     );
     assert_eq!(read(&victim), "precious\n", "{}", r.explain());
-    let mode = std::fs::metadata(&victim).expect("victim").permissions().mode() & 0o7777;
+    let mode = std::fs::metadata(&victim)
+        .expect("victim")
+        .permissions()
+        .mode()
+        & 0o7777;
     assert_eq!(mode, 0o600, "{}", r.explain());
     assert!(
         r.stderr.contains("is writable by other users (owner uid")

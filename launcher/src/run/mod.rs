@@ -200,7 +200,10 @@ fn create_log_dir(dir: &Path) -> Result<(), JobError> {
         .mode(0o755)
         .create(dir)
         .map_err(|e| {
-            JobError::invalid(format!("--log-dir {}: cannot create it: {e}", dir.display()))
+            JobError::invalid(format!(
+                "--log-dir {}: cannot create it: {e}",
+                dir.display()
+            ))
         })?;
     if let Ok(m) = std::fs::metadata(dir) {
         let mode = m.mode() & 0o7777;

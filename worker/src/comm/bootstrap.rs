@@ -69,7 +69,10 @@ pub enum BootstrapError {
          hexadecimal digits in every rank's environment (e.g. `export {var}=$(od -An -tx1 -N32 \
          /dev/urandom | tr -d ' \\n')`), or start them with tchrun, mpirun or srun --mpi=pmix"
     )]
-    NoSecret { world_size: usize, var: &'static str },
+    NoSecret {
+        world_size: usize,
+        var: &'static str,
+    },
     #[error("cannot find this rank's address towards {master}: {source}")]
     Route {
         master: String,
@@ -447,7 +450,11 @@ impl Identity {
         let world = universe.world();
         let mine = self.secret.is_some() as i32;
         let mut everyone = 0i32;
-        world.all_reduce_into(&mine, &mut everyone, mpi::collective::SystemOperation::min());
+        world.all_reduce_into(
+            &mine,
+            &mut everyone,
+            mpi::collective::SystemOperation::min(),
+        );
         if everyone == 1 {
             return Ok(self.secret.clone().unwrap_or_else(JobSecret::generate));
         }

@@ -38,13 +38,7 @@ fn last_error<T>(what: &str) -> io::Result<T> {
 
 fn tcp_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2); the descriptor is owned at once.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_INET,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return last_error("socket");
     }
@@ -173,8 +167,13 @@ impl PortFilter {
         let sa = sockaddr(SocketAddrV4::new(INNER_ADDR, port));
         let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
         // SAFETY: `sa` is a valid sockaddr_in of `len` bytes.
-        if unsafe { libc::connect(fd.as_raw_fd(), &sa as *const _ as *const libc::sockaddr, len) }
-            != 0
+        if unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                &sa as *const _ as *const libc::sockaddr,
+                len,
+            )
+        } != 0
         {
             let e = last_error(&format!("connect {INNER_ADDR}:{port}"));
             self.forbid(src);

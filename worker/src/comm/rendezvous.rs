@@ -33,11 +33,16 @@ pub enum RendezvousError {
     },
     #[error(
         "rendezvous: rank 0's front at {addr} refused this rank's proof of the job's secret \
-         (is {} the same on every rank?)", tchrun::env::TCHRUN_JOB_SECRET
+         (is {} the same on every rank?)",
+        tchrun::env::TCHRUN_JOB_SECRET
     )]
     Refused { addr: String },
     #[error("rendezvous: cannot reach rank 0's store at {addr} within {secs} s: {last}")]
-    Unreachable { addr: String, secs: u64, last: String },
+    Unreachable {
+        addr: String,
+        secs: u64,
+        last: String,
+    },
     #[error(transparent)]
     Store(#[from] C10dError),
 }
@@ -126,7 +131,9 @@ fn prove(stream: &mut TcpStream, secret: &JobSecret, limit: Duration) -> Result<
     let mut hello = [0u8; 8 + NONCE_BYTES];
     stream.read_exact(&mut hello).map_err(retry)?;
     if &hello[..8] != MAGIC {
-        return Err(Dial::Retry("the port does not speak tchrun's rendezvous".into()));
+        return Err(Dial::Retry(
+            "the port does not speak tchrun's rendezvous".into(),
+        ));
     }
     let mut server_nonce = [0u8; NONCE_BYTES];
     server_nonce.copy_from_slice(&hello[8..]);
@@ -257,17 +264,24 @@ pub fn serve(
         .port();
     let store_port = inner.port;
     let filter = Arc::clone(&inner.filter);
-    accept_loop(self_relay, move |s, _peer| match loopback::peer_is_own_user(&s) {
-        Ok(()) => to_store(s, &filter, store_port),
-        Err(who) => log_refusal("the store's loopback relay", &who, "not this job's user"),
-    });
+    accept_loop(
+        self_relay,
+        move |s, _peer| match loopback::peer_is_own_user(&s) {
+            Ok(()) => to_store(s, &filter, store_port),
+            Err(who) => log_refusal("the store's loopback relay", &who, "not this job's user"),
+        },
+    );
     let filter = Arc::clone(&inner.filter);
     let secret = secret.clone();
     let pending = Arc::new(AtomicUsize::new(0));
     accept_loop(front, move |mut s, peer| {
         if pending.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING {
             pending.fetch_sub(1, Ordering::SeqCst);
-            log_refusal("the front", &peer.to_string(), "too many handshakes under way");
+            log_refusal(
+                "the front",
+                &peer.to_string(),
+                "too many handshakes under way",
+            );
             return;
         }
         let (filter, secret, pending) = (Arc::clone(&filter), secret.clone(), Arc::clone(&pending));
@@ -302,7 +316,10 @@ pub fn connect(
     let first = dial(&addr, secret, Instant::now() + timeout)?;
     let relay = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(io_err("cannot listen on loopback for the relay"))?;
-    let relay_port = relay.local_addr().map_err(io_err("the relay's address"))?.port();
+    let relay_port = relay
+        .local_addr()
+        .map_err(io_err("the relay's address"))?
+        .port();
     let first = Mutex::new(Some(first));
     let secret = secret.clone();
     accept_loop(relay, move |s, _peer| {
