@@ -99,6 +99,87 @@ pub fn reach(targets: &[(String, u16)]) -> Vec<Result<(), String>> {
         .collect()
 }
 
+/// Every rank's message when no address of rank 0 was reached by all: each rank that missed
+/// one, with its host; what was tried; this rank's own reasons; the fix.
+pub(crate) fn unreachable_message(
+    cands: &[Candidate],
+    ranks: &[(u64, String)],
+    ifaces0: &str,
+    forced: &str,
+    mine: &[String],
+) -> String {
+    let host0 = ranks
+        .first()
+        .map(|r| r.1.as_str())
+        .unwrap_or("rank 0's host");
+    let all = if cands.len() >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << cands.len()) - 1
+    };
+    let tried = if cands.is_empty() {
+        "it offered no address".to_string()
+    } else {
+        let list: Vec<String> = cands
+            .iter()
+            .map(|c| format!("{} ({})", c.addr, c.iface))
+            .collect();
+        format!("tried {}", list.join(", "))
+    };
+    let chosen_by = if forced.is_empty() {
+        String::new()
+    } else {
+        format!(", chosen by {forced}")
+    };
+    const SHOWN: usize = 8;
+    let failing: Vec<String> = ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, (m, _))| m & all != all)
+        .map(|(r, (m, host))| {
+            let got: Vec<&str> = cands
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| m & (1u64 << i) != 0)
+                .map(|(_, c)| c.addr.as_str())
+                .collect();
+            match got.as_slice() {
+                [] => format!("rank {r} ({host}) reached none"),
+                g => format!("rank {r} ({host}) reached only {}", g.join(", ")),
+            }
+        })
+        .collect();
+    let more = failing.len().saturating_sub(SHOWN);
+    let mut named = failing
+        .into_iter()
+        .take(SHOWN)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if more > 0 {
+        named.push_str(&format!("; and {more} more"));
+    }
+    let this = if mine.is_empty() {
+        String::new()
+    } else {
+        format!(" [this rank: {}]", mine.join("; "))
+    };
+    let fix = if forced.starts_with("--ifname") {
+        format!("pass --ifname (or TCHRUN_IFNAME) naming another interface of {host0} that every node reaches, or leave it out")
+    } else if let Some((var, _)) = forced.split_once('=') {
+        format!("set {var} to an interface (or address) of {host0} that every node reaches, or unset it")
+    } else {
+        format!(
+            "pass --ifname NAME (or set TCHRUN_IFNAME) naming the interface of {host0} on the network every node \
+             reaches (for a program of your own: GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME), and check firewalls"
+        )
+    };
+    format!(
+        "no address of rank 0 ({host0}) was reached by every rank within {} s: {tried}{chosen_by}; \
+         {named}{this}; {host0}'s interfaces: {ifaces0}; fix: {fix}",
+        BUDGET.as_secs()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
