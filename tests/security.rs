@@ -1,5 +1,6 @@
 //! Issue 51: nobody joins a job who does not belong. A stranger (another user on rank 0's
-//! host, `tests/python/stranger.py`) attacks every port the job opens, from before it starts
+//! host, `tests/python/stranger.py`; both in a network namespace of the test's own, so that
+//! nobody else's ports are attacked) attacks every port the job opens, from before it starts
 //! until it ends: a real c10d client without the secret never joins the store, the job's
 //! model equals an unattacked run's bit for bit, a forged `scores.csv` row never lands, and
 //! the job's secret is in no process's argv and no file under the log and output dirs.
@@ -13,6 +14,48 @@ const LIMIT: Duration = Duration::from_secs(300);
 /// The stranger's user and group (nobody).
 const STRANGER_ID: &str = "65534";
 
+/// A network namespace of the test's own (loopback only): the attacked job and the stranger
+/// run in it, so that the stranger sees and attacks the job's ports and nobody else's on a
+/// shared machine. Removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new() -> Netns {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("tchrun-sec-{}-{n}", std::process::id());
+        for args in [
+            vec!["netns", "add", &name],
+            vec!["netns", "exec", &name, "ip", "link", "set", "lo", "up"],
+        ] {
+            let r = run(Command::new("ip").args(&args), Duration::from_secs(10));
+            assert_eq!(r.code, Some(0), "{}", r.explain());
+        }
+        Netns(name)
+    }
+
+    /// `cmd` run inside the namespace, with its environment.
+    fn wrap(&self, cmd: &Command) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0])
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
 /// The stranger, running as another user.
 struct Stranger {
     child: Child,
@@ -23,7 +66,7 @@ struct Stranger {
 impl Stranger {
     /// Starts the stranger (as `nobody`; root is needed to be another user) and waits until
     /// it has noted the ports already open. None: skipped (not root).
-    fn start(dir: &Path, forge: Option<(&str, &str)>) -> Option<Stranger> {
+    fn start(dir: &Path, ns: &Netns, forge: Option<(&str, &str)>) -> Option<Stranger> {
         if !nix::unistd::geteuid().is_root() {
             skip_or_fail("the stranger runs as another user, which needs root");
             return None;
@@ -38,22 +81,23 @@ impl Stranger {
         std::fs::write(&out, "").expect("rows file");
         std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o666)).expect("chmod");
         let py = repo().join(".venv/bin/python");
-        let mut c = Command::new("setpriv");
-        c.args([
-            "--reuid",
-            STRANGER_ID,
-            "--regid",
-            STRANGER_ID,
-            "--clear-groups",
-        ])
-        .arg(&py)
-        .arg(repo().join("tests/python/stranger.py"))
-        .arg(&out)
-        .arg(&stop)
-        .arg("240")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(sdir.join("stderr")).expect("stderr"));
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns.0, "setpriv"])
+            .args([
+                "--reuid",
+                STRANGER_ID,
+                "--regid",
+                STRANGER_ID,
+                "--clear-groups",
+            ])
+            .arg(&py)
+            .arg(repo().join("tests/python/stranger.py"))
+            .arg(&out)
+            .arg(&stop)
+            .arg("240")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(sdir.join("stderr")).expect("stderr"));
         if let Some((k, v)) = forge {
             c.args(["--forge", k, v]);
         }
@@ -183,10 +227,15 @@ fn a_stranger_neither_joins_nor_harms_a_training_job() {
     let (calm, attacked) = (t.path().join("calm"), t.path().join("attacked"));
     let r = run(&mut train(&model, &calm), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
-    let Some(stranger) = Stranger::start(t.path(), None) else {
+    if !nix::unistd::geteuid().is_root() {
+        skip_or_fail("the stranger runs as another user in a namespace of its own: needs root");
+        return;
+    }
+    let ns = Netns::new();
+    let Some(stranger) = Stranger::start(t.path(), &ns, None) else {
         return;
     };
-    let mut job = Job::start(&mut train(&model, &attacked), t.path());
+    let mut job = Job::start(&mut ns.wrap(&train(&model, &attacked)), t.path());
     let (secret, argvs, code) = watch_for_secret(&mut job);
     let (tries, ports) = stranger.stop();
     assert_eq!(code, Some(0), "{}", job.output());
@@ -260,11 +309,16 @@ fn a_forged_score_row_never_lands() {
     let (calm, forged) = (t.path().join("calm.csv"), t.path().join("forged.csv"));
     let r = run(&mut score(&calm), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
-    let Some(stranger) = Stranger::start(t.path(), Some(("tchrun/inference/rows/1", "forged")))
-    else {
+    if !nix::unistd::geteuid().is_root() {
+        skip_or_fail("the stranger runs as another user in a namespace of its own: needs root");
+        return;
+    }
+    let ns = Netns::new();
+    let forge = Some(("tchrun/inference/rows/1", "forged"));
+    let Some(stranger) = Stranger::start(t.path(), &ns, forge) else {
         return;
     };
-    let r = run(&mut score(&forged), LIMIT);
+    let r = run(&mut ns.wrap(&score(&forged)), LIMIT);
     let (tries, _) = stranger.stop();
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(
