@@ -57,7 +57,7 @@ static REFUSED: AtomicUsize = AtomicUsize::new(0);
 
 fn log_refusal(what: &str, peer: &str, why: &str) {
     let n = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
-    if n <= LOGGED_REFUSALS || n % 1000 == 0 {
+    if n <= LOGGED_REFUSALS || n.rem_euclid(1000) == 0 {
         tracing::warn!("rendezvous: refused an unauthenticated connection from {peer} to {what} ({why}; {n} refused so far)");
     }
 }
