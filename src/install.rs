@@ -178,7 +178,10 @@ mod tests {
         let old = env_with(Some("2.10.0"), "3.11");
         let e = check(&old.path().join("bin")).unwrap_err();
         let text = e.to_string();
-        assert!(text.contains("torch 2.10.0") && text.contains("torch==2.11.*"), "{text}");
+        assert!(
+            text.contains("torch 2.10.0") && text.contains("torch==2.11.*"),
+            "{text}"
+        );
         assert!(!text.contains(".."), "{text}");
         let none = env_with(None, "3.10");
         assert!(matches!(

@@ -51,7 +51,10 @@ pub fn mpirun(get: &dyn Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
 fn prefix_libs(get: &dyn Fn(&str) -> Option<OsString>) -> Vec<PathBuf> {
     let mut prefixes: Vec<PathBuf> = get("OPAL_PREFIX").map(PathBuf::from).into_iter().collect();
     if let Some(m) = mpirun(get) {
-        for p in [Some(m.clone()), m.canonicalize().ok()].into_iter().flatten() {
+        for p in [Some(m.clone()), m.canonicalize().ok()]
+            .into_iter()
+            .flatten()
+        {
             if let Some(prefix) = p.parent().and_then(Path::parent) {
                 prefixes.push(prefix.to_path_buf());
             }

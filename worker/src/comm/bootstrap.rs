@@ -4,9 +4,9 @@
 //! address, after a probe (`probe`) that every rank reaches it: rank 0 offers all its candidate
 //! addresses (`netif`) and the first one every rank reached is used. Without MPI: the same
 //! from torchrun's or Slurm's variables, no probe. Returns plain data.
+use crate::comm::mpi::{Comm, MpiError, Universe};
 use crate::comm::netif::{self, Candidate, GlooDevice, Network, NoSuchInterface};
 use crate::comm::pg::{C10dError, Store};
-use crate::comm::mpi::{Comm, MpiError, Universe};
 use crate::comm::probe;
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::time::Duration;
@@ -274,10 +274,7 @@ impl Identity {
     /// them and the addresses it listens on; every rank tries each within `probe::BUDGET`;
     /// the results are all-gathered and the first address every rank reached is chosen (the
     /// same on every rank), with its `bootstrap: ...` line. None: every rank fails alike.
-    fn probe_master(
-        &self,
-        world: &Comm<'_>,
-    ) -> Result<(String, String), BootstrapError> {
+    fn probe_master(&self, world: &Comm<'_>) -> Result<(String, String), BootstrapError> {
         let place = &self.place;
         let mut offer = [0u8; 4096];
         let mut listening = None;

@@ -36,7 +36,9 @@ pub enum MpiError {
         symbol: &'static str,
         message: String,
     },
-    #[error("MPI could not be initialized (was this process started by mpirun or srun --mpi=pmix?)")]
+    #[error(
+        "MPI could not be initialized (was this process started by mpirun or srun --mpi=pmix?)"
+    )]
     Init,
     #[error("{call} failed with MPI error {code}")]
     Call { call: &'static str, code: c_int },
@@ -54,8 +56,15 @@ struct Api {
     split_type: unsafe extern "C" fn(Handle, c_int, c_int, Handle, *mut Handle) -> c_int,
     comm_free: unsafe extern "C" fn(*mut Handle) -> c_int,
     bcast: unsafe extern "C" fn(*mut c_void, c_int, Handle, c_int, Handle) -> c_int,
-    allgather:
-        unsafe extern "C" fn(*const c_void, c_int, Handle, *mut c_void, c_int, Handle, Handle) -> c_int,
+    allgather: unsafe extern "C" fn(
+        *const c_void,
+        c_int,
+        Handle,
+        *mut c_void,
+        c_int,
+        Handle,
+        Handle,
+    ) -> c_int,
     world: Handle,
     byte: Handle,
     info_null: Handle,
@@ -103,12 +112,11 @@ impl Api {
     fn resolve(lib: &Library, name: &str) -> Result<Api, MpiError> {
         fn sym<T: Copy>(lib: &Library, name: &str, s: &'static str) -> Result<T, MpiError> {
             let c = format!("{s}\0");
-            let f: Symbol<T> =
-                unsafe { lib.get(c.as_bytes()) }.map_err(|e| MpiError::Symbol {
-                    lib: name.into(),
-                    symbol: s,
-                    message: e.to_string(),
-                })?;
+            let f: Symbol<T> = unsafe { lib.get(c.as_bytes()) }.map_err(|e| MpiError::Symbol {
+                lib: name.into(),
+                symbol: s,
+                message: e.to_string(),
+            })?;
             Ok(*f)
         }
         // A data symbol's address is the handle.
@@ -138,7 +146,9 @@ impl Universe {
         let api = Api::resolve(&lib, &name)?;
         tracing::debug!("MPI: {name}");
         let mut already: c_int = 0;
-        check("MPI_Initialized", unsafe { (api.initialized)(&mut already) })?;
+        check("MPI_Initialized", unsafe {
+            (api.initialized)(&mut already)
+        })?;
         if already != 0 {
             return Err(MpiError::Init);
         }
@@ -193,7 +203,13 @@ impl Comm<'_> {
         let mut out: Handle = std::ptr::null_mut();
         let key = len(key)?;
         check("MPI_Comm_split_type", unsafe {
-            (self.api.split_type)(self.handle, COMM_TYPE_SHARED, key, self.api.info_null, &mut out)
+            (self.api.split_type)(
+                self.handle,
+                COMM_TYPE_SHARED,
+                key,
+                self.api.info_null,
+                &mut out,
+            )
         })?;
         Ok(Comm {
             api: self.api,
@@ -222,7 +238,15 @@ impl Comm<'_> {
         }
         let b = self.api.byte;
         check("MPI_Allgather", unsafe {
-            (self.api.allgather)(mine.as_ptr().cast(), n, b, all.as_mut_ptr().cast(), n, b, self.handle)
+            (self.api.allgather)(
+                mine.as_ptr().cast(),
+                n,
+                b,
+                all.as_mut_ptr().cast(),
+                n,
+                b,
+                self.handle,
+            )
         })
     }
 }
