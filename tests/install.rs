@@ -326,3 +326,112 @@ fn a_user_installs_the_wheel_beside_their_torch_and_trains_with_or_without_open_
         assert!(r.stderr.contains(want), "no '{want}':\n{}", r.explain());
     }
 }
+
+/// The newest `PREFIX<version>` symbol version `objdump -T` names in `bin`, as numbers.
+fn newest_symbol(bin: &Path, prefix: &str) -> Vec<u32> {
+    let r = run(
+        Command::new("objdump").arg("-T").arg(bin),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    r.stdout
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix(prefix))
+        .map(|v| {
+            v.split('.')
+                .filter_map(|n| n.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+/// An older userland (issue 46): the binaries built inside a Debian 11 root made with
+/// debootstrap (glibc 2.31, GCC 10's libstdc++, Open MPI 4.1.0; `scripts/bullseye.sh`), packed
+/// as a wheel whose tag says so, installed beside torch and run inside that root (chroot, no
+/// network): selftest and 2-rank digits through bullseye's own mpirun. Its build takes about
+/// 15 minutes on 2 cores the first time (then it is cached in target/bullseye), so it runs when
+/// `TCHRUN_TEST_BULLSEYE=1` asks for it.
+#[test]
+fn the_wheel_built_on_debian_11_runs_there_through_its_mpirun() {
+    if std::env::var("TCHRUN_TEST_BULLSEYE").as_deref() != Ok("1") {
+        eprintln!("SKIP: set TCHRUN_TEST_BULLSEYE=1 to build and run in a Debian 11 root");
+        return;
+    }
+    if !privileged() {
+        return;
+    }
+    let bullseye = repo().join("scripts/bullseye.sh");
+    let r = run(
+        Command::new("bash").arg(&bullseye).arg("build"),
+        Duration::from_secs(3600),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let wheel = PathBuf::from(r.stdout.trim().lines().last().unwrap_or_default());
+    let name = wheel.file_name().unwrap().to_string_lossy().to_string();
+    assert!(name.contains("-py3-none-manylinux_2_31_x86_64"), "{name}");
+    let release = repo().join("target/bullseye/release");
+    for b in ["tchrun", "tchrun-worker"] {
+        let glibc = newest_symbol(&release.join(b), "GLIBC_");
+        assert!(glibc <= vec![2, 31], "{b} needs glibc {glibc:?}");
+    }
+    let glibcxx = newest_symbol(&release.join("tchrun-worker"), "GLIBCXX_");
+    assert!(
+        glibcxx <= vec![3, 4, 28],
+        "tchrun-worker needs GLIBCXX {glibcxx:?}"
+    );
+
+    let t = tempdir();
+    let env = t.path().join("env");
+    let r = run(
+        Command::new("bash")
+            .arg(script())
+            .arg("env")
+            .arg(&env)
+            .arg(USER),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let r = run(
+        Command::new(env.join("bin/python"))
+            .args(["-m", "pip", "install", "-q", "--no-deps", "--no-index"])
+            .arg(&wheel),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let work = t.path().join("work");
+    let r = run(
+        python()
+            .arg(repo().join("scripts/make_digits.py"))
+            .arg(work.join("data")),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let steps = format!(
+        "set -ex; cd {}; mpirun --version; grep VERSION_ID /etc/os-release\n\
+         tchrun selftest --procs-per-node 2 --launcher mpirun\n\
+         tchrun model init --arch resnet18 --input-size 32 --output untrained\n\
+         tchrun train --model untrained --train data/train --valid data/valid --output model \
+         --procs-per-node 2 --launcher mpirun --epochs 1 --batch-size 32 --lr 0.025\n",
+        work.display()
+    );
+    let r = run(
+        Command::new("bash")
+            .arg(&bullseye)
+            .args(["run"])
+            .arg(t.path())
+            .arg(&env)
+            .args(["--", "bash", "-c", &steps]),
+        Duration::from_secs(300),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(r.stdout.contains("(Open MPI) 4.1.0"), "{}", r.explain());
+    assert!(r.stdout.contains("VERSION_ID=\"11\""), "{}", r.explain());
+    assert!(
+        work.join("model/model.safetensors").is_file(),
+        "{}",
+        r.explain()
+    );
+    let log0 = read(&work.join("model/logs/70_driver_log_0"));
+    assert!(log0.contains("reached by all 2 ranks"), "{log0}");
+}
