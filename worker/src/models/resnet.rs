@@ -100,6 +100,7 @@ pub fn resnet(p: &nn::Path, family: Family, classes: i64) -> impl ModuleT {
             stride: 2,
             padding: 3,
             bias: false,
+            ws_init: init::conv(FanInOut::FanOut),
             ..Default::default()
         },
     );
