@@ -93,8 +93,9 @@ inner() {
     [[ -e /usr/include/gloo/context.h ]] && bad+=("the gloo headers are still visible")
     runuser -u "$user" -- env -i PATH="$path:$HOME/.cargo/bin" HOME="$home" sh -c 'command -v cargo rustc' >/dev/null 2>&1 \
         && bad+=("cargo is still runnable")
-    runuser -u "$user" -- env -i PATH="$path" HOME="$home" python -c 'import torch' >/dev/null 2>&1 \
-        || bad+=("$env/bin/python has no torch")
+    runuser -u "$user" -- env -i PATH="$path" HOME="$home" python -c \
+        'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' >/dev/null 2>&1 \
+        || bad+=("$env/bin/python has no torch package")
     if [[ "$mpi" == none ]]; then
         mpirun --version >/dev/null 2>&1 && bad+=("mpirun still runs")
         [[ -f "$(readlink -f /usr/lib/x86_64-linux-gnu/libmpi.so.40 2>/dev/null || echo /nonexistent)" ]] \

@@ -117,6 +117,18 @@ pub enum TorchMismatch {
     )]
     Version { found: String, dir: PathBuf },
     #[error(
+        "tchrun-worker needs {lib}, which torch {version} in {dir} lacks (a CPU-only build of \
+         torch?); fix: `pip install 'torch=={TORCH_SERIES}.*'` from PyPI's default index (its \
+         Linux wheel has CUDA and runs on CPU too), or build tchrun against this torch \
+         (docs/setup.md)",
+        dir = dir.display()
+    )]
+    Variant {
+        lib: String,
+        version: String,
+        dir: PathBuf,
+    },
+    #[error(
         "no torch in the environment {env} (tchrun-worker loads libtorch from \
          lib/pythonX.Y/site-packages/torch/lib there); fix: `pip install 'torch=={TORCH_SERIES}.*'` \
          in this environment",
@@ -125,18 +137,90 @@ pub enum TorchMismatch {
     Missing { env: PathBuf },
 }
 
-/// `Ok` when the binaries in `bin` will find a torch of `TORCH_SERIES` (or are not installed
-/// in an environment).
-pub fn check(bin: &Path) -> Result<(), TorchMismatch> {
+/// `Ok` when `worker`, installed in an environment's `bin/`, will load a torch of
+/// `TORCH_SERIES` that has every torch library it needs (a worker built against the CUDA wheel
+/// needs `libtorch_cuda.so`, which a CPU-only torch lacks); also `Ok` when it is not installed
+/// in an environment.
+pub fn check(worker: &Path) -> Result<(), TorchMismatch> {
+    let Some(bin) = worker.parent() else {
+        return Ok(());
+    };
     match env_torch(bin) {
         EnvTorch::NotAnEnv => Ok(()),
-        EnvTorch::Found { version, .. } if is_supported(&version) => Ok(()),
+        EnvTorch::Found { version, dir } if is_supported(&version) => {
+            let needed = needed(worker).unwrap_or_default();
+            match needed
+                .into_iter()
+                .filter(|l| l.starts_with("libtorch") || l.starts_with("libc10"))
+                .find(|l| !dir.join("lib").join(l).is_file())
+            {
+                None => Ok(()),
+                Some(lib) => Err(TorchMismatch::Variant { lib, version, dir }),
+            }
+        }
         EnvTorch::Found { version, dir } => Err(TorchMismatch::Version {
             found: version,
             dir,
         }),
         EnvTorch::Missing { env } => Err(TorchMismatch::Missing { env }),
     }
+}
+
+/// The `DT_NEEDED` libraries of an ELF64 little-endian file (what `readelf -d` lists), read
+/// from its section headers, `.dynamic` and the string table it links.
+pub fn needed(path: &Path) -> std::io::Result<Vec<String>> {
+    use std::io::{Error, ErrorKind};
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path)?;
+    let read = |off: u64, len: usize| -> std::io::Result<Vec<u8>> {
+        let mut b = vec![0u8; len];
+        f.read_exact_at(&mut b, off)?;
+        Ok(b)
+    };
+    let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as u64;
+    let u32_at =
+        |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4])) as u64;
+    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    let h = read(0, 64)?;
+    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            "not a 64-bit little-endian ELF file",
+        ));
+    }
+    let (shoff, shentsize, shnum) = (u64_at(&h, 0x28), u16_at(&h, 0x3a), u16_at(&h, 0x3c));
+    if shentsize < 64 || shnum > 4096 {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            "unexpected section headers",
+        ));
+    }
+    let sections = read(shoff, (shentsize * shnum) as usize)?;
+    let section = |i: u64| {
+        let s = &sections[(i * shentsize) as usize..];
+        // (type, offset, size, link)
+        (u32_at(s, 4), u64_at(s, 24), u64_at(s, 32), u32_at(s, 40))
+    };
+    const SHT_DYNAMIC: u64 = 6;
+    const DT_NEEDED: u64 = 1;
+    const LIMIT: u64 = 16 << 20;
+    let Some((_, off, size, link)) = (0..shnum).map(section).find(|s| s.0 == SHT_DYNAMIC) else {
+        return Ok(Vec::new());
+    };
+    let (_, str_off, str_size, _) = section(link.min(shnum.saturating_sub(1)));
+    let dynamic = read(off, size.min(LIMIT) as usize)?;
+    let strings = read(str_off, str_size.min(LIMIT) as usize)?;
+    Ok(dynamic
+        .chunks_exact(16)
+        .map(|e| (u64_at(e, 0), u64_at(e, 8)))
+        .take_while(|(tag, _)| *tag != 0)
+        .filter(|(tag, _)| *tag == DT_NEEDED)
+        .filter_map(|(_, at)| {
+            let s = strings.get(at as usize..)?;
+            let end = s.iter().position(|b| *b == 0)?;
+            Some(String::from_utf8_lossy(&s[..end]).into_owned())
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -174,9 +258,9 @@ mod tests {
     #[test]
     fn the_environments_torch_is_checked() {
         let ok = env_with(Some("2.11.0+cu130"), "3.12");
-        assert_eq!(check(&ok.path().join("bin")), Ok(()));
+        assert_eq!(check(&ok.path().join("bin/tchrun-worker")), Ok(()));
         let old = env_with(Some("2.10.0"), "3.11");
-        let e = check(&old.path().join("bin")).unwrap_err();
+        let e = check(&old.path().join("bin/tchrun-worker")).unwrap_err();
         let text = e.to_string();
         assert!(
             text.contains("torch 2.10.0") && text.contains("torch==2.11.*"),
@@ -185,12 +269,22 @@ mod tests {
         assert!(!text.contains(".."), "{text}");
         let none = env_with(None, "3.10");
         assert!(matches!(
-            check(&none.path().join("bin")),
+            check(&none.path().join("bin/tchrun-worker")),
             Err(TorchMismatch::Missing { .. })
         ));
         // A build tree: no lib/python3.* beside bin/.
         let tree = tempfile::tempdir().unwrap();
-        assert_eq!(check(&tree.path().join("release")), Ok(()));
+        assert_eq!(check(&tree.path().join("release/tchrun-worker")), Ok(()));
+    }
+
+    #[test]
+    fn needed_reads_what_readelf_lists() {
+        let me = std::env::current_exe().unwrap();
+        let libs = needed(&me).unwrap();
+        assert!(libs.iter().any(|l| l.starts_with("libc.so")), "{libs:?}");
+        let not_elf = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(not_elf.path(), [0u8; 128]).unwrap();
+        assert!(needed(not_elf.path()).is_err());
     }
 
     #[test]

@@ -325,6 +325,30 @@ fn a_user_installs_the_wheel_beside_their_torch_and_trains_with_or_without_open_
     ] {
         assert!(r.stderr.contains(want), "no '{want}':\n{}", r.explain());
     }
+    // A CPU-only torch (no libtorch_cuda.so) under a worker built against the CUDA wheel.
+    let worker = env.join("bin/tchrun-worker");
+    let cuda = site.parent().unwrap().join("lib/libtorch_cuda.so");
+    if tchrun::install::needed(&worker)
+        .unwrap()
+        .iter()
+        .any(|l| l == "libtorch_cuda.so")
+    {
+        let away = cuda.with_extension("so.away");
+        std::fs::rename(&cuda, &away).unwrap();
+        let r = as_user(
+            &env,
+            "system",
+            &format!("cd {w}; {}", train("local", "cpu")),
+            Duration::from_secs(60),
+        );
+        std::fs::rename(&away, &cuda).unwrap();
+        assert_eq!(r.code, Some(2), "{}", r.explain());
+        assert!(
+            r.stderr.contains("needs libtorch_cuda.so"),
+            "{}",
+            r.explain()
+        );
+    }
 }
 
 /// The newest `PREFIX<version>` symbol version `objdump -T` names in `bin`, as numbers.

@@ -72,9 +72,7 @@ fn worker(args: &LaunchArgs) -> Result<PathBuf, JobError> {
         )));
     }
     // Installed into an environment (the wheel): the worker loads that environment's torch.
-    if let Some(bin) = worker.parent() {
-        tchrun::install::check(bin).map_err(|e| JobError::invalid(e.to_string()))?;
-    }
+    tchrun::install::check(&worker).map_err(|e| JobError::invalid(e.to_string()))?;
     Ok(worker)
 }
 
