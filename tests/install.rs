@@ -5,7 +5,8 @@
 //! node (scripts/wheel-test.sh: no network, no repository, .venv, target/, cargo, libclang or
 //! gloo headers), and runs what the README's "Install on a cluster" says: selftest, the digits
 //! on 2 ranks through `--launcher local` and `mpirun`, score, doctor; then with Open MPI gone:
-//! local still trains, `--launcher mpirun` is refused before launch (exit 2). The wheel is built
+//! local still trains, ranks started as by `srun --mpi=none` join, `--launcher mpirun` is
+//! refused before launch (exit 2). The wheel is built
 //! once per test run and shared.
 mod common;
 use common::*;
@@ -257,11 +258,22 @@ fn a_user_installs_the_wheel_beside_their_torch_and_trains_with_or_without_open_
         r.explain()
     );
 
-    // Open MPI gone (no `module load openmpi`): local trains, mpirun is refused before launch.
+    // Open MPI gone (no `module load openmpi`): local trains, ranks started as `srun --mpi=none`
+    // starts them (Slurm's variables, no PMIx) join, mpirun is refused before launch.
+    let srun_rank = |r: u32| {
+        format!(
+            "SLURM_JOB_ID=7 SLURM_STEP_ID=0 SLURM_PROCID={r} SLURM_LOCALID={r} SLURM_NODEID=0 \
+             SLURM_NTASKS=2 SLURM_STEP_NODELIST=localhost MASTER_ADDR=127.0.0.1 MASTER_PORT=29531 \
+             tchrun-worker selftest --backend gloo --sizes 4096 --iters 2 --log-dir srun-logs"
+        )
+    };
     let steps = format!(
-        "cd {w}; {} || exit 10; {}; echo \"mpirun exit $?\"",
+        "cd {w}; {} || exit 10; {}; echo \"mpirun exit $?\"\n\
+         {} & a=$!; {} & b=$!; wait $a || exit 11; wait $b || exit 12\n",
         train("local", "local-nompi"),
-        train("mpirun", "mpi-nompi")
+        train("mpirun", "mpi-nompi"),
+        srun_rank(0),
+        srun_rank(1)
     );
     let r = as_user(&env, "none", &steps, Duration::from_secs(180));
     assert_eq!(r.code, Some(0), "{}", r.explain());
@@ -290,6 +302,8 @@ fn a_user_installs_the_wheel_beside_their_torch_and_trains_with_or_without_open_
         "a rank started: {}",
         r.explain()
     );
+    let srun_log = read(&work.join("srun-logs/70_driver_log_1"));
+    assert!(srun_log.contains("started_by: Slurm"), "{srun_log}");
 
     // Another torch in the environment: refused at start, both versions and the fix named.
     let site = std::fs::read_dir(env.join("lib"))
