@@ -56,7 +56,7 @@ pub struct EpochMetrics {
     /// host: where a slow node shows first. Absent with one rank and in older rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowest: Option<Slowest>,
-    /// Rank 0's node when its ranks × intra-op threads or its load average at the start
+    /// Rank 0's node when its ranks × intra-op threads or other processes' use at the start
     /// exceeded its cores (`CpuUse::oversubscribed`). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_oversubscribed: Option<CpuUse>,
@@ -75,34 +75,48 @@ pub struct EpochMetrics {
 }
 
 /// A node's CPU cores against what a job asks of them: its ranks × intra-op threads
-/// (`--threads`), and the load average before the job's ranks start. More of either than cores
-/// makes the ranks' threads wait for one another: one CPU rank ran 13× slower with the default
-/// threads than with `--threads 1` on a loaded node.
+/// (`--threads`), and the cores other processes keep busy as the job's ranks start. More of
+/// either than cores makes the ranks' threads wait for one another: one CPU rank ran 13× slower
+/// with the default threads than with `--threads 1` on a loaded node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuUse {
     pub cores: usize,
     /// Ranks on the node and intra-op threads of each.
     pub ranks: usize,
     pub threads: usize,
-    /// The 1-minute load average at the start (absent where it cannot be read).
+    /// The cores other processes kept busy just before the start (`env::busy_cores`; absent
+    /// where it was not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_cores: Option<f64>,
+    /// Older records: the 1-minute load average at the start (no longer measured: it still
+    /// held a build that had finished).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_average: Option<f64>,
 }
 
+/// How long `CpuUse::of_this_host` watches the other processes.
+pub const BUSY_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl CpuUse {
-    /// This host: its cores and load average now, with `ranks` ranks of `threads` threads.
-    pub fn of_this_host(ranks: usize, threads: usize) -> CpuUse {
+    /// This host: its cores and the cores other processes use now (`measure_others`: over
+    /// `BUSY_WINDOW`), with `ranks` ranks of `threads` threads.
+    pub fn of_this_host(ranks: usize, threads: usize, measure_others: bool) -> CpuUse {
         CpuUse {
             cores: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
             ranks,
             threads,
-            load_average: crate::env::load_average(),
+            busy_cores: if measure_others {
+                crate::env::busy_cores(BUSY_WINDOW)
+            } else {
+                None
+            },
+            load_average: None,
         }
     }
 
-    /// Ranks × threads, or the load average, exceed the cores.
+    /// Ranks × threads exceed the cores, or other processes leave them too few.
     pub fn oversubscribed(&self) -> bool {
         !self.reasons().is_empty()
     }
@@ -116,10 +130,13 @@ impl CpuUse {
                 self.ranks, self.threads, self.cores
             ));
         }
-        if let Some(l) = self.load_average.filter(|l| *l > self.cores as f64) {
+        // A whole core or more taken by others, and not enough left for the ranks' threads.
+        if let Some(b) = self
+            .busy_cores
+            .filter(|b| *b >= 1.0 && *b + asked.min(self.cores) as f64 > self.cores as f64)
+        {
             why.push(format!(
-                "load average {l:.1} before the ranks started > {} cores (other processes use \
-                 them)",
+                "other processes kept {b:.1} of the {} cores busy as the ranks started",
                 self.cores
             ));
         }
@@ -449,13 +466,23 @@ mod tests {
 
     #[test]
     fn an_oversubscribed_cpu_is_the_verdict_with_its_fix() {
-        let cpu = |ranks, threads, load| CpuUse {
+        let cpu = |ranks, threads, busy| CpuUse {
             cores: 2,
             ranks,
             threads,
-            load_average: load,
+            busy_cores: busy,
+            load_average: None,
         };
-        assert_eq!(cpu(2, 1, Some(2.0)).warning(), None);
+        assert_eq!(cpu(2, 1, Some(0.4)).warning(), None);
+        assert_eq!(cpu(1, 1, Some(1.0)).warning(), None);
+        assert_eq!(
+            cpu(2, 1, Some(1.2)).warning().as_deref(),
+            Some(
+                "CPU oversubscribed: other processes kept 1.2 of the 2 cores busy as the ranks \
+                 started; the ranks' threads wait for one another's cores: use --threads 1 or \
+                 fewer --procs-per-node"
+            )
+        );
         assert_eq!(
             cpu(2, 4, None).warning().as_deref(),
             Some(
@@ -477,9 +504,9 @@ mod tests {
         assert_eq!(
             verdict(&rows).expect("verdict").line(),
             "compute-bound: data wait 5% (slowest rank 5%), compute 90%, communication 5% of \
-             the step time; CPU oversubscribed: load average 5.3 before the ranks started > 2 \
-             cores (other processes use them); the ranks' threads wait for one another's cores: \
-             use --threads 1 or fewer --procs-per-node"
+             the step time; CPU oversubscribed: other processes kept 5.3 of the 2 cores busy \
+             as the ranks started; the ranks' threads wait for one another's cores: use \
+             --threads 1 or fewer --procs-per-node"
         );
         let mut slow = vec![row(10.0, 5.0, 6.0, 3.0, 2.0)];
         slow[0].cpu_oversubscribed = Some(cpu(2, 4, None));

@@ -226,7 +226,10 @@ fn recipe_args(m: &ArgMatches) -> Vec<String> {
 /// Parses `args` (the program's name first) as `C`, expanding a `--recipe`: its flags that the
 /// user did not give are appended and the line parsed again.
 pub fn try_parse_from<C: clap::Parser>(args: Vec<OsString>) -> Result<C, clap::Error> {
-    let m = C::command().try_get_matches_from(args.clone())?;
+    // A flag given twice takes its last value, as argparse (and so torchrun, a Python
+    // script's flags) does: `$COMMON --epochs 3` after a `$COMMON` holding `--epochs`.
+    let command = || C::command().args_override_self(true);
+    let m = command().try_get_matches_from(args.clone())?;
     if let Some((_, sub)) = m.subcommand() {
         let ids = sub.ids().map(|i| i.as_str()).filter(|i| given(sub, i));
         let _ = GIVEN.set(ids.map(str::to_string).collect());
@@ -237,7 +240,7 @@ pub fn try_parse_from<C: clap::Parser>(args: Vec<OsString>) -> Result<C, clap::E
     }
     let mut all = args;
     all.extend(extra.into_iter().map(OsString::from));
-    C::try_parse_from(all)
+    C::from_arg_matches(&command().try_get_matches_from(all)?)
 }
 
 #[cfg(test)]

@@ -465,3 +465,48 @@ fn a_slow_but_progressing_validation_is_not_a_hang() {
     let beats = Heartbeat::read_all(&out.join("logs"));
     assert!(beats.iter().all(|b| b.progress >= 6), "{beats:?}");
 }
+
+/// Issue 52: a rank that finished its work and is stuck leaving (the test hook blocks rank 1
+/// where it leaves the process group, as one stuck in MPI_Finalize) is not a hang: with
+/// `--hang-timeout 5` (which would have called the silence a hang with no culprit) the job
+/// exits 0 with its model, after tchrun waited `LEAVE_ALLOWED` (30 s), took the rank's stack
+/// and ended it, naming the rank, its host and what it was doing.
+#[test]
+fn a_rank_stuck_while_leaving_is_ended_and_the_finished_job_exits_0() {
+    let t = tempdir();
+    let data = small_digits();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let mut c = train(&data, &model, &out, "1");
+    c.args(["--launcher", "local", "--hang-timeout", "5"])
+        .env("TCHRUN_TEST_STALL_LEAVING", "1");
+    let r = run(&mut c, START_LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(out.join("model.json").is_file(), "{}", r.explain());
+    assert!(!r.stderr.contains("hang:"), "{}", r.explain());
+    let warning = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("every rank finished its work"))
+        .unwrap_or_else(|| panic!("no warning:\n{}", r.explain()));
+    assert!(
+        warning.contains("rank 1 (")
+            && warning.contains("was leaving the process group and MPI")
+            && warning.contains("allowed 30 s")
+            && !warning.contains("rank 0 ("),
+        "{warning}"
+    );
+    // Its stack, taken before it was ended, shows where it was.
+    assert!(
+        r.stderr.contains("tchrun_worker::rank::start::leave"),
+        "{}",
+        r.explain()
+    );
+    // A rank whose work is done is not "stopped at the next step".
+    assert!(!r.stderr.contains("stopping all ranks"), "{}", r.explain());
+    let summary = FailureSummary::read(&out.join("logs")).expect("failure.json reads");
+    assert!(summary.is_none(), "{summary:?}");
+    let beats = Heartbeat::read_all(&out.join("logs"));
+    let phases: Vec<Phase> = beats.iter().map(|b| b.phase).collect();
+    assert_eq!(phases, [Phase::Done, Phase::Leaving], "{beats:?}");
+}

@@ -397,3 +397,138 @@ fn a_tracking_uri_that_is_not_http_is_refused_before_any_rank_starts() {
         r.explain()
     );
 }
+
+/// A loopback proxy to `upstream` that holds every request `DELAY` before passing it on (a
+/// slow tracking server: each call takes longer, none times out); stops when dropped.
+struct Slow {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Slow {
+    const DELAY: Duration = Duration::from_millis(2500);
+
+    fn start(upstream: &str) -> Slow {
+        let up: std::net::SocketAddr = upstream
+            .trim_start_matches("http://")
+            .parse()
+            .expect("upstream address");
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.set_nonblocking(true).expect("nonblocking");
+        let port = l.local_addr().expect("addr").port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !s.load(std::sync::atomic::Ordering::Relaxed) && start.elapsed() < LIMIT * 2 {
+                if let Ok((client, _)) = l.accept() {
+                    if let Ok(server) = std::net::TcpStream::connect(up) {
+                        Slow::pipe(client, server);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Slow { port, stop }
+    }
+
+    /// Client to server with the delay before each request (the first bytes after the
+    /// server answered the previous one), server to client as it comes; each direction ends
+    /// with its source.
+    fn pipe(client: std::net::TcpStream, server: std::net::TcpStream) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let _ = client.set_nonblocking(false);
+        let (mut c_in, mut s_out) = (
+            client.try_clone().expect("clone"),
+            server.try_clone().expect("clone"),
+        );
+        let (mut s_in, mut c_out) = (server, client);
+        let answered = std::sync::Arc::new(AtomicBool::new(true));
+        let answered_too = answered.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            let _ = c_in.set_read_timeout(Some(LIMIT * 2));
+            while let Ok(n) = c_in.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if answered.swap(false, Ordering::SeqCst) {
+                    std::thread::sleep(Slow::DELAY);
+                }
+                if s_out.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = s_out.shutdown(std::net::Shutdown::Write);
+        });
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            let _ = s_in.set_read_timeout(Some(LIMIT * 2));
+            while let Ok(n) = s_in.read(&mut buf) {
+                if n == 0 || c_out.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                answered_too.store(true, Ordering::SeqCst);
+            }
+            let _ = c_out.shutdown(std::net::Shutdown::Write);
+        });
+    }
+}
+
+impl Drop for Slow {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Issue 52: rank 0 sends its last MLflow calls (the model's artifacts, the run's end) after
+/// it left the process group; to a slow server (each call held 2.5 s) that takes longer than
+/// `--hang-timeout 5`. The rank says so in its heartbeat (draining) and the finished job
+/// exits 0 with its model, every rank done, not as a hang with no culprit.
+#[test]
+fn a_slow_tracking_server_draining_the_last_calls_is_not_a_hang() {
+    let t = tempdir();
+    let server = Server::start(t.path());
+    let slow = Slow::start(&server.uri);
+    let uri = format!("http://127.0.0.1:{}", slow.port);
+    let model = model_dir(t.path(), "resnet18", 32);
+    let out = t.path().join("out");
+    let r = train(
+        &model,
+        &out,
+        "1",
+        &[
+            "--mlflow-tracking-uri",
+            &uri,
+            "--mlflow-experiment",
+            "slow",
+            "--hang-timeout",
+            "5",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(!r.stderr.contains("hang"), "{}", r.explain());
+    assert!(out.join("model.json").is_file());
+    // The drain did outlast --hang-timeout: rank 0's last line came more than 5 s after the
+    // model was written.
+    let log = read(&out.join("logs/70_driver_log_0"));
+    let at = |needle: &str| {
+        log.lines()
+            .find(|l| l.contains(needle))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|t| humantime::parse_rfc3339_weak(t.trim_end_matches('Z')).ok())
+            .unwrap_or_else(|| panic!("no {needle:?} in\n{log}"))
+    };
+    let drained = at("rank exiting with code 0")
+        .duration_since(at("best epoch"))
+        .unwrap_or_default();
+    assert!(drained > Duration::from_secs(6), "{drained:?}:\n{log}");
+    let beats = tchrun::job_record::Heartbeat::read_all(&out.join("logs"));
+    assert!(
+        beats.len() == 2
+            && beats
+                .iter()
+                .all(|b| b.phase == tchrun::job_record::heartbeat::Phase::Done),
+        "{beats:?}"
+    );
+}

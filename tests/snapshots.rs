@@ -530,3 +530,56 @@ fn folded_console() {
     settings.add_filter(r"\d+\.\d+", "[F]");
     settings.bind(|| insta::assert_snapshot!("folded console", text));
 }
+
+/// Issue 52: a flag given twice takes its last value, as argparse and torchrun do (`$COMMON
+/// --epochs 3` after a `$COMMON` that holds `--epochs 1`): the same plan as the last value
+/// alone, for an option, a boolean flag and a launch flag; and the worker (which the plan
+/// starts with the flags as given) takes the last one too.
+#[test]
+fn a_flag_given_twice_takes_its_last_value() {
+    let t = tempdir();
+    let (model, data) = job(t.path());
+    let plan = |flags: &[&str]| {
+        let r = run(
+            clean(tchrun_train(
+                &model,
+                &data.join("train"),
+                &data.join("valid"),
+                &t.path().join("out"),
+            ))
+            .args(flags)
+            .arg("--dry-run")
+            .env("TCHRUN_DATA_CACHE", t.path().join("cache")),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{flags:?}: {}", r.explain());
+        r.stdout
+            .lines()
+            .filter(|l| !l.starts_with("tchrun: "))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    let once = plan(&["--procs-per-node", "2", "--epochs", "3", "--no-hflip"]);
+    let twice = plan(&[
+        "--procs-per-node",
+        "1",
+        "--epochs",
+        "1",
+        "--no-hflip",
+        "--procs-per-node",
+        "2",
+        "--epochs",
+        "3",
+        "--no-hflip",
+    ]);
+    assert!(once.contains("--epochs 3") && once.contains("-np 2"), "{once}");
+    assert_eq!(once, twice);
+    // The worker's own parser: `--version` after a repeated flag parses, not "cannot be used
+    // multiple times".
+    let r = run(
+        Command::new(bin_dir().join("tchrun-worker"))
+            .args(["train", "--epochs", "1", "--epochs", "2", "--help"]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+}

@@ -374,11 +374,11 @@ fn jobs_that_cannot_learn_are_refused_before_any_rank_starts() {
     );
     let tail = "; the ranks' threads wait for one another's cores: use --threads 1 or fewer \
                 --procs-per-node";
-    // A busy machine's load average may add its own reason between the two.
+    // A busy machine (other tests' ranks) may add its own reason between the two.
     assert!(
         warned.len() == 1
             && (warned[0] == format!("{head}{tail}")
-                || (warned[0].starts_with(&format!("{head} and load average "))
+                || (warned[0].starts_with(&format!("{head} and other processes kept "))
                     && warned[0].ends_with(tail))),
         "{}",
         r.explain()

@@ -24,11 +24,17 @@ pub enum Phase {
     Broadcast,
     AllGather,
     Barrier,
+    /// The rank's work is done and it succeeded: it leaves the process group and MPI.
+    Leaving,
+    /// The rank has left the group and sends its last MLflow calls (bounded by
+    /// `mlflow::MAX_DRAIN`).
+    Draining,
+    /// The process is about to exit 0: nothing is left to do.
     Done,
 }
 
 impl Phase {
-    const ALL: [Phase; 14] = [
+    const ALL: [Phase; 16] = [
         Phase::StartUp,
         Phase::Loading,
         Phase::Forward,
@@ -42,6 +48,8 @@ impl Phase {
         Phase::Broadcast,
         Phase::AllGather,
         Phase::Barrier,
+        Phase::Leaving,
+        Phase::Draining,
         Phase::Done,
     ];
 
@@ -72,6 +80,8 @@ impl Phase {
             Phase::Broadcast => "broadcast",
             Phase::AllGather => "all-gather",
             Phase::Barrier => "barrier",
+            Phase::Leaving => "leaving the process group and MPI",
+            Phase::Draining => "sending its last MLflow calls",
             Phase::Done => "done",
         }
     }
@@ -86,6 +96,12 @@ impl Phase {
                 | Phase::AllGather
                 | Phase::Barrier
         )
+    }
+
+    /// The rank finished its work successfully (leaving, draining or done): it is no
+    /// culprit of a hang, and only the time it takes to leave is watched.
+    pub fn finished_work(self) -> bool {
+        matches!(self, Phase::Leaving | Phase::Draining | Phase::Done)
     }
 
     /// A phase that may legitimately last much longer than a step (its own allowance).
@@ -175,7 +191,9 @@ impl Heartbeat {
             p if p.is_collective() => {
                 format!("{} #{} (at step {})", p.label(), self.seq, self.step)
             }
-            Phase::StartUp | Phase::Done => self.phase.label().to_string(),
+            Phase::StartUp | Phase::Leaving | Phase::Draining | Phase::Done => {
+                self.phase.label().to_string()
+            }
             p => format!("{} of step {}", p.label(), self.step),
         }
     }
@@ -189,6 +207,9 @@ pub enum HangKind {
     StoppedBeating,
     /// No rank's step or collective advanced for the allowed time.
     NoProgress,
+    /// Every rank finished its work, but some did not leave within the time allowed: the
+    /// job succeeded; those ranks were ended (the culprits).
+    Lingered,
 }
 
 /// One rank as the watch last saw it.
@@ -313,6 +334,29 @@ impl HangVerdict {
                 " (no rank advanced for {} s; allowed {} s)",
                 self.silent_s, self.allowed_s
             ),
+            HangKind::Lingered => {
+                let who: Vec<String> = self
+                    .culprits
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "rank {} ({}, pid {}) was {} since {}",
+                            r.rank,
+                            r.host,
+                            r.pid,
+                            doing(r),
+                            clock(&r.since)
+                        )
+                    })
+                    .collect();
+                return format!(
+                    "every rank finished its work, but not every rank left within {} s \
+                     (allowed {} s): {}; tchrun ended it and the job succeeded",
+                    self.silent_s,
+                    self.allowed_s,
+                    who.join("; ")
+                );
+            }
         };
         format!("hang: {}{why}", parts.join("; "))
     }

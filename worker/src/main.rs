@@ -85,6 +85,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => {
+            tchrun_worker::heartbeat::done();
             tracing::info!("{}", RankExit { code: 0 }.write());
             ExitCode::SUCCESS
         }

@@ -111,7 +111,7 @@ impl Plan {
             return None;
         }
         let ranks = self.procs_per_node as usize;
-        tchrun::metrics::CpuUse::of_this_host(ranks, flags.threads_per_rank(ranks)).warning()
+        tchrun::metrics::CpuUse::of_this_host(ranks, flags.threads_per_rank(ranks), true).warning()
     }
 }
 

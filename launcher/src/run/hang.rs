@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
-use tchrun::job_record::heartbeat::{HangKind, HangRank, HangVerdict, Heartbeat};
+use tchrun::job_record::heartbeat::{HangKind, HangRank, HangVerdict, Heartbeat, Phase};
 
 /// A rank whose beat did not change for this long has stopped beating (its beats come every
 /// second from a thread of their own).
@@ -20,6 +20,12 @@ pub const MIN_SILENCE: Duration = Duration::from_secs(60);
 pub const STEP_FACTOR: u32 = 10;
 /// The silence allowed while a rank validates, writes a checkpoint or the model, or starts.
 pub const LONG_PHASE_SILENCE: Duration = Duration::from_secs(30 * 60);
+/// Once every rank finished its work: how long the ranks may take to leave the process group
+/// and MPI (a second, normally) before tchrun ends those still there.
+pub const LEAVE_ALLOWED: Duration = Duration::from_secs(30);
+/// The same while some rank sends its last MLflow calls (bounded by the client itself).
+pub const DRAIN_ALLOWED: Duration =
+    Duration::from_secs(tchrun::mlflow::MAX_DRAIN.as_secs() + LEAVE_ALLOWED.as_secs());
 
 /// What `--hang-timeout` asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +79,8 @@ pub struct State {
     max_step: u64,
     step_at: Option<Instant>,
     slowest_step: Duration,
+    /// When every rank was first seen to have finished its work (leaving, draining or done).
+    finished_at: Option<Instant>,
 }
 
 impl State {
@@ -85,6 +93,7 @@ impl State {
             max_step: 0,
             step_at: None,
             slowest_step: Duration::ZERO,
+            finished_at: None,
         }
     }
 
@@ -153,15 +162,19 @@ impl State {
         }
         self.remember(now, beats, log_age);
         let stale = |b: &Heartbeat| {
-            b.phase != tchrun::job_record::heartbeat::Phase::Done
-                && self
-                    .seen
-                    .get(&b.rank)
-                    .is_some_and(|s| now.duration_since(s.changed) >= STALE_AFTER)
+            self.seen
+                .get(&b.rank)
+                .is_some_and(|s| now.duration_since(s.changed) >= STALE_AFTER)
         };
+        if !beats.is_empty() && beats.iter().all(|b| b.phase.finished_work()) {
+            return self.lingering(now, beats);
+        }
+        self.finished_at = None;
+        // A rank that finished its work is neither a culprit nor waiting: only the ranks still
+        // at work are judged.
         let (dead, live): (Vec<&Heartbeat>, Vec<&Heartbeat>) = beats
             .iter()
-            .filter(|b| b.phase != tchrun::job_record::heartbeat::Phase::Done)
+            .filter(|b| !b.phase.finished_work())
             .partition(|b| stale(b));
         let waiting: Vec<&Heartbeat> = live
             .iter()
@@ -194,6 +207,58 @@ impl State {
             silent,
         )))
     }
+
+    /// Every rank finished its work: those that are still leaving (or say they are done but
+    /// whose process still lives on this host) after `LEAVE_ALLOWED` (`DRAIN_ALLOWED` while
+    /// one drains MLflow) are named, to be ended; the job succeeded.
+    fn lingering(&mut self, now: Instant, beats: &[Heartbeat]) -> Option<Hang> {
+        let since = *self.finished_at.get_or_insert(now);
+        let draining = beats.iter().any(|b| b.phase == Phase::Draining);
+        let allowed = if draining {
+            DRAIN_ALLOWED
+        } else {
+            LEAVE_ALLOWED
+        };
+        let waited = now.duration_since(since);
+        if waited <= allowed {
+            return None;
+        }
+        let mut still: Vec<&Heartbeat> = beats.iter().filter(|b| b.phase != Phase::Done).collect();
+        if still.is_empty() {
+            // Every rank said done, yet the job's processes run: those whose process lives
+            // here, else (other hosts) all of them.
+            still = beats.iter().filter(|b| alive_here(b)).collect();
+            if still.is_empty() {
+                still = beats.iter().collect();
+            }
+        }
+        let beating = |b: &Heartbeat| {
+            b.phase != Phase::Done
+                && self
+                    .seen
+                    .get(&b.rank)
+                    .is_some_and(|s| now.duration_since(s.changed) < STALE_AFTER)
+        };
+        let culprits = still.iter().map(|b| HangRank::of(b, beating(b))).collect();
+        Some(Hang::Found(HangVerdict {
+            kind: HangKind::Lingered,
+            culprits,
+            waiting: Vec::new(),
+            seq: None,
+            allowed_s: allowed.as_secs(),
+            silent_s: waited.as_secs_f64().ceil() as u64,
+            stacks: Vec::new(),
+            capture: None,
+        }))
+    }
+}
+
+/// Whether the rank's process still lives and this host is its host.
+fn alive_here(b: &Heartbeat) -> bool {
+    let here = hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    b.host == here && std::path::Path::new(&format!("/proc/{}", b.pid)).exists()
 }
 
 /// The culprits: the ranks that stopped beating, else the live ones outside a collective,
@@ -229,6 +294,11 @@ fn verdict(
         } else {
             waiting.push(HangRank::of(b, true));
         }
+    }
+    if culprits.is_empty() {
+        // No rank stands out (all wait in the same collective): every one is named, never
+        // an empty verdict.
+        culprits = std::mem::take(&mut waiting);
     }
     culprits.sort_by_key(|r| r.rank);
     let seq = waiting
@@ -305,7 +375,6 @@ const POLL: Duration = Duration::from_secs(1);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tchrun::job_record::heartbeat::Phase;
 
     fn beat(rank: usize, phase: Phase, step: u64, seq: u64, beat: u64) -> Heartbeat {
         Heartbeat {
@@ -396,5 +465,94 @@ mod tests {
         );
         assert_eq!(Policy::from_flag(None), Policy::Auto);
         assert_eq!(Policy::from_flag(Some(0)), Policy::Off);
+    }
+
+    #[test]
+    fn ranks_that_finished_their_work_are_given_time_to_leave_then_named_never_a_hang() {
+        let t0 = Instant::now();
+        let s1 = Duration::from_secs(1);
+        let mut s = State::new(Policy::Fixed(s1 * 5), t0);
+        let working = [
+            beat(0, Phase::Forward, 3, 3, 1),
+            beat(1, Phase::Forward, 3, 3, 1),
+        ];
+        assert_eq!(s.observe(t0, &working, None), None);
+        // Rank 0 is done and gone; rank 1 beats on, leaving: far beyond --hang-timeout 5,
+        // nothing is found until LEAVE_ALLOWED.
+        let mut found = None;
+        for i in 1..100u32 {
+            let b = [
+                beat(0, Phase::Done, 4, 4, u64::MAX),
+                beat(1, Phase::Leaving, 4, 4, 1 + i as u64),
+            ];
+            found = s.observe(t0 + s1 * i, &b, None);
+            if found.is_some() {
+                assert_eq!(i as u64, LEAVE_ALLOWED.as_secs() + 2, "{found:?}");
+                break;
+            }
+        }
+        let Some(Hang::Found(v)) = found else {
+            panic!("{found:?}")
+        };
+        assert_eq!(v.kind, HangKind::Lingered);
+        let named: Vec<(usize, bool, Phase)> = v
+            .culprits
+            .iter()
+            .map(|r| (r.rank, r.beating, r.phase))
+            .collect();
+        assert_eq!(named, [(1, true, Phase::Leaving)]);
+        assert!(v.waiting.is_empty());
+        let line = v.line(&[]);
+        assert!(
+            line.contains("every rank finished its work")
+                && line.contains("rank 1 (vm, pid 101) was leaving the process group and MPI"),
+            "{line}"
+        );
+        // A rank draining MLflow has the drain's allowance.
+        let mut s = State::new(Policy::Auto, t0);
+        let b = [
+            beat(0, Phase::Draining, 4, 4, 1),
+            beat(1, Phase::Done, 4, 4, u64::MAX),
+        ];
+        assert_eq!(s.observe(t0, &b, None), None);
+        assert_eq!(s.observe(t0 + LEAVE_ALLOWED * 2, &b, None), None);
+        let late = s.observe(t0 + DRAIN_ALLOWED + s1, &b, None);
+        assert!(
+            matches!(&late, Some(Hang::Found(v)) if v.kind == HangKind::Lingered
+                && v.culprits.len() == 1 && v.culprits[0].rank == 0),
+            "{late:?}"
+        );
+    }
+
+    #[test]
+    fn ranks_all_waiting_in_the_same_collective_are_all_named() {
+        let t0 = Instant::now();
+        let s1 = Duration::from_secs(1);
+        let mut s = State::new(Policy::Fixed(s1 * 5), t0);
+        let b = [
+            beat(0, Phase::AllReduce, 3, 7, 1),
+            beat(1, Phase::AllReduce, 3, 7, 1),
+        ];
+        assert_eq!(s.observe(t0, &b, None), None);
+        let mut found = None;
+        for i in 1..20u32 {
+            let b = [
+                beat(0, Phase::AllReduce, 3, 7, 1 + i as u64),
+                beat(1, Phase::AllReduce, 3, 7, 1 + i as u64),
+            ];
+            found = s.observe(t0 + s1 * i, &b, None);
+            if found.is_some() {
+                break;
+            }
+        }
+        let Some(Hang::Found(v)) = found else {
+            panic!("{found:?}")
+        };
+        assert_eq!(v.kind, HangKind::NoProgress);
+        assert_eq!(
+            v.culprits.iter().map(|r| r.rank).collect::<Vec<_>>(),
+            [0, 1],
+            "{v:?}"
+        );
     }
 }

@@ -104,6 +104,20 @@ pub fn conclude(
             return AttemptOutcome::ended(kind.exit_code());
         }
         Ending::Hung => {
+            if let Some((Hang::Found(v), beats)) = &hang {
+                if v.kind == tchrun::job_record::heartbeat::HangKind::Lingered {
+                    // Every rank finished its work: the job succeeded; the ranks that did not
+                    // leave were ended, and the user is told which and where they were.
+                    errln!(
+                        "tchrun: warning: {}.\nStacks (main threads; every thread in \
+                         stacks-<rank>.json):\n{}",
+                        v.line(beats),
+                        v.stacks_text(STACK_FRAMES).trim_end()
+                    );
+                    report::run_report(&logs);
+                    return AttemptOutcome::ended(0);
+                }
+            }
             let (error, summary) = hung(args, &logs, hang);
             return AttemptOutcome::failed(error, Some(summary), logs);
         }

@@ -52,6 +52,11 @@ pub fn progressed() {
     PROGRESS.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The phase the rank is in now.
+pub fn current_phase() -> Phase {
+    Phase::from_code(PHASE.load(Ordering::Relaxed) as u8)
+}
+
 pub(crate) fn current_step() -> u64 {
     STEP.load(Ordering::Relaxed)
 }
@@ -177,7 +182,8 @@ fn allow_stack_capture() {
     }
 }
 
-/// The rank's work is done: say so now (the launcher does not wait for a rank that ended).
+/// The rank is about to exit 0, with nothing left to do (`main`, after its command
+/// succeeded): say so now (the launcher does not wait for a rank that ended).
 pub fn done() {
     phase(Phase::Done);
     if let Some(id) = IDENTITY.get() {

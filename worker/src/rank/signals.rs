@@ -98,6 +98,19 @@ pub fn install() -> std::io::Result<()> {
                 unsafe { libc::kill(program, sig) };
                 continue;
             }
+            if crate::heartbeat::current_phase().finished_work() {
+                // The work is done and succeeded (the rank was leaving): nothing to stop
+                // cleanly, and no stop to announce; the rank ends as it would have.
+                tracing::info!(
+                    target: crate::rank::driver_log::LOG_ONLY,
+                    "received {}{from} while {}: the rank's work is done; exiting now",
+                    name(sig),
+                    crate::heartbeat::current_phase().label()
+                );
+                tracing::info!("{}", tchrun::driver_log::RankExit { code: 0 }.write());
+                // SAFETY: as below: `_exit` ends the process at once.
+                unsafe { libc::_exit(0) }
+            }
             if first && GRACEFUL.load(Ordering::SeqCst) {
                 tracing::warn!(
                     "received {}{from} (launcher stop, scancel or preemption): stopping all ranks at the next step",

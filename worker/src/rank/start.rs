@@ -46,18 +46,31 @@ impl Fatal {
 /// failure.
 pub type RankResult = Result<(), (Option<driver_log::Console>, Fatal)>;
 
-/// Leaves the job. After success: the process group is destroyed and MPI finalized. After a
-/// failure neither: MPI_Finalize and c10d's destructors wait for peers that may be dead or
-/// unreachable (a network cut hangs them); the rank must exit now, and mpirun or tchrun
-/// stops the rest.
+/// Leaves the job. After success: the process group is destroyed and MPI finalized, the
+/// heartbeat saying so (`Phase::Leaving`: the launcher bounds how long it may take, and the
+/// rank is `done` only when `main` returns). After a failure neither: MPI_Finalize and c10d's
+/// destructors wait for peers that may be dead or unreachable (a network cut hangs them); the
+/// rank must exit now, and mpirun or tchrun stops the rest.
 pub fn leave(pg: pg::ProcessGroup, joined: bootstrap::Joined, ok: bool) {
     if ok {
-        crate::heartbeat::done();
+        crate::heartbeat::phase(tchrun::job_record::heartbeat::Phase::Leaving);
+        stall_leaving_if_asked(joined.info.place.rank);
         drop(pg);
         drop(joined);
     } else {
         std::mem::forget(pg);
         std::mem::forget(joined);
+    }
+}
+
+/// `TCHRUN_TEST_STALL_LEAVING=RANK`: that rank blocks here (bounded: 10 minutes).
+fn stall_leaving_if_asked(rank: usize) {
+    let asked = std::env::var(tchrun::env::TCHRUN_TEST_STALL_LEAVING)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if asked == Some(rank) {
+        tracing::info!("test hook: stalling while leaving the process group");
+        std::thread::sleep(Duration::from_secs(600));
     }
 }
 
@@ -123,25 +136,38 @@ fn resolve(
 }
 
 /// Intra-op threads: `--threads`, else the host's cores shared among the ranks on it. The
-/// host's first rank says in its driver log when ranks × threads or the load average exceed
-/// the cores (the launcher said it on the console).
+/// host's first rank says in its driver log when ranks × threads exceed the cores or other
+/// processes keep them busy (the launcher said it on the console); it watches the others in
+/// a thread of its own (`BUSY_WINDOW`), so that its start waits for nothing.
 fn set_threads(flags: &RankFlags, local_rank: usize, local_size: usize) {
     let n = flags.threads_per_rank(local_size);
     tch::set_num_threads(n as i32);
-    let cpu = tchrun::metrics::CpuUse::of_this_host(local_size, n);
-    if local_rank == 0 {
-        // The launcher said it on the console (once); the driver log keeps it at info level,
-        // which stays off the console.
-        if let Some(w) = cpu.warning() {
-            tracing::info!("warning: {w}");
+    let judge = move || {
+        let cpu = tchrun::metrics::CpuUse::of_this_host(local_size, n, local_rank == 0);
+        if local_rank == 0 {
+            // The launcher said it on the console (once); the driver log keeps it at info
+            // level, which stays off the console.
+            if let Some(w) = cpu.warning() {
+                tracing::info!("warning: {w}");
+            }
         }
+        let _ = CPU_AT_START.set(cpu);
+    };
+    if local_rank == 0 {
+        if let Err(e) = std::thread::Builder::new()
+            .name("cpu-use".into())
+            .spawn(judge)
+        {
+            tracing::debug!("cannot watch the CPU use: {e}");
+        }
+    } else {
+        judge();
     }
-    let _ = CPU_AT_START.set(cpu);
 }
 
 static CPU_AT_START: std::sync::OnceLock<tchrun::metrics::CpuUse> = std::sync::OnceLock::new();
 
-/// This rank's node as the rank found it at start (cores, ranks × threads, load average), when
+/// This rank's node as the rank found it at start (cores, ranks × threads, others' use), when
 /// that was oversubscribed: the epoch metrics record it and the run report's verdict says it.
 pub fn cpu_oversubscribed() -> Option<tchrun::metrics::CpuUse> {
     CPU_AT_START.get().filter(|c| c.oversubscribed()).cloned()

@@ -106,7 +106,11 @@ pub fn run(a: TrainArgs) -> RankResult {
     };
     let r = super::train(&a.job, inputs, &ctx);
     leave(pg, joined, r.is_ok());
-    // After the group is left: no other rank waits while the last MLflow calls drain.
+    // After the group is left: no other rank waits while the last MLflow calls drain, and the
+    // heartbeat says the rank drains (its own allowance in the launcher's watch).
+    if r.is_ok() && tracking.is_tracking() {
+        crate::heartbeat::phase(tchrun::job_record::heartbeat::Phase::Draining);
+    }
     tracking.finish(&r, &a.job.output, &say);
     r.map_err(|e| {
         (

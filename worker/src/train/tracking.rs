@@ -23,6 +23,11 @@ impl Tracking {
         Tracking { tracker: None }
     }
 
+    /// Whether a tracking server takes this rank's run (its last calls drain at the end).
+    pub fn is_tracking(&self) -> bool {
+        self.tracker.is_some()
+    }
+
     /// Rank 0 (`rank0`) with a tracking server (the flags, else MLflow's variables): the run
     /// made in the background, the job's flags and world size logged as its parameters.
     pub fn start(job: &TrainJob, rank0: bool, world: usize, host: &str) -> Tracking {
