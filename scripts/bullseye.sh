@@ -12,8 +12,9 @@
 # repository, .venv's torch, CARGO_HOME and RUSTUP_HOME bound at their own paths in a private
 # mount namespace), into target/bullseye/release: a build of its own (build scripts and proc
 # macros built here need this machine's newer glibc, so target/release cannot seed it), with
-# bullseye's headers, libstdc++ and linker, the C/C++ code's build paths mapped out. Then
-# `scripts/wheel.sh` packs it (tag from `objdump -T`). `run` binds DIR (holding ENV, an
+# bullseye's headers, libstdc++ and linker, and every path of this machine mapped out of the
+# binaries (CXXFLAGS/CFLAGS -ffile-prefix-map, RUSTFLAGS --remap-path-prefix). Then
+# `scripts/wheel.sh --strict` packs it (tag from `objdump -T`; no path of this machine left). `run` binds DIR (holding ENV, an
 # environment with torch and the wheel installed, and the job's files) at the same path inside
 # ROOTFS, with a fresh /tmp, this machine's /etc/hosts and only the loopback, and runs CMD there
 # as root with PATH=ENV/bin:/usr/bin:/bin; exit code: CMD's.
@@ -61,8 +62,10 @@ inner_build() {
     cp /etc/resolv.conf "$FS/etc/resolv.conf"
     # The torch headers' and the repository's paths are mapped out of the C++ code's strings.
     local map="-ffile-prefix-map=$torch=torch -ffile-prefix-map=$ROOT/.venv/libtorch=torch -ffile-prefix-map=$ROOT=."
+    # And the Rust code's panic locations in cargo's registry and the repository.
+    local remap="--remap-path-prefix=$cargo_home/registry/src=/cargo/registry/src --remap-path-prefix=$ROOT=."
     chroot "$FS" env -i PATH="$cargo_home/bin:/usr/bin:/bin" HOME=/root CARGO_HOME="$cargo_home" \
-        RUSTUP_HOME="$rustup_home" CARGO_TARGET_DIR="$OUT" CXXFLAGS="$map" CFLAGS="$map" \
+        RUSTUP_HOME="$rustup_home" CARGO_TARGET_DIR="$OUT" CXXFLAGS="$map" CFLAGS="$map" RUSTFLAGS="$remap" \
         TCHRUN_NO_NCCL="${TCHRUN_NO_NCCL:-}" \
         bash -c "cd '$ROOT' && cargo build --release --workspace --bins"
 }
@@ -98,7 +101,7 @@ case "${1:-}" in
         unshare -m bash "$copy" inner-build "$cargo_home" "$rustup_home" || rc=$?
         rm -f "$copy"
         [[ "$rc" == 0 ]] || die "the build inside bullseye failed ($rc)"
-        TCHRUN_WHEEL_BIN_DIR="$OUT/release" "$ROOT/scripts/wheel.sh" "$OUT/wheels"
+        TCHRUN_WHEEL_BIN_DIR="$OUT/release" "$ROOT/scripts/wheel.sh" --strict "$OUT/wheels"
         ;;
     run)
         [[ $# -ge 5 && "$4" == -- ]] || die "usage: run DIR ENV -- CMD..."
