@@ -1,13 +1,14 @@
-//! The process group and its collectives: MPI bootstrap (`bootstrap`), the c10d shim's FFI
-//! (`ffi`) and safe wrapper (`pg`: store, Gloo/NCCL group), the authenticated rendezvous in
-//! front of the store (`rendezvous`, `loopback`), data parallelism over it (`ddp`)
-//! and `dist::init()` for programs of their own. Knows nothing of models, datasets or the
-//! training loop: it moves tensors between ranks.
+//! The process group and its collectives: MPI bootstrap (`bootstrap`, over Open MPI loaded at
+//! run time: `mpi`), the c10d shim's FFI (`ffi`) and safe wrapper (`pg`: store, Gloo/NCCL
+//! group), the authenticated rendezvous in front of the store (`rendezvous`, `loopback`), data
+//! parallelism over it (`ddp`) and `dist::init()` for programs of their own. Knows nothing of
+//! models, datasets or the training loop: it moves tensors between ranks.
 pub mod bootstrap;
 pub mod ddp;
 pub mod dist;
 pub(crate) mod ffi;
 pub mod loopback;
+pub mod mpi;
 pub mod netif;
 pub mod pg;
 pub mod probe;
