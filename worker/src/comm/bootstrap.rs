@@ -61,17 +61,6 @@ pub enum BootstrapError {
     Secret(#[from] SecretError),
     #[error(transparent)]
     Rendezvous(#[from] RendezvousError),
-    /// A job of several ranks started without MPI and without a secret: nobody could tell
-    /// its ranks from strangers.
-    #[error(
-        "{world_size} ranks started without MPI need the job's secret: set {var} to the same 64 \
-         hexadecimal digits in every rank's environment (e.g. `export {var}=$(od -An -tx1 -N32 \
-         /dev/urandom | tr -d ' \\n')`), or start them with tchrun, mpirun or srun --mpi=pmix"
-    )]
-    NoSecret {
-        world_size: usize,
-        var: &'static str,
-    },
     #[error("cannot find this rank's address towards {master}: {source}")]
     Route {
         master: String,
@@ -429,14 +418,30 @@ impl Identity {
     /// holds it; without MPI the environment's, or a fresh one for a job of one rank.
     fn job_secret(&self) -> Result<JobSecret, BootstrapError> {
         let Some(universe) = &self.universe else {
-            return match (&self.secret, self.place.world_size) {
-                (Some(s), _) => Ok(s.clone()),
-                (None, 1) => Ok(JobSecret::generate()),
-                (None, world_size) => Err(BootstrapError::NoSecret {
-                    world_size,
-                    var: contract::TCHRUN_JOB_SECRET,
-                }),
-            };
+            return Ok(match (&self.secret, self.place.world_size) {
+                (Some(s), _) => s.clone(),
+                (None, 1) => JobSecret::generate(),
+                (None, world_size) => {
+                    // Ranks started without MPI and without a secret (srun --mpi=none, a
+                    // torchrun-style start by hand) share nothing a stranger lacks: the job
+                    // runs, as torchrun's, with a store anyone who reaches it can join, and
+                    // says so.
+                    let var = contract::TCHRUN_JOB_SECRET;
+                    let warning = format!(
+                        "{world_size} ranks started without MPI and without {var}: the job's \
+                         store admits anyone who can reach it; to protect it, set {var} to the \
+                         same 64 hexadecimal digits in every rank's environment (e.g. `export \
+                         {var}=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')`), or start the \
+                         ranks with tchrun, mpirun or srun --mpi=pmix (SECURITY.md)"
+                    );
+                    if self.place.rank == 0 {
+                        tracing::warn!("{warning}");
+                    } else {
+                        tracing::info!("{warning}");
+                    }
+                    JobSecret::from_bytes([0u8; SECRET_BYTES])
+                }
+            });
         };
         let world = universe.world();
         let mut everyone = vec![0u8; self.place.world_size];
