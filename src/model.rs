@@ -323,14 +323,15 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
     if let Some(e) = unfinished_training(dir) {
         return Err(e);
     }
-    let text = std::fs::read_to_string(&file).map_err(|e| {
-        invalid(
-            &file,
-            format!(
+    let text =
+        crate::files::read_bounded_string(&file, crate::files::caps::MODEL_JSON).map_err(|e| {
+            invalid(
+                &file,
+                format!(
                 "cannot read {MODEL_JSON} ({e}); a model directory is made by `tchrun model init`"
             ),
-        )
-    })?;
+            )
+        })?;
     let raw: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| invalid(&file, format!("not valid JSON: {e}")))?;
     if let Some(arch) = raw.get("arch").and_then(|a| a.as_str()) {

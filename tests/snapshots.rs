@@ -572,7 +572,10 @@ fn a_flag_given_twice_takes_its_last_value() {
         "3",
         "--no-hflip",
     ]);
-    assert!(once.contains("--epochs 3") && once.contains("-np 2"), "{once}");
+    assert!(
+        once.contains("--epochs 3") && once.contains("-np 2"),
+        "{once}"
+    );
     assert_eq!(once, twice);
     // The worker's own parser: `--version` after a repeated flag parses, not "cannot be used
     // multiple times".

@@ -36,7 +36,7 @@ impl CaptureRequest {
 
     /// The request in `log_dir`, if any (an unreadable one is none).
     pub fn read(log_dir: &Path) -> Option<CaptureRequest> {
-        let text = std::fs::read(Self::path(log_dir)).ok()?;
+        let text = super::read_small(&Self::path(log_dir))?;
         serde_json::from_slice(&text).ok()
     }
 
@@ -161,7 +161,7 @@ impl RankStacks {
 
     /// The rank's answer in `log_dir`, if it answered request `id`.
     pub fn read(log_dir: &Path, rank: usize, id: u64) -> Option<RankStacks> {
-        let text = std::fs::read(path(log_dir, rank)).ok()?;
+        let text = super::read_small(&path(log_dir, rank))?;
         serde_json::from_slice::<RankStacks>(&text)
             .ok()
             .filter(|s| s.id == id)

@@ -66,8 +66,8 @@ pub fn run(a: &DoctorArgs) -> Result<i32, JobError> {
 /// host decides.
 fn listed_hosts(l: &launch::LaunchArgs) -> Result<Vec<launch::Host>, JobError> {
     if let Some(f) = &l.hostfile {
-        let text = std::fs::read_to_string(f)
-            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e))?;
+        let text = tchrun::files::read_bounded_string(f, tchrun::files::caps::TEXT)
+            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e.into_io()))?;
         return launch::parse_hostfile(f, &text)
             .map_err(|e| JobError::invalid(format!("--hostfile {e}")));
     }
@@ -97,7 +97,7 @@ fn worker_args(
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, JobError> {
-    let text = std::fs::read(path).map_err(|e| {
+    let text = tchrun::files::read_bounded(path, tchrun::files::caps::RECORD).map_err(|e| {
         failed(format!(
             "the doctor's ranks ended without {}: {e}",
             path.display()

@@ -109,9 +109,9 @@ fn read(dir: &Path) -> Result<Option<JobStatus>, String> {
         }
         Ok(s) => Ok(s),
         Err(RecordError::Parse { path, source }) => {
-            let version = std::fs::read_to_string(&path)
+            let version = tchrun::files::read_bounded(&path, tchrun::files::caps::RECORD)
                 .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
                 .and_then(|v| v.get("format_version").and_then(|v| v.as_u64()));
             Err(match version {
                 Some(v) if v > u64::from(FORMAT_VERSION) => newer(&path, v),

@@ -173,8 +173,8 @@ pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
     }
     let mut hosts = Vec::new();
     if let Some(f) = &args.hostfile {
-        let text = std::fs::read_to_string(f)
-            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e))?;
+        let text = tchrun::files::read_bounded_string(f, tchrun::files::caps::TEXT)
+            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e.into_io()))?;
         hosts = launch::parse_hostfile(f, &text)
             .map_err(|e| JobError::invalid(format!("--hostfile {e}")))?;
         if hosts.is_empty() {
