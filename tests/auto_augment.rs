@@ -95,13 +95,25 @@ fn magnitude_tables_equal_torchvisions() {
     }
 }
 
+/// The samples of an image of `n` that may round the other way (one grey level) where torch's
+/// kernels sum in another order: about one in 10⁴ (see below), so 1 + n / 1000 holds with a
+/// margin of ten on every image here (at most 768 samples: 1 allowed, 0.08 expected).
+fn rounding_flips(n: usize) -> usize {
+    1 + n / 1000
+}
+
 /// Each op on three images (16 x 16, 13 x 18, and a low-contrast 12 x 12 with a flat channel)
 /// at every third of TrivialAugmentWide's bins with both signs (every bin for the colour ops),
 /// RandAugment's shears and rotations, the quarter turns (on square and non-square images) and
 /// other translations, nearest and bilinear for the geometric ops: every op equals
-/// torchvision's bit for bit. (torch's float32 kernels are reproduced operation for operation,
-/// with the multiply-adds its x86 builds fuse fused: without those fusings, a bilinear sample
-/// near .5 could round the other way, one grey level.)
+/// torchvision's, each sample within one grey level and all but `ROUNDING_FLIPS` of them
+/// exactly. (torch's float32 kernels are reproduced operation for operation, with the
+/// multiply-adds its x86 builds fuse fused; but which it fuses, and in what order it sums,
+/// depends on the instruction set its kernels dispatch to (AVX2, AVX-512): a result a few ulps
+/// away from torch's, about 255 × 2⁻²³ ≈ 3e-5 of a grey level, rounds the other way only when
+/// it lies that close to a half level, for about one sample in 10⁴, and then by exactly one
+/// level. Measured: 0 samples differ on the developers' AVX2 machine, 1 (ShearX, bilinear) on
+/// an AVX-512 one. A wrong coordinate, fill or formula moves many samples, or by more.)
 #[test]
 fn each_op_equals_torchvisions_on_uint8_images() {
     let mut scratch = Vec::new();
@@ -126,9 +138,10 @@ fn each_op_equals_torchvisions_on_uint8_images() {
             .filter(|d| *d != 0)
             .collect();
         assert!(
-            diffs.is_empty(),
-            "{what}: {} samples differ: {diffs:?}",
-            diffs.len()
+            diffs.iter().all(|d| d.abs() <= 1) && diffs.len() <= rounding_flips(img.data.len()),
+            "{what}: {} of {} samples differ: {diffs:?}",
+            diffs.len(),
+            img.data.len()
         );
         *checked.entry(o).or_insert(0) += 1;
     }

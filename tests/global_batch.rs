@@ -1,8 +1,8 @@
 //! `--global-batch-size` (issue 15 item 4): the same training at any world size. The same G
 //! with one micro-batch per rank on W ranks and with A micro-batches per rank on W / A ranks
 //! trains the same model: bit-identical for (2 ranks) and (1 rank × 2 accumulation steps), whose
-//! sums add the same two values; within 1e-6 for (4 oversubscribed ranks) and (2 ranks × 2),
-//! whose four-way sums may round in another order. A G that does not divide is refused before
+//! sums add the same two values; within `FOUR_WAY_ROUNDING` for (4 oversubscribed ranks) and
+//! (2 ranks × 2), whose four-way sums may round in another order. A G that does not divide is refused before
 //! any rank starts; `--lr-scaling` changes the logged LR; a resume on another world size
 //! continues the same training.
 mod common;
@@ -266,18 +266,27 @@ fn four_ranks_and_two_ranks_accumulating_two_train_the_same_model() {
     ok(&train(&model, &four, 4, 16, &g));
     ok(&train(&model, &two, 2, 16, &g));
     let (d, name) = max_diff(&four, &two);
-    assert!(d <= 1e-6, "{name} differs by {d}");
+    assert!(d <= FOUR_WAY_ROUNDING, "{name} differs by {d}");
     eprintln!("4 ranks against 2 × 2: weights differ by at most {d} ({name})");
     let (d, name) = max_diff(&four.join("ema"), &two.join("ema"));
     eprintln!("4 ranks against 2 × 2: EMA differs by at most {d} ({name})");
-    assert!(d <= 1e-6, "EMA: {name} differs by {d}");
+    assert!(d <= FOUR_WAY_ROUNDING, "EMA: {name} differs by {d}");
     // The EMA moved away from the raw weights: it is a model of its own, not a copy.
     let (d, _) = max_diff(&four.join("ema"), &four);
     assert!(
-        d > 1e-4,
+        d > 10.0 * FOUR_WAY_ROUNDING,
         "the EMA equals the raw model (largest difference {d})"
     );
 }
+
+/// What the four-way sums' other order may move a weight by in this one-step test: measured
+/// at most 2.4e-7 on an AVX2 machine and 2.1e-6 on an AVX-512 one (torch's CPU kernels
+/// dispatch by instruction set: the per-micro-batch gradients themselves are summed in
+/// another blocking there, so the two orders of the same four sums differ more); 5x the
+/// worst seen. A real defect (a micro-batch dropped or drawn differently, the EMA off by one
+/// update) moves weights by the step's size: the EMA against the raw model, one update apart,
+/// differs by more than 10x this (checked above).
+const FOUR_WAY_ROUNDING: f32 = 1e-5;
 
 #[test]
 fn a_global_batch_that_does_not_divide_is_refused_before_any_rank_starts() {
