@@ -31,7 +31,10 @@ fn mkfifo(p: &Path) {
 
 /// `tchrun train` on the tiny set with `extra`, one local rank; a dry run unless told.
 fn train(t: &Path, train: &Path, extra: &[&str]) -> Run {
-    let model = model_dir(t, "resnet18", 32);
+    let model = match t.join("resnet18-32") {
+        m if m.is_dir() => m,
+        _ => model_dir(t, "resnet18", 32),
+    };
     let valid = t.join("valid");
     if !valid.exists() {
         tiny_set(&valid, 2, 2);
@@ -223,4 +226,83 @@ fn fifos_planted_in_the_log_directory_never_block_a_running_job() {
         job.output()
     );
     assert!(out.join("model.json").is_file(), "{}", job.output());
+}
+
+/// Item 6: initial weights holding a NaN (`tchrun model init --weights`) are refused at init
+/// naming the tensor; before, the model directory was made and training ended with "training
+/// diverged ... lower --lr".
+#[test]
+fn initial_weights_holding_a_nan_are_refused_naming_the_tensor() {
+    use std::os::unix::fs::FileExt;
+    let t = tempdir();
+    let w = t.path().join("w.safetensors");
+    let arch = tchrun::model::Arch::Resnet18;
+    sparse_weights(&w, arch, 10);
+    let (last, _) = tchrun::weights::spec(arch, 10).pop().expect("a tensor");
+    let len = std::fs::metadata(&w).expect("size").len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&w)
+        .expect("open");
+    f.write_all_at(&f32::NAN.to_le_bytes(), len - 4)
+        .expect("a NaN");
+    let out = t.path().join("model");
+    let r = run(
+        &mut init_with_weights("resnet18", &w, &out),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains(&format!("tensor {last} holds a NaN")),
+        "{}",
+        r.explain()
+    );
+    assert!(!out.join("model.json").exists(), "{}", r.explain());
+}
+
+/// Item 6: `tchrun doctor --data D --output D` would write its test files into the dataset;
+/// refused as every other command refuses an output inside an input (exit 2).
+#[test]
+fn doctor_refuses_an_output_inside_its_data() {
+    let t = tempdir();
+    let data = tiny_set(&t.path().join("data"), 2, 1);
+    let r = run(
+        tchrun()
+            .args(["doctor", "--launcher", "local", "--data"])
+            .arg(&data)
+            .arg("--output")
+            .arg(data.join("out"))
+            .arg("--log-dir")
+            .arg(t.path().join("logs")),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("--output") && r.stderr.contains("--data"),
+        "{}",
+        r.explain()
+    );
+    assert!(!data.join("out").exists(), "{}", r.explain());
+}
+
+/// Item 6: an MLflow URI whose port is no TCP port is refused with the flag's parse (exit 2).
+#[test]
+fn an_mlflow_uri_with_port_99999_is_refused() {
+    let t = tempdir();
+    let data = tiny_set(&t.path().join("train"), 2, 2);
+    let r = train(
+        t.path(),
+        &data,
+        &[
+            "--mlflow-tracking-uri",
+            "http://127.0.0.1:99999",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("port '99999' is not a TCP port"),
+        "{}",
+        r.explain()
+    );
 }

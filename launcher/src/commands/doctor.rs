@@ -40,6 +40,24 @@ pub fn run(a: &DoctorArgs) -> Result<i32, JobError> {
         "doctor",
         a.launch.dry_run,
     )?;
+    // The doctor writes its test files into --output and its logs: neither may be or lie in
+    // a --data input (as every other command refuses an output inside an input).
+    let mut outputs = vec![tchrun::overlap::Named::new(
+        "--log-dir",
+        "the doctor's logs",
+        &log_dir,
+    )];
+    if let Some(o) = &a.checks.output {
+        outputs.push(tchrun::overlap::Named::new(
+            "--output",
+            "the doctor's write test",
+            o,
+        ));
+    }
+    let inputs: Vec<_> = (a.checks.data.iter())
+        .map(|d| tchrun::overlap::Named::new("--data", "a dataset every node must see", d))
+        .collect();
+    tchrun::overlap::check_disjoint(&outputs, &inputs)?;
     let Some(d) = diagnose(&a.launch, &a.rank, &a.checks, &log_dir)? else {
         return Ok(0);
     };
