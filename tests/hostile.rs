@@ -306,3 +306,106 @@ fn an_mlflow_uri_with_port_99999_is_refused() {
         r.explain()
     );
 }
+
+/// Item 6: the stop line of an interrupted `--launcher local` job names the logs but no
+/// `70_mpi_log` (the local launcher has no mpirun messages).
+#[test]
+fn the_local_launchers_stop_line_names_no_mpi_log() {
+    let t = tempdir();
+    let data = tiny_set(&t.path().join("train"), 2, 24);
+    let model = model_dir(t.path(), "resnet18", 32);
+    let valid = tiny_set(&t.path().join("valid"), 2, 2);
+    let out = t.path().join("out");
+    let mut c = tchrun_train(&model, &data, &valid, &out);
+    c.args([
+        "--launcher",
+        "local",
+        "--procs-per-node",
+        "1",
+        "--epochs",
+        "50",
+    ])
+    .args(["--batch-size", "4", "--threads", "1"]);
+    let mut job = Job::start(&mut c, t.path());
+    assert!(
+        wait_for(Duration::from_secs(120), || out
+            .join("logs/heartbeat-0.json")
+            .is_file()),
+        "no heartbeat: {}",
+        job.output()
+    );
+    nix::sys::signal::kill(job.pid(), nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let code = job.wait(Duration::from_secs(90));
+    let text = job.output();
+    assert!(code.is_some(), "did not stop: {text}");
+    assert!(
+        text.contains("tchrun: interrupted (SIGINT); all ranks stopped (logs in")
+            && !text.contains("70_mpi_log"),
+        "{text}"
+    );
+}
+
+/// Item 6: `--console host:nope` on a local job (before: nothing shown, nothing said) is
+/// refused before any rank starts, naming the host the job runs on.
+#[test]
+fn a_console_host_the_job_does_not_run_on_is_refused() {
+    let t = tempdir();
+    let data = tiny_set(&t.path().join("train"), 2, 2);
+    let r = train(t.path(), &data, &["--console", "host:nope", "--dry-run"]);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("--console host:nope: the job runs on"),
+        "{}",
+        r.explain()
+    );
+}
+
+/// Item 6: two `tchrun stacks` at once shared one request slot, so the second's request made
+/// the first wait for answers to another id and blame a healthy rank. Each capture now takes
+/// its turn (a lock in the log directory): both take the rank's stacks "taken by self".
+#[test]
+fn two_tchrun_stacks_at_once_both_get_every_ranks_answer() {
+    let t = tempdir();
+    let data = tiny_set(&t.path().join("train"), 2, 24);
+    let model = model_dir(t.path(), "resnet18", 32);
+    let valid = tiny_set(&t.path().join("valid"), 2, 2);
+    let out = t.path().join("out");
+    let logs = out.join("logs");
+    let mut c = tchrun_train(&model, &data, &valid, &out);
+    c.args([
+        "--launcher",
+        "local",
+        "--procs-per-node",
+        "1",
+        "--epochs",
+        "200",
+    ])
+    .args(["--batch-size", "4", "--threads", "1"]);
+    let mut job = Job::start(&mut c, t.path());
+    assert!(
+        wait_for(Duration::from_secs(120), || logs
+            .join("heartbeat-0.json")
+            .is_file()),
+        "no heartbeat: {}",
+        job.output()
+    );
+    let (a, b) = std::thread::scope(|s| {
+        let one = s.spawn(|| run(tchrun().arg("stacks").arg(&logs), Duration::from_secs(90)));
+        let two = s.spawn(|| run(tchrun().arg("stacks").arg(&logs), Duration::from_secs(90)));
+        (one.join().expect("first"), two.join().expect("second"))
+    });
+    for r in [&a, &b] {
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        assert!(
+            r.stdout.contains("taken by self") && !r.stdout.contains("no answer within"),
+            "{}",
+            r.explain()
+        );
+    }
+    nix::sys::signal::kill(job.pid(), nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    assert!(
+        job.wait(Duration::from_secs(90)).is_some(),
+        "{}",
+        job.output()
+    );
+}

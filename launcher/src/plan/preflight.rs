@@ -95,6 +95,15 @@ pub fn validate(
     console
         .check(plan.world_size() as usize)
         .map_err(|e| JobError::invalid(e.to_string()))?;
+    // The local launcher's ranks all run on this host: a host selection must name it.
+    if plan.kind == LauncherKind::Local {
+        let here = hostname::get()
+            .map(|h| vec![h.to_string_lossy().into_owned()])
+            .unwrap_or_default();
+        console
+            .check_hosts(&here)
+            .map_err(|e| JobError::invalid(e.to_string()))?;
+    }
     plan.console = console.clone();
     gpus::check(&plan, usage)?;
     Ok(plan)
