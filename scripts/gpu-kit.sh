@@ -47,14 +47,18 @@ if [[ -e "$DIR" && ! -e "$DIR/$MARK" ]] && [[ -n "$(ls -A "$DIR" 2>/dev/null)" ]
 fi
 
 # --- Where OpenMPI and PMIx are installed here --------------------------------------------------
-# The worker's libmpi, as the loader resolves it; the rest of OpenMPI relative to what it says.
-LIBMPI="$(ldd "$BIN/tchrun-worker" | awk '$1 == "libmpi.so.40" && $3 ~ /^\// { print $3 }')"
-[[ -n "$LIBMPI" ]] || die "tchrun-worker does not resolve libmpi.so.40 here (ldd): install OpenMPI (scripts/setup.sh)"
+# The libmpi the worker loads under mpirun (dlopen of libmpi.so.40: LD_LIBRARY_PATH, then the
+# loader's cache), as the loader resolves it; the rest of OpenMPI relative to what it says.
 ORTERUN="$(command -v orterun || true)"
 ORTED="$(command -v orted || true)"
 OMPI_INFO="$(command -v ompi_info || true)"
 [[ -n "$ORTERUN" && -n "$ORTED" && -n "$OMPI_INFO" ]] || die "orterun, orted or ompi_info not on PATH (openmpi-bin)"
 ompi_path() { "$OMPI_INFO" --path "$1" --parsable 2>/dev/null | awk -F: '{ print $NF }'; }
+LIBMPI=""
+for d in ${LD_LIBRARY_PATH//:/ }; do [[ -f "$d/libmpi.so.40" ]] && { LIBMPI="$d/libmpi.so.40"; break; }; done
+[[ -n "$LIBMPI" ]] || LIBMPI="$(PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | awk '$1 == "libmpi.so.40" && $NF ~ /^\// { print $NF; exit }')"
+[[ -n "$LIBMPI" ]] || { d="$(ompi_path libdir)"; for f in "$d/libmpi.so.40" "$d/../libmpi.so.40"; do [[ -f "$f" ]] && { LIBMPI="$(realpath "$f")"; break; }; done; }
+[[ -n "$LIBMPI" && -f "$LIBMPI" ]] || die "libmpi.so.40 not found (LD_LIBRARY_PATH, ldconfig -p, ompi_info's libdir): install OpenMPI (scripts/setup.sh)"
 PKGLIBDIR="$(ompi_path pkglibdir)"
 PKGDATADIR="$(ompi_path pkgdatadir)"
 SYSCONFDIR="$(ompi_path sysconfdir)"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One-command, idempotent setup for tchrun on Debian 12 (x86-64).
-#   apt: OpenMPI, libclang (rsmpi's bindgen), gloo headers (c10d shim), Slurm + munge (tests),
+#   apt: OpenMPI (the ranks load it at run time under mpirun; the build needs neither its headers
+#        nor libclang), gloo headers (c10d shim), Slurm + munge (tests),
 #        iproute2 (network-namespace tests), strace (tests/index.rs counts system calls),
-#        elfutils (eu-stack: the native stacks of a hung rank, src/stacks.rs)
+#        elfutils (eu-stack: the native stacks of a hung rank, src/stacks.rs), debootstrap
+#        (scripts/bullseye.sh: the Debian 11 build and run of tests/install.rs)
 #   venv: .venv with torch==2.11.0 (libtorch for tch 0.24), torchvision, test/bench deps
 # Second run is fast: every step checks before it installs.
 set -euo pipefail
@@ -12,7 +14,7 @@ log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-APT_PKGS=(openmpi-bin libopenmpi-dev libclang-dev libgloo-dev g++ pkg-config
+APT_PKGS=(openmpi-bin libgloo-dev g++ pkg-config debootstrap
           slurmctld slurmd slurm-client munge iproute2 procps util-linux fonts-dejavu-core strace elfutils)
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -46,7 +46,9 @@ pub fn capture(
     limit: Duration,
 ) -> (Vec<ThreadStack>, Option<&'static str>, Option<StackError>) {
     // The capture's own threads (this one, the tool's pipes) are not the process's work.
-    let me = nix::unistd::gettid().as_raw() as u32;
+    // The raw system call: glibc's gettid() wrapper (2.30) would raise the glibc the binaries
+    // need above what the wheel built in Debian 11 otherwise needs (docs/setup.md).
+    let me = unsafe { nix::libc::syscall(nix::libc::SYS_gettid) } as u32;
     let own = |t: &ThreadStack| pid == std::process::id() && t.tid == me;
     let tool = match tool() {
         Ok(t) => t,

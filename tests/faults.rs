@@ -836,3 +836,42 @@ fn the_loss_scaler_skips_overflowing_steps_and_otherwise_changes_nothing() {
         "the scaler must start from its initial scale after an unscaled run:\n{log}"
     );
 }
+
+/// Issue 52: what an `exec` program leaves running in the background (`sleep &`, in the
+/// program's process group) ends with the job under mpirun as under the local launcher, as
+/// torchrun's agent ends its workers' sessions (before: under mpirun it outlived the job).
+#[test]
+fn a_programs_background_child_ends_with_the_job_under_every_launcher() {
+    let t = tempdir();
+    let marker = format!("tchrun-background-check-{}", std::process::id());
+    for launcher in ["mpirun", "local"] {
+        let mut c = tchrun();
+        c.args([
+            "exec",
+            "--launcher",
+            launcher,
+            "--procs-per-node",
+            "2",
+            "--log-dir",
+        ])
+        .arg(t.path().join(launcher))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            // The background shell keeps the marker in its command line (two commands: no
+            // exec of the last one).
+            &format!("sh -c 'sleep 300; true # {marker}' & echo started; exit 0"),
+        ]);
+        let r = run(&mut c, Duration::from_secs(120));
+        assert_eq!(r.code, Some(0), "{launcher}: {}", r.explain());
+        let gone = wait_for(Duration::from_secs(10), || {
+            processes_with(&marker).is_empty()
+        });
+        assert!(
+            gone,
+            "{launcher}: the program's background child outlived the job: {:?}",
+            processes_with(&marker)
+        );
+    }
+}

@@ -165,6 +165,7 @@ fn main() {
         }
     };
 
+    let manifest = env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
     let mut build = cc::Build::new();
     build
         .cpp(true)
@@ -174,6 +175,10 @@ fn main() {
         .include("/usr/include") // Debian libgloo-dev: gloo headers the wheel does not ship
         .flag("-std=c++17")
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        // No path of this machine in the binary (`__FILE__` of torch's checks, the shim's):
+        // an installed worker must name none (scripts/wheel.sh checks).
+        .flag(format!("-ffile-prefix-map={}=torch", torch_dir.display()))
+        .flag(format!("-ffile-prefix-map={manifest}=worker"))
         .define("USE_C10D_GLOO", None)
         .warnings(false)
         .flag_if_supported("-Wno-unused-parameter")

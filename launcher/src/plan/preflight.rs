@@ -71,7 +71,15 @@ fn worker(args: &LaunchArgs) -> Result<PathBuf, JobError> {
             worker.display()
         )));
     }
+    // Installed into an environment (the wheel): the worker loads that environment's torch.
+    tchrun::install::check(&worker).map_err(|e| JobError::invalid(e.to_string()))?;
     Ok(worker)
+}
+
+/// `--launcher mpirun` needs Open MPI on this node: `mpirun` and the `libmpi.so.40` the ranks
+/// load (`tchrun::openmpi`).
+fn openmpi_missing() -> Option<String> {
+    tchrun::openmpi::missing(&|k: &str| std::env::var_os(k))
 }
 
 fn mpirun_args(args: &LaunchArgs) -> Result<Vec<String>, JobError> {
@@ -153,7 +161,7 @@ pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
     let in_slurm = std::env::var_os(tchrun::env::SLURM_JOB_ID).is_some();
     let kind = match args.launcher {
         LauncherKind::Auto if in_slurm && args.hostfile.is_none() && args.hosts.is_empty() => LauncherKind::Srun,
-        LauncherKind::Auto if on_path("mpirun") => LauncherKind::Mpirun,
+        LauncherKind::Auto if openmpi_missing().is_none() => LauncherKind::Mpirun,
         LauncherKind::Auto if args.nodes == 1 && args.hostfile.is_none() && args.hosts.is_empty() => LauncherKind::Local,
         LauncherKind::Auto => {
             return Err(JobError::invalid(
@@ -163,8 +171,13 @@ pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
         k => k,
     };
     match kind {
-        LauncherKind::Mpirun if !on_path("mpirun") => {
-            return Err(JobError::invalid("--launcher mpirun: mpirun is not on PATH; install OpenMPI (scripts/setup.sh) or use --launcher local"))
+        LauncherKind::Mpirun => {
+            if let Some(what) = openmpi_missing() {
+                return Err(JobError::invalid(format!(
+                    "--launcher mpirun: {what}; fix: `module load openmpi` (or install Open MPI), \
+                     or start the ranks without MPI: --launcher local (this node) or srun (Slurm)"
+                )));
+            }
         }
         LauncherKind::Srun if !on_path("srun") => {
             return Err(JobError::invalid("--launcher srun: srun is not on PATH; run inside a Slurm allocation or use --launcher mpirun"))

@@ -197,7 +197,10 @@ impl State {
             return None;
         }
         if beats.is_empty() {
-            return matches!(self.policy, Policy::Fixed(_)).then_some(Hang::SilentLogs);
+            // Ranks that do not beat are judged by their driver logs once one exists: a slow
+            // launch (a loaded node) is not a silent rank; `--timeout` bounds the bootstrap.
+            return (matches!(self.policy, Policy::Fixed(_)) && log_age.is_some())
+                .then_some(Hang::SilentLogs);
         }
         Some(Hang::Found(verdict(
             HangKind::NoProgress,
@@ -457,6 +460,9 @@ mod tests {
         // Off never finds anything; Fixed without beats goes by the logs.
         let mut off = State::new(Policy::Off, t0);
         assert_eq!(off.observe(t0 + s1 * 10_000, &[], None), None);
+        let mut fixed = State::new(Policy::Fixed(s1 * 3), t0);
+        // No driver log yet (a slow launch): not judged.
+        assert_eq!(fixed.observe(t0 + s1 * 10, &[], None), None);
         let mut fixed = State::new(Policy::Fixed(s1 * 3), t0);
         assert_eq!(fixed.observe(t0 + s1 * 3, &[], Some(s1 * 2)), None);
         assert_eq!(

@@ -4,6 +4,7 @@
 //! address, after a probe (`probe`) that every rank reaches it: rank 0 offers all its candidate
 //! addresses (`netif`) and the first one every rank reached is used. Without MPI: the same
 //! from torchrun's or Slurm's variables, no probe. Returns plain data.
+use crate::comm::mpi::{Comm, MpiError, Universe};
 use crate::comm::netif::{self, Candidate, GlooDevice, Network, NoSuchInterface};
 use crate::comm::pg::{C10dError, Store};
 use crate::comm::probe;
@@ -46,10 +47,8 @@ pub enum BootstrapError {
     Env(#[from] EnvError),
     #[error(transparent)]
     Store(#[from] C10dError),
-    #[error(
-        "MPI could not be initialized (was this process started by mpirun or srun --mpi=pmix?)"
-    )]
-    MpiInit,
+    #[error(transparent)]
+    Mpi(#[from] MpiError),
     /// A user's interface setting names no interface of this host (exit 3).
     #[error(transparent)]
     Interface(#[from] NoSuchInterface),
@@ -78,7 +77,7 @@ impl BootstrapError {
 pub struct Joined {
     pub info: RankInfo,
     pub store: Store,
-    pub universe: Option<mpi::environment::Universe>,
+    pub universe: Option<Universe>,
 }
 
 fn hostname() -> String {
@@ -116,7 +115,7 @@ pub struct Identity {
     pub place: Place,
     /// Rank 0's store address when the environment names it (torchrun, Slurm, single).
     master: Option<(String, u16)>,
-    universe: Option<mpi::environment::Universe>,
+    universe: Option<Universe>,
     /// This host's interfaces and the user's settings (`check_network`).
     net: Network,
 }
@@ -163,27 +162,25 @@ pub fn identify() -> Result<Identity, BootstrapError> {
 }
 
 fn identify_mpi(host: String) -> Result<Identity, BootstrapError> {
-    use mpi::traits::*;
-    let universe = mpi::initialize().ok_or(BootstrapError::MpiInit)?;
+    let universe = Universe::initialize()?;
     let world = universe.world();
-    let rank = world.rank() as usize;
-    let world_size = world.size() as usize;
-    let node = world.split_shared(world.rank());
-    let local_rank = node.rank() as usize;
-    let local_size = node.size() as usize;
+    let rank = world.rank()?;
+    let world_size = world.size()?;
+    let node = world.split_shared(rank)?;
+    let local_rank = node.rank()?;
+    let local_size = node.size()?;
     // Node index: how many node leaders (local rank 0) come before this node's leader.
-    let mut leader_flags = vec![0i32; world_size];
-    world.all_gather_into(
-        &(if local_rank == 0 { 1i32 } else { 0 }),
-        &mut leader_flags[..],
-    );
-    let mut first_rank_on_node = rank as i32;
-    node.process_at_rank(0)
-        .broadcast_into(&mut first_rank_on_node);
-    let node_rank = leader_flags[..first_rank_on_node as usize]
+    let mut leader_flags = vec![0u8; world_size];
+    world.all_gather(&[u8::from(local_rank == 0)], &mut leader_flags)?;
+    let mut first_rank_on_node = (rank as u64).to_le_bytes();
+    node.broadcast(0, &mut first_rank_on_node)?;
+    let first_rank_on_node = (u64::from_le_bytes(first_rank_on_node) as usize).min(world_size);
+    let node_rank = leader_flags[..first_rank_on_node]
         .iter()
         .filter(|&&f| f == 1)
         .count();
+    drop(node);
+    drop(world);
     Ok(Identity {
         place: Place {
             rank,
@@ -223,7 +220,6 @@ impl Identity {
         &self,
         serve: impl FnOnce(&str, u16) -> Result<(T, u16), BootstrapError>,
     ) -> Result<(String, u16, Option<T>, String), BootstrapError> {
-        use mpi::traits::*;
         let Some(universe) = &self.universe else {
             let (addr, port) = self
                 .master
@@ -255,7 +251,7 @@ impl Identity {
                 Err(e) => failure = Some(e),
             }
         }
-        world.process_at_rank(0).broadcast_into(&mut buf[..]);
+        world.broadcast(0, &mut buf)?;
         if let Some(e) = failure {
             return Err(e);
         }
@@ -278,11 +274,7 @@ impl Identity {
     /// them and the addresses it listens on; every rank tries each within `probe::BUDGET`;
     /// the results are all-gathered and the first address every rank reached is chosen (the
     /// same on every rank), with its `bootstrap: ...` line. None: every rank fails alike.
-    fn probe_master(
-        &self,
-        world: &mpi::topology::SimpleCommunicator,
-    ) -> Result<(String, String), BootstrapError> {
-        use mpi::traits::*;
+    fn probe_master(&self, world: &Comm<'_>) -> Result<(String, String), BootstrapError> {
         let place = &self.place;
         let mut offer = [0u8; 4096];
         let mut listening = None;
@@ -291,7 +283,7 @@ impl Identity {
             let n = text.len().min(offer.len());
             offer[..n].copy_from_slice(&text.as_bytes()[..n]);
         }
-        world.process_at_rank(0).broadcast_into(&mut offer[..]);
+        world.broadcast(0, &mut offer)?;
         let text = String::from_utf8_lossy(&offer)
             .trim_end_matches('\0')
             .to_string();
@@ -322,7 +314,7 @@ impl Identity {
         let n = h.len().min(HOST_BYTES);
         mine[8..8 + n].copy_from_slice(&h[..n]);
         let mut all = vec![0u8; mine.len() * place.world_size];
-        world.all_gather_into(&mine[..], &mut all[..]);
+        world.all_gather(&mine, &mut all)?;
         drop(listening);
         let ranks: Vec<(u64, String)> = all
             .chunks(mine.len())

@@ -19,7 +19,7 @@ pub struct Dist {
     pub pg: ProcessGroup,
     /// The store the group is built on (rank 0 serves it).
     pub store: Store,
-    _universe: Option<mpi::environment::Universe>,
+    _universe: Option<crate::comm::mpi::Universe>,
 }
 
 #[derive(Debug, thiserror::Error)]

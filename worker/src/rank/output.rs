@@ -36,16 +36,24 @@ pub fn run(mut cmd: Command, console: &Console) -> std::io::Result<ExitStatus> {
     cmd.stdin(Stdio::inherit())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: `prctl` is async-signal-safe; the closure allocates nothing.
+    // The program leads a process group of its own: what it starts in the background is in it,
+    // gets the stop signals the rank passes on, and is ended with the program (`end_group`),
+    // under mpirun and srun as under the local launcher (which ends each rank's group), as
+    // torchrun's agent ends its workers' sessions.
+    // SAFETY: `prctl` and `setpgid` are async-signal-safe; the closure allocates nothing.
     unsafe {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::setpgid(0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
     let mut child = cmd.spawn()?;
+    let group = EndGroup(child.id());
     crate::rank::signals::forward_to(child.id());
     forward_others(child.id());
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
@@ -60,6 +68,7 @@ pub fn run(mut cmd: Command, console: &Console) -> std::io::Result<ExitStatus> {
         if ended.is_none() {
             if let Some(status) = child.try_wait()? {
                 ended = Some((status, Instant::now()));
+                group.end();
             }
         }
         if let Some((_, at)) = ended {
@@ -112,6 +121,26 @@ pub fn run(mut cmd: Command, console: &Console) -> std::io::Result<ExitStatus> {
     }
 }
 
+/// The program's process group, ended (SIGKILL to what is left of it) when the program ended
+/// or the rank leaves `run`.
+struct EndGroup(u32);
+
+impl EndGroup {
+    fn end(&self) {
+        let group = nix::unistd::Pid::from_raw(self.0 as i32);
+        // ESRCH (nothing left) is the usual answer.
+        if nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL).is_ok() {
+            tracing::debug!("ended what the program left in its process group");
+        }
+    }
+}
+
+impl Drop for EndGroup {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 /// A pipe end the loop polls and reads.
 trait ReadFd: Read {
     fn fd(&self) -> std::os::fd::BorrowedFd<'_>;
@@ -131,8 +160,9 @@ fn forward_others(pid: u32) {
         .name("forward".into())
         .spawn(move || {
             for sig in signals.forever() {
-                // SAFETY: `kill` sends a signal; the program is this rank's child.
-                unsafe { libc::kill(pid as libc::pid_t, sig) };
+                // SAFETY: `kill` sends a signal; the program is this rank's child and leads
+                // its process group (a negative pid: the whole group).
+                unsafe { libc::kill(-(pid as libc::pid_t), sig) };
             }
         });
 }

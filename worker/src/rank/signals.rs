@@ -94,8 +94,9 @@ pub fn install() -> std::io::Result<()> {
                 // Not in the driver log: its last lines stay the program's (the hang report and
                 // the failure tail show them), and a stop stays one line on the console.
                 tracing::debug!("received {}{from}: passed on to the program (pid {program})", name(sig));
-                // SAFETY: `kill` sends a signal to the rank's own child.
-                unsafe { libc::kill(program, sig) };
+                // SAFETY: `kill` sends a signal to the rank's own child's process group (it
+                // leads one: `output::run`), what it started in the background included.
+                unsafe { libc::kill(-program, sig) };
                 continue;
             }
             if crate::heartbeat::current_phase().finished_work() {
