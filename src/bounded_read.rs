@@ -5,7 +5,7 @@
 //! once), refuses what is not a regular file (a FIFO, a device, a socket, a directory: named in
 //! the error, never read), and refuses a file larger than the cap of its kind (checked on the
 //! open file's size, and again while reading, so a file that grows is cut off at the cap).
-//! Owns the caps ([`caps`]); re-exported by [`crate::files`].
+//! Owns the caps ([`caps`]); re-exported by the `files` module.
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};

@@ -8,6 +8,7 @@
 use crate::arch::{swin::SwinShape, vit, Arch, EfficientnetLayout, Family};
 
 mod convnext;
+mod finite;
 mod mobilenet;
 mod regnet;
 mod swin;
@@ -18,6 +19,8 @@ type Spec = Vec<(String, Vec<usize>)>;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
+
+pub use finite::first_non_finite;
 
 /// `(name, shape)` of every tensor of torchvision's `state_dict` for `arch` with `classes`
 /// outputs, in torchvision's order (a ViT at torchvision's default image size, 224: `spec_at`).
@@ -486,39 +489,6 @@ pub fn load(arch: Arch, path: &Path, input_size: u32) -> Result<Loaded, WeightsE
         safetensors,
         sha256,
     })
-}
-
-/// The first floating-point tensor of a safetensors file holding a NaN or an infinity, in
-/// words: initial weights that are not finite make the first loss NaN, which training would
-/// report as a divergence ("lower --lr"); they are refused here naming the tensor.
-pub fn first_non_finite(safetensors: &[u8]) -> Result<Option<String>, String> {
-    let st = SafeTensors::deserialize(safetensors).map_err(|e| format!("{e:?}"))?;
-    let mut tensors = st.tensors();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    for (name, view) in tensors {
-        let data = view.data();
-        let bad = match view.dtype() {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
-            Dtype::F64 => data
-                .chunks_exact(8)
-                .position(|c| !f64::from_le_bytes(c.try_into().unwrap_or([0; 8])).is_finite()),
-            // All exponent bits set: an infinity or a NaN.
-            Dtype::F16 => (data.chunks_exact(2))
-                .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
-            Dtype::BF16 => (data.chunks_exact(2))
-                .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
-            _ => None,
-        };
-        if let Some(i) = bad {
-            return Ok(Some(format!(
-                "tensor {name} holds a NaN or an infinity (element {i}); initial weights must \
-                 be finite: give the weights of a run that did not diverge"
-            )));
-        }
-    }
-    Ok(None)
 }
 
 /// The tensors (name, dtype, shape) a safetensors file declares, read from its header alone
