@@ -113,7 +113,8 @@ pub fn balanced(counts: &[usize]) -> Vec<f64> {
 /// The weights a file gives `classes`: a JSON object (a `.json` name) or CSV rows
 /// `class,weight` (a first row whose weight is not a number is a header).
 pub fn read_file(path: &Path, classes: &[String]) -> Result<Vec<f64>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let text = crate::files::read_bounded_string(path, crate::files::caps::CLASS_WEIGHTS)
+        .map_err(|e| format!("cannot read it: {e}"))?;
     let is_json = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
@@ -139,7 +140,15 @@ pub fn read_file(path: &Path, classes: &[String]) -> Result<Vec<f64>, String> {
         }
         out
     };
+    if pairs.is_empty() {
+        return Err(
+            "names no class; give JSON {\"class\": weight, ...} or CSV lines class,weight, or \
+             leave --class-weights out"
+                .into(),
+        );
+    }
     let mut weights = vec![1.0; classes.len()];
+    let mut seen = vec![false; classes.len()];
     for (name, w) in pairs {
         let Some(i) = classes.iter().position(|c| *c == name) else {
             return Err(format!(
@@ -148,16 +157,43 @@ pub fn read_file(path: &Path, classes: &[String]) -> Result<Vec<f64>, String> {
                 list(classes)
             ));
         };
-        match w.trim_matches('"').parse::<f64>() {
-            Ok(v) if v.is_finite() && v > 0.0 => weights[i] = v,
-            _ => {
-                return Err(format!(
-                    "class {name:?}: weight {w} is not a finite number > 0"
-                ))
-            }
+        if std::mem::replace(&mut seen[i], true) {
+            return Err(format!(
+                "class {name:?} is given twice; give each class once"
+            ));
         }
+        weights[i] = weight(&name, &w)?;
     }
     Ok(weights)
+}
+
+/// A class's weight: a finite number > 0 that stays one in the f32 the loss computes in (1e308
+/// is finite in f64 but infinite in f32; 1e-50 rounds to 0 there), so that a weight never
+/// reaches the loss as an infinity or a zero, and a bad one is named here, not as "training
+/// diverged".
+fn weight(name: &str, w: &str) -> Result<f64, String> {
+    const F32_RANGE: &str = "between 1.2e-38 and 3.4e38 (the loss computes in 32-bit floats)";
+    match w.trim_matches('"').parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => {
+            let single = v as f32;
+            if single.is_infinite() {
+                Err(format!(
+                    "class {name:?}: weight {w} is infinite in 32-bit floats; give a weight \
+                     {F32_RANGE}"
+                ))
+            } else if !single.is_normal() {
+                Err(format!(
+                    "class {name:?}: weight {w} rounds to 0 in 32-bit floats; give a weight \
+                     {F32_RANGE}"
+                ))
+            } else {
+                Ok(v)
+            }
+        }
+        _ => Err(format!(
+            "class {name:?}: weight {w} is not a finite number > 0"
+        )),
+    }
 }
 
 fn list(classes: &[String]) -> String {
@@ -260,6 +296,39 @@ mod tests {
             "{e}"
         );
         assert!(parse(" ").is_err());
+    }
+
+    /// Issue 52 item 6: an empty file, a class given twice, a weight infinite in f32 (1e308,
+    /// finite in f64) or rounding to 0 in f32 (1e-50) are refused with the reason, not trained
+    /// into "training diverged" or a class that counts for nothing; a FIFO is refused at once.
+    #[test]
+    fn weights_the_loss_cannot_use_are_refused_with_the_reason() {
+        let t = tempfile::tempdir().expect("tmp");
+        let put = |name: &str, text: &str| {
+            let p = t.path().join(name);
+            std::fs::write(&p, text).expect("write");
+            p
+        };
+        let c = names(3);
+        for (file, text, want) in [
+            ("empty.csv", "", "names no class"),
+            ("header.csv", "class,weight\n", "names no class"),
+            ("empty.json", "{}", "names no class"),
+            ("twice.csv", "c1,2\nc1,3\n", "\"c1\" is given twice"),
+            ("huge.json", r#"{"c0": 1e308}"#, "infinite in 32-bit floats"),
+            ("tiny.csv", "c2,1e-50\n", "rounds to 0 in 32-bit floats"),
+        ] {
+            let e = read_file(&put(file, text), &c).expect_err(file);
+            assert!(e.contains(want), "{file}: {e}");
+        }
+        assert_eq!(
+            read_file(&put("edge.csv", "c0,3e38\nc1,1.2e-38\n"), &c),
+            Ok(vec![3e38, 1.2e-38, 1.0])
+        );
+        let fifo = t.path().join("fifo.csv");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        let e = read_file(&fifo, &c).expect_err("a FIFO");
+        assert!(e.contains("FIFO"), "{e}");
     }
 
     #[test]

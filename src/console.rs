@@ -41,6 +41,8 @@ pub enum ConsoleError {
         crate::counts::MAX_WORLD_SIZE
     )]
     TooMany { part: String },
+    #[error("--console {value}: the job runs on {} only; name it (host:{}) or give ranks (0,3 or all)", hosts.join(", "), hosts.first().map(String::as_str).unwrap_or_default())]
+    UnknownHost { value: String, hosts: Vec<String> },
     #[error("--console {value}: the job has {world} rank(s) (0-{last}); pick among them or use all", last = world.saturating_sub(1))]
     OutOfRange { value: String, world: usize },
 }
@@ -133,6 +135,28 @@ impl Selection {
             _ => Ok(()),
         }
     }
+
+    /// A host selection naming a host the job does not run on is refused, when the job's
+    /// hosts are known (`--launcher local`: this host); before, `host:nope` showed nothing and
+    /// said nothing.
+    pub fn check_hosts(&self, hosts: &[String]) -> Result<(), ConsoleError> {
+        match self {
+            Selection::Hosts(names)
+                if !hosts.is_empty()
+                    && names.iter().any(|n| {
+                        !hosts
+                            .iter()
+                            .any(|h| Selection::Hosts(vec![n.clone()]).selects(h, 0))
+                    }) =>
+            {
+                Err(ConsoleError::UnknownHost {
+                    value: self.to_string(),
+                    hosts: hosts.to_vec(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The value `parse` reads back (`--console` as the launcher hands it to the ranks).
@@ -189,6 +213,23 @@ impl StderrWarnings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 52 item 6: `host:nope` on a job of known hosts is refused naming them.
+    #[test]
+    fn a_host_the_job_does_not_run_on_is_refused() {
+        let here = vec!["vm.example".to_string()];
+        let sel = |s: &str| Selection::parse(s).expect(s);
+        assert!(sel("host:vm").check_hosts(&here).is_ok());
+        assert!(sel("host:vm.example").check_hosts(&here).is_ok());
+        assert!(sel("0").check_hosts(&here).is_ok());
+        assert!(sel("host:nope").check_hosts(&[]).is_ok(), "hosts unknown");
+        let e = sel("host:vm,nope").check_hosts(&here).expect_err("nope");
+        assert_eq!(
+            e.to_string(),
+            "--console host:vm,nope: the job runs on vm.example only; name it (host:vm.example) \
+             or give ranks (0,3 or all)"
+        );
+    }
 
     #[test]
     fn every_form_parses_and_reads_back() {

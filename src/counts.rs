@@ -93,6 +93,26 @@ pub fn images_per_step(batch: u32, world: u32, global: Option<u32>) -> u64 {
     global.map_or(u64::from(batch) * u64::from(world), u64::from)
 }
 
+/// `--global-batch-size G`'s epoch over `n` training images: padded (with copies) to whole
+/// optimizer steps of G images, which each rank holds as a list of positions. Refused, naming
+/// the flag and the fix, when G is more than twice the images (more than half of every step
+/// would be copies: `--global-batch-size 4294967280` on 120 images made each rank list four
+/// billion positions, 10.8 GB and growing); fewer images than one step, up to twice, is one
+/// partial step (a warning of the pre-flight). Returns the padded positions of an epoch.
+pub fn padded_epoch(global: u32, n: u64) -> Result<u64, CountError> {
+    let g = u64::from(global);
+    let positions = n.div_ceil(g.max(1)).checked_mul(g);
+    match positions {
+        Some(p) if g <= n.saturating_mul(2) => Ok(p),
+        _ => Err(CountError(format!(
+            "--global-batch-size {global} is more than twice the {n} training image(s): every \
+             optimizer step would train each image {} times over (the step is filled with \
+             copies); lower --global-batch-size to {n} or less, or add images",
+            g / n.max(1)
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +141,16 @@ mod tests {
             "{e}"
         );
         assert_eq!(total_steps(5, 1, 10), Ok(50));
+        assert_eq!(padded_epoch(32, 20), Ok(32));
+        assert_eq!(padded_epoch(64, 100), Ok(128));
+        let e = padded_epoch(4_294_967_280, 120).unwrap_err().0;
+        assert!(
+            e.starts_with("--global-batch-size 4294967280 is more than twice the 120")
+                && e.contains("lower --global-batch-size to 120 or less"),
+            "{e}"
+        );
+        assert!(padded_epoch(41, 20).is_err() && padded_epoch(40, 20).is_ok());
+        assert!(padded_epoch(8, 0).is_err());
         let e = total_steps(u32::MAX, 0, u64::MAX).unwrap_err().0;
         assert!(e.starts_with("--epochs 4294967295"), "{e}");
         let e = total_steps(1, u32::MAX, 1 << 20).unwrap_err().0;

@@ -1,6 +1,10 @@
 //! File names of the log directory and the model directories, written once here.
 use std::path::{Path, PathBuf};
 
+pub use crate::bounded_read::{
+    caps, open_regular, read_bounded, read_bounded_into, read_bounded_string, BoundedReadError,
+};
+
 /// Launch output of mpirun/srun and the launcher itself.
 pub const MPI_LOG: &str = "70_mpi_log";
 /// Prefix of the per-rank driver logs.

@@ -15,6 +15,7 @@
 // Contracts.
 pub mod arch;
 pub mod augment_flags;
+pub mod bounded_read;
 pub mod checkpoint;
 pub mod class_weights;
 pub mod console;

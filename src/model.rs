@@ -303,10 +303,14 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    if matches!(
-        ext.as_deref(),
-        Some("pt") | Some("pth") | Some("pkl") | Some("ckpt")
-    ) {
+    // Decided by what it is: a directory is a model directory whatever its name (`x.pth/`);
+    // a file named as a pickle is refused as one.
+    if !dir.is_dir()
+        && matches!(
+            ext.as_deref(),
+            Some("pt") | Some("pth") | Some("pkl") | Some("ckpt")
+        )
+    {
         return Err(invalid(
             dir,
             "pickled PyTorch files are refused (unpickling runs arbitrary code); give a model \
@@ -323,14 +327,15 @@ pub fn load(dir: &Path, need_weights: bool) -> Result<ModelConfig, InvalidModelD
     if let Some(e) = unfinished_training(dir) {
         return Err(e);
     }
-    let text = std::fs::read_to_string(&file).map_err(|e| {
-        invalid(
-            &file,
-            format!(
+    let text =
+        crate::files::read_bounded_string(&file, crate::files::caps::MODEL_JSON).map_err(|e| {
+            invalid(
+                &file,
+                format!(
                 "cannot read {MODEL_JSON} ({e}); a model directory is made by `tchrun model init`"
             ),
-        )
-    })?;
+            )
+        })?;
     let raw: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| invalid(&file, format!("not valid JSON: {e}")))?;
     if let Some(arch) = raw.get("arch").and_then(|a| a.as_str()) {
@@ -629,5 +634,23 @@ mod tests {
             .expect_err("pickle")
             .to_string()
             .contains("pickled"));
+    }
+
+    /// Issue 52 item 6: a model directory named `x.pth` is a model directory (decided by what
+    /// it is, not by its name); a file of that name is still refused as a pickle.
+    #[test]
+    fn a_model_directory_named_like_a_pickle_is_a_model_directory() {
+        let t = tempfile::tempdir().expect("tmp");
+        let d = t.path().join("x.pth");
+        std::fs::create_dir(&d).expect("mkdir");
+        let cfg = ModelConfig::untrained(Arch::Resnet18, 32, Normalization::default());
+        std::fs::write(d.join(MODEL_JSON), to_json(&cfg)).expect("model.json");
+        assert_eq!(
+            load(&d, false).expect("a model directory").arch,
+            Arch::Resnet18
+        );
+        std::fs::write(t.path().join("y.pth"), b"PK").expect("file");
+        let e = load(&t.path().join("y.pth"), false).expect_err("a pickle file");
+        assert!(e.to_string().contains("pickled"), "{e}");
     }
 }

@@ -408,6 +408,7 @@ pub fn check_job(
     crate::counts::total_steps(p.epochs, p.warmup_epochs, steps_per_epoch).map_err(counts)?;
     let mut warnings = Vec::new();
     if let Some(g) = job.options.global_batch_size {
+        crate::counts::padded_epoch(g, n).map_err(counts)?;
         if n < u64::from(g) {
             warnings.push(format!(
                 "warning: --global-batch-size {g}: --train {} has {n} image(s), fewer than one \

@@ -8,6 +8,7 @@
 use crate::arch::{swin::SwinShape, vit, Arch, EfficientnetLayout, Family};
 
 mod convnext;
+mod finite;
 mod mobilenet;
 mod regnet;
 mod swin;
@@ -18,6 +19,8 @@ type Spec = Vec<(String, Vec<usize>)>;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
+
+pub use finite::first_non_finite;
 
 /// `(name, shape)` of every tensor of torchvision's `state_dict` for `arch` with `classes`
 /// outputs, in torchvision's order (a ViT at torchvision's default image size, 224: `spec_at`).
@@ -477,6 +480,9 @@ pub fn load(arch: Arch, path: &Path, input_size: u32) -> Result<Loaded, WeightsE
             let grid = (input_size / p) as usize;
             safetensors = vit::resample_safetensors(&safetensors, grid).map_err(unreadable)?;
         }
+    }
+    if let Some(detail) = first_non_finite(&safetensors).map_err(unreadable)? {
+        return Err(unreadable(detail));
     }
     Ok(Loaded {
         info,

@@ -428,6 +428,7 @@ fn status_of(
 fn snapshot_status(name: &str, text: &str) {
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(r"updated \d+ s ago", "updated [N] s ago");
+    settings.add_filter(r"ended \d+ s ago", "ended [N] s ago");
     settings.bind(|| insta::assert_snapshot!(name, text));
 }
 

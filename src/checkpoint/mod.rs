@@ -108,10 +108,15 @@ impl CheckpointError {
 /// Reads `last.json`; `Ok(None)` when there is none.
 pub fn read(output: &Path) -> Result<Option<Last>, CheckpointError> {
     let path = last_json(output);
-    let text = match std::fs::read(&path) {
+    let text = match crate::files::read_bounded(&path, crate::files::caps::RECORD) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(CheckpointError::Unreadable { path, source }),
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => {
+            return Err(CheckpointError::Unreadable {
+                path,
+                source: e.into_io(),
+            })
+        }
     };
     parse(&path, &text).map(Some)
 }

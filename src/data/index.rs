@@ -265,7 +265,8 @@ impl DatasetIndex {
     }
 
     pub fn read(path: &Path) -> Result<DatasetIndex, Stale> {
-        let bytes = fs::read(path).map_err(|e| Stale(format!("{}: {e}", path.display())))?;
+        let bytes = crate::files::read_bounded(path, crate::files::caps::DATASET_INDEX)
+            .map_err(|e| Stale(e.to_string()))?;
         let body = bytes
             .strip_prefix(MAGIC.as_slice())
             .ok_or_else(|| Stale(format!("{}: not a tchrun dataset index", path.display())))?;

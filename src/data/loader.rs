@@ -103,6 +103,15 @@ impl WorkerState {
     }
 }
 
+/// A refused or failed bounded read of an image (`files::read_bounded`): not a regular file or
+/// too large is a bad image (skipped under `--skip-bad-images`); an I/O error stays one.
+pub(super) fn bounded_err(path: &Path, e: crate::files::BoundedReadError) -> DatasetError {
+    match e {
+        crate::files::BoundedReadError::Io { source, .. } => io_err(path, source),
+        e => bad(path, e.to_string()),
+    }
+}
+
 pub(super) fn bad(path: &Path, detail: impl Into<String>) -> DatasetError {
     DatasetError::BadImage {
         path: path.to_path_buf(),
@@ -117,10 +126,8 @@ pub(super) fn decode_rgb(
     st: &mut WorkerState,
     max_pixels: u64,
 ) -> Result<(u32, u32), DatasetError> {
-    st.file.clear();
-    fs::File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut st.file))
-        .map_err(|e| io_err(path, e))?;
+    crate::files::read_bounded_into(path, crate::files::caps::IMAGE, &mut st.file)
+        .map_err(|e| bounded_err(path, e))?;
     decode_file_buf(path, st, max_pixels)
 }
 

@@ -169,7 +169,7 @@ impl Heartbeat {
         let mut beats: Vec<Heartbeat> = rd
             .flatten()
             .filter(|e| rank_of(&e.file_name().to_string_lossy()).is_some())
-            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|e| super::read_small(&e.path()))
             .filter_map(|b| serde_json::from_slice(&b).ok())
             .collect();
         beats.sort_by_key(|b| b.rank);

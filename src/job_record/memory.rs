@@ -68,7 +68,7 @@ impl RankMemory {
 
     /// The rank's last record in `log_dir`, if there is a readable one.
     pub fn read(log_dir: &Path, rank: usize) -> Option<RankMemory> {
-        serde_json::from_slice(&std::fs::read(path(log_dir, rank)).ok()?).ok()
+        serde_json::from_slice(&super::read_small(&path(log_dir, rank))?).ok()
     }
 
     /// "3012 MiB (peak 3050 MiB) of the memory cgroup /x's limit of 3072 MiB".

@@ -52,6 +52,13 @@ fn write_in_place(path: &Path, record: &impl serde::Serialize) -> std::io::Resul
     Ok(())
 }
 
+/// A per-rank record or capture file of the log directory, read with bounds
+/// (`files::read_bounded`, `caps::RECORD`); `None` when it is missing, not a regular file, too
+/// large or unreadable (a FIFO planted there never blocks its reader).
+fn read_small(path: &Path) -> Option<Vec<u8>> {
+    crate::files::read_bounded(path, crate::files::caps::RECORD).ok()
+}
+
 /// The rank of a per-rank file's name `<prefix><rank>.json` (`heartbeat-`, `memory-`, `stacks-`).
 fn rank_of_file(file_name: &str, prefix: &str) -> Option<usize> {
     file_name
@@ -64,12 +71,9 @@ fn rank_of_file(file_name: &str, prefix: &str) -> Option<usize> {
 /// A record that exists but cannot be read or parsed.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("{}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Not readable, or not a regular file, or larger than `files::caps::RECORD`.
+    #[error(transparent)]
+    Read(#[from] crate::files::BoundedReadError),
     #[error("{}: not a tchrun record: {source}", path.display())]
     Parse {
         path: PathBuf,
@@ -91,12 +95,12 @@ pub trait Record: serde::Serialize + serde::de::DeserializeOwned {
     /// The record a job left in `log_dir`: `None` when there is none.
     fn read(log_dir: &Path) -> Result<Option<Self>, RecordError> {
         let path = Self::path(log_dir);
-        let text = match std::fs::read_to_string(&path) {
+        let text = match crate::files::read_bounded(&path, crate::files::caps::RECORD) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(RecordError::Read { path, source }),
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(RecordError::Read(e)),
         };
-        serde_json::from_str(&text)
+        serde_json::from_slice(&text)
             .map(Some)
             .map_err(|source| RecordError::Parse { path, source })
     }

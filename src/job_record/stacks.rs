@@ -44,7 +44,7 @@ impl CaptureRequest {
         if !meta.file_type().is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
             return None;
         }
-        let text = std::fs::read(path).ok()?;
+        let text = super::read_small(&path)?;
         serde_json::from_slice(&text).ok()
     }
 
@@ -169,7 +169,7 @@ impl RankStacks {
 
     /// The rank's answer in `log_dir`, if it answered request `id`.
     pub fn read(log_dir: &Path, rank: usize, id: u64) -> Option<RankStacks> {
-        let text = std::fs::read(path(log_dir, rank)).ok()?;
+        let text = super::read_small(&path(log_dir, rank))?;
         serde_json::from_slice::<RankStacks>(&text)
             .ok()
             .filter(|s| s.id == id)

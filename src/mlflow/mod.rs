@@ -54,6 +54,18 @@ impl TrackingUri {
                 "'{s}' names no host: give the tracking server as http://HOST:PORT"
             ));
         }
+        // The port, if given, is a TCP port (1..=65535): `:99999` was accepted, and failed only
+        // when the first call went out.
+        let host_port = host.rsplit('@').next().unwrap_or(host);
+        let after_v6 = host_port.rsplit(']').next().unwrap_or(host_port);
+        if let Some((_, port)) = after_v6.rsplit_once(':') {
+            if !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+                return Err(format!(
+                    "'{s}': port '{port}' is not a TCP port (1 to 65535); give the tracking \
+                     server as http://HOST:PORT"
+                ));
+            }
+        }
         if rest.contains(['?', '#']) {
             return Err(format!(
                 "'{s}' has a query or fragment: give the tracking server's base URI, \

@@ -8,6 +8,9 @@ fn only_http_tracking_servers_are_taken() {
         "http://mlflow.example.com/",
         "https://host:443/prefix/",
         " http://h:1 ",
+        "http://user:pw@h:65535",
+        "http://[::1]:5000/x",
+        "http://[::1]/x",
     ] {
         let u = TrackingUri::parse(good).expect(good);
         assert!(!u.as_str().ends_with('/'), "{u}");
@@ -22,6 +25,10 @@ fn only_http_tracking_servers_are_taken() {
         "ftp://h",
         "http://h:1/?x=1",
         "",
+        // Issue 52 item 6: a port that is no TCP port is refused here, not at the first call.
+        "http://127.0.0.1:99999",
+        "http://h:0",
+        "http://h:nope/x",
     ] {
         let e = TrackingUri::parse(bad).expect_err(bad);
         assert!(e.contains("http://"), "{bad}: {e}");

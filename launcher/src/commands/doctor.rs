@@ -40,6 +40,24 @@ pub fn run(a: &DoctorArgs) -> Result<i32, JobError> {
         "doctor",
         a.launch.dry_run,
     )?;
+    // The doctor writes its test files into --output and its logs: neither may be or lie in
+    // a --data input (as every other command refuses an output inside an input).
+    let mut outputs = vec![tchrun::overlap::Named::new(
+        "--log-dir",
+        "the doctor's logs",
+        &log_dir,
+    )];
+    if let Some(o) = &a.checks.output {
+        outputs.push(tchrun::overlap::Named::new(
+            "--output",
+            "the doctor's write test",
+            o,
+        ));
+    }
+    let inputs: Vec<_> = (a.checks.data.iter())
+        .map(|d| tchrun::overlap::Named::new("--data", "a dataset every node must see", d))
+        .collect();
+    tchrun::overlap::check_disjoint(&outputs, &inputs)?;
     let Some(d) = diagnose(&a.launch, &a.rank, &a.checks, &log_dir)? else {
         return Ok(0);
     };
@@ -66,8 +84,8 @@ pub fn run(a: &DoctorArgs) -> Result<i32, JobError> {
 /// host decides.
 fn listed_hosts(l: &launch::LaunchArgs) -> Result<Vec<launch::Host>, JobError> {
     if let Some(f) = &l.hostfile {
-        let text = std::fs::read_to_string(f)
-            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e))?;
+        let text = tchrun::files::read_bounded_string(f, tchrun::files::caps::TEXT)
+            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e.into_io()))?;
         return launch::parse_hostfile(f, &text)
             .map_err(|e| JobError::invalid(format!("--hostfile {e}")));
     }
@@ -97,7 +115,7 @@ fn worker_args(
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, JobError> {
-    let text = std::fs::read(path).map_err(|e| {
+    let text = tchrun::files::read_bounded(path, tchrun::files::caps::RECORD).map_err(|e| {
         failed(format!(
             "the doctor's ranks ended without {}: {e}",
             path.display()

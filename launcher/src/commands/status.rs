@@ -109,9 +109,9 @@ fn read(dir: &Path) -> Result<Option<JobStatus>, String> {
         }
         Ok(s) => Ok(s),
         Err(RecordError::Parse { path, source }) => {
-            let version = std::fs::read_to_string(&path)
+            let version = tchrun::files::read_bounded(&path, tchrun::files::caps::RECORD)
                 .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
                 .and_then(|v| v.get("format_version").and_then(|v| v.as_u64()));
             Err(match version {
                 Some(v) if v > u64::from(FORMAT_VERSION) => newer(&path, v),
@@ -311,7 +311,15 @@ fn header(s: &JobStatus, dir: &Path, now: SystemTime) -> String {
         ),
     ));
     if let Some(end) = &s.end {
-        lines.push(("ended", format!("exit code {}: {}", end.code, end.summary)));
+        // When: the launcher's last write of status.json is the end.
+        let when = match age_s(&s.updated, now) {
+            Some(a) => format!("ended {} ago", ago(a)),
+            None => format!("ended {}", s.updated),
+        };
+        lines.push((
+            "ended",
+            format!("exit code {}: {} ({when})", end.code, end.summary),
+        ));
     }
     if s.epochs > 0 {
         let mut epoch = format!("{} of {}", s.epoch, s.epochs);
@@ -416,7 +424,7 @@ fn rank_table(s: &JobStatus, all: bool) -> String {
     }
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|h| h.to_string()).collect()];
     for group in rank_rows(s, all) {
-        rows.push(row(&group, gpu));
+        rows.push(row(&group, gpu, s.state.is_end()));
     }
     // Left: host, ranks, device, phase; the numbers right.
     let widths: Vec<usize> = (0..rows[0].len())
@@ -442,7 +450,9 @@ fn rank_table(s: &JobStatus, all: bool) -> String {
 
 /// One line of ranks that agree (or one rank): the slowest idle time, the mean shares, the
 /// largest memory.
-fn row(group: &[&RankStatus], gpu: bool) -> Vec<String> {
+/// Of an ended job, the phase says `ended` and the idle time `-` (the ranks' last report is
+/// no longer what they do: before, a finished job showed its last phases and "idle 0.0s").
+fn row(group: &[&RankStatus], gpu: bool, ended: bool) -> Vec<String> {
     let first = group[0];
     let ranks: Vec<usize> = group.iter().map(|r| r.rank).collect();
     let idle = group.iter().filter_map(|r| r.idle_s).reduce(f64::max);
@@ -466,9 +476,12 @@ fn row(group: &[&RankStatus], gpu: bool) -> Vec<String> {
         first.host.clone(),
         rank_list(&ranks),
         devices(group),
-        first.phase.map_or("-".to_string(), phase_name),
+        match first.phase {
+            Some(p) if ended && p != Phase::Done => format!("ended in {}", phase_name(p)),
+            p => p.map_or("-".to_string(), phase_name),
+        },
         first.step.to_string(),
-        idle.map_or("-".to_string(), idle_time),
+        idle.filter(|_| !ended).map_or("-".to_string(), idle_time),
         mean(|s| s.data_wait),
         mean(|s| s.compute),
         mean(|s| s.comm),
@@ -787,8 +800,15 @@ mod tests {
         );
         assert!(
             text.contains(
-                "ended:      exit code 4: rank 3 failed first (host node2): killed by signal 9"
+                "ended:      exit code 4: rank 3 failed first (host node2): killed by signal 9 \
+                 (ended 2 s ago)"
             ),
+            "{text}"
+        );
+        // Issue 52 item 6: a stopped job's ranks show where they ended, not a live phase and
+        // "idle 0.0s".
+        assert!(
+            text.contains("ended in backward") && !text.contains("0.1s") && !text.contains("0.3s"),
             "{text}"
         );
         assert!(text.ends_with("\ntchrun: rank 3 failed first\n"), "{text}");

@@ -103,6 +103,15 @@ pub fn validate(
     console
         .check(plan.world_size() as usize)
         .map_err(|e| JobError::invalid(e.to_string()))?;
+    // The local launcher's ranks all run on this host: a host selection must name it.
+    if plan.kind == LauncherKind::Local {
+        let here = hostname::get()
+            .map(|h| vec![h.to_string_lossy().into_owned()])
+            .unwrap_or_default();
+        console
+            .check_hosts(&here)
+            .map_err(|e| JobError::invalid(e.to_string()))?;
+    }
     plan.console = console.clone();
     gpus::check(&plan, usage)?;
     Ok(plan)
@@ -186,8 +195,8 @@ pub fn plan(args: &LaunchArgs, log_dir: PathBuf) -> Result<Plan, JobError> {
     }
     let mut hosts = Vec::new();
     if let Some(f) = &args.hostfile {
-        let text = std::fs::read_to_string(f)
-            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e))?;
+        let text = tchrun::files::read_bounded_string(f, tchrun::files::caps::TEXT)
+            .map_err(|e| JobError::input_io(format!("--hostfile {}", f.display()), e.into_io()))?;
         hosts = launch::parse_hostfile(f, &text)
             .map_err(|e| JobError::invalid(format!("--hostfile {e}")))?;
         if hosts.is_empty() {

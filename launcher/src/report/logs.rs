@@ -85,11 +85,20 @@ pub fn logs_command(dir: Option<&Path>) -> Result<String, String> {
     }
     let (dir, note) = find_log_dir(dir);
     let dir = dir.as_path();
-    if let Ok(Some(s)) = FailureSummary::read(dir) {
-        return Ok(format!("{note}{}", render(&s, dir)));
-    }
+    // A failure summary that exists but cannot be read (garbage, a FIFO, too large) is said so:
+    // "no failure recorded" would be a wrong diagnosis.
+    let unreadable = match FailureSummary::read(dir) {
+        Ok(Some(s)) => return Ok(format!("{note}{}", render(&s, dir))),
+        Ok(None) => None,
+        Err(e) => Some(format!(
+            "the failure summary is unreadable ({e}); the ranks' logs follow"
+        )),
+    };
     let logs = read_driver_logs(dir);
     if logs.is_empty() {
+        if let Some(u) = &unreadable {
+            return Err(format!("{}: {u}, but there are none", dir.display()));
+        }
         let mpi_log = files::mpi_log(dir);
         return Err(format!(
             "no driver logs and no failure summary in {}{}; give the job's log directory \
@@ -104,9 +113,10 @@ pub fn logs_command(dir: Option<&Path>) -> Result<String, String> {
         ));
     }
     let mut out = format!(
-        "{note}{} logged in {}; no failure recorded\n",
+        "{note}{} logged in {}; {}\n",
         tchrun::counts::ranks(logs.len()),
-        dir.display()
+        dir.display(),
+        unreadable.as_deref().unwrap_or("no failure recorded")
     );
     for l in &logs {
         let last = l.tail.last().map(String::as_str).unwrap_or("");

@@ -66,7 +66,7 @@ fn is_noise(line: &str) -> bool {
 
 /// Reads one driver log.
 pub fn read_driver_log(path: &Path, rank: usize) -> Option<RankLog> {
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = files::read_bounded(path, files::caps::LOG).ok()?;
     let text = String::from_utf8_lossy(&bytes);
     let parsed = driver_log::parse(&text);
     let header = parsed.header.as_ref();
@@ -139,10 +139,9 @@ pub fn any_rank_failed(dir: &Path) -> bool {
     rd.flatten()
         .filter(|e| files::driver_log_rank(&e.file_name().to_string_lossy()).is_some())
         .any(|e| {
-            let Ok(mut f) = std::fs::File::open(e.path()) else {
+            let Ok((mut f, len)) = files::open_regular(&e.path(), u64::MAX) else {
                 return false;
             };
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
             let _ = f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)));
             let mut bytes = Vec::new();
             let _ = f.take(TAIL_BYTES).read_to_end(&mut bytes);
@@ -373,7 +372,7 @@ pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
 pub fn skipped_images(logs: &[RankLog]) -> usize {
     let mut named = std::collections::BTreeSet::new();
     for l in logs {
-        let Ok(text) = std::fs::read_to_string(&l.path) else {
+        let Ok(text) = files::read_bounded_string(&l.path, files::caps::LOG) else {
             continue;
         };
         for line in text.lines() {
@@ -453,7 +452,7 @@ pub fn run_report_line(logs: &[RankLog]) -> Option<String> {
 /// time split, and where the TensorBoard events are. Rows that do not parse are skipped.
 pub fn training_report(output: &Path) -> Vec<String> {
     let rows: Vec<tchrun::metrics::EpochMetrics> =
-        std::fs::read_to_string(output.join(files::METRICS_JSONL))
+        files::read_bounded_string(&output.join(files::METRICS_JSONL), files::caps::LOG)
             .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())

@@ -18,6 +18,44 @@ pub const ANSWER_LIMIT: Duration = Duration::from_secs(20);
 /// a capture takes at most ANSWER_LIMIT + LOCAL_LIMIT, 28 s).
 pub const LOCAL_LIMIT: Duration = Duration::from_secs(8);
 
+/// The file whose exclusive `flock` a capture holds in the log directory.
+pub const CAPTURE_LOCK: &str = ".capture.lock";
+
+/// Takes the log directory's capture lock, waiting at most `limit` for another capture to end.
+fn capture_turn(
+    log_dir: &Path,
+    limit: Duration,
+) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = log_dir.join(CAPTURE_LOCK);
+    let t0 = Instant::now();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o640)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(l) => return Ok(l),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if t0.elapsed() < limit => {
+                file = f;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err((_, e)) => {
+                return Err(format!(
+                    "another capture of {} held {} for {} s ({e}); try again",
+                    log_dir.display(),
+                    path.display(),
+                    limit.as_secs()
+                ))
+            }
+        }
+    }
+}
+
 /// Every rank's stacks (the ranks of `beats`; those that ended are left out) and how it went.
 pub fn capture(
     log_dir: &Path,
@@ -25,6 +63,14 @@ pub fn capture(
     reason: &str,
     limit: Duration,
 ) -> (Vec<RankStacks>, CaptureSummary) {
+    // One capture at a time per log directory: the request file is one slot, and a second
+    // capture overwriting it made the first wait for answers to another id and blame healthy
+    // ranks. The second waits (bounded: longer than one capture takes) for the first to
+    // finish; past that, or where no lock can be taken, it captures anyway.
+    let turn = capture_turn(log_dir, limit + LOCAL_LIMIT + Duration::from_secs(5));
+    if let Err(why) = &turn {
+        errln!("tchrun: warning: {why}");
+    }
     let t0 = Instant::now();
     let id = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -91,15 +91,22 @@ pub fn conclude(
                     c.advice()
                 );
             }
+            // mpirun's or srun's own messages are in 70_mpi_log; the local launcher has none.
+            let launcher_log = match plan.kind {
+                LauncherKind::Local => String::new(),
+                LauncherKind::Mpirun | LauncherKind::Auto => {
+                    format!("; mpirun's messages in {}", mpi_log_path.display())
+                }
+                LauncherKind::Srun => format!("; srun's messages in {}", mpi_log_path.display()),
+            };
             errln!(
-                "tchrun: interrupted ({}); all ranks stopped (logs in {}; mpirun's messages in {})",
+                "tchrun: interrupted ({}); all ranks stopped (logs in {}{launcher_log})",
                 if *sig == signal_hook::consts::SIGINT {
                     "SIGINT"
                 } else {
                     "SIGTERM"
                 },
                 plan.log_dir.display(),
-                mpi_log_path.display()
             );
             return AttemptOutcome::ended(kind.exit_code());
         }

@@ -124,7 +124,8 @@ pub(super) fn extract_checked(
         members: 0,
         delay: test_delay(),
     };
-    let file = fs::File::open(archive).map_err(|e| io_err(archive, e))?;
+    let (file, _) = crate::files::open_regular(archive, u64::MAX)
+        .map_err(|e| bad_archive(archive, e.to_string()))?;
     match kind {
         ArchiveKind::Zip => extract_zip(archive, file, into, &mut budget),
         ArchiveKind::Tar => extract_tar(archive, BufReader::new(file), into, &mut budget),

@@ -179,6 +179,8 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
         // A folder named like an archive is a folder.
         return Ok(None);
     }
+    // A FIFO or device named like an archive is refused here, never opened to block.
+    crate::files::open_regular(src, u64::MAX).map_err(|e| bad_archive(src, e.to_string()))?;
     let archive = if src.is_absolute() {
         src.to_path_buf()
     } else {
@@ -326,7 +328,8 @@ impl Read for Stoppable<'_> {
 
 /// A complete extraction of `archive` in `dir` (its marker matches), if any.
 fn read_complete(archive: &Path, dir: &Path) -> Option<Extracted> {
-    let text = fs::read(dir.join(EXTRACTED_MARKER)).ok()?;
+    let text =
+        crate::files::read_bounded(&dir.join(EXTRACTED_MARKER), crate::files::caps::RECORD).ok()?;
     let m: Marker = serde_json::from_slice(&text).ok()?;
     let root = dir.join(&m.root);
     (m.format == 1 && m.archive == archive && root.is_dir()).then(|| Extracted {

@@ -141,7 +141,9 @@ impl ShardFiles {
                 if self.open.len() >= Self::KEEP {
                     self.open.remove(0);
                 }
-                self.open.push((shard.clone(), fs::File::open(shard)?));
+                let (f, _) = crate::files::open_regular(shard, u64::MAX)
+                    .map_err(crate::files::BoundedReadError::into_io)?;
+                self.open.push((shard.clone(), f));
             }
         }
         match self.open.last() {
@@ -155,13 +157,8 @@ impl ShardFiles {
 pub fn sample_bytes(smp: &Sample, buf: &mut Vec<u8>) -> Result<(), DatasetError> {
     match &smp.member {
         Some(m) => m.read_into(buf),
-        None => {
-            buf.clear();
-            fs::File::open(&smp.path)
-                .and_then(|mut f| f.read_to_end(buf))
-                .map(|_| ())
-                .map_err(|e| io_err(&smp.path, e))
-        }
+        None => crate::files::read_bounded_into(&smp.path, crate::files::caps::IMAGE, buf)
+            .map_err(|e| super::loader::bounded_err(&smp.path, e)),
     }
 }
 
@@ -239,7 +236,8 @@ pub fn member_name(i: usize, orig: &str) -> String {
 impl PackIndex {
     pub fn read(root: &Path) -> Result<PackIndex, DatasetError> {
         let path = root.join(PACK_INDEX);
-        let text = fs::read(&path).map_err(|e| io_err(&path, e))?;
+        let text = crate::files::read_bounded(&path, crate::files::caps::DATASET_INDEX)
+            .map_err(|e| super::loader::bounded_err(&path, e))?;
         let stale = |detail: String| DatasetError::BadArchive {
             path: path.clone(),
             detail,

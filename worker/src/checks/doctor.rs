@@ -153,7 +153,7 @@ fn shared_fs(
         let theirs =
             String::from_utf8_lossy(&store.get(&format!("doctor/host/{r}")).map_err(comm)?)
                 .into_owned();
-        match std::fs::read_to_string(file(r)) {
+        match tchrun::files::read_bounded_string(&file(r), tchrun::files::caps::RECORD) {
             Ok(text) if text == theirs => {}
             Ok(text) => {
                 tracing::warn!(
