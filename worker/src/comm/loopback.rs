@@ -29,6 +29,11 @@ pub struct PortFilter {
     /// A duplicate of the listening socket's descriptor (a filter set on it is the socket's).
     fd: OwnedFd,
     ports: Mutex<BTreeSet<u16>>,
+    /// Whether the kernel took the filter: where it refuses socket filters to unprivileged
+    /// users (`kernel.unprivileged_bpf_disabled` = 2, Ubuntu's default) the store goes on
+    /// unfiltered, reachable by other users of this host but not from other hosts (it listens
+    /// on loopback only), and the rank says so.
+    active: std::sync::atomic::AtomicBool,
 }
 
 fn last_error<T>(what: &str) -> io::Result<T> {
@@ -86,8 +91,23 @@ impl Inner {
         let filter = Arc::new(PortFilter {
             fd: unsafe { OwnedFd::from_raw_fd(dup) },
             ports: Mutex::new(BTreeSet::new()),
+            active: std::sync::atomic::AtomicBool::new(true),
         });
-        filter.attach(&BTreeSet::new())?;
+        match filter.attach(&BTreeSet::new()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                filter
+                    .active
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                tracing::warn!(
+                    "rendezvous: this kernel refuses socket filters to unprivileged users \
+                     (kernel.unprivileged_bpf_disabled: {e}); the job's store on {INNER_ADDR} \
+                     is then reachable by other users of this host, not from other hosts \
+                     (SECURITY.md)"
+                );
+            }
+            Err(e) => return Err(e),
+        }
         let port = bind(fd.as_raw_fd(), SocketAddrV4::new(INNER_ADDR, 0))?;
         Ok(Inner {
             fd: Some(fd),
@@ -138,6 +158,9 @@ impl PortFilter {
 
     /// Admits connections from `port` (one this process has bound).
     fn allow(&self, port: u16) -> io::Result<()> {
+        if !self.active.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
         if ports.len() >= MAX_ALLOWED {
             return Err(io::Error::other(format!(
@@ -150,6 +173,9 @@ impl PortFilter {
 
     /// Stops admitting `port` (its connection has ended).
     pub fn forbid(&self, port: u16) {
+        if !self.active.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
         if ports.remove(&port) {
             if let Err(e) = self.attach(&ports) {
