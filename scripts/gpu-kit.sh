@@ -210,8 +210,9 @@ limit=$((LIMIT_MIB * 1024 * 1024))
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 if (( total > limit )); then
     echo "gpu-kit: the kit would be $(mib "$total") MiB, over the limit of $LIMIT_MIB MiB (TCHRUN_GPU_KIT_LIMIT_MIB); nothing written to $DIR. Largest parts:" >&2
-    (cd "$NEW" && find . -type f -printf '%s %P\n') | sort -rn | head -n 8 \
-        | while read -r s p; do echo "  $(mib "$s") MiB  $p" >&2; done
+    # `head` closes the pipe early: sort's SIGPIPE is expected here, not a failure (pipefail).
+    { (cd "$NEW" && find . -type f -printf '%s %P\n') | sort -rn | head -n 8 \
+        | while read -r s p; do echo "  $(mib "$s") MiB  $p" >&2; done; } || true
     exit 2
 fi
 rm -rf "$DIR"
