@@ -94,16 +94,22 @@ fn the_default_is_rank_0_with_every_ranks_warnings_and_a_selection_picks_ranks_o
         "every rank of {host}:\n{}",
         r.explain()
     );
-    // A host no rank runs on: no rank's lines, but the warnings still.
-    let r = job(
-        &model,
-        &t.path().join("nohost"),
-        "local",
-        Some("host:no-such-host"),
+    // A host no rank of this local job runs on (issue 52: it printed nothing and said
+    // nothing): refused before any rank starts, naming the host the job runs on.
+    let r = run(
+        &mut two_rank_console_job(
+            &model,
+            &t.path().join("nohost"),
+            "local",
+            Some("host:no-such-host"),
+        ),
+        LIMIT,
     );
-    assert!(rank_lines(&r.stdout).is_empty(), "{}", r.explain());
+    assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
-        rank_lines(&r.stderr).contains(&warning(&host).as_str()),
+        r.stderr.contains(&format!(
+            "the job runs on {host} only; name it (host:{host})"
+        )),
         "{}",
         r.explain()
     );
