@@ -97,6 +97,13 @@ impl State {
         }
     }
 
+    /// Whether `b`'s rank has not beaten for `STALE_AFTER` (a rank never seen is not stale).
+    fn stale(&self, b: &Heartbeat, now: Instant) -> bool {
+        self.seen
+            .get(&b.rank)
+            .is_some_and(|s| now.duration_since(s.changed) >= STALE_AFTER)
+    }
+
     /// The silence allowed now, if any (`Auto`: only once a step was measured).
     fn allowance(&self, beats: &[Heartbeat]) -> Option<Duration> {
         match self.policy {
@@ -161,15 +168,11 @@ impl State {
             return None;
         }
         self.remember(now, beats, log_age);
-        let stale = |b: &Heartbeat| {
-            self.seen
-                .get(&b.rank)
-                .is_some_and(|s| now.duration_since(s.changed) >= STALE_AFTER)
-        };
         if !beats.is_empty() && beats.iter().all(|b| b.phase.finished_work()) {
             return self.lingering(now, beats);
         }
         self.finished_at = None;
+        let stale = |b: &Heartbeat| self.stale(b, now);
         // A rank that finished its work is neither a culprit nor waiting: only the ranks still
         // at work are judged.
         let (dead, live): (Vec<&Heartbeat>, Vec<&Heartbeat>) = beats
@@ -235,13 +238,7 @@ impl State {
                 still = beats.iter().collect();
             }
         }
-        let beating = |b: &Heartbeat| {
-            b.phase != Phase::Done
-                && self
-                    .seen
-                    .get(&b.rank)
-                    .is_some_and(|s| now.duration_since(s.changed) < STALE_AFTER)
-        };
+        let beating = |b: &Heartbeat| b.phase != Phase::Done && !self.stale(b, now);
         let culprits = still.iter().map(|b| HangRank::of(b, beating(b))).collect();
         Some(Hang::Found(HangVerdict {
             kind: HangKind::Lingered,
