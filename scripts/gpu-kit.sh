@@ -56,7 +56,9 @@ OMPI_INFO="$(command -v ompi_info || true)"
 ompi_path() { "$OMPI_INFO" --path "$1" --parsable 2>/dev/null | awk -F: '{ print $NF }'; }
 LIBMPI=""
 for d in ${LD_LIBRARY_PATH//:/ }; do [[ -f "$d/libmpi.so.40" ]] && { LIBMPI="$d/libmpi.so.40"; break; }; done
-[[ -n "$LIBMPI" ]] || LIBMPI="$(PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | awk '$1 == "libmpi.so.40" && $NF ~ /^\// { print $NF; exit }')"
+# awk reads to the end: an early exit would close the pipe on ldconfig, whose SIGPIPE (141)
+# ends this script under pipefail when the cache's listing is longer than a pipe's buffer.
+[[ -n "$LIBMPI" ]] || LIBMPI="$(PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | awk '!found && $1 == "libmpi.so.40" && $NF ~ /^\// { print $NF; found = 1 }')"
 [[ -n "$LIBMPI" ]] || { d="$(ompi_path libdir)"; for f in "$d/libmpi.so.40" "$d/../libmpi.so.40"; do [[ -f "$f" ]] && { LIBMPI="$(realpath "$f")"; break; }; done; }
 [[ -n "$LIBMPI" && -f "$LIBMPI" ]] || die "libmpi.so.40 not found (LD_LIBRARY_PATH, ldconfig -p, ompi_info's libdir): install OpenMPI (scripts/setup.sh)"
 PKGLIBDIR="$(ompi_path pkglibdir)"

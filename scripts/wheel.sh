@@ -68,7 +68,7 @@ LINKED="$(readlink -f "$ROOT/.venv/libtorch" 2>/dev/null || true)"
 CARGO_REG="${CARGO_HOME:-$HOME/.cargo}/registry"
 LEFT=0
 for b in tchrun tchrun-worker; do
-    if readelf -d "$STAGE/$b" | grep -E 'R(UN)?PATH' | grep -v '\$ORIGIN' | grep -q .; then
+    if readelf -d "$STAGE/$b" | grep -E 'R(UN)?PATH' | grep -v '\$ORIGIN' | grep -c . >/dev/null; then
         die "$b has a RUNPATH outside \$ORIGIN: $(readelf -d "$STAGE/$b" | grep -E 'R(UN)?PATH')"
     fi
     strings -a "$STAGE/$b" >"$STAGE/$b.strings"
