@@ -14,7 +14,10 @@ log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-APT_PKGS=(openmpi-bin libgloo-dev g++ pkg-config debootstrap
+# libpmix-dev: Debian's Slurm (mpi/pmix_v4) dlopens the unversioned pmix2/lib/libpmix.so, which
+# only the dev package ships; without it every `srun --mpi=pmix` fails with "can not load PMIx
+# library" (openmpi-bin brings libpmix2 alone).
+APT_PKGS=(openmpi-bin libgloo-dev g++ pkg-config debootstrap libpmix-dev
           slurmctld slurmd slurm-client munge iproute2 procps util-linux fonts-dejavu-core strace elfutils)
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -379,8 +379,8 @@ pub fn check_job(
     if sampling.epoch_len(train.samples.len()) == 0 && sampling.ra_reps.is_some() {
         return Err(PreflightError::Flags(format!(
             "--ra-sampler: --train {} has {} image(s); torchvision's RASampler keeps the first \
-             images // {} × {} positions of an epoch, none here; add images or leave \
-             --ra-sampler out",
+             images // {} × {} positions of an epoch, none here; add images, or turn it off \
+             with --ra-sampler=false (which also overrides a --recipe that turns it on)",
             train.root.display(),
             train.samples.len(),
             crate::data::RA_ROUND,

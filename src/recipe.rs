@@ -186,7 +186,8 @@ pub struct RecipeFlags {
     /// Keep an exponential moving average of the weights and batch-norm statistics
     /// (torchvision's --model-ema, ExponentialMovingAverage): validated every epoch beside
     /// the model, checkpointed, written as the model directory <output>/ema/.
-    #[arg(help_heading = "Training", long, env = "TCHRUN_MODEL_EMA")]
+    /// `--model-ema=false` turns it off where a --recipe turns it on.
+    #[arg(help_heading = "Training", long, env = "TCHRUN_MODEL_EMA", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub model_ema: bool,
     /// --model-ema: update the average after every this many optimizer steps of an epoch
     /// (its steps 0, N, 2N, ...), as torchvision's train.py.
@@ -203,7 +204,8 @@ pub struct RecipeFlags {
     /// Repeated augmentation (torchvision's --ra-sampler, RASampler): each training image
     /// --ra-reps times per epoch, each copy augmented on its own, the epoch cut to the first
     /// images // 256 × 256 positions (so it keeps about as many steps as without).
-    #[arg(help_heading = "Data", long, env = "TCHRUN_RA_SAMPLER")]
+    /// `--ra-sampler=false` turns it off where a --recipe turns it on.
+    #[arg(help_heading = "Data", long, env = "TCHRUN_RA_SAMPLER", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub ra_sampler: bool,
     /// --ra-sampler: how many times each image is repeated (torchvision's --ra-reps).
     #[arg(help_heading = "Data", long, env = "TCHRUN_RA_REPS", default_value_t = RA_REPS, value_parser = clap::value_parser!(u32).range(1..=64), allow_negative_numbers = true)]
@@ -519,6 +521,8 @@ impl RecipeRecord {
             let fix = match &was {
                 Some(_) if name == "model-ema" || name == "ra-sampler" => format!("--{name}"),
                 Some(v) => format!("--{name} {v}"),
+                // `=false` also overrides a --recipe that turns the switch on.
+                None if name == "model-ema" || name == "ra-sampler" => format!("--{name}=false"),
                 None => format!("no --{name}"),
             };
             let show = |v: Option<String>| v.unwrap_or_else(|| "(none)".into());
@@ -587,10 +591,40 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    /// As the binaries parse: the last of a repeated flag wins.
     #[derive(Parser, Debug)]
+    #[command(args_override_self = true)]
     struct Cli {
         #[command(flatten)]
         r: RecipeFlags,
+    }
+
+    /// The switches a --recipe turns on take `=false` (and `=true`), as the recipe's
+    /// message and a resume's mismatch advise; bare, they are on and never take the next
+    /// argument as their value; the last one given wins.
+    #[test]
+    fn recipe_switches_can_be_turned_off_with_equals_false() {
+        let parse = |a: &[&str]| {
+            let mut v = vec!["x"];
+            v.extend_from_slice(a);
+            Cli::try_parse_from(v)
+        };
+        for (args, ema, ra) in [
+            (&["--ra-sampler=false", "--model-ema=false"][..], false, false),
+            (&["--ra-sampler=true", "--model-ema=true"][..], true, true),
+            (&["--ra-sampler", "--model-ema"][..], true, true),
+            (&["--ra-sampler", "--ra-sampler=false"][..], false, false),
+            (&["--model-ema=false", "--model-ema"][..], true, false),
+        ] {
+            let r = parse(args).expect("valid").r;
+            assert_eq!((r.model_ema, r.ra_sampler), (ema, ra), "{args:?}");
+        }
+        let r = parse(&["--ra-sampler", "--ra-reps", "4"]).expect("valid").r;
+        assert_eq!((r.ra_sampler, r.ra_reps), (true, 4));
+        let e = parse(&["--ra-sampler=maybe"]).expect_err("not a boolean");
+        assert!(e.to_string().contains("--ra-sampler"), "{e}");
+        // `--ra-sampler false` (a space) is not a value: it is a stray argument.
+        assert!(parse(&["--ra-sampler", "false"]).is_err());
     }
 
     #[test]
@@ -668,7 +702,7 @@ mod tests {
             .any(|x| x.0 == "--norm-weight-decay" && x.3 == "no --norm-weight-decay"));
         assert!(d
             .iter()
-            .any(|x| x.0 == "--ra-sampler" && x.3 == "no --ra-sampler"));
+            .any(|x| x.0 == "--ra-sampler" && x.3 == "--ra-sampler=false"));
         let back = r.record().differences(&old);
         assert!(back
             .iter()

@@ -657,6 +657,18 @@ fn dangling_symlink_named_png() {
     c.expect_skipped(&bad);
 }
 
+/// A FIFO with an image name (someone else's `mkfifo` in a shared dataset): refused naming it
+/// as a FIFO, or skipped and counted, at once; never left out silently (before: dropped from the
+/// listing without a word) and never a blocking open.
+#[test]
+fn fifo_named_png_is_refused_or_skipped_not_dropped() {
+    let c = Case::new();
+    let bad = c.train.join("3/pipe.png");
+    nix::unistd::mkfifo(&bad, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    c.expect_refused(&bad, &["FIFO"]);
+    c.expect_skipped(&bad);
+}
+
 /// A valid JPEG with an upper-case extension is an image like any other.
 #[test]
 fn upper_case_jpg_extension_is_accepted() {

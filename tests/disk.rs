@@ -155,3 +155,71 @@ fn read_only_output_is_refused_before_any_rank_starts() {
     );
     assert!(!t.path().join("logs").exists(), "no rank started");
 }
+
+/// Fills the file system of `dir` (a tmpfs of the test's) until `leave` bytes are free.
+fn fill_leaving(dir: &Path, leave: u64) {
+    let s = nix::sys::statvfs::statvfs(dir).expect("statvfs");
+    let free = s.blocks_available() as u64 * s.fragment_size() as u64;
+    assert!(free > leave, "{free} bytes free, want {leave}");
+    let status = Command::new("fallocate")
+        .args(["-l", &(free - leave).to_string()])
+        .arg(dir.join("filler"))
+        .status()
+        .expect("fallocate");
+    assert!(status.success());
+}
+
+/// Issue 52 item 6: a file system that the logs and the output fill together. Before: the rank
+/// could not write its driver log, tchrun said "cause: error: exited with code 4" (host ?) and
+/// left no `failure.json`. Now the attempt holds a reserve in the log directory, given up for
+/// the summary: `failure.json` is written, and the cause is the rank's own words (from the
+/// console, as its log has none). A file system too full for the reserve is refused before
+/// any rank starts.
+#[test]
+fn a_disk_full_of_logs_and_output_still_gets_its_failure_summary() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let disk = t.path().join("disk");
+    let Some(_m) = Mount::new(&disk, "size=4m") else {
+        return;
+    };
+    let (out, logs) = (disk.join("out"), disk.join("logs"));
+    // The reserve (1 MiB) fits after what the launcher writes first (the dataset indexes'
+    // copies, ~25 KiB, and its records); the rank's driver log after them does not.
+    fill_leaving(&disk, (1 << 20) + (36 << 10));
+    let r = train(&model, &out, &logs, "1", &[]);
+    assert_eq!(r.code, Some(4), "{}", r.explain());
+    assert!(
+        r.stderr.contains("cause: I/O error")
+            && r.stderr.contains("No space left on device")
+            && !r.stderr.contains("exited with code 4"),
+        "{}",
+        r.explain()
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&read(&logs.join("failure.json"))).expect("failure.json");
+    assert_eq!(summary["classification"], "I/O error", "{summary}");
+    assert!(
+        summary["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("No space left on device")),
+        "{summary}"
+    );
+    assert!(!logs.join(".failure-reserve").exists(), "the reserve is given back");
+    assert!(!out.join("model.json").exists());
+
+    // Too full to hold the reserve: refused before any rank starts, naming the directory.
+    std::fs::remove_dir_all(&logs).expect("rm logs");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::remove_file(disk.join("filler")).expect("rm filler");
+    fill_leaving(&disk, 256 << 10);
+    let r = train(&model, &out, &logs, "1", &[]);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains(&format!("--log-dir {}: cannot keep 1024 KiB", logs.display()))
+            && r.stderr.contains("KiB are free on its file system"),
+        "{}",
+        r.explain()
+    );
+    assert!(!logs.join("70_driver_log_0").exists(), "{}", r.explain());
+}

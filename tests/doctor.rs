@@ -32,7 +32,7 @@ fn hostfile_lines(logs: &Path) -> (Vec<String>, Vec<String>) {
 
 fn doctor(logs: &Path) -> Command {
     let mut c = tchrun();
-    c.args(["doctor", "--link-bytes", "1048576", "--link-iters", "3"])
+    c.args(["doctor", "--link-bytes", "1048576", "--link-iters", "8"])
         .arg("--log-dir")
         .arg(logs);
     c

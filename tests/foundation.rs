@@ -411,6 +411,29 @@ fn gloo_socket_ifname_is_honoured_and_a_missing_interface_is_exit_3() {
         );
         assert!(r.elapsed < Duration::from_secs(30), "{}", r.explain());
     }
+    // A name that is an interface's in another case: the same refusal, the interface it almost
+    // names, and no second story of a peer or the network (before: "communication error ...
+    // raise --timeout" after the right message).
+    let logs = t.path().join("wrong-case");
+    let r = run(
+        tchrun()
+            .env("GLOO_SOCKET_IFNAME", "LO")
+            .args(["selftest", "--procs-per-node", "2", "--launcher", "local"])
+            .args(["--sizes", "4096", "--iters", "2", "--log-dir"])
+            .arg(&logs),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(3), "{}", r.explain());
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        all.contains("GLOO_SOCKET_IFNAME=LO: no such network interface on")
+            && all.contains("interface names are case-sensitive: did you mean lo?")
+            && all.contains("cause: invalid input")
+            && !all.contains("communication error")
+            && !all.contains("raise --timeout"),
+        "{}",
+        r.explain()
+    );
     let logs = t.path().join("lo");
     let r = run(
         tchrun()

@@ -409,3 +409,37 @@ fn two_tchrun_stacks_at_once_both_get_every_ranks_answer() {
         job.output()
     );
 }
+
+/// `--recipe torchvision-v2` turns on `--ra-sampler`; on a set too small for torchvision's
+/// RASampler the refusal says how to turn it off (`--ra-sampler=false`, before: "leave
+/// --ra-sampler out", which the user never gave, and `--ra-sampler=false` was refused), and
+/// with `--ra-sampler=false` the same recipe passes the pre-flight.
+#[test]
+fn a_recipes_ra_sampler_on_a_small_set_is_turned_off_with_equals_false() {
+    let t = tempdir();
+    let data = tiny_set(&t.path().join("train"), 2, 6);
+    let r = train(
+        t.path(),
+        &data,
+        &["--recipe", "torchvision-v2", "--dry-run"],
+    );
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("--ra-sampler: --train")
+            && r.stderr.contains("turn it off with --ra-sampler=false")
+            && !r.stderr.contains("leave --ra-sampler out"),
+        "{}",
+        r.explain()
+    );
+    let r = train(
+        t.path(),
+        &data,
+        &["--recipe", "torchvision-v2", "--ra-sampler=false", "--dry-run"],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        !t.path().join("out/logs/70_driver_log_0").exists(),
+        "a dry run starts no rank: {}",
+        r.explain()
+    );
+}

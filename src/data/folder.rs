@@ -49,20 +49,19 @@ pub(super) fn list_dir(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), Datas
             continue;
         }
         let path = entry.path();
-        let (is_dir, is_file) = match entry.file_type() {
-            Ok(t) if t.is_dir() => (true, false),
-            Ok(t) if t.is_file() => (false, true),
+        let is_dir = match entry.file_type() {
+            Ok(t) if t.is_dir() => true,
+            Ok(t) if t.is_file() => false,
             // fs::metadata follows symlinks. An image name that cannot be opened (a dangling
             // link, a vanished file) stays in the list, so that verification names it (or
-            // skips and counts it) instead of losing it silently.
-            _ => match fs::metadata(&path) {
-                Ok(meta) => (meta.is_dir(), meta.is_file()),
-                Err(_) => (false, true),
-            },
+            // skips and counts it) instead of losing it silently; so does one that is not a
+            // regular file (a FIFO, a socket, a device): verification refuses it by what it is
+            // (`files::open_regular`, never a blocking open).
+            _ => fs::metadata(&path).is_ok_and(|m| m.is_dir()),
         };
         if is_dir {
             dirs.push(path);
-        } else if is_file && has_image_ext(&name) {
+        } else if has_image_ext(&name) {
             images.push(path);
         }
     }

@@ -61,7 +61,7 @@ pub struct DoctorChecks {
     /// Message size of the pairwise bandwidth test, in bytes.
     #[arg(help_heading = "Checks", long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(4..=(1 << 32)))]
     pub link_bytes: u64,
-    /// Timed all-reduces per pair.
+    /// Timed all-reduces per pair (the fastest counts).
     #[arg(help_heading = "Checks", long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub link_iters: u64,
     /// A link slower than this fraction of the median of its kind (intra- or inter-node) fails.

@@ -384,10 +384,12 @@ impl HangVerdict {
             } else {
                 "it was in"
             };
-            format!(
+            let mut s = format!(
                 "{who} {how}; at its last beat at {} {entered} {doing}",
                 clock(&r.last_beat)
-            )
+            );
+            s.push_str(&self.since_last_beat(r));
+            s
         };
         if r.beating && !r.beating_main_thread_ok() {
             s.push_str(" (still beating: its main thread is stuck)");
@@ -401,6 +403,26 @@ impl HangVerdict {
             ));
         }
         s
+    }
+}
+
+impl HangVerdict {
+    /// Where a rank that stopped beating must be since its last beat, from the collective the
+    /// others wait in: every collective before it needed this rank too, so a last beat several
+    /// collectives (steps) back is only late (a rank beats at most about once a second).
+    /// Empty when the beat is not behind that.
+    fn since_last_beat(&self, r: &HangRank) -> String {
+        let Some(seq) = self.seq.filter(|&s| r.seq + 1 < s) else {
+            return String::new();
+        };
+        let step = self.waiting.iter().filter(|w| w.seq == seq).map(|w| w.step).max();
+        let step = step.map(|s| format!(" (step {s})")).unwrap_or_default();
+        format!(
+            "; since then it joined every collective up to #{}, so it stopped between #{} and \
+             #{seq}{step}",
+            seq - 1,
+            seq - 1
+        )
     }
 }
 
@@ -476,6 +498,42 @@ mod tests {
         );
         let text = serde_json::to_string(&v).unwrap();
         assert_eq!(serde_json::from_str::<HangVerdict>(&text).unwrap(), v);
+    }
+
+    /// A rank stopped (SIGSTOP) whose last beat is 3 steps behind the collective the others
+    /// wait in is placed by that collective, not only by its late beat (before: "it was in
+    /// forward of step 297", nothing more).
+    #[test]
+    fn a_stopped_ranks_late_beat_is_corrected_by_the_collective_the_others_wait_in() {
+        let waiting = beat(0, Phase::GradientAllReduce);
+        let mut stopped = beat(1, Phase::Forward);
+        (stopped.step, stopped.seq) = (297, 1192);
+        let mut v = HangVerdict {
+            kind: HangKind::StoppedBeating,
+            culprits: vec![HangRank::of(&stopped, false)],
+            waiting: vec![HangRank::of(&waiting, true)],
+            seq: Some(1204),
+            allowed_s: 10,
+            silent_s: 11,
+            stacks: Vec::new(),
+            capture: None,
+        };
+        v.culprits[0].state = Some("T".into());
+        let line = v.line(&[waiting.clone(), stopped.clone()]);
+        assert!(
+            line.ends_with(
+                "rank 1 (vm, pid 42) is stopped (state T: SIGSTOP or a debugger); at its last \
+                 beat at 14:02:09 it had not entered it: it was in forward of step 297; since \
+                 then it joined every collective up to #1203, so it stopped between #1203 and \
+                 #1204 (step 300)"
+            ),
+            "{line}"
+        );
+        // A beat at the collective just before: nothing to correct.
+        stopped.seq = 1203;
+        v.culprits = vec![HangRank::of(&stopped, false)];
+        let line = v.line(&[waiting, stopped]);
+        assert!(!line.contains("since then"), "{line}");
     }
 
     /// Ranks that entered the same collective on either side of a second's edge are one group,

@@ -4,7 +4,8 @@ as JSON on stdout. Images are uint8 tensors 3 x H x W, written as hex strings of
 
 `tables`: each policy's magnitude table per op (`_AUGMENTATION_SPACE[op][0](bins, h, w)`).
 `ops`: each op of `_apply_image_or_video_transform` at given magnitudes on given images, with
-nearest and bilinear interpolation for the geometric ops.
+nearest and bilinear interpolation for the geometric ops; for bilinear, `ties`: which samples'
+unrounded values lie at a half level (where a few ulps decide the rounding).
 `augmix`: `v2.AugMix` at fixed draws: its Dirichlet weights fixed (`_sample_dirichlet`
 overridden), its chain depth fixed, the ops and magnitudes it drew recorded, and its output.
 `samples N`: N forwards of each policy with the ops recorded (not applied): what each draws.
@@ -56,6 +57,19 @@ def tables():
     return out
 
 
+# How close to a half level a sample's unrounded value must be for another summation order to
+# round it the other way: torch's float32 results differ by a few ulps between kernels (fused or
+# separate multiply-adds, AVX2 or AVX-512), at most 255 x 2**-23 x a few, far below this.
+TIE = 2.0 ** -12
+
+
+def ties(t, img, op, v):
+    """1 where the bilinear op's unrounded value (the same op on the float image: the same
+    kernels, without the final rounding) lies within TIE of a half level, else 0."""
+    fl = t._apply_image_or_video_transform(img.float(), op, v, interpolation=BILINEAR, fill=t._fill)
+    return ((fl - fl.floor() - 0.5).abs() < TIE).to(torch.uint8)
+
+
 def ops():
     t = v2.TrivialAugmentWide()
     wide = t._AUGMENTATION_SPACE
@@ -81,8 +95,11 @@ def ops():
             for mode in modes:
                 for v in values:
                     out = t._apply_image_or_video_transform(img, op, v, interpolation=mode, fill=t._fill)
-                    cases.append({"op": op, "magnitude": v, "interpolation": mode.value,
-                                  "h": h, "w": w, "image": hexed(img), "out": hexed(out)})
+                    case = {"op": op, "magnitude": v, "interpolation": mode.value,
+                            "h": h, "w": w, "image": hexed(img), "out": hexed(out)}
+                    if mode == BILINEAR:
+                        case["ties"] = hexed(ties(t, img, op, v))
+                    cases.append(case)
         for op in ["Invert"]:
             out = t._apply_image_or_video_transform(img, op, 0.0, interpolation=NEAREST, fill=t._fill)
             cases.append({"op": op, "magnitude": 0.0, "interpolation": "nearest", "h": h, "w": w,

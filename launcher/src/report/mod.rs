@@ -7,6 +7,7 @@
 //! here.
 pub mod cause;
 mod logs;
+pub mod reserve;
 mod tensorboard;
 
 pub use logs::{find_log_dir, log_dir_of, logs_command};
@@ -187,6 +188,11 @@ pub fn guess(text: &str) -> &'static str {
         || t.contains("image") && t.contains("decode")
     {
         "data error"
+    } else if t.contains("no space left on device")
+        || t.contains("read-only file system")
+        || t.contains("disk quota exceeded")
+    {
+        "I/O error"
     } else if t.contains("invalidmodeldirectoryerror") || t.contains("invalid") {
         "invalid input"
     } else if t.contains("connection")
@@ -198,6 +204,17 @@ pub fn guess(text: &str) -> &'static str {
     } else {
         "error"
     }
+}
+
+/// A rank's own error line on the console (`tchrun-worker: error: ...`, the first one that is
+/// not a stop the launcher caused): the cause of a rank whose log holds none, because it could
+/// not write it (a full disk, a log directory it cannot write) and said so only there.
+pub fn console_error(tail: &[String]) -> Option<String> {
+    const PREFIX: &str = "tchrun-worker: error: ";
+    tail.iter()
+        .filter(|l| !l.contains("tchrun-worker: error: stopped by signal"))
+        .find_map(|l| l.split_once(PREFIX).map(|(_, m)| m.trim().to_string()))
+        .filter(|m| !m.is_empty())
 }
 
 /// A rank failed first: `culprit`'s log when there is one (its cause, time and tail), else
@@ -364,7 +381,14 @@ pub fn one_line(s: &FailureSummary) -> String {
 
 /// Writes `failure.json` (best effort: the summary is also printed).
 pub fn write_summary(log_dir: &Path, s: &FailureSummary) {
-    let _ = s.write(log_dir);
+    // The space held for it since the attempt started: a full disk still gets its summary.
+    reserve::release(log_dir);
+    if let Err(e) = s.write(log_dir) {
+        errln!(
+            "tchrun: warning: cannot write {}: {e}; the summary printed here is the only one",
+            log_dir.join(files::FAILURE_JSON).display()
+        );
+    }
 }
 
 /// Distinct image files the ranks dropped under `--skip-bad-images` (each rank names each file
@@ -488,6 +512,25 @@ mod tests {
             message,
         }
         .write()
+    }
+
+    /// A rank that could not write its log said why on the console only: that line is the
+    /// cause (the ranks the launcher stopped after it are not), and a full disk is an I/O error.
+    #[test]
+    fn a_ranks_console_error_is_the_cause_when_its_log_has_none() {
+        let tail: Vec<String> = [
+            "tchrun: rank   0 -> vm (local rank 0, cpu), log /d/70_driver_log_0",
+            "vm:1 tchrun-worker: error: stopped by signal 15 (SIGTERM)",
+            "tchrun-worker: error: cannot write the driver log in /d (check --log-dir): No \
+             space left on device (os error 28)",
+            "Primary job  terminated normally, but 1 process returned",
+        ]
+        .map(String::from)
+        .to_vec();
+        let m = console_error(&tail).expect("the rank's own words");
+        assert!(m.starts_with("cannot write the driver log in /d"), "{m}");
+        assert_eq!(guess(&m), "I/O error");
+        assert_eq!(console_error(&tail[..2]), None);
     }
 
     fn write_log(dir: &Path, rank: usize, body: &[String]) -> PathBuf {

@@ -153,11 +153,18 @@ fn clear_stale(log_dir: &Path) {
                 || tchrun::job_record::stacks::is_capture_file(&name)
                 || tchrun::job_record::memory::rank_of(&name).is_some()
                 || name == files::STATUS_JSON
+                || name == report::reserve::NAME
             {
                 let _ = std::fs::remove_file(e.path());
             }
         }
     }
+}
+
+/// KiB available to this user on the file system of `dir`.
+fn free_space(dir: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(s.blocks_available() as u64 * s.fragment_size() as u64 >> 10)
 }
 
 /// Writes `status.json` (best effort: a job whose status cannot be written still runs, and
@@ -269,6 +276,17 @@ pub fn run_attempt(
     ));
     create_log_dir(&plan.log_dir)?;
     clear_stale(&plan.log_dir);
+    report::reserve::hold(&plan.log_dir).map_err(|e| {
+        JobError::invalid(format!(
+            "--log-dir {}: cannot keep {} KiB for the failure summary there ({e}){}; free some \
+             space there or choose another --log-dir",
+            plan.log_dir.display(),
+            report::reserve::SIZE >> 10,
+            free_space(&plan.log_dir)
+                .map(|kib| format!(", {kib} KiB are free on its file system"))
+                .unwrap_or_default()
+        ))
+    })?;
     if let Some(s) = status {
         write_status(&plan.log_dir, s);
     }

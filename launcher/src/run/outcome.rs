@@ -57,6 +57,7 @@ impl AttemptOutcome {
         if let Some(s) = &self.summary {
             report::write_summary(log_dir, s);
         }
+        report::reserve::release(log_dir);
         self.result
     }
 }
@@ -171,6 +172,14 @@ pub fn conclude(
         Ended::Code(_) => None,
     };
     let mut summary = report::rank_failure(culprit, code, signal, first.at, kind.exit_code());
+    // Nothing in the logs (a rank that could not write its own): what the ranks said on the
+    // console, rather than "exited with code 4".
+    if signal.is_none() && culprit.and_then(report::classify).is_none() {
+        if let Some(m) = report::console_error(&outcome.tail) {
+            summary.classification = report::guess(&m).to_string();
+            summary.message = m;
+        }
+    }
     let evidence = report::cause::Evidence {
         log_dir: &plan.log_dir,
         kernel_mark,

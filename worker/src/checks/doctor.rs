@@ -256,8 +256,9 @@ fn links(a: &DoctorArgs, joined: &Joined, pg: &ProcessGroup) -> Result<(), Fatal
     pg.barrier().map_err(comm)
 }
 
-/// The bus bandwidth (GB/s) of this rank and `partner`'s all-reduce in a group of their own,
-/// the slower side's time; or why it could not be measured.
+/// The bus bandwidth (GB/s) of this rank and `partner`'s all-reduce in a group of their own:
+/// each side's fastest of `--link-iters` all-reduces, the slower side's; or why it could not
+/// be measured.
 fn measure_pair(
     a: &DoctorArgs,
     joined: &Joined,
@@ -287,14 +288,18 @@ fn measure_pair(
         let mut t = Tensor::ones([elems], (Kind::Float, device));
         group.all_reduce(&mut [&mut t], ReduceOp::Sum)?;
         group.barrier()?;
-        let start = Instant::now();
+        // The fastest of the timed all-reduces: what the link sustains. A mean lets one
+        // preemption of a rank (another job, a busy core) call a healthy link slow; a link
+        // that is slow in every round stays slow.
+        let mut mine = f64::INFINITY;
         for _ in 0..iters {
+            let start = Instant::now();
             group.all_reduce(&mut [&mut t], ReduceOp::Sum)?;
+            if let tch::Device::Cuda(i) = device {
+                tch::Cuda::synchronize(i as i64);
+            }
+            mine = mine.min(start.elapsed().as_secs_f64());
         }
-        if let tch::Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
-        }
-        let mine = start.elapsed().as_secs_f64() / iters as f64;
         let mut slowest = Tensor::from_slice(&[mine]).to_device(device);
         group.all_reduce(&mut [&mut slowest], ReduceOp::Max)?;
         let secs = slowest.double_value(&[0]).max(1e-9);

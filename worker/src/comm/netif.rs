@@ -70,7 +70,7 @@ pub struct NoSuchInterface {
     pub what: String,
     pub host: String,
     pub names: String,
-    pub fix: &'static str,
+    pub fix: String,
 }
 
 /// Bridges and tunnels of containers and overlays: offered last.
@@ -158,17 +158,26 @@ impl Network {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let missing = |what: String, fix| NoSuchInterface {
+        // A name that differs from an interface's only in case ("LO", "Eth0") is named with
+        // the interface it almost is: Linux's names are case-sensitive.
+        let missing = |what: String, asked: &str, fix: &str| NoSuchInterface {
             what,
             host: host.to_string(),
             names: names(),
-            fix,
+            fix: match ifaces.iter().find(|i| i.name.eq_ignore_ascii_case(asked)) {
+                Some(i) => format!(
+                    "interface names are case-sensitive: did you mean {}? {fix}",
+                    i.name
+                ),
+                None => fix.to_string(),
+            },
         };
         let has = |n: &str| ifaces.iter().any(|i| i.name == n);
         let ifname = ifname.map(str::trim).filter(|n| !n.is_empty());
         if let Some(n) = ifname.filter(|n| !has(n)) {
             return Err(missing(
                 format!("--ifname {n} (TCHRUN_IFNAME)"),
+                n,
                 "pass one of them or leave --ifname out",
             ));
         }
@@ -182,6 +191,7 @@ impl Network {
             if !has(n) {
                 return Err(missing(
                     format!("{GLOO_SOCKET_IFNAME}={n}"),
+                    n,
                     "set it to one of them or unset it",
                 ));
             }
@@ -191,6 +201,7 @@ impl Network {
             if !ifaces.iter().any(|i| nccl_selects(spec, &i.name)) {
                 return Err(missing(
                     format!("{NCCL_SOCKET_IFNAME}={spec}"),
+                    spec.trim_start_matches(['=', '^']),
                     "set it to one of them (a prefix, =exact or ^excluded) or unset it",
                 ));
             }
