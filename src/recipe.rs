@@ -867,7 +867,7 @@ mod tests {
         let d = off.differences(&r);
         assert!(d
             .iter()
-            .any(|x| x.0 == "--model-ema" && x.1 == "(none)" && x.3 == "no --model-ema"));
+            .any(|x| x.0 == "--model-ema" && x.1 == "(none)" && x.3 == "--model-ema=false"));
         assert!(d
             .iter()
             .any(|x| x.0 == "--early-stop-on" && x.3 == "--early-stop-on raw"));

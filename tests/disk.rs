@@ -172,9 +172,10 @@ fn fill_leaving(dir: &Path, leave: u64) {
 /// Issue 52 item 6: a file system that the logs and the output fill together. Before: the rank
 /// could not write its driver log, tchrun said "cause: error: exited with code 4" (host ?) and
 /// left no `failure.json`. Now the attempt holds a reserve in the log directory, given up for
-/// the summary: `failure.json` is written, and the cause is the rank's own words (from the
-/// console, as its log has none). A file system too full for the reserve is refused before
-/// any rank starts.
+/// the summary: `failure.json` is written, with the rank's own words as the cause (from its
+/// log, or from the console where its log holds none: `report::tests::
+/// a_ranks_console_error_is_the_cause_when_its_log_has_none`). A file system too full for the
+/// reserve is refused before any rank starts.
 #[test]
 fn a_disk_full_of_logs_and_output_still_gets_its_failure_summary() {
     let t = tempdir();
@@ -185,8 +186,8 @@ fn a_disk_full_of_logs_and_output_still_gets_its_failure_summary() {
     };
     let (out, logs) = (disk.join("out"), disk.join("logs"));
     // The reserve (1 MiB) fits after what the launcher writes first (the dataset indexes'
-    // copies, ~25 KiB, and its records); the rank's driver log after them does not.
-    fill_leaving(&disk, (1 << 20) + (36 << 10));
+    // copies, ~25 KiB, and its records); the logs and the output fill the rest.
+    fill_leaving(&disk, (1 << 20) + (64 << 10));
     let r = train(&model, &out, &logs, "1", &[]);
     assert_eq!(r.code, Some(4), "{}", r.explain());
     assert!(
