@@ -287,6 +287,23 @@ pub fn run_attempt(
                 .unwrap_or_default()
         ))
     })?;
+    let held = launch_holding_the_reserve(args, plan, worker_args, env, status, vars);
+    if held.is_err() {
+        // Nothing ran, so no summary will give it up.
+        report::reserve::release(&plan.log_dir);
+    }
+    held
+}
+
+/// `run_attempt` once the log directory is ready and its reserve held.
+fn launch_holding_the_reserve(
+    args: &LaunchArgs,
+    plan: &Plan,
+    worker_args: Vec<String>,
+    env: &RankEnv,
+    status: Option<&JobStatus>,
+    vars: Vec<(String, String)>,
+) -> Result<AttemptOutcome, JobError> {
     if let Some(s) = status {
         write_status(&plan.log_dir, s);
     }
