@@ -185,9 +185,9 @@ fn a_disk_full_of_logs_and_output_still_gets_its_failure_summary() {
         return;
     };
     let (out, logs) = (disk.join("out"), disk.join("logs"));
-    // The reserve (1 MiB) fits after what the launcher writes first (the dataset indexes'
+    // The reserve (128 KiB) fits after what the launcher writes first (the dataset indexes'
     // copies, ~25 KiB, and its records); the logs and the output fill the rest.
-    fill_leaving(&disk, (1 << 20) + (64 << 10));
+    fill_leaving(&disk, (128 << 10) + (64 << 10));
     let r = train(&model, &out, &logs, "1", &[]);
     assert_eq!(r.code, Some(4), "{}", r.explain());
     assert!(
@@ -213,11 +213,11 @@ fn a_disk_full_of_logs_and_output_still_gets_its_failure_summary() {
     std::fs::remove_dir_all(&logs).expect("rm logs");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::remove_file(disk.join("filler")).expect("rm filler");
-    fill_leaving(&disk, 256 << 10);
+    fill_leaving(&disk, 64 << 10);
     let r = train(&model, &out, &logs, "1", &[]);
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
-        r.stderr.contains(&format!("--log-dir {}: cannot keep 1024 KiB", logs.display()))
+        r.stderr.contains(&format!("--log-dir {}: cannot keep 128 KiB", logs.display()))
             && r.stderr.contains("KiB are free on its file system"),
         "{}",
         r.explain()

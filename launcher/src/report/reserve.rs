@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 /// The reserve's name in the log directory (hidden: it is the launcher's, not the user's).
 pub const NAME: &str = ".failure-reserve";
 
-/// Its size: more than a failure summary with a hang verdict's stacks takes.
-pub const SIZE: usize = 1 << 20;
+/// Its size: a failure summary takes a few KiB, one with a hang verdict's stacks tens; small
+/// enough for a log directory on a small file system of its own (a 1 MiB tmpfs in
+/// `strict.rs::a_full_log_disk_does_not_stop_training`).
+pub const SIZE: usize = 128 << 10;
 
 fn path(log_dir: &Path) -> PathBuf {
     log_dir.join(NAME)

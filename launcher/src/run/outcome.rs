@@ -278,6 +278,16 @@ fn launch_failure_message(plan: &Plan, tail: &[String]) -> String {
         || text.contains("ORTE does not know how to route")
     {
         "mpirun could not start its daemons on the hosts (ssh failed or a host is unreachable); check --hostfile/--hosts and passwordless ssh".into()
+    } else if text.contains("can not load PMIx library")
+        || text.contains("Couldn't load specified plugin name for mpi/pmix")
+    {
+        // Debian's and Ubuntu's Slurm (mpi/pmix_v4) dlopens the unversioned libpmix.so, which
+        // only their libpmix-dev ships (cluster-facts: every `srun --mpi=pmix` fails without).
+        "srun could not load Slurm's PMIx plugin (mpi/pmix: \"can not load PMIx library\"), which \
+         tchrun's ranks start through: the nodes need the PMIx library their Slurm was built with \
+         (on Debian and Ubuntu the package libpmix-dev, which holds the libpmix.so Slurm loads); \
+         ask the cluster's administrators, or start the ranks with `srun --mpi=none` yourself"
+            .into()
     } else if text.contains("was unable to find the specified executable")
         || text.contains("No such file")
     {
@@ -351,6 +361,17 @@ mod tests {
             &lines("ORTE was unable to reliably start one or more daemons."),
         );
         assert!(daemons.contains("passwordless ssh"), "{daemons}");
+        let pmix = launch_failure_message(
+            &plan,
+            &lines(
+                "srun: error:  mpi/pmix_v4: init: (null) [0]: mpi_pmix.c:195: pmi/pmix: can not \
+                 load PMIx library",
+            ),
+        );
+        assert!(
+            pmix.contains("libpmix-dev") && pmix.contains("srun --mpi=none"),
+            "{pmix}"
+        );
         let missing = launch_failure_message(
             &plan,
             &lines("mpirun was unable to find the specified executable file"),
