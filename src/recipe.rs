@@ -610,7 +610,11 @@ mod tests {
             Cli::try_parse_from(v)
         };
         for (args, ema, ra) in [
-            (&["--ra-sampler=false", "--model-ema=false"][..], false, false),
+            (
+                &["--ra-sampler=false", "--model-ema=false"][..],
+                false,
+                false,
+            ),
             (&["--ra-sampler=true", "--model-ema=true"][..], true, true),
             (&["--ra-sampler", "--model-ema"][..], true, true),
             (&["--ra-sampler", "--ra-sampler=false"][..], false, false),

@@ -206,7 +206,10 @@ fn a_disk_full_of_logs_and_output_still_gets_its_failure_summary() {
             .is_some_and(|m| m.contains("No space left on device")),
         "{summary}"
     );
-    assert!(!logs.join(".failure-reserve").exists(), "the reserve is given back");
+    assert!(
+        !logs.join(".failure-reserve").exists(),
+        "the reserve is given back"
+    );
     assert!(!out.join("model.json").exists());
 
     // Too full to hold the reserve: refused before any rank starts, naming the directory.
@@ -217,8 +220,10 @@ fn a_disk_full_of_logs_and_output_still_gets_its_failure_summary() {
     let r = train(&model, &out, &logs, "1", &[]);
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
-        r.stderr.contains(&format!("--log-dir {}: cannot keep 128 KiB", logs.display()))
-            && r.stderr.contains("KiB are free on its file system"),
+        r.stderr.contains(&format!(
+            "--log-dir {}: cannot keep 128 KiB",
+            logs.display()
+        )) && r.stderr.contains("KiB are free on its file system"),
         "{}",
         r.explain()
     );

@@ -407,8 +407,9 @@ fn gloo_socket_ifname_is_honoured_and_a_missing_interface_is_exit_3() {
         let all = format!("{}{}", r.stdout, r.stderr);
         let hint = name != "LO" || all.contains("case-sensitive: did you mean lo?");
         assert!(
-            all.contains(&format!("GLOO_SOCKET_IFNAME={name}: no such network interface on"))
-                && all.contains("its interfaces: lo")
+            all.contains(&format!(
+                "GLOO_SOCKET_IFNAME={name}: no such network interface on"
+            )) && all.contains("its interfaces: lo")
                 && all.contains("set it to one of them or unset it")
                 && all.contains("cause: invalid input")
                 && !all.contains("communication error")

@@ -434,7 +434,12 @@ fn a_recipes_ra_sampler_on_a_small_set_is_turned_off_with_equals_false() {
     let r = train(
         t.path(),
         &data,
-        &["--recipe", "torchvision-v2", "--ra-sampler=false", "--dry-run"],
+        &[
+            "--recipe",
+            "torchvision-v2",
+            "--ra-sampler=false",
+            "--dry-run",
+        ],
     );
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(

@@ -415,7 +415,12 @@ impl HangVerdict {
         let Some(seq) = self.seq.filter(|&s| r.seq + 1 < s) else {
             return String::new();
         };
-        let step = self.waiting.iter().filter(|w| w.seq == seq).map(|w| w.step).max();
+        let step = self
+            .waiting
+            .iter()
+            .filter(|w| w.seq == seq)
+            .map(|w| w.step)
+            .max();
         let step = step.map(|s| format!(" (step {s})")).unwrap_or_default();
         format!(
             "; since then it joined every collective up to #{}, so it stopped between #{} and \

@@ -129,7 +129,10 @@ fn failure_kind(f: &Fatal) -> FailureKind {
         if let Some(b) = cause.downcast_ref::<tchrun_worker::comm::bootstrap::BootstrapError>() {
             // A setting that names no interface of the host is the user's to fix (exit 3
             // still: the launch failed), not a peer's or the network's: no "raise --timeout".
-            if matches!(b, tchrun_worker::comm::bootstrap::BootstrapError::Interface(_)) {
+            if matches!(
+                b,
+                tchrun_worker::comm::bootstrap::BootstrapError::Interface(_)
+            ) {
                 return FailureKind::InvalidInput;
             }
             if b.is_network() {
