@@ -156,6 +156,31 @@ pub fn narrow_mode(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A log file, empty, with the mode of every log file ([`FILE_MODE`], as the driver logs and
+/// the atomic writes): created so, or narrowed if an older one was wider. Never opened through
+/// a link planted in a shared log directory (ELOOP instead).
+pub fn create_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)?;
+    let mode = f.metadata()?.permissions().mode() & 0o7777;
+    if mode & !FILE_MODE != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(mode & FILE_MODE))?;
+    }
+    Ok(f)
+}
+
+/// Bytes an unprivileged writer may still use on the file system of `dir`.
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    (s.blocks_available() as u64).checked_mul(s.fragment_size() as u64)
+}
+
 /// [`write_atomic_with`] for bytes: the file is created with mode 0640.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
     use std::io::Write;

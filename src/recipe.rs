@@ -518,11 +518,12 @@ impl RecipeRecord {
             if was == is {
                 continue;
             }
+            let switch = name == "model-ema" || name == "ra-sampler";
             let fix = match &was {
-                Some(_) if name == "model-ema" || name == "ra-sampler" => format!("--{name}"),
+                Some(_) if switch => format!("--{name}"),
                 Some(v) => format!("--{name} {v}"),
                 // `=false` also overrides a --recipe that turns the switch on.
-                None if name == "model-ema" || name == "ra-sampler" => format!("--{name}=false"),
+                None if switch => format!("--{name}=false"),
                 None => format!("no --{name}"),
             };
             let show = |v: Option<String>| v.unwrap_or_else(|| "(none)".into());

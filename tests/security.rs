@@ -369,3 +369,51 @@ fn a_link_planted_in_a_shared_log_directory_is_not_followed() {
     assert_ne!(r.code, Some(0), "{}", r.explain());
     assert!(r.stderr.contains("70_mpi_log"), "{}", r.explain());
 }
+
+/// The hostile tester's Open MPI ports (issue 51 item 3): the ranks of a one-node `mpirun`
+/// job listened on every interface through MPI's TCP transport (`0.0.0.0:1024`, `[::]:1025`),
+/// where a stranger's random bytes kept a finished rank from leaving. Now they reach each
+/// other through shared memory and listen on loopback only (the store, its front and relays);
+/// mpirun's own out-of-band listener is Open MPI's (SECURITY.md). Watched with `ss` every
+/// 20 ms in a namespace of the test's own, from before the ranks start until the job ends.
+#[test]
+fn the_ranks_of_a_one_node_mpirun_job_listen_on_loopback_only() {
+    if !nix::unistd::geteuid().is_root() {
+        skip_or_fail("a network namespace of the test's own: needs root");
+        return;
+    }
+    let ns = Netns::new();
+    let mut job = tchrun();
+    job.args(["selftest", "--launcher", "mpirun", "--procs-per-node", "2"]);
+    let mut job = ns.wrap(&job);
+    let runner = std::thread::spawn(move || run(&mut job, LIMIT));
+    let mut seen = std::collections::BTreeSet::new();
+    let start = Instant::now();
+    while !runner.is_finished() && start.elapsed() < LIMIT {
+        let listing = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "ss", "-ltnpH"])
+            .output()
+            .expect("ss (iproute2)");
+        for line in String::from_utf8_lossy(&listing.stdout).lines() {
+            if let (true, Some(local)) = (
+                line.contains("\"tchrun-worker\""),
+                line.split_whitespace().nth(3),
+            ) {
+                let host = local.rsplit_once(':').map_or(local, |(h, _)| h);
+                seen.insert(host.to_string());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = runner.join().expect("the job's thread");
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(!seen.is_empty(), "the watch never saw a rank listen");
+    let wild: Vec<_> = seen
+        .iter()
+        .filter(|h| !h.starts_with("127."))
+        .collect();
+    assert!(
+        wild.is_empty(),
+        "the ranks listened on {wild:?} (all seen: {seen:?})"
+    );
+}

@@ -195,6 +195,7 @@ pub fn mpirun_command(plan: &Plan, worker_args: &[String], forward: &[String]) -
     if !plan.mpirun_args.iter().any(|a| a == SIGKILL_TIMEOUT_MCA) {
         args.extend(["--mca".into(), SIGKILL_TIMEOUT_MCA.into(), "0".into()]);
     }
+    args.extend(single_node_transport(plan));
     for k in forward {
         args.extend(["-x".into(), k.clone()]);
     }
@@ -206,6 +207,20 @@ pub fn mpirun_command(plan: &Plan, worker_args: &[String], forward: &[String]) -
         args,
         env: Vec::new(),
     }
+}
+
+/// MPI's byte transports (BTLs) of a job whose ranks share one node: itself and shared memory
+/// only (`--mca btl self,vader`; Open MPI 5 takes `vader` as the alias of its `sm`). The TCP
+/// BTL would listen on every interface (`0.0.0.0` and `[::]`, measured on Open MPI 4.1 even
+/// with `btl_tcp_if_include`) for nothing: ranks on one node reach each other through memory,
+/// and a stranger's bytes on that port could keep a rank from leaving MPI (issue 51). Empty
+/// when the ranks span nodes, or when `--mpirun-args` chooses the BTLs itself.
+fn single_node_transport(plan: &Plan) -> Vec<String> {
+    let chosen = plan.mpirun_args.iter().any(|a| a == "btl");
+    if plan.nodes != 1 || chosen || std::env::var_os("OMPI_MCA_btl").is_some() {
+        return Vec::new();
+    }
+    vec!["--mca".into(), "btl".into(), "self,vader".into()]
 }
 
 /// `srun --nodes N --ntasks-per-node P --mpi=pmix ... WORKER ARGS` (inside an allocation).
@@ -306,6 +321,21 @@ mod tests {
             "{}",
             c.display()
         );
+    }
+
+    #[test]
+    fn one_nodes_ranks_use_memory_not_tcp_unless_told() {
+        let mut p = plan();
+        assert!(!mpirun_command(&p, &[], &[]).display().contains(" btl "));
+        p.nodes = 1;
+        p.hosts.truncate(1);
+        let line = mpirun_command(&p, &[], &[]).display();
+        assert!(line.contains(" --mca btl self,vader "), "{line}");
+        // The user's own choice wins.
+        p.mpirun_args = vec!["--mca".into(), "btl".into(), "self,tcp".into()];
+        let line = mpirun_command(&p, &[], &[]).display();
+        assert_eq!(line.matches(" btl ").count(), 1, "{line}");
+        assert!(line.contains("self,tcp"), "{line}");
     }
 
     #[test]

@@ -24,15 +24,8 @@ fn path(log_dir: &Path) -> PathBuf {
 pub fn hold(log_dir: &Path) -> std::io::Result<()> {
     let p = path(log_dir);
     let written = (|| {
-        use std::os::unix::fs::OpenOptionsExt;
         // As every log file: 0640, never through a link planted in a shared log directory.
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o640)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&p)?;
+        let mut f = tchrun::files::create_log(&p)?;
         f.write_all(&vec![0u8; SIZE])?;
         f.sync_all()
     })();

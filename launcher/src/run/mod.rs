@@ -161,12 +161,6 @@ fn clear_stale(log_dir: &Path) {
     }
 }
 
-/// KiB available to this user on the file system of `dir`.
-fn free_space(dir: &Path) -> Option<u64> {
-    let s = nix::sys::statvfs::statvfs(dir).ok()?;
-    Some(s.blocks_available() as u64 * s.fragment_size() as u64 >> 10)
-}
-
 /// Writes `status.json` (best effort: a job whose status cannot be written still runs, and
 /// ends with the same code); the first failure is said once, as a warning.
 pub fn write_status(log_dir: &Path, status: &JobStatus) {
@@ -176,25 +170,6 @@ pub fn write_status(log_dir: &Path, status: &JobStatus) {
             errln!("tchrun: warning: cannot write {e}: `tchrun status` cannot show this job");
         }
     }
-}
-
-/// A log file, empty, with the mode of every log file (0640, as the driver logs and the
-/// atomic writes): created so, or narrowed if an older one was wider.
-fn create_log(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o640)
-        // Never through a link planted in a shared log directory (ELOOP instead).
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-        .open(path)?;
-    let mode = f.metadata()?.permissions().mode() & 0o7777;
-    if mode & !0o640 != 0 {
-        f.set_permissions(std::fs::Permissions::from_mode(mode & 0o640))?;
-    }
-    Ok(f)
 }
 
 /// Creates the log directory (0755 whatever the umask: a `umask 000` does not make it
@@ -282,8 +257,8 @@ pub fn run_attempt(
              space there or choose another --log-dir",
             plan.log_dir.display(),
             report::reserve::SIZE >> 10,
-            free_space(&plan.log_dir)
-                .map(|kib| format!(", {kib} KiB are free on its file system"))
+            files::free_bytes(&plan.log_dir)
+                .map(|b| format!(", {} KiB are free on its file system", b >> 10))
                 .unwrap_or_default()
         ))
     })?;
@@ -309,7 +284,7 @@ fn launch_holding_the_reserve(
     }
     let specs = commands(plan, &worker_args, &vars)?;
     let mpi_log_path = files::mpi_log(&plan.log_dir);
-    let mut mpi_log = create_log(&mpi_log_path)
+    let mut mpi_log = files::create_log(&mpi_log_path)
         .map_err(|e| JobError::invalid(format!("cannot write {}: {e}", mpi_log_path.display())))?;
     {
         use std::io::Write;

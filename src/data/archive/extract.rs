@@ -37,12 +37,6 @@ pub fn member_path(name: &str) -> Result<Option<PathBuf>, String> {
     Ok(Some(out))
 }
 
-/// Free bytes for an unprivileged user on the file system of `path`.
-fn free_bytes(path: &Path) -> Option<u64> {
-    let s = nix::sys::statvfs::statvfs(path).ok()?;
-    Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
-}
-
 /// Size limits of one extraction.
 pub(super) struct Budget {
     pub(super) limit: u64,
@@ -119,7 +113,7 @@ pub(super) fn extract_checked(
 ) -> Result<(u64, u64), DatasetError> {
     let mut budget = Budget {
         limit: max_unpacked_bytes()?,
-        free: free_bytes(cache),
+        free: crate::files::free_bytes(cache),
         used: 0,
         members: 0,
         delay: test_delay(),

@@ -94,7 +94,7 @@ fn nodes(a: &DoctorArgs, joined: &Joined, pg: &ProcessGroup, log_dir: &Path) -> 
         torch_version: env!("TCHRUN_TORCH_VERSION").to_string(),
         gpus: node_probe::gpus(cuda),
         paths,
-        disk_free_bytes: node_probe::disk_free(&shared_dir),
+        disk_free_bytes: tchrun::files::free_bytes(&shared_dir),
         shared_dir,
         unread_from,
         memory_available_bytes: node_probe::memory_available(),

@@ -74,12 +74,6 @@ pub fn shared_dir(checks: &[PathCheck], log_dir: &Path) -> PathBuf {
         .map_or_else(|| log_dir.to_path_buf(), |c| c.path.clone())
 }
 
-/// Free bytes for an unprivileged writer in `dir`'s file system.
-pub fn disk_free(dir: &Path) -> Option<u64> {
-    let s = nix::sys::statvfs::statvfs(dir).ok()?;
-    (s.blocks_available() as u64).checked_mul(s.fragment_size() as u64)
-}
-
 /// `MemAvailable`, in bytes.
 pub fn memory_available() -> Option<u64> {
     tchrun::doctor::mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
