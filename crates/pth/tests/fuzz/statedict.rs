@@ -121,7 +121,7 @@ pub fn generate(rng: &mut Rng) -> Spec {
                     .iter()
                     .zip(&stride)
                     .fold(offset as i128, |a, (&n, &s)| {
-                        a + (n as i128 - 1) * s as i128
+                        a.saturating_add((n as i128 - 1).saturating_mul(s as i128))
                     });
                 need[storage] = need[storage].max(last.max(0) as u128 + 1);
             }
@@ -359,7 +359,13 @@ impl Spec {
             if (data.len() as u128) < storage_bytes {
                 return None;
             }
-            let numel = t.size.iter().map(|&d| d as u128).product::<u128>();
+            let numel = match t.size.contains(&0) {
+                true => 0,
+                false => t
+                    .size
+                    .iter()
+                    .try_fold(1u128, |a, &d| a.checked_mul(d as u128))?,
+            };
             if numel > usize::MAX as u128 {
                 return None;
             }
