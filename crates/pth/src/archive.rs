@@ -15,8 +15,47 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
         .unwrap_or_else(|_| Err("the zip reader failed on it".into()))
 }
 
+/// The smallest central directory record: 46 bytes and a name.
+const CENTRAL_HEADER_BYTES: u64 = 46;
+
+fn le(bytes: &[u8], at: usize, n: usize) -> Option<u64> {
+    let b = bytes.get(at..at.checked_add(n)?)?;
+    Some(b.iter().rev().fold(0u64, |a, &x| a << 8 | x as u64))
+}
+
+/// The number of entries the zip reader will take from the archive's end records, found as
+/// `zip` 0.6 finds them (the last end record in the final 64 KiB, then a zip64 locator just
+/// before it and the first zip64 end record from where it points); `None` where the zip reader
+/// will refuse the archive before counting. The zip reader reserves a record per entry so
+/// counted (about 200 bytes each, capped only by the end record's offset): a count the file
+/// cannot hold must be refused before it is trusted.
+fn declared_entries(bytes: &[u8]) -> Option<u64> {
+    let len = bytes.len();
+    let last = len.checked_sub(22)?;
+    let end = (last.saturating_sub(u16::MAX as usize)..=last)
+        .rev()
+        .find(|&at| bytes[at..at + 4] == *b"PK\x05\x06")?;
+    let comment = le(bytes, end + 20, 2)? as usize;
+    let locator = len.checked_sub(20 + 22 + comment);
+    let Some(locator) = locator.filter(|&at| bytes[at..at + 4] == *b"PK\x06\x07") else {
+        return le(bytes, end + 8, 2);
+    };
+    let from = usize::try_from(le(bytes, locator + 8, 8)?).ok()?;
+    let upper = end.checked_sub(60)?;
+    let end64 = (from..=upper).find(|&at| bytes[at..at + 4] == *b"PK\x06\x06")?;
+    le(bytes, end64 + 32, 8)
+}
+
 impl<'a> Archive<'a> {
     pub(crate) fn open(bytes: &'a [u8]) -> Result<Archive<'a>, String> {
+        if let Some(n) = declared_entries(bytes) {
+            if n > bytes.len() as u64 / CENTRAL_HEADER_BYTES {
+                return Err(format!(
+                    "its directory claims {n} entries, more than its {} bytes can hold",
+                    bytes.len()
+                ));
+            }
+        }
         guarded(|| {
             let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
                 .map_err(|e| format!("zip: {e}"))?;
@@ -33,7 +72,8 @@ impl<'a> Archive<'a> {
         })
     }
 
-    /// `ARCHIVE/name`, at most `limit` bytes; `None` when the archive has no such entry.
+    /// `ARCHIVE/name`, at most `limit` bytes (never more than the archive: its data is
+    /// stored in it); `None` when the archive has no such entry.
     pub(crate) fn entry(&mut self, name: &str, limit: u64) -> Result<Option<Vec<u8>>, String> {
         let full = format!("{}/{name}", self.prefix);
         let zip = &mut self.zip;
@@ -51,7 +91,10 @@ impl<'a> Archive<'a> {
             }
             let size = f.size();
             if size > limit {
-                return Err(format!("{full} declares {size} bytes, more than {limit}"));
+                return Err(format!(
+                    "{full} declares {size} bytes, more than the {limit} the archive can still \
+                     hold"
+                ));
             }
             let mut data = Vec::with_capacity(size as usize);
             (&mut f)

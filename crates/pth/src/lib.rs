@@ -9,7 +9,9 @@
 //! `_rebuild_parameter`, storages from persistent ids). Every other global (`posix.system`,
 //! `builtins.eval`, a pickled `torchvision.models.resnet.ResNet`, ...) is refused where the
 //! pickle names it, and nothing in the file is ever called. Memo, stack, nesting, tensor views
-//! and storages are bounded, so a corrupt file is an error, never a panic or a huge allocation.
+//! and storages are bounded, and so is the archive (the entries its directory claims, each
+//! entry's declared size, the storages read together: none more than the file holds), so a
+//! corrupt file is an error, never a panic or a huge allocation (`tests/fuzz/` checks it).
 use safetensors::Dtype;
 use std::collections::HashMap;
 use std::path::Path;
@@ -170,8 +172,9 @@ pub fn read_bytes(bytes: &[u8], shown: &str) -> Result<StateDict, PthError> {
             )));
         }
     }
+    let file_len = bytes.len() as u64;
     let pickle = zip
-        .entry("data.pkl", MAX_PICKLE_BYTES)
+        .entry("data.pkl", MAX_PICKLE_BYTES.min(file_len))
         .map_err(corrupt)?
         .ok_or_else(|| corrupt(format!("it lacks {}/data.pkl", zip.prefix)))?;
     let mut vm = Vm::new(&pickle);
@@ -182,6 +185,9 @@ pub fn read_bytes(bytes: &[u8], shown: &str) -> Result<StateDict, PthError> {
     let mut out = StateDict::default();
     let budget = bytes.len().saturating_mul(MAX_OUTPUT_FACTOR) + (1 << 20);
     let mut total = 0usize;
+    // The storages' entries hold no more than the file (a valid archive's entries do not
+    // overlap; entries that share their data could claim it many times over).
+    let mut unread = file_len;
     for (name, t) in entries {
         let bad = |detail: String| PthError::BadTensor {
             path: shown.to_string(),
@@ -191,9 +197,10 @@ pub fn read_bytes(bytes: &[u8], shown: &str) -> Result<StateDict, PthError> {
         if !storages.contains_key(&t.storage.key) {
             let entry = format!("data/{}", t.storage.key);
             let data = zip
-                .entry(&entry, bytes.len() as u64)
+                .entry(&entry, unread)
                 .map_err(corrupt)?
                 .ok_or_else(|| bad(format!("its storage {}/{entry} is missing", zip.prefix)))?;
+            unread = unread.saturating_sub(data.len() as u64);
             storages.insert(t.storage.key.clone(), data);
         }
         let storage = storages

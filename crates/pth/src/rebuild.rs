@@ -234,14 +234,15 @@ impl TensorRef {
                 self.offset, self.size, self.stride
             )
         };
+        // Empty whatever its other sizes (the product must not overflow on the way to 0).
+        if self.size.contains(&0) {
+            return Ok(Vec::new());
+        }
         let numel = self
             .size
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| format!("{} has too many elements", view()))?;
-        if numel == 0 {
-            return Ok(Vec::new());
-        }
         // The last element the view reaches; within the storage, with no more elements than
         // the storage holds (broadcast views are refused: they would multiply the data).
         let last = self
