@@ -91,8 +91,16 @@ fn a_python_file_runs_on_every_rank() {
 }
 
 /// SIGINT to a caller whose ranks sleep: it raises KeyboardInterrupt, and no rank (nor its
-/// tchrun-worker) is alive within 10 s; no private folder is left.
+/// tchrun-worker, nor tchrun) is alive within 15 s; no private folder is left.
 #[test]
 fn ctrl_c_in_the_caller_leaves_no_rank_alive() {
     check("ctrl-c");
+}
+
+/// SIGKILL to that caller (a notebook's kernel killed): tchrun gets SIGTERM as its parent dies
+/// (PDEATHSIG) and stops the ranks; none (nor its tchrun-worker, nor tchrun) is alive within
+/// 15 s.
+#[test]
+fn a_killed_caller_leaves_no_rank_alive() {
+    check("caller-killed");
 }

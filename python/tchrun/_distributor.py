@@ -4,6 +4,7 @@ the launch flags and `python -m tchrun._rank FOLDER` as the program, its output 
 what the job came to turned into rank 0's value or an exception. Knows nothing of how ranks
 are placed or supervised (that is `tchrun`'s) nor of what a rank does (`_rank`)."""
 import collections
+import ctypes
 import datetime
 import json
 import os
@@ -144,6 +145,24 @@ def _new_log_dir():
             return d
         except FileExistsError:
             n += 1
+
+
+try:
+    #: This process's C library (loaded before any fork: `_tchrun_child` runs in the child).
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _LIBC = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _tchrun_child():
+    """In the forked child, before it becomes tchrun: a process group of its own, so that a
+    terminal's Ctrl-C reaches the caller alone, which passes it on once (a second one would
+    kill the ranks at once); and SIGTERM when the caller dies (a killed notebook kernel), so
+    that tchrun stops the ranks instead of leaving them running."""
+    os.setpgid(0, 0)
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 def _relay(stream, to, tail):
@@ -338,14 +357,9 @@ class TorchDistributor:
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if here not in paths and here not in sites:
             env["PYTHONPATH"] = os.pathsep.join([here, *paths])
-        group = (
-            {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-        )
-        # tchrun in a process group of its own: a terminal's Ctrl-C reaches the caller alone,
-        # which passes it on once (a second one would kill the ranks at once).
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, **group,
+            env=env, preexec_fn=_tchrun_child,
         )
         tail = collections.deque(maxlen=40)
         relays = [
