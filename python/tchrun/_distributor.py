@@ -67,11 +67,14 @@ class TchrunNotFound(LaunchError):
 
 class RankError(LaunchError):
     """A rank failed (the first: the one whose exception came first): `rank`, `host`, the
-    exception's `type` and `message`, the rank's
-    `traceback` text, tchrun's `exit_code`, the job's `failure` (`failure.json`, a dict, or
-    None) and `log_dir` (each rank's `70_driver_log_<rank>`)."""
+    exception's `type` and `message`, the rank's `traceback` text (a rank that died without an
+    exception: `type` None, tchrun's words and its log's last lines), tchrun's `exit_code`,
+    the job's `failure` (`failure.json`, a dict, or None) and `log_dir` (each rank's
+    `70_driver_log_<rank>`)."""
 
-    def __init__(self, rank, host, type, message, traceback, exit_code, failure, log_dir):
+    def __init__(
+        self, rank, host, type, message, traceback, exit_code, failure, log_dir, log_tail=""
+    ):
         self.rank = rank
         self.host = host
         self.type = type
@@ -81,6 +84,8 @@ class RankError(LaunchError):
         text = f"rank {rank} (host {host}) failed: {what}"
         if traceback and traceback.strip() != message.strip():
             text += "\n\nrank {}'s traceback:\n{}".format(rank, traceback.rstrip("\n"))
+        if log_tail:
+            text += f"\n\nthe last lines of its log:\n{log_tail.rstrip()}"
         if log_dir is not None:
             text += f"\n\nlogs: {log_dir} (failure.json, 70_driver_log_{rank})"
         super().__init__(text, exit_code, failure, log_dir)
@@ -450,8 +455,8 @@ def _failure(code, folder, log_dir, tail):
         )
     if isinstance(failure, dict) and failure.get("rank") is not None:
         return RankError(
-            failure["rank"], failure.get("host"), None, failure.get("message", ""),
-            "\n".join(failure.get("tail") or []), code, failure, log_dir,
+            failure["rank"], failure.get("host"), None, failure.get("message", ""), "", code,
+            failure, log_dir, log_tail="\n".join(failure.get("tail") or []),
         )
     said = "".join(tail).rstrip("\n")
     logged = log_dir.is_dir() and any(log_dir.iterdir())

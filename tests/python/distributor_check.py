@@ -34,6 +34,27 @@ class SimpleModel(nn.Module):
         return self.fc(x)
 
 
+def train_model(dataloader):
+    import torch
+    import torch.nn as nn
+    from torch.optim import SGD
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = SimpleModel().to(device)
+    optimizer = SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.MSELoss()
+
+    for epoch in range(10):
+        for batch in dataloader:
+            inputs, targets = batch
+            inputs, targets = inputs.to(device), targets.to(device)
+            optimizer.zero_grad()
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets)
+            loss.backward()
+            optimizer.step()
+
+
 def seed_example(launcher, work):
     # Sample data
     inputs = torch.randn(100, 10)
@@ -45,36 +66,20 @@ def seed_example(launcher, work):
     dataset = TensorDataset(inputs, targets)
     dataloader = DataLoader(dataset, batch_size=10)
 
-    def train_model(dataloader):
-        import torch
-        import torch.nn as nn
-        from torch.optim import SGD
-
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        model = SimpleModel().to(device)
-        optimizer = SGD(model.parameters(), lr=0.01)
-        loss_fn = nn.MSELoss()
-
-        for epoch in range(10):
-            for batch in dataloader:
-                inputs, targets = batch
-                inputs, targets = inputs.to(device), targets.to(device)
-                optimizer.zero_grad()
-                outputs = model(inputs)
-                loss = loss_fn(outputs, targets)
-                loss.backward()
-                optimizer.step()
-
     from tchrun import TorchDistributor
 
     # Distribute the training
-    # (The seed's num_workers=4 is 2 here, and the launcher and log directory are the test's.)
+    # (The seed's num_workers=4 is 2 here; the launcher and log directory are the test's.)
     distributor = TorchDistributor(num_workers=2, launcher=launcher, log_dir=work / "logs")
     result = distributor.run(train_model, dataloader)
+    # ---- (end of the seed's code)
     assert result is None, result
     logs = sorted(p.name for p in (work / "logs").iterdir())
     assert "70_driver_log_0" in logs and "70_driver_log_1" in logs, logs
     assert "failure.json" not in logs, logs
+    for r in (0, 1):  # both ranks ran the function
+        text = (work / "logs" / f"70_driver_log_{r}").read_text()
+        assert "tchrun._rank" in text, text
 
 
 # ---- A function that uses torch.distributed as under torchrun and returns a dict.
