@@ -117,8 +117,6 @@ def dict_case(launcher, work):
 
 
 def fails_on_rank_1():
-    import os
-
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
