@@ -5,7 +5,8 @@
 #        iproute2 (network-namespace tests), strace (tests/index.rs counts system calls),
 #        elfutils (eu-stack: the native stacks of a hung rank, src/stacks.rs), debootstrap
 #        (scripts/bullseye.sh: the Debian 11 build and run of tests/install.rs)
-#   venv: .venv with torch==2.11.0 (libtorch for tch 0.24), torchvision, test/bench deps
+#   venv: .venv with torch==2.11.0 (libtorch for tch 0.24), torchvision, test/bench deps, and
+#         python/ on its path (`import tchrun`, tchrun-dev.pth)
 # Second run is fast: every step checks before it installs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,6 +51,14 @@ else
   log "python requirements present"
 fi
 "$VENV/bin/python" -c 'import torch; assert torch.__version__.startswith("2.11.0"), torch.__version__'
+# `import tchrun` (python/tchrun: TorchDistributor, issue 49) in .venv, from this checkout: a .pth
+# naming python/ (the wheel installs the package itself instead).
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ "$(cat "$SITE/tchrun-dev.pth" 2>/dev/null)" != "$ROOT/python" ]; then
+  log "import tchrun: $SITE/tchrun-dev.pth -> $ROOT/python"
+  printf '%s\n' "$ROOT/python" > "$SITE/tchrun-dev.pth"
+fi
+(cd / && "$VENV/bin/python" -c 'import tchrun, cloudpickle')
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo not found; install Rust with rustup (https://rustup.rs) and re-run" >&2

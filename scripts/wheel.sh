@@ -6,8 +6,9 @@
 # Run after `cargo build --release --workspace --bins`. Writes
 # OUT_DIR/tchrun-<version>-py3-none-manylinux_2_<G>_<arch>.whl holding `tchrun` and
 # `tchrun-worker` (debug info stripped; symbols kept for the failure summary's stacks), which
-# pip installs into the environment's bin/, and declaring `torch==2.11.*`
-# (`tchrun::install::TORCH_SERIES`). The worker's RUNPATH is replaced by
+# pip installs into the environment's bin/, and the Python package `python/tchrun/` (`import
+# tchrun`: `TorchDistributor`, issue 49) into its site-packages, declaring `torch==2.11.*`
+# (`tchrun::install::TORCH_SERIES`) and `cloudpickle` (the package pickles functions with it). The worker's RUNPATH is replaced by
 # `tchrun::install::runpath()`: `$ORIGIN/../lib/pythonX.Y/site-packages/torch/lib` for every
 # Python torch 2.11 supports, so it loads the same environment's libtorch (venv or conda),
 # without Python or LD_LIBRARY_PATH. <G> is the newest glibc symbol version the binaries need
@@ -92,10 +93,12 @@ TAG="py3-none-manylinux_2_${GLIBC#GLIBC_2.}_${ARCH}"
 log "tchrun $VERSION for torch $SERIES.*: $TAG (needs $GLIBC, ${GLIBCXX:-no libstdc++}); RUNPATH $RUNPATH"
 
 mkdir -p "$OUT"
-python3 - "$STAGE" "$OUT" "$VERSION" "$SERIES" "$TAG" <<'PY'
+PKG="$ROOT/python/tchrun"
+[[ -f "$PKG/__init__.py" ]] || die "$PKG/__init__.py is missing (the Python package)"
+python3 - "$STAGE" "$OUT" "$VERSION" "$SERIES" "$TAG" "$PKG" <<'PY'
 import base64, hashlib, os, sys, zipfile
 
-stage, out, version, series, tag = sys.argv[1:]
+stage, out, version, series, tag, pkg = sys.argv[1:]
 name = "tchrun"
 dist = f"{name}-{version}.dist-info"
 data = f"{name}-{version}.data/scripts"
@@ -106,9 +109,11 @@ Summary: Distributed training launcher and trainer for PyTorch clusters (mpirun,
 License: Apache-2.0
 Requires-Python: >=3.10
 Requires-Dist: torch=={series}.*
+Requires-Dist: cloudpickle
 
 tchrun and tchrun-worker, installed into this environment's bin/. tchrun-worker loads libtorch
 from this environment's torch package; Open MPI is loaded only when ranks start under mpirun.
+`import tchrun` gives tchrun.TorchDistributor (Databricks' TorchDistributor API over tchrun exec).
 """
 wheel = f"""Wheel-Version: 1.0
 Generator: tchrun scripts/wheel.sh
@@ -118,6 +123,12 @@ Tag: {tag}
 entries = [
     (f"{data}/tchrun", open(os.path.join(stage, "tchrun"), "rb").read(), 0o755),
     (f"{data}/tchrun-worker", open(os.path.join(stage, "tchrun-worker"), "rb").read(), 0o755),
+    # The Python package at the wheel's root: pip puts it into site-packages.
+    *(
+        (f"tchrun/{f}", open(os.path.join(pkg, f), "rb").read(), 0o644)
+        for f in sorted(os.listdir(pkg))
+        if f.endswith(".py")
+    ),
     (f"{dist}/METADATA", metadata.encode(), 0o644),
     (f"{dist}/WHEEL", wheel.encode(), 0o644),
 ]
