@@ -533,7 +533,12 @@ pub struct TrainOptions {
     /// ETA, checkpoint age, each rank's phase and time split, stragglers; the launcher writes
     /// the end. <job>: --output's folder name and a hash of its path. DIR must exist; a failed
     /// write is warned about once and never stops training.
-    #[arg(help_heading = "Observability", long, env = "TCHRUN_PROMETHEUS_TEXTFILE", value_name = "DIR")]
+    #[arg(
+        help_heading = "Observability",
+        long,
+        env = "TCHRUN_PROMETHEUS_TEXTFILE",
+        value_name = "DIR"
+    )]
     pub prometheus_textfile: Option<PathBuf>,
     #[command(flatten)]
     pub recipe: crate::recipe::RecipeFlags,

@@ -144,7 +144,12 @@ impl Exposition {
                 .iter()
                 .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
                 .collect();
-            let _ = writeln!(self.text, "{name}{{{}}} {}", inner.join(","), number(*value));
+            let _ = writeln!(
+                self.text,
+                "{name}{{{}}} {}",
+                inner.join(","),
+                number(*value)
+            );
         }
     }
 }

@@ -202,7 +202,14 @@ fn train(t: &Path, out: &Path, textfiles: &Path, epochs: &str) -> Command {
     let d = small_digits();
     let mut c = tchrun_train(&model, &d.join("train"), &d.join("valid"), out);
     c.args(["--procs-per-node", "2", "--threads", "1"])
-        .args(["--batch-size", "20", "--print-freq", "2", "--epochs", epochs])
+        .args([
+            "--batch-size",
+            "20",
+            "--print-freq",
+            "2",
+            "--epochs",
+            epochs,
+        ])
         .args(["--lr", "0.05", "--min-crop-scale", "0.5", "--no-hflip"])
         .arg("--prometheus-textfile")
         .arg(textfiles)
@@ -252,11 +259,17 @@ fn prometheus_sees_a_training_job_its_stopped_rank_and_its_end() {
         one(port, &format!("tchrun_step{{{id}}} >= 1")).is_some()
             && one(port, &format!("tchrun_images_per_second{{{id}}} > 0")).is_some()
             && ranks.len() == 2
-            && ["0", "1"]
-                .iter()
-                .all(|r| ranks.iter().any(|(m, _)| m["rank"] == *r && m["host"] != ""))
+            && ["0", "1"].iter().all(|r| {
+                ranks
+                    .iter()
+                    .any(|(m, _)| m["rank"] == *r && m["host"] != "")
+            })
     });
-    assert!(seen, "{}", diagnose("no step and images/s for both ranks", &job));
+    assert!(
+        seen,
+        "{}",
+        diagnose("no step and images/s for both ranks", &job)
+    );
     let running = one(port, &format!("tchrun_state{{{id},state=\"running\"}}"));
     assert_eq!(running, Some(1.0), "{}", diagnose("not running", &job));
     for metric in ["tchrun_loss", "tchrun_learning_rate", "tchrun_eta_seconds"] {
@@ -293,11 +306,17 @@ fn prometheus_sees_a_training_job_its_stopped_rank_and_its_end() {
         "{}",
         diagnose(&format!("{since} did not grow: {values:?}"), &job)
     );
+    eprintln!("{since} while rank 1 was stopped: {values:?}");
     drop(stopped);
 
     // The end: finished, in the file and in the server; the file as prometheus_client reads it.
     let code = job.wait(LIMIT);
-    assert_eq!(code, Some(0), "{}", diagnose("the job did not finish", &job));
+    assert_eq!(
+        code,
+        Some(0),
+        "{}",
+        diagnose("the job did not finish", &job)
+    );
     let finished = format!("tchrun_state{{{id},state=\"finished\"}} == 1");
     assert!(
         wait_for(UP, || one(port, &finished).is_some()),
@@ -307,7 +326,11 @@ fn prometheus_sees_a_training_job_its_stopped_rank_and_its_end() {
     let f = parsed(&tf.path());
     assert_eq!(f["tchrun_state"]["type"], "gauge", "{f}");
     let state = |s: &str| sample(&f, "tchrun_state", &[("state", s)]);
-    assert_eq!((state("finished"), state("running")), (Some(1.0), Some(0.0)), "{f}");
+    assert_eq!(
+        (state("finished"), state("running")),
+        (Some(1.0), Some(0.0)),
+        "{f}"
+    );
     assert!(f.get("tchrun_seconds_since_last_step").is_none(), "{f}");
     assert_eq!(sample(&f, "tchrun_step", &[]), Some(30.0), "{f}");
     for r in ["0", "1"] {
@@ -318,10 +341,7 @@ fn prometheus_sees_a_training_job_its_stopped_rank_and_its_end() {
         );
     }
     let names: Vec<&String> = f.as_object().expect("families").keys().collect();
-    assert!(
-        names.iter().all(|n| n.starts_with("tchrun_")),
-        "{names:?}"
-    );
+    assert!(names.iter().all(|n| n.starts_with("tchrun_")), "{names:?}");
     // One file, no temporary file left.
     let files: Vec<_> = std::fs::read_dir(&textfiles)
         .unwrap()
@@ -343,7 +363,11 @@ fn a_failed_job_leaves_a_file_that_says_failed_and_why() {
     assert_eq!(r.code, Some(4), "{}", r.explain());
     let f = parsed(&Textfile::new(&textfiles, &out).path());
     let state = |s: &str| sample(&f, "tchrun_state", &[("state", s)]);
-    assert_eq!((state("failed"), state("running")), (Some(1.0), Some(0.0)), "{f}");
+    assert_eq!(
+        (state("failed"), state("running")),
+        (Some(1.0), Some(0.0)),
+        "{f}"
+    );
     let info = &f["tchrun_failure_info"]["samples"][0]["labels"];
     assert_eq!(info["exit_code"], "4", "{f}");
     assert!(info["cause"].as_str().is_some_and(|c| !c.is_empty()), "{f}");

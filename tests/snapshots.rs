@@ -487,7 +487,7 @@ fn status_table() {
         JobEnd {
             code: 4,
             summary: "rank 3 failed first (host node2): killed by signal 9".into(),
-        cause: None,
+            cause: None,
         },
     );
     snapshot_status(

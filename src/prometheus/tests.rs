@@ -1,8 +1,6 @@
 use super::*;
 use crate::job_record::heartbeat::Phase;
-use crate::job_record::status::{
-    CheckpointMark, JobEnd, RankStatus, Shares, SlowKind, Straggler,
-};
+use crate::job_record::status::{CheckpointMark, JobEnd, RankStatus, Shares, SlowKind, Straggler};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -234,7 +232,10 @@ fn an_ended_job_is_marked_so_and_nothing_in_it_looks_alive() {
         "j",
         at(2_000),
     );
-    assert!(text.contains("cause=\"diverged\",exit_code=\"5\""), "{text}");
+    assert!(
+        text.contains("cause=\"diverged\",exit_code=\"5\""),
+        "{text}"
+    );
 }
 
 #[test]

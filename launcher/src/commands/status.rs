@@ -791,7 +791,7 @@ mod tests {
         s.end = Some(JobEnd {
             code: 4,
             summary: "rank 3 failed first (host node2): killed by signal 9".into(),
-        cause: None,
+            cause: None,
         });
         let text = render(
             &s,

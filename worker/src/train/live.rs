@@ -112,7 +112,9 @@ impl Live {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!("{e} (no Prometheus metrics from this job)");
-                    (ctx.say)(&format!("warning: {e} (no Prometheus metrics from this job)"));
+                    (ctx.say)(&format!(
+                        "warning: {e} (no Prometheus metrics from this job)"
+                    ));
                     false
                 }
             });
