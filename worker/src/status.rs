@@ -76,7 +76,7 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus, textfile: Opti
                     return;
                 }
                 write(&shared.log_dir, &mut s, &mut warned);
-                if textfile_at.map_or(true, |t| t.elapsed() >= tchrun::prometheus::EVERY) {
+                if textfile_at.is_none_or(|t| t.elapsed() >= tchrun::prometheus::EVERY) {
                     write_textfile(shared, &s);
                     textfile_at = Some(Instant::now());
                 }
