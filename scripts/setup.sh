@@ -18,8 +18,11 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 # libpmix-dev: Debian's Slurm (mpi/pmix_v4) dlopens the unversioned pmix2/lib/libpmix.so, which
 # only the dev package ships; without it every `srun --mpi=pmix` fails with "can not load PMIx
 # library" (openmpi-bin brings libpmix2 alone).
+# prometheus, prometheus-node-exporter: tests/prometheus.rs starts both itself on loopback (no
+# service is needed).
 APT_PKGS=(openmpi-bin libgloo-dev g++ pkg-config debootstrap libpmix-dev
-          slurmctld slurmd slurm-client munge iproute2 procps util-linux fonts-dejavu-core strace elfutils)
+          slurmctld slurmd slurm-client munge iproute2 procps util-linux fonts-dejavu-core strace elfutils
+          prometheus prometheus-node-exporter)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -205,6 +205,36 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
     )
 }
 
+/// [`write_atomic`] with another mode than [`FILE_MODE`] (set on the temporary file before
+/// the rename, whatever the umask): a file another user's daemon reads, as the
+/// `--prometheus-textfile` file node_exporter reads.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), AtomicWriteError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let tmp = atomic_tmp(path);
+    let at = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| AtomicWriteError { path: p, source }
+    };
+    let result = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(mode)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.sync_all()
+        })
+        .map_err(at(&tmp))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(at(path)));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp); // never leave a partial file behind
+    }
+    result
+}
+
 /// A job's own log directory in `base`, the default log directory of the commands that have no
 /// output folder (`exec`, `selftest`; `score` beside its CSV): `<base>/<command>-<UTC time>`,
 /// as `exec-20261124-153000`, with `-2`, `-3`... when a job of the same second has it. So jobs

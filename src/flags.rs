@@ -528,6 +528,18 @@ pub struct TrainOptions {
     /// epoch's checkpoint (needs --max-restarts and --hostfile).
     #[arg(help_heading = "Observability", long, env = "TCHRUN_STRAGGLER_ACTION", value_enum, default_value_t = StragglerAction::Warn)]
     pub straggler_action: StragglerAction,
+    /// Rank 0 rewrites DIR/tchrun_<job>.prom every few seconds for node_exporter's textfile
+    /// collector (--collector.textfile.directory DIR): state, step, epoch, images/s, loss, LR,
+    /// ETA, checkpoint age, each rank's phase and time split, stragglers; the launcher writes
+    /// the end. <job>: --output's folder name and a hash of its path. DIR must exist; a failed
+    /// write is warned about once and never stops training.
+    #[arg(
+        help_heading = "Observability",
+        long,
+        env = "TCHRUN_PROMETHEUS_TEXTFILE",
+        value_name = "DIR"
+    )]
+    pub prometheus_textfile: Option<PathBuf>,
     #[command(flatten)]
     pub recipe: crate::recipe::RecipeFlags,
     #[command(flatten)]
@@ -602,6 +614,9 @@ impl TrainOptions {
                 "--straggler-action={}",
                 self.straggler_action.as_str()
             ));
+        }
+        if let Some(d) = &self.prometheus_textfile {
+            v.push(format!("--prometheus-textfile={}", d.display()));
         }
         v.extend(self.recipe.to_args());
         v.extend(self.augment.to_args());

@@ -43,6 +43,7 @@ pub mod model;
 pub mod openmpi;
 pub mod overlap;
 pub mod preflight;
+pub mod prometheus;
 pub mod recipe;
 pub mod recipe_preset;
 pub mod schedule;

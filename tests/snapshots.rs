@@ -457,6 +457,7 @@ fn status_table() {
         JobEnd {
             code: 0,
             summary: format!("model written to {}", t.path().join("out").display()),
+            cause: None,
         },
     );
     snapshot_status(
@@ -486,6 +487,7 @@ fn status_table() {
         JobEnd {
             code: 4,
             summary: "rank 3 failed first (host node2): killed by signal 9".into(),
+            cause: None,
         },
     );
     snapshot_status(

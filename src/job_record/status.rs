@@ -84,6 +84,16 @@ pub struct JobStatus {
     pub eta_epoch_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_job_s: Option<f64>,
+    /// The training loss (reduced over the ranks, averaged over the last window) and the LR of
+    /// the last step (the scheduled LR, as the progress line shows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// When rank 0's status thread last saw `step` advance (RFC 3339 UTC, rank 0's clock; at
+    /// the start of the attempt before its first step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_step: Option<String>,
     /// The newest complete checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<CheckpointMark>,
@@ -215,6 +225,32 @@ pub struct JobEnd {
     pub code: i32,
     /// One line: what happened (the failure summary's first line, "model written to ...").
     pub summary: String,
+    /// A failure's class, one word (`Cause`'s `class` in `failure.json`, as `oom_killer`;
+    /// `hang`; else the exit code's kind, as `rank_failed`): see [`JobEnd::cause_class`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+}
+
+impl JobEnd {
+    /// The end's cause in one word: the one recorded, else the exit code's kind
+    /// (`invalid_input`, `launch_failed`, `rank_failed`, `diverged`, `interrupted`); `None`
+    /// for a job that succeeded.
+    pub fn cause_class(&self) -> Option<String> {
+        use crate::exit::code;
+        if let Some(c) = &self.cause {
+            return Some(c.clone());
+        }
+        let kind = match self.code {
+            code::OK => return None,
+            code::INVALID_INPUT => "invalid_input",
+            code::INTERNAL => "internal",
+            code::LAUNCH_FAILED => "launch_failed",
+            code::DIVERGED => "diverged",
+            code::INTERRUPTED_INT | code::INTERRUPTED_TERM => "interrupted",
+            _ => "rank_failed",
+        };
+        Some(kind.to_string())
+    }
 }
 
 impl JobStatus {
@@ -236,6 +272,9 @@ impl JobStatus {
             images_per_s: None,
             eta_epoch_s: None,
             eta_job_s: None,
+            loss: None,
+            lr: None,
+            last_step: None,
             last_checkpoint: None,
             window: None,
             ranks: Vec::new(),

@@ -3,14 +3,17 @@
 //! stragglers), and a thread of its own adds what the ranks' heartbeats say (phase, step, the
 //! time since each last advanced, by this rank's clock) and replaces the file about once a
 //! second. A thread, so that the file still moves while the main thread waits in a
-//! collective for a rank that hangs, and a slow shared file system never delays a step. A
-//! leaf: imports nothing of this crate.
+//! collective for a rank that hangs, and a slow shared file system never delays a step. With
+//! `--prometheus-textfile` the same thread writes the job's `.prom` file every
+//! `tchrun::prometheus::EVERY` and at each new state (`tchrun::prometheus`). A leaf: imports
+//! nothing of this crate.
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tchrun::job_record::status::{CheckpointMark, JobStatus};
 use tchrun::job_record::{Heartbeat, Record};
+use tchrun::prometheus::Textfile;
 
 /// How often the thread rewrites the file.
 const EVERY: Duration = Duration::from_secs(1);
@@ -19,6 +22,8 @@ struct Shared {
     log_dir: PathBuf,
     /// `--output`: its `checkpoints/last.json` names the newest complete checkpoint.
     output: PathBuf,
+    /// `--prometheus-textfile`'s file, if any.
+    textfile: Option<Textfile>,
     status: Mutex<JobStatus>,
     /// Held while the file is written; `true` once an end state was written, after which the
     /// thread never writes again (a copy it took before the end must not replace the end).
@@ -29,11 +34,12 @@ static SHARED: OnceLock<Shared> = OnceLock::new();
 
 /// Starts rank 0's writer with the job's first status (once a process; later calls do
 /// nothing). Other ranks do not call it; `publish` is then a no-op.
-pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus) {
+pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus, textfile: Option<Textfile>) {
     if SHARED
         .set(Shared {
             log_dir,
             output,
+            textfile,
             status: Mutex::new(first),
             file: Mutex::new(false),
         })
@@ -45,6 +51,7 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus) {
         let Some(shared) = SHARED.get() else { return };
         let mut seen = Seen::default();
         let mut warned = false;
+        let mut textfile_at: Option<Instant> = None;
         loop {
             // The files are read before the lock is taken (the trainer never waits on a
             // file system); what they say is kept in the shared status (a final write has
@@ -57,6 +64,7 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus) {
                     return;
                 }
                 seen.merge(&mut s, &beats);
+                seen.step(&mut s);
                 if checkpoint.is_some() {
                     s.last_checkpoint = checkpoint;
                 }
@@ -68,6 +76,10 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus) {
                     return;
                 }
                 write(&shared.log_dir, &mut s, &mut warned);
+                if textfile_at.is_none_or(|t| t.elapsed() >= tchrun::prometheus::EVERY) {
+                    write_textfile(shared, &s);
+                    textfile_at = Some(Instant::now());
+                }
             }
             std::thread::sleep(EVERY);
         }
@@ -106,6 +118,7 @@ pub fn publish_now(f: impl FnOnce(&mut JobStatus)) {
         }
         let mut warned = false;
         write(&shared.log_dir, &mut copy, &mut warned);
+        write_textfile(shared, &copy);
         *ended = end;
     }
 }
@@ -120,15 +133,40 @@ fn write(log_dir: &std::path::Path, s: &mut JobStatus, warned: &mut bool) {
     }
 }
 
+/// The `.prom` file (`--prometheus-textfile`), if any; the first failure warned about once.
+fn write_textfile(shared: &Shared, s: &JobStatus) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let Some(t) = &shared.textfile else { return };
+    if let Err(e) = t.write(s, std::time::SystemTime::now()) {
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "cannot write {e} ({}): Prometheus does not see this job's metrics; training \
+                 goes on",
+                tchrun::prometheus::FLAG
+            );
+        }
+    }
+}
+
 /// Per rank: its last (step, collective, progress) and when this thread saw it change.
 #[derive(Default)]
 struct Seen {
+    /// The job's step when this thread last saw it change.
+    step: Option<u64>,
     last: HashMap<usize, ((u64, u64, u64), Instant)>,
     /// `last.json`'s modification time when it was last read, and the mark it gave.
     checkpoint: Option<(std::time::SystemTime, CheckpointMark)>,
 }
 
 impl Seen {
+    /// `last_step`: now, when the job's step is not the one last seen (and at the start).
+    fn step(&mut self, s: &mut JobStatus) {
+        if self.step != Some(s.step) {
+            self.step = Some(s.step);
+            s.last_step = Some(tchrun::files::timestamp_now());
+        }
+    }
+
     /// The heartbeats into the ranks' rows: phase, step, and the seconds since each advanced.
     fn merge(&mut self, s: &mut JobStatus, beats: &[Heartbeat]) {
         let now = Instant::now();

@@ -778,6 +778,7 @@ mod tests {
             JobEnd {
                 code: 0,
                 summary: "model written to /out".into(),
+                cause: None,
             },
         );
         assert!(!is_stale(&s, at("2040-01-01T00:00:00Z")));
@@ -790,6 +791,7 @@ mod tests {
         s.end = Some(JobEnd {
             code: 4,
             summary: "rank 3 failed first (host node2): killed by signal 9".into(),
+            cause: None,
         });
         let text = render(
             &s,

@@ -161,13 +161,35 @@ fn clear_stale(log_dir: &Path) {
     }
 }
 
-/// Writes `status.json` (best effort: a job whose status cannot be written still runs, and
-/// ends with the same code); the first failure is said once, as a warning.
+/// The job's `--prometheus-textfile` file (`tchrun train`), set once before its first status.
+static TEXTFILE: std::sync::OnceLock<tchrun::prometheus::Textfile> = std::sync::OnceLock::new();
+
+/// `--prometheus-textfile`: [`write_status`] also writes the job's `.prom` file.
+pub fn set_textfile(textfile: tchrun::prometheus::Textfile) {
+    let _ = TEXTFILE.set(textfile);
+}
+
+/// Writes `status.json`, and with `--prometheus-textfile` the job's `.prom` file (best effort:
+/// a job whose status cannot be written still runs, and ends with the same code); the first
+/// failure of each is said once, as a warning.
 pub fn write_status(log_dir: &Path, status: &JobStatus) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    static WARNED_PROM: AtomicBool = AtomicBool::new(false);
     if let Err(e) = status.write(log_dir) {
-        if !WARNED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if !WARNED.swap(true, Ordering::SeqCst) {
             errln!("tchrun: warning: cannot write {e}: `tchrun status` cannot show this job");
+        }
+    }
+    if let Some(t) = TEXTFILE.get() {
+        if let Err(e) = t.write(status, std::time::SystemTime::now()) {
+            if !WARNED_PROM.swap(true, Ordering::SeqCst) {
+                errln!(
+                    "tchrun: warning: cannot write {e}: Prometheus does not see this job's \
+                     metrics ({})",
+                    tchrun::prometheus::FLAG
+                );
+            }
         }
     }
 }

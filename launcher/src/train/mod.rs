@@ -151,8 +151,19 @@ fn end_status(
         JobEnd {
             code,
             summary: line,
+            cause: summary.and_then(cause_class),
         },
     )
+}
+
+/// A failure summary's cause in one word: its `Cause`'s class as `failure.json` keeps it
+/// (`oom_killer`), `hang` for a hang; `None` when it names none (the exit code's kind then).
+fn cause_class(summary: &FailureSummary) -> Option<String> {
+    if let Some(cause) = &summary.cause {
+        let v = serde_json::to_value(cause).ok()?;
+        return v.get("class")?.as_str().map(str::to_string);
+    }
+    (summary.hang.is_some() || summary.classification == "hang").then(|| "hang".to_string())
 }
 
 /// The trainer's input checks and the launch pre-flight, before the first attempt: the job
@@ -167,6 +178,11 @@ fn prepare(
     job.train = absolute(job.train);
     job.valid = absolute(job.valid);
     job.output = absolute(job.output);
+    if let Some(dir) = &mut job.options.prometheus_textfile {
+        *dir = absolute(dir.clone());
+        tchrun::prometheus::check_dir(dir).map_err(JobError::invalid)?;
+        crate::run::set_textfile(tchrun::prometheus::Textfile::new(dir, &job.output));
+    }
     // MLflow's own variables where the flags are silent, passed to the ranks as flags.
     if let Some(w) = job.options.mlflow.resolve(|k| std::env::var(k).ok()) {
         errln!("tchrun: warning: {w}");
@@ -418,7 +434,8 @@ mod tests {
             s.end,
             Some(JobEnd {
                 code: 0,
-                summary: format!("model written to {}", out.display())
+                summary: format!("model written to {}", out.display()),
+                cause: None,
             })
         );
         let s = end_status(&logs, &out, &Ok(130), None);

@@ -233,11 +233,17 @@ impl Trainer<'_> {
             crate::status::publish(|st| st.state = JobState::Checkpointing);
             self.write_model(best_epoch)?;
             let summary = format!("model written to {}", self.job.output.display());
+            let step = self.s.step;
             crate::status::publish_now(|st| {
                 st.state = JobState::Finished;
+                st.step = step;
                 st.eta_epoch_s = None;
                 st.eta_job_s = None;
-                st.end = Some(JobEnd { code: 0, summary });
+                st.end = Some(JobEnd {
+                    code: 0,
+                    summary,
+                    cause: None,
+                });
             });
         }
         let sig = crate::rank::signals::requested();

@@ -34,6 +34,9 @@ pub(super) struct WindowEnd {
     pub epoch: u32,
     pub epoch_step: u64,
     pub images_per_s: f64,
+    /// The window's reduced training loss and the last step's LR.
+    pub loss: f64,
+    pub lr: f64,
     pub eta_epoch_s: f64,
     pub eta_job_s: f64,
 }
@@ -60,7 +63,12 @@ pub(super) struct Live {
 
 impl Live {
     /// Learns every rank's place through the store (rank 0) and starts rank 0's status file.
-    pub(super) fn start(ctx: &RankCtx, first: JobStatus, output: &std::path::Path) -> Live {
+    pub(super) fn start(
+        ctx: &RankCtx,
+        first: JobStatus,
+        output: &std::path::Path,
+        textfile: Option<tchrun::prometheus::Textfile>,
+    ) -> Live {
         let (rank, world) = (ctx.pg.rank(), ctx.pg.size());
         let on = std::env::var(tchrun::env::TCHRUN_LIVE_STATUS).map_or(true, |v| v.trim() != "0");
         let device = crate::comm::pg::device_name(ctx.device);
@@ -100,7 +108,22 @@ impl Live {
                     gpu_bytes: None,
                 })
                 .collect();
-            crate::status::start(ctx.log_dir.to_path_buf(), output.to_path_buf(), first);
+            let textfile = textfile.filter(|t| match tchrun::prometheus::check_dir(&t.dir) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("{e} (no Prometheus metrics from this job)");
+                    (ctx.say)(&format!(
+                        "warning: {e} (no Prometheus metrics from this job)"
+                    ));
+                    false
+                }
+            });
+            crate::status::start(
+                ctx.log_dir.to_path_buf(),
+                output.to_path_buf(),
+                first,
+                textfile,
+            );
         }
         Live {
             on,
@@ -265,6 +288,8 @@ impl Live {
             st.step = end.step;
             st.epoch_step = end.epoch_step;
             st.images_per_s = Some(end.images_per_s);
+            st.loss = Some(end.loss);
+            st.lr = Some(end.lr);
             st.eta_epoch_s = Some(end.eta_epoch_s);
             st.eta_job_s = Some(end.eta_job_s);
             st.window = gathered.first().map(|(s, _)| WindowMark {

@@ -183,7 +183,12 @@ impl<'a> Trainer<'a> {
 /// The live view (`live.rs`), with the job's status as training starts from `resume`.
 fn start_live(job: &TrainJob, ctx: &RankCtx, plan: &Plan, resume: &Resume) -> super::live::Live {
     let first = first_status(job, ctx.pg.size(), plan, resume);
-    super::live::Live::start(ctx, first, &job.output)
+    let textfile = job
+        .options
+        .prometheus_textfile
+        .as_ref()
+        .map(|dir| tchrun::prometheus::Textfile::new(dir, &job.output));
+    super::live::Live::start(ctx, first, &job.output, textfile)
 }
 
 fn first_status(

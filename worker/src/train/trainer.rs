@@ -558,6 +558,8 @@ impl<'a> Trainer<'a> {
             epoch: e.index + 1,
             epoch_step: it + 1,
             images_per_s: ips,
+            loss,
+            lr: self.s.lr,
             eta_epoch_s: per_step * self.plan.steps_per_epoch.saturating_sub(it + 1) as f64,
             eta_job_s: per_step * left,
         };
