@@ -382,9 +382,12 @@ fn the_ranks_of_a_one_node_mpirun_job_listen_on_loopback_only() {
         skip_or_fail("a network namespace of the test's own: needs root");
         return;
     }
+    let t = tempdir();
     let ns = Netns::new();
     let mut job = tchrun();
-    job.args(["selftest", "--launcher", "mpirun", "--procs-per-node", "2"]);
+    job.args(["selftest", "--launcher", "mpirun", "--procs-per-node", "2"])
+        .arg("--log-dir")
+        .arg(t.path().join("logs"));
     let mut job = ns.wrap(&job);
     let runner = std::thread::spawn(move || run(&mut job, LIMIT));
     let mut seen = std::collections::BTreeSet::new();
