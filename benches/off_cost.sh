@@ -7,6 +7,8 @@
 #
 #   TCHRUN_COLLECTIVE_TRACE=0   the collective trace (issue 28; benches/trace_cost.sh)
 #   TCHRUN_LIVE_STATUS=0        status.json and the straggler windows (issue 29)
+#   TCHRUN_PROMETHEUS_TEXTFILE= the Prometheus textfile (issue 50), with the variable set to a
+#                               directory for the on side: VAR= runs the off side without VAR
 #
 # ResNet-18 at SIZE px on scikit-learn's digits (1,437 train images; small images make many
 # steps, so the most collectives per second), 3 epochs, batch 32 per rank. Prints each run's
@@ -30,7 +32,11 @@ tchrun_side() {  # $1 = on|off
     local o=$work/run-$1
     rm -rf "$o"
     local env=()
-    [[ $1 == off ]] && env=("$off_var")
+    # VAR= (empty): the off side runs without VAR (on: VAR as inherited, e.g.
+    # TCHRUN_PROMETHEUS_TEXTFILE=DIR benches/off_cost.sh TCHRUN_PROMETHEUS_TEXTFILE=).
+    if [[ $1 == off ]]; then
+        if [[ $off_var == *= ]]; then env=(-u "${off_var%=}"); else env=("$off_var"); fi
+    fi
     env "${env[@]}" timeout 900 "$T" train --model "$model" --train "$work/data/train" \
         --valid "$work/data/valid" --output "$o" --epochs 3 --batch-size 32 \
         --procs-per-node "$ranks" --launcher local --patience 100 > "$o.stdout" 2>&1 \
