@@ -411,10 +411,7 @@ fn the_ranks_of_a_one_node_mpirun_job_listen_on_loopback_only() {
     let r = runner.join().expect("the job's thread");
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(!seen.is_empty(), "the watch never saw a rank listen");
-    let wild: Vec<_> = seen
-        .iter()
-        .filter(|h| !h.starts_with("127."))
-        .collect();
+    let wild: Vec<_> = seen.iter().filter(|h| !h.starts_with("127.")).collect();
     assert!(
         wild.is_empty(),
         "the ranks listened on {wild:?} (all seen: {seen:?})"
