@@ -260,14 +260,17 @@ fn four_ranks_one_with_a_slow_loader_is_named_for_its_data_wait() {
 }
 
 /// Equal ranks: over a whole run nobody is named (no false positive), and the status ends
-/// finished with no straggler.
+/// finished with no straggler. At the default `--print-freq 10` (the last one given wins): in
+/// windows of 2 steps (0.3 s here) the scheduler's noise alone reached 1.3x for 4 windows in
+/// a row on CI's 2 cores, the job running alone.
 #[test]
 fn equal_ranks_are_never_named() {
     let _machine = alone();
     let t = tempdir();
     let model = model_dir(t.path(), "resnet18", 32);
     let out = t.path().join("out");
-    let r = run(&mut train(&out, &model, 2, 10, &["--epochs", "2"]), LIMIT);
+    let extra = ["--epochs", "2", "--print-freq", "10"];
+    let r = run(&mut train(&out, &model, 2, 10, &extra), LIMIT);
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(!r.stdout.contains("straggler"), "{}", r.explain());
     for row in metrics_rows(&out) {
