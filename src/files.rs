@@ -117,9 +117,20 @@ pub fn write_atomic_with<E>(
     fill: impl FnOnce(&Path) -> Result<(), E>,
     io_err: impl Fn(AtomicWriteError) -> E,
 ) -> Result<(), E> {
+    replace_atomically(path, fill, io_err, narrow_mode)
+}
+
+/// [`write_atomic_with`]'s body, the temporary file's mode settled by `settle` before the
+/// sync (narrowed to [`FILE_MODE`], or set to another mode by [`write_atomic_mode`]).
+fn replace_atomically<E>(
+    path: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), E>,
+    io_err: impl Fn(AtomicWriteError) -> E,
+    settle: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), E> {
     let tmp = atomic_tmp(path);
     let result = fill(&tmp).and_then(|()| {
-        narrow_mode(&tmp)
+        settle(&tmp)
             .and_then(|()| std::fs::File::open(&tmp))
             .and_then(|f| f.sync_all())
             .map_err(|source| {
@@ -183,56 +194,38 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
 
 /// [`write_atomic_with`] for bytes: the file is created with mode 0640.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    write_atomic_with(
-        path,
-        |tmp| {
-            // A new file only, never through a link (a name planted first fails the write).
-            std::fs::OpenOptions::new()
-                .create_new(true)
-                .write(true)
-                .mode(0o640)
-                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-                .open(tmp)
-                .and_then(|mut f| f.write_all(bytes))
-                .map_err(|source| AtomicWriteError {
-                    path: tmp.to_path_buf(),
-                    source,
-                })
-        },
-        |e| e,
-    )
+    write_atomic_with(path, |tmp| create_new_with(tmp, bytes, FILE_MODE), |e| e)
 }
 
 /// [`write_atomic`] with another mode than [`FILE_MODE`] (set on the temporary file before
 /// the rename, whatever the umask): a file another user's daemon reads, as the
 /// `--prometheus-textfile` file node_exporter reads.
 pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), AtomicWriteError> {
+    use std::os::unix::fs::PermissionsExt;
+    replace_atomically(
+        path,
+        |tmp| create_new_with(tmp, bytes, mode),
+        |e| e,
+        |tmp| std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode)),
+    )
+}
+
+/// A new file holding `bytes`, created with `mode`; never through a link (a name planted
+/// first fails the write).
+fn create_new_with(tmp: &Path, bytes: &[u8], mode: u32) -> Result<(), AtomicWriteError> {
     use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let tmp = atomic_tmp(path);
-    let at = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| AtomicWriteError { path: p, source }
-    };
-    let result = std::fs::OpenOptions::new()
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
         .create_new(true)
         .write(true)
         .mode(mode)
         .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-        .open(&tmp)
-        .and_then(|mut f| {
-            f.write_all(bytes)?;
-            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-            f.sync_all()
+        .open(tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|source| AtomicWriteError {
+            path: tmp.to_path_buf(),
+            source,
         })
-        .map_err(at(&tmp))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(at(path)));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp); // never leave a partial file behind
-    }
-    result
 }
 
 /// A job's own log directory in `base`, the default log directory of the commands that have no
