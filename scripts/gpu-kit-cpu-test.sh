@@ -13,12 +13,12 @@
 #     under empty tmpfs, its programs and libraries (mpirun, orterun, orted, ompi_info,
 #     libmpi, libopen-*, libpmix, libhwloc, libevent, libmca_common_*, libmunge) under
 #     /dev/null;
-#   - the build tree is gone: VENV is bound at TMP/py, then the repository, the real .venv
-#     and the worker's RUNPATH folders are covered by empty tmpfs, so any path into them fails;
+#   - the build tree is gone: VENV is bound at TMP/py, then the repository (its target/ with
+#     it) and the real .venv are covered by empty tmpfs, so any path into them fails;
 #   - PATH is TMP/py/bin and the system's bin folders: `python3` is VENV's, as on the GPU
 #     machine, where a plain python3 holds torch;
-# checks that (the worker does not load without the kit's environment, mpirun and scikit-learn
-# are gone, the repository is empty; exit 3 when a control fails), and runs KIT/run.sh
+# checks that (the build's worker is gone, mpirun and scikit-learn are gone, the repository is
+# empty; exit 3 when a control fails), and runs KIT/run.sh
 # --cpu-smoke --out TMP/out --work TMP/work (its exit code is this script's). KIT, VENV and TMP
 # must lie outside the repository.
 set -euo pipefail
@@ -76,11 +76,8 @@ inner() {
              /usr/lib/x86_64-linux-gnu/hwloc /usr/share/openmpi /etc/openmpi; do
         [[ -d "$d" ]] && mount -t tmpfs -o size=1m,mode=755 tmpfs "$d"
     done
-    # The build tree: the worker's RUNPATH folders, the real .venv, the repository.
+    # The build tree: the real .venv, the repository (the build's target/ with it).
     local covers=()
-    for d in $(readelf -d "$kit/libexec/tchrun-worker" 2>/dev/null | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p' | tr ':' ' '); do
-        covers+=("$d")
-    done
     covers+=("$(realpath "$repo/.venv" 2>/dev/null || echo "$repo/.venv")" "$repo")
     for d in "${covers[@]}"; do
         d="$(realpath "$d" 2>/dev/null)" || continue
@@ -90,13 +87,13 @@ inner() {
     # that points at libraries or the build tree.
     export PATH="$tmp/py/bin:/usr/local/bin:/usr/bin:/bin"
     unset LD_LIBRARY_PATH LIBTORCH LIBTORCH_CXX11_ABI PYTHONPATH PYTHONHOME VIRTUAL_ENV \
-          TCHRUN_KIT_PYTHON TCHRUN_KIT_TORCH_LIB TCHRUN_KIT_ENV TCHRUN_GPU_CHECK_PROC
+          TCHRUN_KIT_PYTHON TCHRUN_KIT_BIN TCHRUN_KIT_ENV TCHRUN_GPU_CHECK_PROC
     for v in $(compgen -e | grep -E '^(OMPI|OPAL|PMIX|HWLOC)_' || true); do unset "$v"; done
 
     # Controls: each must hold, or this environment proves nothing.
     local bad=()
     [[ -e "$repo/Cargo.toml" ]] && bad+=("the repository is still visible")
-    "$kit/libexec/tchrun-worker" --version >/dev/null 2>&1 && bad+=("tchrun-worker loads without the kit's environment")
+    [[ -e "$repo/target/release/tchrun-worker" ]] && bad+=("the build's tchrun-worker is still visible")
     mpirun --version >/dev/null 2>&1 && bad+=("the system mpirun still runs")
     python3 -c 'import sklearn' >/dev/null 2>&1 && bad+=("python3 has scikit-learn")
     python3 -c 'import torch' >/dev/null 2>&1 || bad+=("python3 ($(command -v python3)) has no torch")

@@ -6,9 +6,10 @@
 #
 # Run here, on the build machine, after `cargo build --release --workspace --bins`. DIR gets:
 #   run.sh             the one entry script (DIR/run.sh --help; source scripts/gpu-kit/run.sh)
-#   env.sh, bin/       the environment (libtorch from that python3, the kit's OpenMPI) and
-#                      wrappers bin/tchrun, bin/tchrun-worker, bin/mpirun that set it up
-#   libexec/           tchrun and tchrun-worker, debug info stripped (target/release untouched)
+#   wheel/             the wheel users install (scripts/wheel.sh): run.sh pip-installs it into
+#                      an environment of that python3's torch and checks what it installed
+#   env.sh, bin/       the kit's OpenMPI as `module load openmpi` would set it up, and wrappers
+#                      bin/tchrun, bin/tchrun-worker (the installed programs), bin/mpirun
 #   openmpi/           OpenMPI 4.1's runtime, relocated: mpirun (orterun), orted, ompi_info,
 #                      libmpi and every library it needs that is not glibc/libstdc++/libgcc_s,
 #                      the MCA plugins of OpenMPI and PMIx whose libraries are in the kit, the
@@ -55,7 +56,8 @@ OMPI_INFO="$(command -v ompi_info || true)"
 [[ -n "$ORTERUN" && -n "$ORTED" && -n "$OMPI_INFO" ]] || die "orterun, orted or ompi_info not on PATH (openmpi-bin)"
 ompi_path() { "$OMPI_INFO" --path "$1" --parsable 2>/dev/null | awk -F: '{ print $NF }'; }
 LIBMPI=""
-for d in ${LD_LIBRARY_PATH//:/ }; do [[ -f "$d/libmpi.so.40" ]] && { LIBMPI="$d/libmpi.so.40"; break; }; done
+LDP="${LD_LIBRARY_PATH:-}"
+for d in ${LDP//:/ }; do [[ -f "$d/libmpi.so.40" ]] && { LIBMPI="$d/libmpi.so.40"; break; }; done
 # awk reads to the end: an early exit would close the pipe on ldconfig, whose SIGPIPE (141)
 # ends this script under pipefail when the cache's listing is longer than a pipe's buffer.
 [[ -n "$LIBMPI" ]] || LIBMPI="$(PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | awk '!found && $1 == "libmpi.so.40" && $NF ~ /^\// { print $NF; found = 1 }')"
@@ -140,11 +142,11 @@ done
 NEW="$DIR.partial.$$"
 rm -rf "$NEW"
 trap 'rm -rf "$NEW"' EXIT
-mkdir -p "$NEW"/{bin,libexec,openmpi/bin,openmpi/lib/openmpi,openmpi/lib/pmix,openmpi/lib/hwloc,openmpi/share,openmpi/etc,scripts,benches/reference}
-log "binaries: strip --strip-debug (symbols kept for backtraces)"
-for b in tchrun tchrun-worker; do
-    strip --strip-debug -o "$NEW/libexec/$b" "$BIN/$b"
-done
+mkdir -p "$NEW"/{bin,wheel,openmpi/bin,openmpi/lib/openmpi,openmpi/lib/pmix,openmpi/lib/hwloc,openmpi/share,openmpi/etc,scripts,benches/reference}
+log "the wheel (scripts/wheel.sh): what users pip install"
+WHEEL="$(TCHRUN_WHEEL_BIN_DIR="$BIN" bash "$ROOT/scripts/wheel.sh" "$NEW/wheel")" \
+    || die "scripts/wheel.sh failed (above)"
+[[ -f "$WHEEL" ]] || die "scripts/wheel.sh named no wheel ('$WHEEL')"
 log "OpenMPI: ${#LIB[@]} libraries, ${#PLUGINS[@]} plugins (${#LEFT_OUT[@]} left out) from $(dirname "$LIBMPI"), $PKGLIBDIR${PMIX_HOME:+, $PMIX_HOME}"
 cp -L "$ORTERUN" "$NEW/openmpi/bin/orterun"
 cp -L "$ORTED" "$NEW/openmpi/bin/orted"
@@ -199,6 +201,7 @@ TORCH_BUILT="$("$ROOT/.venv/bin/python" -c 'import torch; print(torch.__version_
     echo "commit: $COMMIT"
     echo "built: $(date -u '+%Y-%m-%d %H:%M UTC') on $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}")"
     echo "torch: $TORCH_BUILT"
+    echo "wheel: $(basename "$WHEEL")"
     echo "openmpi: $("$OMPI_INFO" --version 2>/dev/null | head -n 1)"
     echo "plugins left out: ${#LEFT_OUT[@]}"
     for l in "${LEFT_OUT[@]}"; do echo "  $l"; done
@@ -220,4 +223,4 @@ fi
 rm -rf "$DIR"
 mv "$NEW" "$DIR"
 trap - EXIT
-echo "gpu-kit: $DIR ($(mib "$total") MiB: libexec $(mib "$(du -sb "$DIR/libexec" | cut -f1)"), openmpi $(mib "$(du -sb "$DIR/openmpi" | cut -f1)")); on the GPU machine: $(basename "$DIR")/run.sh --out OUT"
+echo "gpu-kit: $DIR ($(mib "$total") MiB: wheel $(mib "$(du -sb "$DIR/wheel" | cut -f1)"), openmpi $(mib "$(du -sb "$DIR/openmpi" | cut -f1)")); on the GPU machine: $(basename "$DIR")/run.sh --out OUT"

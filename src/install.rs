@@ -41,6 +41,10 @@ pub enum EnvTorch {
     Found { dir: PathBuf, version: String },
     /// An environment without torch.
     Missing { env: PathBuf },
+    /// A venv without torch of its own that sees another environment's packages
+    /// (`python -m venv --system-site-packages`): the torch `import torch` finds is in `base`,
+    /// out of reach of the binaries' `$ORIGIN`-relative RUNPATH.
+    SeesSystem { env: PathBuf, base: String },
 }
 
 /// The torch the binaries in `bin` load, as the dynamic loader would pick it.
@@ -71,8 +75,33 @@ pub fn env_torch(bin: &Path) -> EnvTorch {
             };
         }
     }
-    EnvTorch::Missing {
-        env: env.to_path_buf(),
+    match system_site_packages(env) {
+        Some(base) => EnvTorch::SeesSystem {
+            env: env.to_path_buf(),
+            base,
+        },
+        None => EnvTorch::Missing {
+            env: env.to_path_buf(),
+        },
+    }
+}
+
+/// The base Python's `home` of a venv made with `--system-site-packages` (its `pyvenv.cfg`
+/// says `include-system-site-packages = true`); None for any other environment.
+fn system_site_packages(env: &Path) -> Option<String> {
+    let cfg = std::fs::read_to_string(env.join("pyvenv.cfg")).ok()?;
+    let value = |key: &str| {
+        cfg.lines().find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        })
+    };
+    match value("include-system-site-packages")?
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "true" => Some(value("home").unwrap_or_else(|| "the base Python".into())),
+        _ => None,
     }
 }
 
@@ -135,6 +164,15 @@ pub enum TorchMismatch {
         env = env.display()
     )]
     Missing { env: PathBuf },
+    #[error(
+        "the venv {env} has no torch of its own: it sees the packages of the Python in {base} \
+         (include-system-site-packages = true in its pyvenv.cfg), whose torch tchrun-worker \
+         cannot load from this venv's bin/ (it loads lib/pythonX.Y/site-packages/torch/lib of \
+         its own environment, without LD_LIBRARY_PATH); fix: `pip install 'torch=={TORCH_SERIES}.*'` \
+         in this venv, or install tchrun into the environment that holds torch",
+        env = env.display()
+    )]
+    SeesSystem { env: PathBuf, base: String },
 }
 
 /// `Ok` when `worker`, installed in an environment's `bin/`, will load a torch of
@@ -163,6 +201,7 @@ pub fn check(worker: &Path) -> Result<(), TorchMismatch> {
             dir,
         }),
         EnvTorch::Missing { env } => Err(TorchMismatch::Missing { env }),
+        EnvTorch::SeesSystem { env, base } => Err(TorchMismatch::SeesSystem { env, base }),
     }
 }
 
@@ -272,6 +311,21 @@ mod tests {
             check(&none.path().join("bin/tchrun-worker")),
             Err(TorchMismatch::Missing { .. })
         ));
+        // A venv made with --system-site-packages: named as such, with the base Python.
+        std::fs::write(
+            none.path().join("pyvenv.cfg"),
+            "home = /opt/py/bin\ninclude-system-site-packages = true\nversion = 3.10.4\n",
+        )
+        .unwrap();
+        let e = check(&none.path().join("bin/tchrun-worker")).unwrap_err();
+        assert!(
+            matches!(&e, TorchMismatch::SeesSystem { base, .. } if base == "/opt/py/bin"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("include-system-site-packages"),
+            "{e}"
+        );
         // A build tree: no lib/python3.* beside bin/.
         let tree = tempfile::tempdir().unwrap();
         assert_eq!(check(&tree.path().join("release/tchrun-worker")), Ok(()));

@@ -90,8 +90,6 @@ fn the_kit_is_built_under_60_mib_and_exits_77_without_a_gpu() {
         "bin/tchrun",
         "bin/tchrun-worker",
         "bin/mpirun",
-        "libexec/tchrun",
-        "libexec/tchrun-worker",
         "openmpi/bin/orterun",
         "openmpi/bin/orted",
         "openmpi/lib/libmpi.so.40",
@@ -130,16 +128,30 @@ fn the_kit_is_built_under_60_mib_and_exits_77_without_a_gpu() {
         "the kit is {:.1} MiB, over 60 MiB",
         total as f64 / MIB as f64
     );
-    let kit_worker = std::fs::metadata(kit.join("libexec/tchrun-worker"))
-        .expect("kit worker")
-        .len();
+    // The wheel users install, with the worker stripped inside it.
+    let wheels: Vec<_> = std::fs::read_dir(kit.join("wheel"))
+        .expect("kit/wheel")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     assert!(
-        kit_worker < before / 2,
-        "the kit's worker keeps its debug info: {kit_worker} bytes of {before}"
+        wheels.len() == 1
+            && wheels[0]
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("tchrun-")
+                    && n.to_string_lossy().ends_with(".whl")),
+        "{wheels:?}"
+    );
+    let wheel = std::fs::metadata(&wheels[0]).expect("wheel").len();
+    assert!(
+        wheel < before / 2,
+        "the kit's wheel keeps the worker's debug info: {wheel} bytes, the worker {before}"
     );
     let manifest = read(&kit.join("MANIFEST"));
     assert!(
-        manifest.contains("torch: 2.11.0") && manifest.contains("openmpi: "),
+        manifest.contains("torch: 2.11.0")
+            && manifest.contains("openmpi: ")
+            && manifest.contains("wheel: tchrun-"),
         "{manifest}"
     );
 
@@ -149,7 +161,7 @@ fn the_kit_is_built_under_60_mib_and_exits_77_without_a_gpu() {
     assert_eq!(r.code, Some(2), "{}", r.explain());
     assert!(
         r.stderr.contains("over the limit of 1 MiB")
-            && r.stderr.contains("libexec/tchrun-worker")
+            && r.stderr.contains("wheel/tchrun-")
             && r.stderr.contains("MiB  "),
         "{}",
         r.explain()
@@ -250,13 +262,14 @@ fn the_kit_runs_its_cpu_path_offline_without_the_system_openmpi_or_the_build_tre
     let table = read(&out.join("gpu-check.md"));
     for row in [
         "| python and torch | pass |",
+        "| pip install the wheel | pass |",
         "| tchrun-worker links libtorch_cuda.so | pass |",
         "| the kit's programs load | pass |",
         "| Gloo selftest, 2 CPU ranks (the kit's mpirun) | pass |",
         "| gradcheck on CPU, 2 rank(s) | pass |",
         "| train 5 steps, --amp off, 2 CPU rank(s) | pass |",
         "| score on CPU | pass |",
-        "All 7 checks passed",
+        "All 8 checks passed",
     ] {
         assert!(
             table.contains(row),
@@ -264,9 +277,14 @@ fn the_kit_runs_its_cpu_path_offline_without_the_system_openmpi_or_the_build_tre
             r.explain()
         );
     }
-    // The libraries came from the kit and the other Python, not the build tree.
+    // The libraries came from the kit and the other Python (through the installed wheel's
+    // RUNPATH), not the build tree.
     assert!(
-        table.contains("OpenMPI 4.1") && table.contains(&format!("{}/py/", t.path().display())),
+        table.contains("OpenMPI 4.1")
+            && table.contains(&format!(
+                "libtorch (RUNPATH, no LD_LIBRARY_PATH) from {}/py/",
+                t.path().display()
+            )),
         "{table}"
     );
     // What comes back from a GPU machine: at most 8 plain files directly in OUT, each under

@@ -5,14 +5,13 @@
 //! model equals an unattacked run's bit for bit, a forged `scores.csv` row never lands, and
 //! the job's secret is in no process's argv and no file under the log and output dirs.
 mod common;
+use common::stranger::Stranger;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(300);
-/// The stranger's user and group (nobody).
-const STRANGER_ID: &str = "65534";
 
 /// A network namespace of the test's own (loopback only): the attacked job and the stranger
 /// run in it, so that the stranger sees and attacks the job's ports and nobody else's on a
@@ -53,91 +52,6 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-/// The stranger, running as another user.
-struct Stranger {
-    child: Child,
-    out: PathBuf,
-    stop: PathBuf,
-}
-
-impl Stranger {
-    /// Starts the stranger (as `nobody`; root is needed to be another user) and waits until
-    /// it has noted the ports already open. None: skipped (not root).
-    fn start(dir: &Path, ns: &Netns, forge: Option<(&str, &str)>) -> Option<Stranger> {
-        if !nix::unistd::geteuid().is_root() {
-            skip_or_fail("the stranger runs as another user, which needs root");
-            return None;
-        }
-        use std::os::unix::fs::PermissionsExt;
-        let sdir = dir.join("stranger");
-        std::fs::create_dir_all(&sdir).expect("stranger dir");
-        for d in [dir, sdir.as_path()] {
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        }
-        let (out, stop) = (sdir.join("rows.jsonl"), sdir.join("stop"));
-        std::fs::write(&out, "").expect("rows file");
-        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-        let py = repo().join(".venv/bin/python");
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &ns.0, "setpriv"])
-            .args([
-                "--reuid",
-                STRANGER_ID,
-                "--regid",
-                STRANGER_ID,
-                "--clear-groups",
-            ])
-            .arg(&py)
-            .arg(repo().join("tests/python/stranger.py"))
-            .arg(&out)
-            .arg(&stop)
-            .arg("240")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(sdir.join("stderr")).expect("stderr"));
-        if let Some((k, v)) = forge {
-            c.args(["--forge", k, v]);
-        }
-        let child = c.spawn().expect("start the stranger");
-        let s = Stranger { child, out, stop };
-        assert!(
-            wait_for(Duration::from_secs(60), || read(&s.out).contains("ready")),
-            "the stranger did not start: {}",
-            read(&sdir.join("stderr"))
-        );
-        Some(s)
-    }
-
-    /// Stops it and returns its c10d attempts and the ports it attacked.
-    fn stop(mut self) -> (Vec<serde_json::Value>, Vec<u64>) {
-        std::fs::write(&self.stop, "").expect("stop file");
-        let start = Instant::now();
-        while self.child.try_wait().ok().flatten().is_none() && start.elapsed().as_secs() < 30 {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let rows: Vec<serde_json::Value> = read(&self.out)
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        let ports = rows
-            .iter()
-            .find(|r| r["done"] == true)
-            .and_then(|r| r["ports"].as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|p| p.as_u64())
-            .collect();
-        (
-            rows.into_iter()
-                .filter(|r| r.get("joined").is_some())
-                .collect(),
-            ports,
-        )
     }
 }
 
@@ -232,7 +146,7 @@ fn a_stranger_neither_joins_nor_harms_a_training_job() {
         return;
     }
     let ns = Netns::new();
-    let Some(stranger) = Stranger::start(t.path(), &ns, None) else {
+    let Some(stranger) = Stranger::start(t.path(), &ns.0, None, None) else {
         return;
     };
     let mut job = Job::start(&mut ns.wrap(&train(&model, &attacked)), t.path());
@@ -315,7 +229,7 @@ fn a_forged_score_row_never_lands() {
     }
     let ns = Netns::new();
     let forge = Some(("tchrun/inference/rows/1", "forged"));
-    let Some(stranger) = Stranger::start(t.path(), &ns, forge) else {
+    let Some(stranger) = Stranger::start(t.path(), &ns.0, forge, None) else {
         return;
     };
     let r = run(&mut ns.wrap(&score(&forged)), LIMIT);

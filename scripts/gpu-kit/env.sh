@@ -1,8 +1,7 @@
 # The environment of the tchrun GPU kit (issue 26), sourced by its bin/ wrappers and run.sh with
 # KIT set to the kit's directory. POSIX sh. Nothing here needs the network or the build tree:
-#   - libtorch from the Python that has torch (TCHRUN_KIT_PYTHON, default python3): its
-#     torch/lib goes first on LD_LIBRARY_PATH (the binaries' RUNPATH names the build machine's
-#     .venv, which is not there); TCHRUN_KIT_TORCH_LIB skips the lookup when already known;
+#   - libtorch: nothing to do, the installed wheel's tchrun-worker loads the torch of the
+#     environment it is installed in (its $ORIGIN-relative RUNPATH), as on a user's cluster;
 #   - the kit's OpenMPI: openmpi/lib on LD_LIBRARY_PATH, openmpi/bin first on PATH (tchrun
 #     starts `mpirun` from PATH), and its install directories moved to the kit: OPAL_PREFIX and
 #     the OPAL_* directories (OpenMPI 4.1's relocation), the MCA plugin path, and PMIx's own
@@ -15,17 +14,7 @@ if [ -z "${KIT:-}" ] || [ ! -f "$KIT/env.sh" ]; then
     return 2 2>/dev/null || exit 2
 fi
 if [ "${TCHRUN_KIT_ENV:-}" != "$KIT" ]; then
-    if [ -z "${TCHRUN_KIT_TORCH_LIB:-}" ]; then
-        TCHRUN_KIT_TORCH_LIB="$("${TCHRUN_KIT_PYTHON:-python3}" -c 'import importlib.util, os
-s = importlib.util.find_spec("torch")
-print(os.path.join(os.path.dirname(s.origin), "lib") if s and s.origin else "")' 2>/dev/null)"
-        if [ -z "$TCHRUN_KIT_TORCH_LIB" ] || [ ! -e "$TCHRUN_KIT_TORCH_LIB/libtorch_cpu.so" ]; then
-            echo "tchrun kit: no libtorch: '${TCHRUN_KIT_PYTHON:-python3}' has no torch with lib/libtorch_cpu.so; set TCHRUN_KIT_PYTHON to a Python with torch 2.11 (run.sh --python)" >&2
-            return 2 2>/dev/null || exit 2
-        fi
-    fi
-    export TCHRUN_KIT_TORCH_LIB
-    export LD_LIBRARY_PATH="$TCHRUN_KIT_TORCH_LIB:$KIT/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$KIT/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export PATH="$KIT/openmpi/bin${PATH:+:$PATH}"
     export OPAL_PREFIX="$KIT/openmpi"
     export OPAL_EXEC_PREFIX="$KIT/openmpi"

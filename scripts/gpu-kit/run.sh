@@ -9,9 +9,12 @@
 #   run.sh --gpu-count
 #
 # Runs every CUDA path of tchrun once and writes one table (check | result | figure | seconds):
-#   - the kit itself: PY's torch is the one the worker was built against; tchrun-worker NEEDs
+#   - the kit itself: PY's torch is the one the worker was built against; the kit's wheel
+#     installs with pip (no network) into WORK/env, a venv of PY whose site-packages links
+#     PY's, as a user installs it beside their torch; the installed tchrun-worker NEEDs
 #     libtorch_cuda.so (CUDA visible at run time); tchrun, tchrun-worker and the kit's
-#     OpenMPI load (libtorch from PY, OpenMPI relocated to the kit); the GPUs (nvidia-smi)
+#     OpenMPI load (libtorch through the wheel's RUNPATH from that environment, no
+#     LD_LIBRARY_PATH; OpenMPI relocated to the kit); the GPUs (nvidia-smi)
 #   - Gloo selftest on 2 CPU ranks through the kit's mpirun
 #   - NCCL selftest, `tchrun selftest --device cuda --backend nccl --procs-per-node N`, at
 #     world size 1 and at every GPU count 2..G of this machine (--quick: 1 and G)
@@ -107,8 +110,10 @@ if [[ $mode != cpu ]]; then
 fi
 
 # --- 2. The kit, the Python, OUT and the work directory ------------------------------------------
-[[ -x "$KIT/libexec/tchrun" && -x "$KIT/libexec/tchrun-worker" && -f "$KIT/env.sh" ]] \
-    || usage "$KIT is not a built kit (no libexec/tchrun): build one with scripts/gpu-kit.sh DIR and run DIR/run.sh"
+WHEELS=("$KIT"/wheel/tchrun-*.whl)
+[[ ${#WHEELS[@]} == 1 && -f "${WHEELS[0]}" && -f "$KIT/env.sh" ]] \
+    || usage "$KIT is not a built kit (no wheel/tchrun-*.whl): build one with scripts/gpu-kit.sh DIR and run DIR/run.sh"
+WHEEL="${WHEELS[0]}"
 command -v "$PY" >/dev/null 2>&1 || usage "no Python '$PY': pass --python PATH (a Python with torch 2.11)"
 PY="$(command -v "$PY")"
 # Four lines after a marker (an import may print warnings first).
@@ -122,9 +127,10 @@ print(sys.version.split()[0])' 2>&1)" || [[ "$pyinfo" != *tchrun-pyinfo* ]]; the
     exit 2
 fi
 { read -r PY_TORCH; read -r TORCH_LIB; read -r PY_CUDA; read -r PY_VERSION; } <<<"${pyinfo##*tchrun-pyinfo$'\n'}"
+PY_MM="$(cut -d. -f1-2 <<<"$PY_VERSION")"
 KIT_TORCH="$(awk '/^torch: / { print $2 }' "$KIT/MANIFEST" 2>/dev/null)"
 KIT_COMMIT="$(awk '/^commit: / { print $2 }' "$KIT/MANIFEST" 2>/dev/null)"
-export TCHRUN_KIT_PYTHON="$PY" TCHRUN_KIT_TORCH_LIB="$TORCH_LIB" PYTHONUNBUFFERED=1
+export TCHRUN_KIT_PYTHON="$PY" PYTHONUNBUFFERED=1
 mkdir -p "$OUT" || usage "cannot create $OUT"
 if [[ -z "$WORK" ]]; then
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/tchrun-gpu-check.XXXXXX")" || usage "cannot create a work directory"
@@ -138,6 +144,10 @@ fi
 START=$(date +%s)
 DEADLINE=$((START + budget))
 say() { printf '[gpu-check %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# Where the wheel gets installed (section 4), as a user installs it: the bin/ of an
+# environment that holds PY's torch.
+ENVDIR="$WORK/env"
+export TCHRUN_KIT_BIN="$ENVDIR/bin"
 T="$KIT/bin/tchrun"
 W="$KIT/bin/tchrun-worker"
 MPIRUN=("$KIT/bin/mpirun" --allow-run-as-root --oversubscribe --bind-to none)
@@ -274,15 +284,47 @@ finish() {
     exit 0
 }
 
+# The wheel into ENVDIR as a user on a cluster installs it (`pip install` into the environment
+# that has torch): a venv of PY whose site-packages links every entry of the folder holding
+# PY's torch (PY itself is left untouched), then pip with --no-deps --no-index (no network).
+install_wheel() {
+    local site_src site e
+    site_src="$(dirname "$(dirname "$TORCH_LIB")")"
+    rm -rf "$ENVDIR"
+    "$PY" -m venv --without-pip "$ENVDIR" || return 1
+    site="$ENVDIR/lib/python$PY_MM/site-packages"
+    [[ -d "$site" ]] || { echo "no $site in the new venv"; return 1; }
+    for e in "$site_src"/*; do
+        [[ -e "$site/$(basename "$e")" ]] || ln -s "$e" "$site/"
+    done
+    if "$ENVDIR/bin/python" -m pip --version >/dev/null 2>&1; then
+        "$ENVDIR/bin/python" -m pip install --no-deps --no-index --no-cache-dir \
+            --disable-pip-version-check "$WHEEL"
+    else
+        "$PY" -m pip --python "$ENVDIR/bin/python" install --no-deps --no-index \
+            --no-cache-dir --disable-pip-version-check "$WHEEL"
+    fi || return 1
+    "$ENVDIR/bin/python" -c 'import importlib.metadata as m; print("installed tchrun", m.version("tchrun"))'
+}
+
 # --- 4. The kit ---------------------------------------------------------------------------------
 if [[ -z "$KIT_TORCH" || "$PY_TORCH" == "$KIT_TORCH" ]]; then
     row "python and torch" pass "$PY: torch $PY_TORCH (CUDA $PY_CUDA), the worker's ${KIT_TORCH:-?}; Python $PY_VERSION" 0
 else
     row "python and torch" fail "$PY has torch $PY_TORCH, the worker was built against $KIT_TORCH: use --python with torch $KIT_TORCH" 0
 fi
+logf="$WORK/logs/install.log"
+LASTCMD="$PY -m venv --without-pip $ENVDIR; ln -s (PY's site-packages) $ENVDIR/lib/python$PY_MM/site-packages/; pip install --no-deps --no-index $(basename "$WHEEL")"
+export -f install_wheel
+export PY ENVDIR TORCH_LIB PY_MM WHEEL
+if timed 180 "$logf" bash -c install_wheel; then
+    row "pip install the wheel" pass "$(basename "$WHEEL") into $ENVDIR, beside $PY's torch" "$SECS" "$logf"
+else
+    row "pip install the wheel" fail "$(why "$logf" $?)" "$SECS" "$logf"
+fi
 logf="$WORK/logs/needed.log"
-LASTCMD="readelf -d (or Python) $KIT/libexec/tchrun-worker"
-needed "$KIT/libexec/tchrun-worker" >"$logf" 2>&1
+LASTCMD="readelf -d (or Python) $TCHRUN_KIT_BIN/tchrun-worker"
+needed "$TCHRUN_KIT_BIN/tchrun-worker" >"$logf" 2>&1
 if grep -qx 'libtorch_cuda.so' "$logf"; then
     row "tchrun-worker links libtorch_cuda.so" pass "NEEDED$(command -v readelf >/dev/null || echo ' (read by Python; no readelf)')" 0 "$logf"
 else
@@ -295,13 +337,14 @@ if timed 60 "$logf" bash -c 'set -e -o pipefail; "$1" --version; "$2" --version;
     prefix="$(sed -n 's/^path:prefix://p' "$logf")"
     mpi="$(grep -o '^mpirun (Open MPI) [0-9.]*' "$logf" | head -n 1)"
     if [[ "$prefix" == "$KIT/openmpi" && -n "$mpi" ]]; then
-        row "the kit's programs load" pass "$(head -n 1 "$logf"), OpenMPI ${mpi#mpirun (Open MPI) } at kit/openmpi, libtorch from $TORCH_LIB" "$SECS" "$logf"
+        torch_loaded="$(ldd "$TCHRUN_KIT_BIN/tchrun-worker" 2>/dev/null | awk '$1 == "libtorch_cpu.so" { print $3 }')"
+        row "the kit's programs load" pass "$(head -n 1 "$logf"), OpenMPI ${mpi#mpirun (Open MPI) } at kit/openmpi, libtorch (RUNPATH, no LD_LIBRARY_PATH) from $(dirname "$(readlink -f "${torch_loaded:-?}")")" "$SECS" "$logf"
     else
         row "the kit's programs load" fail "mpirun --version: '${mpi:-no version}', OpenMPI's prefix: '$prefix' (expected $KIT/openmpi)" "$SECS" "$logf"
     fi
 else
     rc=$?
-    kit_env ldd "$KIT/libexec/tchrun-worker" 2>&1 | grep -E 'not found|mpi|torch' >>"$logf"
+    kit_env ldd "$TCHRUN_KIT_BIN/tchrun-worker" 2>&1 | grep -E 'not found|mpi|torch' >>"$logf"
     row "the kit's programs load" fail "$(why "$logf" $rc)" "$SECS" "$logf"
 fi
 if [[ $mode != cpu ]]; then

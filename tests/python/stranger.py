@@ -5,7 +5,10 @@ KEY VALUE it sets that key too), connect-and-close floods, 4 KiB of random bytes
 connection that stays silent, once on each port as it appears. Writes
 one JSON line per c10d attempt to OUT: {"port", "host", "joined", "error"}.
 
-usage: stranger.py OUT STOP LIMIT [--forge KEY VALUE]
+With --targets FILE (a stranger on another node, which cannot list the job's sockets) the
+ports come from FILE instead, one "HOST PORT" line each as the test sees them appear.
+
+usage: stranger.py OUT STOP LIMIT [--forge KEY VALUE] [--targets FILE]
 """
 import datetime
 import json
@@ -19,7 +22,9 @@ import time
 import torch.distributed as dist
 
 out_path, stop_path, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
-forge = sys.argv[5:7] if len(sys.argv) >= 7 and sys.argv[4] == "--forge" else None
+rest = sys.argv[4:]
+forge = rest[1:3] if rest[:1] == ["--forge"] else None
+targets_path = rest[rest.index("--targets") + 1] if "--targets" in rest else None
 lock = threading.Lock()
 out = open(out_path, "a")
 
@@ -40,6 +45,12 @@ def decode(hexaddr):
 
 
 def listening():
+    if targets_path:
+        try:
+            lines = open(targets_path).read().split("\n")[:-1]  # whole lines only
+        except OSError:
+            return set()
+        return {(h, int(p)) for h, p in (l.split() for l in lines if len(l.split()) == 2)}
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:

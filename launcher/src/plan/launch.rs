@@ -58,7 +58,9 @@ pub struct LaunchArgs {
     /// End the job when no rank made progress for this many seconds (0: off). Unset: a rank
     /// that stops beating while the others wait in a collective ends the job, and so does no
     /// step for max(60 s, 10 × the slowest step; 30 min in validation and writes); exec's
-    /// programs are watched only with a number (their driver logs' writes).
+    /// programs are watched only with a number (their driver logs' writes). A launch that
+    /// starts no rank (no driver log) within this many seconds (at least 30; unset: 300) is
+    /// ended, exit 3.
     #[arg(help_heading = "Fault tolerance", long, env = "TCHRUN_HANG_TIMEOUT", value_parser = clap::value_parser!(u64).range(0..=tchrun::counts::MAX_SECONDS))]
     pub hang_timeout: Option<u64>,
     /// Extra arguments for mpirun, one string (e.g. "--mca btl self,tcp").

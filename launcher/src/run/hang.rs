@@ -3,7 +3,9 @@
 //! rank's step or collective advanced for the allowed silence (by default derived from the
 //! measured step times; `--hang-timeout` fixes it; 0 turns the watch off). Ranks that do not
 //! beat (`exec`'s programs) are watched by their driver logs' writes, with `--hang-timeout`
-//! only. Before it says so, it takes every rank's stacks (`capture.rs`) into the verdict.
+//! only. Before it says so, it takes every rank's stacks (`capture.rs`) into the verdict. A
+//! launch that never starts a rank (no driver log: mpirun's or srun's daemons wedged) is
+//! ended too, after `--hang-timeout` or, unset, [`START_ALLOWED`].
 //! Must not know how the job is stopped or how the verdict is reported.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,6 +28,14 @@ pub const LEAVE_ALLOWED: Duration = Duration::from_secs(30);
 /// The same while some rank sends its last MLflow calls (bounded by the client itself).
 pub const DRAIN_ALLOWED: Duration =
     Duration::from_secs(tchrun::mlflow::MAX_DRAIN.as_secs() + LEAVE_ALLOWED.as_secs());
+
+/// Unset `--hang-timeout`: how long mpirun or srun may take to start the first rank (until a
+/// driver log exists); the ranks' own bootstrap bound (`--timeout`'s default).
+pub const START_ALLOWED: Duration = Duration::from_secs(tchrun::flags::DEFAULT_TIMEOUT_S);
+
+/// The least time a launch is given to start a rank, whatever `--hang-timeout` says (a short
+/// silence allowed for steps says nothing of how long mpirun or srun take to start ranks).
+pub const START_FLOOR: Duration = Duration::from_secs(30);
 
 /// What `--hang-timeout` asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +65,8 @@ pub enum Hang {
     Found(HangVerdict),
     /// Ranks that do not beat wrote nothing for `--hang-timeout`.
     SilentLogs,
+    /// No rank started (no driver log, no heartbeat) within `allowed` of the launch.
+    NeverStarted { allowed: Duration },
 }
 
 /// What the watch saw of one rank.
@@ -102,6 +114,15 @@ impl State {
         self.seen
             .get(&b.rank)
             .is_some_and(|s| now.duration_since(s.changed) >= STALE_AFTER)
+    }
+
+    /// How long the launch may take to start a rank (`Off`: forever).
+    fn start_allowance(&self) -> Option<Duration> {
+        match self.policy {
+            Policy::Off => None,
+            Policy::Fixed(d) => Some(d.max(START_FLOOR)),
+            Policy::Auto => Some(START_ALLOWED),
+        }
     }
 
     /// The silence allowed now, if any (`Auto`: only once a step was measured).
@@ -166,6 +187,11 @@ impl State {
     ) -> Option<Hang> {
         if self.policy == Policy::Off {
             return None;
+        }
+        if beats.is_empty() && log_age.is_none() {
+            let allowed = self.start_allowance()?;
+            return (now.duration_since(self.started) > allowed)
+                .then_some(Hang::NeverStarted { allowed });
         }
         self.remember(now, beats, log_age);
         if !beats.is_empty() && beats.iter().all(|b| b.phase.finished_work()) {
@@ -458,8 +484,14 @@ mod tests {
         let mut off = State::new(Policy::Off, t0);
         assert_eq!(off.observe(t0 + s1 * 10_000, &[], None), None);
         let mut fixed = State::new(Policy::Fixed(s1 * 3), t0);
-        // No driver log yet (a slow launch): not judged.
-        assert_eq!(fixed.observe(t0 + s1 * 10, &[], None), None);
+        // No driver log yet: a launch is judged by the same bound, at least START_FLOOR.
+        assert_eq!(fixed.observe(t0 + START_FLOOR, &[], None), None);
+        assert_eq!(
+            fixed.observe(t0 + START_FLOOR + s1, &[], None),
+            Some(Hang::NeverStarted {
+                allowed: START_FLOOR
+            })
+        );
         let mut fixed = State::new(Policy::Fixed(s1 * 3), t0);
         assert_eq!(fixed.observe(t0 + s1 * 3, &[], Some(s1 * 2)), None);
         assert_eq!(
@@ -525,6 +557,35 @@ mod tests {
                 && v.culprits.len() == 1 && v.culprits[0].rank == 0),
             "{late:?}"
         );
+    }
+
+    #[test]
+    fn a_launch_that_starts_no_rank_is_ended_after_the_allowance() {
+        let t0 = Instant::now();
+        let mut auto = State::new(Policy::Auto, t0);
+        assert_eq!(auto.observe(t0 + START_ALLOWED, &[], None), None);
+        assert_eq!(
+            auto.observe(t0 + START_ALLOWED + Duration::from_secs(1), &[], None),
+            Some(Hang::NeverStarted {
+                allowed: START_ALLOWED
+            })
+        );
+        let fixed = Duration::from_secs(40);
+        let mut st = State::new(Policy::Fixed(fixed), t0);
+        assert_eq!(st.observe(t0 + Duration::from_secs(39), &[], None), None);
+        assert_eq!(
+            st.observe(t0 + Duration::from_secs(41), &[], None),
+            Some(Hang::NeverStarted { allowed: fixed })
+        );
+        // A driver log exists: a rank started (a slow bootstrap is `--timeout`'s to bound).
+        let mut started = State::new(Policy::Auto, t0);
+        let late = t0 + START_ALLOWED * 2;
+        assert_eq!(
+            started.observe(late, &[], Some(Duration::from_secs(1))),
+            None
+        );
+        let mut off = State::new(Policy::Off, t0);
+        assert_eq!(off.observe(late, &[], None), None);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::report::{self, FailureSummary, RankLog};
 use crate::run::hang::Hang;
 use crate::run::supervise::{Ended, Ending, Outcome};
 use std::path::Path;
+use std::time::Duration;
 use tchrun::exit::ErrorKind;
 use tchrun::job_record::Heartbeat;
 
@@ -126,6 +127,16 @@ pub fn conclude(
                     return AttemptOutcome::ended(0);
                 }
             }
+            if let Some((Hang::NeverStarted { allowed }, _)) = &hang {
+                let message = never_started(plan, *allowed, args.hang_timeout, &outcome.tail);
+                let code = ErrorKind::LaunchFailed.exit_code();
+                let summary = FailureSummary::launch_failure(message.clone(), code, &outcome.tail);
+                let error = JobError::launch(format!(
+                    "{message}\n  launcher output: {}",
+                    mpi_log_path.display()
+                ));
+                return AttemptOutcome::failed(error, Some(summary), logs);
+            }
             let (error, summary) = hung(args, &logs, hang);
             return AttemptOutcome::failed(error, Some(summary), logs);
         }
@@ -231,6 +242,49 @@ fn hung(
     }
     let summary = FailureSummary::hang(msg.clone(), verdict);
     (JobError::Hung(msg), summary)
+}
+
+/// The launch started no rank within `allowed`: which launcher, the flag that bounds it, and
+/// what its output shows. Open MPI's out-of-band layer prints `[HOST:PID]
+/// tcp_peer_recv_connect_ack: invalid header type: N` for bytes that are not its own on the
+/// port its daemons wire up on (measured: a stranger's random bytes there wedge the launch of
+/// a multi-node job for good); it names the host that received them, never the sender.
+fn never_started(plan: &Plan, allowed: Duration, flag: Option<u64>, tail: &[String]) -> String {
+    let launcher = match plan.kind {
+        LauncherKind::Srun => "srun",
+        LauncherKind::Local => "the local launcher",
+        LauncherKind::Mpirun | LauncherKind::Auto => "mpirun",
+    };
+    let bound = match flag {
+        Some(_) => "--hang-timeout".to_string(),
+        None => "the default while --hang-timeout is unset".to_string(),
+    };
+    let mut hosts: Vec<&str> = tail
+        .iter()
+        .filter(|l| l.contains("tcp_peer_recv_connect_ack: invalid header type"))
+        .filter_map(|l| {
+            let inner = l.trim().strip_prefix('[')?.split(']').next()?;
+            Some(inner.rsplit_once(':').map_or(inner, |(h, _)| h))
+        })
+        .collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let cause = if hosts.is_empty() {
+        "; its own words, if any, are in 70_mpi_log".to_string()
+    } else {
+        format!(
+            ": Open MPI's out-of-band listener on {} received bytes that are not Open MPI's \
+             (something else on the network connected to the port its daemons wire up on, a port \
+             scanner or a stranger; Open MPI does not name the sender) and its launch never \
+             recovered. Open MPI's daemons listen on every interface: keep other machines off \
+             the nodes' network (SECURITY.md)",
+            hosts.join(", ")
+        )
+    };
+    format!(
+        "no rank started within {} s ({bound}): {launcher} never started them{cause}",
+        allowed.as_secs()
+    )
 }
 
 /// mpirun's "Process name: [[job,1],R] ... Exit code: C" of the first failing rank.
@@ -383,6 +437,46 @@ mod tests {
         assert_eq!(
             launch_failure_message(&plan, &lines("something else")),
             "the ranks could not be started"
+        );
+    }
+
+    /// A launch that started no rank: the bound named, and Open MPI's words for a stranger's
+    /// bytes on its out-of-band port turned into the hosts that received them.
+    #[test]
+    fn a_launch_that_never_started_names_the_bound_and_the_garbled_hosts() {
+        let plan = Plan {
+            kind: LauncherKind::Mpirun,
+            node_names: Vec::new(),
+            nodes: 2,
+            procs_per_node: 1,
+            hosts: Vec::new(),
+            hostfile: None,
+            oversubscribe: false,
+            worker: PathBuf::from("/opt/tchrun-worker"),
+            log_dir: PathBuf::from("/tmp/logs"),
+            mpirun_args: Vec::new(),
+            as_root: false,
+            console: Default::default(),
+        };
+        let tail = lines(
+            "[vm:28640] plm:rsh: Warning: setpgid(28647,28647) failed\n\
+             [vm:28640] tcp_peer_recv_connect_ack: invalid header type: 245\n\
+             [tchrun-node1:28655] tcp_peer_recv_connect_ack: invalid header type: 222\n\
+             [tchrun-node1:28655] tcp_peer_recv_connect_ack: invalid header type: 18",
+        );
+        let m = never_started(&plan, Duration::from_secs(30), Some(30), &tail);
+        assert!(
+            m.starts_with(
+                "no rank started within 30 s (--hang-timeout): mpirun never started them"
+            ) && m.contains("listener on tchrun-node1, vm received bytes")
+                && m.contains("SECURITY.md"),
+            "{m}"
+        );
+        let quiet = never_started(&plan, Duration::from_secs(300), None, &[]);
+        assert_eq!(
+            quiet,
+            "no rank started within 300 s (the default while --hang-timeout is unset): mpirun \
+             never started them; its own words, if any, are in 70_mpi_log"
         );
     }
 }
