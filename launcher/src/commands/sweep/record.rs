@@ -151,6 +151,27 @@ fn cause_line(f: &FailureSummary) -> String {
     }
 }
 
+/// Whether a job holds the run's lock now (a running job always does: the launcher, or rank 0
+/// of ranks started by srun, takes it before anything is written, and removes it at the end):
+/// the holder its lock file names is a live process of this host. None: another host's holder
+/// (or a file being written), for the caller to judge by `status.json`.
+fn held(output: &Path) -> Option<bool> {
+    let text = match files::read_bounded_string(&tchrun::lock::lock_path(output), 1 << 16) {
+        Ok(t) => t,
+        Err(e) if e.is_not_found() => return Some(false),
+        Err(_) => return None,
+    };
+    let info: tchrun::lock::LockInfo = serde_json::from_str(text.trim()).ok()?;
+    if info.host != tchrun::lock::LockInfo::here("").host {
+        return None;
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(info.pid).ok()?);
+    Some(!matches!(
+        nix::sys::signal::kill(pid, None),
+        Err(nix::errno::Errno::ESRCH)
+    ))
+}
+
 /// The state of the run whose `--output` is `output`.
 pub fn run_state(output: &Path) -> RunState {
     let logs = output.join(files::DEFAULT_LOG_SUBDIR);
@@ -158,12 +179,16 @@ pub fn run_state(output: &Path) -> RunState {
     if last.as_ref().is_some_and(|l| l.finished) {
         return RunState::Finished;
     }
-    let status = JobStatus::read(&logs).ok().flatten();
-    if let Some(s) = &status {
+    let running = held(output).unwrap_or_else(|| {
+        // Another host's job (or no lock file): its status.json rewritten lately.
         let now = std::time::SystemTime::now();
-        if !s.state.is_end() && !crate::commands::status::is_stale(s, now) {
-            return RunState::Running;
-        }
+        JobStatus::read(&logs)
+            .ok()
+            .flatten()
+            .is_some_and(|s| !s.state.is_end() && !crate::commands::status::is_stale(&s, now))
+    });
+    if running {
+        return RunState::Running;
     }
     if let Ok(Some(f)) = FailureSummary::read(&logs) {
         return RunState::Failed {
