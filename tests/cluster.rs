@@ -7,10 +7,11 @@
 //! namespace and /etc/hosts line a test makes is removed by a guard, also when it fails.
 mod common;
 use common::netns::Nodes;
+use common::slurm::{field, Slurm};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -30,19 +31,6 @@ fn root_dir() -> PathBuf {
 
 fn script(name: &str) -> PathBuf {
     root_dir().join("scripts").join(name)
-}
-
-extern "C" {
-    fn geteuid() -> u32;
-}
-
-fn is_root() -> bool {
-    unsafe { geteuid() == 0 }
-}
-
-/// One test at a time per shared resource (cargo runs tests on several threads).
-fn serialize(m: &'static Mutex<()>) -> MutexGuard<'static, ()> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The digits dataset, made once and kept beside the binaries (deterministic).
@@ -111,12 +99,6 @@ fn train_args(model: &Path, output: &Path, epochs: u32) -> Vec<String> {
     ];
     v.extend(TRAIN_FLAGS.iter().map(|s| s.to_string()));
     v
-}
-
-/// `value` of the first `key` in a text (`host: X`, `local_addr=Y`).
-fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    let i = text.find(key)?;
-    text[i + key.len()..].split_whitespace().next()
 }
 
 /// Live processes whose program (argv[0]'s file name) starts with `program` and whose command
@@ -420,100 +402,7 @@ fn netns_a_stopped_rank_on_node2_is_named_with_its_stacks_taken_on_its_host() {
 
 // ---------------------------------------------------------------- real Slurm
 
-static SLURM: Mutex<()> = Mutex::new(());
-
-/// A running single-node Slurm (scripts/slurm-cluster.sh) in its own directory; stopped on
-/// drop. Every Slurm command gets `SLURM_CONF` through `cmd()`.
-struct Slurm {
-    dir: tempfile::TempDir,
-    conf: PathBuf,
-    _lock: MutexGuard<'static, ()>,
-}
-
 impl Slurm {
-    fn start() -> Option<Slurm> {
-        let lock = serialize(&SLURM);
-        if !is_root() {
-            skip_or_fail(
-                "the test Slurm runs as root (SlurmUser=root, munged as munge); not root here",
-            );
-            return None;
-        }
-        let dir = tempdir();
-        let conf = dir.path().join("slurm.conf");
-        let s = Slurm {
-            dir,
-            conf,
-            _lock: lock,
-        };
-        // Ports nobody holds (a daemon of a killed earlier run may still hold the default).
-        let free = |p: u16| (p..p + 2).all(|q| std::net::TcpListener::bind(("0.0.0.0", q)).is_ok());
-        let port = (0..20)
-            .map(|i| 16817 + 1000 * i)
-            .find(|&p| free(p))
-            .expect("no free port pair for Slurm");
-        let r = run(
-            Command::new(script("slurm-cluster.sh"))
-                .env("SLURM_CLUSTER_PORT", port.to_string())
-                .arg("start")
-                .arg(s.dir.path()),
-            Duration::from_secs(60),
-        );
-        assert_eq!(
-            r.code,
-            Some(0),
-            "scripts/slurm-cluster.sh start failed (run scripts/setup.sh for slurmctld/slurmd/munge)\n{}",
-            r.explain()
-        );
-        assert!(
-            r.stdout
-                .contains(&format!("export SLURM_CONF={}", s.conf.display())),
-            "{}",
-            r.explain()
-        );
-        Some(s)
-    }
-
-    /// A Slurm client (or anything that runs one) with this cluster's config.
-    fn cmd(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new(program);
-        c.env("SLURM_CONF", &self.conf);
-        c
-    }
-
-    fn tchrun(&self) -> Command {
-        let mut c = tchrun();
-        c.env("SLURM_CONF", &self.conf);
-        c
-    }
-
-    /// `JobState=...` and `ExitCode=...` of a job.
-    fn job_state(&self, id: u64) -> (String, String) {
-        let r = run(
-            self.cmd("scontrol").args(["show", "job", &id.to_string()]),
-            Duration::from_secs(10),
-        );
-        let state = field(&r.stdout, "JobState=")
-            .unwrap_or("UNKNOWN")
-            .to_string();
-        let code = field(&r.stdout, "ExitCode=").unwrap_or("?").to_string();
-        (state, code)
-    }
-
-    /// Polls until the job is in a final state (bounded); returns (state, exit code).
-    fn wait_job(&self, id: u64, limit: Duration) -> (String, String) {
-        let mut last = (String::new(), String::new());
-        let done = wait_for(limit, || {
-            last = self.job_state(id);
-            matches!(
-                last.0.as_str(),
-                "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY"
-            )
-        });
-        assert!(done, "job {id} not finished after {limit:?}: {last:?}");
-        last
-    }
-
     /// `tchrun sbatch --submit` of a small training; returns the job id.
     fn submit_training(&self, model: &Path, out: &Path, epochs: u32, extra: &[&str]) -> u64 {
         let r = run(
@@ -548,21 +437,6 @@ impl Slurm {
             r.explain()
         );
         id
-    }
-}
-
-impl Drop for Slurm {
-    fn drop(&mut self) {
-        let r = Command::new("timeout")
-            .arg("60")
-            .arg(script("slurm-cluster.sh"))
-            .arg("stop")
-            .arg(self.dir.path())
-            .env("SLURM_CONF", &self.conf)
-            .status();
-        if !matches!(r, Ok(s) if s.success()) {
-            eprintln!("warning: scripts/slurm-cluster.sh stop failed: {r:?}");
-        }
     }
 }
 

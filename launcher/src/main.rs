@@ -26,7 +26,7 @@ mod report;
 mod run;
 mod train;
 
-use commands::{data as data_cmd, doctor, inference, model_init, sbatch, stacks, status};
+use commands::{data as data_cmd, doctor, inference, model_init, sbatch, stacks, status, sweep};
 use plan::{gpus, launch, preflight};
 
 use clap::{Args, Parser, Subcommand};
@@ -59,6 +59,15 @@ enum Cmd {
     Train(TrainArgs),
     /// Write (and with --submit, submit) a Slurm batch script that trains with srun.
     Sbatch(sbatch::SbatchArgs),
+    /// Train one run per point of a grid of train flags (locally in turn, or as one Slurm job
+    /// array with --sbatch); `tchrun sweep results DIR` tabulates them. `tchrun sweep --help`.
+    #[command(disable_help_flag = true)]
+    Sweep {
+        /// --param NAME=V1,V2 ... --output DIR [--sbatch [--submit]] [LAUNCH FLAGS] -- [TRAIN
+        /// FLAGS], or `results DIR [--sort top1]`
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<String>,
+    },
     /// Model directories.
     #[command(subcommand)]
     Model(ModelCmd),
@@ -178,6 +187,7 @@ fn main() -> ExitCode {
         Cmd::Exec(a) => run_exec(&a),
         Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank, &a.restarts),
         Cmd::Sbatch(a) => sbatch::run(&a),
+        Cmd::Sweep { args } => sweep::run(&args, &parse_run),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
         Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
         Cmd::Evaluate(a) => inference::run_evaluate(&a.job, &a.launch, &a.rank),
@@ -204,6 +214,24 @@ fn main() -> ExitCode {
             }
             ExitCode::from(e.kind().exit_code() as u8)
         }
+    }
+}
+
+/// One run of a sweep through the real `tchrun train` / `tchrun sbatch` parser (`argv` without
+/// the program name).
+fn parse_run(argv: &[String]) -> Result<sweep::Parsed, clap::Error> {
+    let all = std::iter::once("tchrun".to_string())
+        .chain(argv.iter().cloned())
+        .map(std::ffi::OsString::from)
+        .collect();
+    let cli: Cli = tchrun::recipe_preset::try_parse_from(all)?;
+    match cli.cmd {
+        Cmd::Train(_) => Ok(sweep::Parsed::Train),
+        Cmd::Sbatch(a) => Ok(sweep::Parsed::Sbatch(Box::new(a))),
+        _ => Err(clap::Error::raw(
+            clap::error::ErrorKind::InvalidSubcommand,
+            "a sweep's runs are `train` or `sbatch` jobs",
+        )),
     }
 }
 

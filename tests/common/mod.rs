@@ -1,6 +1,7 @@
 //! Helpers of the integration tests: the real binaries, bounded runs, temp dirs.
 #![allow(dead_code)]
 pub mod netns;
+pub mod slurm;
 pub mod stranger;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1,5 +1,5 @@
 //! The commands besides `train`'s attempts loop: `data` (split, pack, index), `model init`,
-//! `score`/`evaluate`, `sbatch`, `stacks`, `status` and `doctor`. Each owns its flags and input checks
+//! `score`/`evaluate`, `sbatch`, `sweep`, `stacks`, `status` and `doctor`. Each owns its flags and input checks
 //! and starts ranks only through `plan` and `run`; none knows another command, the restart
 //! policy or how a failure is read from the logs.
 pub mod data;
@@ -9,3 +9,4 @@ pub mod model_init;
 pub mod sbatch;
 pub mod stacks;
 pub mod status;
+pub mod sweep;

@@ -4,7 +4,7 @@
 //! those that mean something in a batch script: Slurm picks the nodes and srun starts the
 //! ranks, so `tchrun train`'s --hostfile, --hosts, --launcher, --oversubscribe and
 //! --mpirun-args are not offered. The script text is `script.rs`, a pure function.
-mod script;
+pub mod script;
 
 use crate::error::JobError;
 use crate::plan::launch::{self, LaunchArgs, LauncherKind};
@@ -254,7 +254,7 @@ pub fn parse_job_id(out: &str) -> Option<u64> {
     })
 }
 
-fn write_script(path: &Path, text: &str) -> Result<(), JobError> {
+pub fn write_script(path: &Path, text: &str) -> Result<(), JobError> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d).map_err(|e| {
@@ -297,6 +297,38 @@ fn refusal_hint(stderr: &str, b: &BatchJob) -> String {
     )
 }
 
+/// `sbatch PATH`: the job id, or what Slurm said with the flags to change (`refusal_hint`).
+pub fn submit(path: &Path, b: &BatchJob) -> Result<u64, JobError> {
+    let out = std::process::Command::new("sbatch")
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| {
+            JobError::launch(format!(
+                "cannot run sbatch: {e}; is Slurm installed here (sbatch on PATH)?"
+            ))
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(JobError::launch(format!(
+            "sbatch {} failed ({}): {}{}",
+            path.display(),
+            out.status,
+            stderr.trim(),
+            refusal_hint(&stderr, b)
+        )));
+    }
+    let Some(id) = parse_job_id(&stdout) else {
+        return Err(JobError::launch(format!(
+            "sbatch answered without a job id: {}{}",
+            stdout.trim(),
+            stderr.trim()
+        )));
+    };
+    Ok(id)
+}
+
 /// `tchrun sbatch`: pre-flight, write the script (dry run: print it), optionally submit it.
 pub fn run(a: &SbatchArgs) -> Result<i32, JobError> {
     let b = batch_job(a)?;
@@ -326,33 +358,7 @@ pub fn run(a: &SbatchArgs) -> Result<i32, JobError> {
         outln!("tchrun: submit it with: sbatch {}", path.display());
         return Ok(0);
     }
-    let out = std::process::Command::new("sbatch")
-        .arg(&path)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| {
-            JobError::launch(format!(
-                "cannot run sbatch: {e}; is Slurm installed here (sbatch on PATH)?"
-            ))
-        })?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        return Err(JobError::launch(format!(
-            "sbatch {} failed ({}): {}{}",
-            path.display(),
-            out.status,
-            stderr.trim(),
-            refusal_hint(&stderr, &b)
-        )));
-    }
-    let Some(id) = parse_job_id(&stdout) else {
-        return Err(JobError::launch(format!(
-            "sbatch answered without a job id: {}{}",
-            stdout.trim(),
-            stderr.trim()
-        )));
-    };
+    let id = submit(&path, &b)?;
     outln!("Submitted batch job {id}");
     outln!(
         "tchrun: logs in {}: {} (script and srun output), {}<rank> (each rank); follow with `tail -f {}`, stop with `scancel {id}`",

@@ -127,15 +127,19 @@ pub fn check_extra(line: &str) -> Result<(), JobError> {
     }
 }
 
-/// The `#SBATCH` lines, in order.
-fn directives(b: &BatchJob) -> Vec<String> {
+/// The `#SBATCH` lines, in order: the job's output to `log` (a job array's: per task), and
+/// a job array's `--array=` value.
+fn directives(b: &BatchJob, log: &str, array: Option<&str>) -> Vec<String> {
     let d = &b.directives;
-    let mpi_log = files::mpi_log(&b.log_dir).display().to_string();
-    let mut v = vec![
-        format!("--job-name={}", b.job_name),
+    let mpi_log = log;
+    let mut v = vec![format!("--job-name={}", b.job_name)];
+    if let Some(a) = array {
+        v.push(format!("--array={a}"));
+    }
+    v.extend([
         format!("--nodes={}", b.nodes),
         format!("--ntasks-per-node={}", b.procs_per_node),
-    ];
+    ]);
     if d.cpus_per_task > 0 {
         v.push(format!("--cpus-per-task={}", d.cpus_per_task));
     }
@@ -177,21 +181,74 @@ pub fn script(b: &BatchJob) -> String {
     let last = tchrun::checkpoint::last_json(&b.output)
         .display()
         .to_string();
-    let mut s = String::new();
-    s.push_str("#!/bin/bash\n");
-    for d in directives(b) {
-        s.push_str(&format!("#SBATCH {d}\n"));
-    }
-    s.push_str(&format!(
-        "# Written by tchrun {} (`tchrun sbatch`); submit it with sbatch.\n",
-        env!("CARGO_PKG_VERSION")
-    ));
+    let mpi_log = files::mpi_log(&b.log_dir).display().to_string();
+    let mut s = header(b, &mpi_log, None, "tchrun sbatch");
     s.push_str(&format!(
         "# Logs: {log_dir} (70_mpi_log: this script and srun; 70_driver_log_<rank>: each rank)\n"
     ));
     s.push_str("set -u\n");
     s.push_str(&format!("LOG_DIR={}\n", quote(&log_dir)));
     s.push_str(&format!("LAST={}\n", quote(&last)));
+    s.push_str(&body(b, &b.launch.display()));
+    s
+}
+
+/// `#!/bin/bash`, the `#SBATCH` lines and who wrote the script.
+fn header(b: &BatchJob, log: &str, array: Option<&str>, by: &str) -> String {
+    let mut s = String::from("#!/bin/bash\n");
+    for d in directives(b, log, array) {
+        s.push_str(&format!("#SBATCH {d}\n"));
+    }
+    s.push_str(&format!(
+        "# Written by tchrun {} (`{by}`); submit it with sbatch.\n",
+        env!("CARGO_PKG_VERSION")
+    ));
+    s
+}
+
+/// A job array of runs that share the Slurm options of `tasks[0]` (the caller checked that they
+/// do): `#SBATCH --array=ARRAY`, each task's output first to `task_log` (Slurm's `%A_%a`), then,
+/// once the task has found its run by `SLURM_ARRAY_TASK_ID`, appended to its run's own
+/// `70_mpi_log`; then the same body as `script` (USR1 → stop and requeue with `--resume`,
+/// `--max-restarts` within the allocation) with the task's own command.
+pub fn array_script(tasks: &[(usize, BatchJob)], array: &str, task_log: &str) -> String {
+    let Some((_, first)) = tasks.first() else {
+        return String::new();
+    };
+    let mut s = header(first, task_log, Some(array), "tchrun sweep --sbatch");
+    s.push_str(
+        "# One run of the sweep per array task (SLURM_ARRAY_TASK_ID = its index in sweep.json).\n",
+    );
+    s.push_str("set -u\n");
+    s.push_str("case \"${SLURM_ARRAY_TASK_ID:-}\" in\n");
+    for (index, b) in tasks {
+        let last = tchrun::checkpoint::last_json(&b.output);
+        s.push_str(&format!("  {index})\n"));
+        s.push_str(&format!(
+            "    LOG_DIR={}\n",
+            quote(&b.log_dir.display().to_string())
+        ));
+        s.push_str(&format!(
+            "    LAST={}\n",
+            quote(&last.display().to_string())
+        ));
+        s.push_str(&format!("    RUN=({})\n", b.launch.display()));
+        s.push_str("    ;;\n");
+    }
+    s.push_str("  *)\n");
+    s.push_str("    echo \"tchrun: SLURM_ARRAY_TASK_ID=${SLURM_ARRAY_TASK_ID:-unset} is not a run of this sweep; submit this script as it is (its #SBATCH --array names the runs)\" >&2\n");
+    s.push_str("    exit 2 ;;\n");
+    s.push_str("esac\n");
+    s.push_str("mkdir -p \"$LOG_DIR\"\n");
+    s.push_str(&format!("exec >>\"$LOG_DIR/{}\" 2>&1\n", files::MPI_LOG));
+    s.push_str(&body(first, "\"${RUN[@]}\""));
+    s
+}
+
+/// From the restart count to the exit: the ranks started with `launch` (a command line, or
+/// a job array's `"${RUN[@]}"`), restarts, the USR1 trap and the requeue.
+fn body(b: &BatchJob, launch: &str) -> String {
+    let mut s = String::new();
     s.push_str(&format!("MAX_RESTARTS={}\n", b.max_restarts));
     s.push_str("RESTART=\"${SLURM_RESTART_COUNT:-0}\"\n");
     s.push_str("RESUME=()\n");
@@ -221,7 +278,7 @@ pub fn script(b: &BatchJob) -> String {
         "  export {}=\"$ATTEMPT\"\n",
         tchrun::env::TCHRUN_ATTEMPT
     ));
-    s.push_str(&format!("  {} \"${{RESUME[@]}}\" &\n", b.launch.display()));
+    s.push_str(&format!("  {launch} \"${{RESUME[@]}}\" &\n"));
     s.push_str("  PID=$!\n");
     s.push_str("  # wait returns early when a trapped signal arrives: wait again until the ranks are gone.\n");
     s.push_str("  while kill -0 \"$PID\" 2>/dev/null; do wait \"$PID\"; done\n");
