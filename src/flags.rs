@@ -2,7 +2,7 @@
 //! `TCHRUN_<FLAG>` variable live here, so both binaries and `--help` never drift.
 use crate::console::Selection;
 use clap::{Args, ValueEnum};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Parses `--lr`: a finite float >= f64::EPSILON ("Train PyTorch Model"'s `>=double.Epsilon`).
 pub fn parse_lr(s: &str) -> Result<f64, String> {
@@ -749,13 +749,26 @@ impl Inference {
         }
     }
 
+    /// `--model`'s help.
+    pub const fn model_help(self) -> &'static str {
+        match self {
+            Inference::Score => "Trained model directory (model.json + model.safetensors)",
+            Inference::Evaluate => {
+                "Trained model directory (model.json + model.safetensors); give it twice \
+                 (--model A --model B) to compare two models on the same images: both side by \
+                 side and McNemar's exact test of the difference in top-1"
+            }
+        }
+    }
+
     /// `--output`'s help.
     pub const fn output_help(self) -> &'static str {
         match self {
             Inference::Score => "CSV file to write",
             Inference::Evaluate => {
                 "Evaluation directory to write: scores.csv, metrics.json, confusion_matrix.csv \
-                 and .png"
+                 and .png; with two models, those of each in a/ and b/, comparison.json and \
+                 disagreements.csv"
             }
         }
     }
@@ -767,9 +780,11 @@ impl Inference {
 /// settings are [`RankFlags`].
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct InferenceJob {
-    /// Trained model directory (model.json + model.safetensors).
-    #[arg(long, env = "TCHRUN_MODEL")]
-    pub model: PathBuf,
+    /// Trained model directory (model.json + model.safetensors). Given more than once (the
+    /// help: `Inference::model_help`) only by `evaluate`, to compare two models; `models`
+    /// checks the count.
+    #[arg(long, env = "TCHRUN_MODEL", action = clap::ArgAction::Append, required = true)]
+    pub model: Vec<PathBuf>,
     /// The images (help: `Inference::images_help`).
     #[arg(long)]
     pub images: PathBuf,
@@ -782,14 +797,42 @@ pub struct InferenceJob {
 }
 
 impl InferenceJob {
+    /// The model directories, checked against what `kind` takes: `score` one, `evaluate` one
+    /// or two (the second compared with the first). The error names the count and the fix.
+    pub fn models(&self, kind: Inference) -> Result<&[PathBuf], String> {
+        let n = self.model.len();
+        match kind {
+            Inference::Score if n == 1 => Ok(&self.model),
+            Inference::Evaluate if n == 1 || n == 2 => Ok(&self.model),
+            Inference::Score => Err(format!(
+                "--model given {n} times; score takes one model directory (to compare two \
+                 models on labeled images: tchrun evaluate --model A --model B)"
+            )),
+            Inference::Evaluate => Err(format!(
+                "--model given {n} times; evaluate takes one model directory, or two to compare \
+                 them (--model A --model B): compare more models two at a time"
+            )),
+        }
+    }
+
+    /// The first model directory (the only one of `score` and of a one-model `evaluate`).
+    pub fn first_model(&self) -> &Path {
+        self.model.first().map_or(Path::new(""), PathBuf::as_path)
+    }
+
     /// The job as arguments for `tchrun-worker score|evaluate`.
     pub fn to_args(&self) -> Vec<String> {
-        vec![
-            format!("--model={}", self.model.display()),
+        let mut args: Vec<String> = self
+            .model
+            .iter()
+            .map(|m| format!("--model={}", m.display()))
+            .collect();
+        args.extend([
             format!("--images={}", self.images.display()),
             format!("--output={}", self.output.display()),
             format!("--batch-size={}", self.batch_size),
-        ]
+        ]);
+        args
     }
 
     /// Driver logs without `--log-dir`: for `score`, `tchrun-logs` beside the CSV (a job's

@@ -1,7 +1,9 @@
 //! `tchrun evaluate` ("Evaluate Model") and `tchrun score` on many ranks: the figures equal
 //! scikit-learn's recomputed from `scores.csv`, 3 ranks write the same bytes as 1 on a set
 //! whose size is not divisible by 3, and a labeled folder with a class the model does not
-//! know is refused before any rank starts.
+//! know is refused before any rank starts. Two models compared (`--model A --model B`): each
+//! model's figures equal scikit-learn's, McNemar's test equals statsmodels'; three models, and
+//! two with different class lists, are refused.
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
@@ -15,36 +17,52 @@ const OUTPUTS: [&str; 4] = [
     "confusion_matrix.png",
 ];
 
-/// A resnet18 trained one epoch on the small digits set (good enough to be wrong sometimes).
-fn trained(t: &Path) -> PathBuf {
-    let d = small_digits();
-    let model = model_dir(t, "resnet18", 32);
-    let out = t.join("trained");
-    let r = run(
-        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out).args([
-            "--epochs",
-            "1",
-            "--batch-size",
-            "20",
-            "--lr",
-            "0.05",
-            "--launcher",
-            "local",
-        ]),
-        LIMIT,
-    );
-    assert_eq!(r.code, Some(0), "{}", r.explain());
-    out
+/// A resnet18 trained one epoch on the small digits set (good enough to be wrong sometimes),
+/// trained once per test binary (the tests share it; none writes into it).
+fn trained() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let t = std::env::temp_dir().join(format!("tchrun-eval-trained-{}", std::process::id()));
+        std::fs::create_dir_all(&t).expect("mkdir");
+        let d = small_digits();
+        let model = model_dir(&t, "resnet18", 32);
+        let out = t.join("trained");
+        let r = run(
+            tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
+                .args([
+                    "--epochs",
+                    "1",
+                    "--batch-size",
+                    "20",
+                    "--lr",
+                    "0.05",
+                    "--launcher",
+                    "local",
+                    "--log-dir",
+                ])
+                .arg(t.join("logs")),
+            LIMIT,
+        );
+        assert_eq!(r.code, Some(0), "{}", r.explain());
+        out
+    })
+    .clone()
 }
 
 /// `tchrun CMD --model M --images I --output O --batch-size 16` on `ranks` ranks: one local
 /// rank, or several through mpirun (oversubscribed on this 2-core machine).
 fn infer(cmd: &str, model: &Path, images: &Path, out: &Path, ranks: u32) -> Run {
+    infer_with(cmd, &[model], images, out, ranks)
+}
+
+/// `infer` with a `--model` for each of `models`.
+fn infer_with(cmd: &str, models: &[&Path], images: &Path, out: &Path, ranks: u32) -> Run {
     let mut c = tchrun();
-    c.arg(cmd)
-        .arg("--model")
-        .arg(model)
-        .arg("--images")
+    c.arg(cmd);
+    for m in models {
+        c.arg("--model").arg(m);
+    }
+    c.arg("--images")
         .arg(images)
         .arg("--output")
         .arg(out)
@@ -62,7 +80,7 @@ fn infer(cmd: &str, model: &Path, images: &Path, out: &Path, ranks: u32) -> Run 
 #[test]
 fn evaluate_equals_scikit_learn_and_three_ranks_write_what_one_writes() {
     let t = tempdir();
-    let model = trained(t.path());
+    let model = trained();
     // 100 images: 7 batches of 16 (the last one 4), neither divisible by 3 ranks.
     let images = subset(&small_digits().join("valid"), &t.path().join("eval"), 10, 0);
     let one = t.path().join("eval-1");
@@ -242,4 +260,149 @@ fn evaluate_refuses_a_class_the_model_does_not_know_before_any_rank_starts() {
         r.explain()
     );
     assert!(!out.exists(), "nothing written: {}", r.explain());
+}
+
+/// Model b: `a`'s model.json (its classes and preprocessing) over an untrained torchvision
+/// resnet18's weights (seeded), as torchvision initialises it.
+fn untrained_like(a: &Path, dst: &Path) -> PathBuf {
+    std::fs::create_dir_all(dst).expect("mkdir");
+    std::fs::copy(a.join("model.json"), dst.join("model.json")).expect("model.json");
+    let code = format!(
+        "import torch, torchvision\n\
+         from safetensors.torch import save_file\n\
+         torch.manual_seed(0)\n\
+         save_file(torchvision.models.resnet18(num_classes=10).state_dict(), '{}')\n",
+        dst.join("model.safetensors").display()
+    );
+    let r = run(python().arg("-c").arg(code), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    dst.to_path_buf()
+}
+
+#[test]
+fn two_models_side_by_side_equal_scikit_learn_and_statsmodels() {
+    let t = tempdir();
+    let a = trained();
+    let b = untrained_like(&a, &t.path().join("b"));
+    let images = subset(&small_digits().join("valid"), &t.path().join("eval"), 10, 0);
+    let alone = t.path().join("alone");
+    infer("evaluate", &a, &images, &alone, 1);
+    // On 2 ranks (each model's rows gathered under keys of its own).
+    let two = t.path().join("two");
+    let r = infer_with("evaluate", &[&a, &b], &images, &two, 2);
+    for line in [
+        "evaluated 100 image(s) with 2 models on 2 ranks:",
+        &format!("a: {}", a.display()),
+        &format!("b: {}", b.display()),
+        "a          b      b - a",
+        "top-1 ",
+        "McNemar's exact test: both right ",
+        "image(s) where the predictions differ in disagreements.csv",
+    ] {
+        assert!(r.stdout.contains(line), "no '{line}' in\n{}", r.explain());
+    }
+    // Model a's outputs in a/ are what evaluating it alone writes.
+    for f in OUTPUTS {
+        let (x, y) = (
+            std::fs::read(alone.join(f)).expect(f),
+            std::fs::read(two.join("a").join(f)).expect(f),
+        );
+        assert!(x == y, "a/{f} differs from a one-model evaluate's");
+    }
+    let classes: Vec<String> = (0..10).map(|c| c.to_string()).collect();
+    for (script, dir) in [
+        ("evaluate_check.py", two.join("a")),
+        ("evaluate_check.py", two.join("b")),
+        ("compare_check.py", two.clone()),
+    ] {
+        let py = run(
+            python()
+                .arg(repo().join("tests/python").join(script))
+                .arg(&dir)
+                .args(&classes),
+            LIMIT,
+        );
+        assert_eq!(py.code, Some(0), "{}", py.explain());
+        assert!(py.stdout.contains("equal"), "{}", py.explain());
+        eprintln!("{}", py.stdout);
+    }
+    let c: serde_json::Value =
+        serde_json::from_str(&read(&two.join("comparison.json"))).expect("comparison.json");
+    assert!(
+        c["disagreements"].as_u64() > Some(0),
+        "the trained and the untrained model disagree somewhere: {c}"
+    );
+    assert!(
+        r.stdout.contains(c["verdict"].as_str().unwrap()),
+        "{}",
+        r.explain()
+    );
+}
+
+#[test]
+fn evaluate_refuses_three_models_and_two_with_different_classes() {
+    let t = tempdir();
+    let images = subset(&small_digits().join("valid"), &t.path().join("eval"), 1, 0);
+    let out = t.path().join("out");
+    let untrained = model_dir(t.path(), "resnet18", 32);
+    // Two model directories with the digits' classes (a resnet18 header over zeros: refused
+    // before any rank would read the weights), the second's last class named "nine".
+    let model = |name: &str, last: &str| -> PathBuf {
+        let dir = t.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        sparse_weights(
+            &dir.join("model.safetensors"),
+            tchrun::model::Arch::Resnet18,
+            10,
+        );
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&read(&untrained.join("model.json"))).expect("model.json");
+        let mut classes: Vec<String> = (0..9).map(|c| c.to_string()).collect();
+        classes.push(last.to_string());
+        cfg["class_names"] = serde_json::json!(classes);
+        std::fs::write(dir.join("model.json"), cfg.to_string()).unwrap();
+        dir
+    };
+    let (a, b) = (model("a", "9"), model("b", "nine"));
+    let refused = |cmd: &str, models: &[&Path], output: &Path| -> Run {
+        let mut c = tchrun();
+        c.arg(cmd);
+        for m in models {
+            c.arg("--model").arg(m);
+        }
+        c.arg("--images")
+            .arg(&images)
+            .arg("--output")
+            .arg(output)
+            .args(["--launcher", "local"]);
+        let r = run(&mut c, LIMIT);
+        assert_eq!(r.code, Some(2), "{}", r.explain());
+        assert!(!out.exists(), "nothing written: {}", r.explain());
+        r
+    };
+    let r = refused("evaluate", &[&a, &a, &a], &out);
+    assert!(
+        r.stderr
+            .contains("--model given 3 times; evaluate takes one model directory, or two"),
+        "{}",
+        r.explain()
+    );
+    let r = refused("score", &[&a, &a], &out.join("scores.csv"));
+    assert!(
+        r.stderr.contains("--model given 2 times; score takes one"),
+        "{}",
+        r.explain()
+    );
+    let r = refused("evaluate", &[&a, &b], &out);
+    assert!(
+        r.stderr.contains(&format!(
+            "--model {} and --model {} have different class lists",
+            a.display(),
+            b.display()
+        )) && r
+            .stderr
+            .contains("only in the first: [9], only in the second: [nine]"),
+        "{}",
+        r.explain()
+    );
 }

@@ -128,6 +128,7 @@ enum ModelCmd {
 
 #[derive(Args, Debug)]
 #[command(
+    mut_arg("model", |a| a.help(Inference::Score.model_help())),
     mut_arg("images", |a| a.help(Inference::Score.images_help())),
     mut_arg("output", |a| a.help(Inference::Score.output_help()))
 )]
@@ -142,6 +143,7 @@ struct ScoreArgs {
 
 #[derive(Args, Debug)]
 #[command(
+    mut_arg("model", |a| a.help(Inference::Evaluate.model_help())),
     mut_arg("images", |a| a.help(Inference::Evaluate.images_help())),
     mut_arg("output", |a| a.help(Inference::Evaluate.output_help()))
 )]

@@ -22,22 +22,25 @@ fn check_model(model: &Path, batch_size: u32) -> Result<tchrun::model::ModelConf
 }
 
 /// `--output` (`output_is` says what it is) and the log directory must not be, contain or
-/// lie inside `--model` or `--images` (`paths`: model, images, output).
+/// lie inside a `--model` or `--images`.
 fn check_outputs(
     launch: &LaunchArgs,
     plan: &Plan,
-    [model, images, output]: [&Path; 3],
+    job: &InferenceJob,
     output_is: &'static str,
 ) -> Result<(), JobError> {
+    let mut inputs: Vec<Named> = job
+        .model
+        .iter()
+        .map(|m| Named::new("--model", "the trained model directory", m))
+        .collect();
+    inputs.push(Named::new("--images", "the images", &job.images));
     check_disjoint(
         &[
-            Named::new("--output", output_is, output),
+            Named::new("--output", output_is, &job.output),
             Named::new("--log-dir", "the job's logs", &plan.log_dir),
         ],
-        vec![
-            Named::new("--model", "the trained model directory", model),
-            Named::new("--images", "the images", images),
-        ],
+        inputs,
         Some(launch),
     )
 }
@@ -87,16 +90,18 @@ fn with_log_dir(
     Ok((rank, new))
 }
 
-/// The job's paths made absolute, then the launch pre-flight (hosts, launcher, GPUs) before
-/// the inputs: a GPU job on a host without GPUs is refused whatever its inputs.
+/// The count of `--model` checked, the job's paths made absolute, then the launch pre-flight
+/// (hosts, launcher, GPUs) before the inputs: a GPU job on a host without GPUs is refused
+/// whatever its inputs.
 fn launch_preflight(
     job: &InferenceJob,
     kind: Inference,
     launch: &LaunchArgs,
     rank: &RankFlags,
 ) -> Result<(InferenceJob, RankFlags, Plan, Option<NewLogDir>), JobError> {
+    job.models(kind).map_err(JobError::invalid)?;
     let mut job = job.clone();
-    job.model = absolute(job.model);
+    job.model = job.model.into_iter().map(absolute).collect();
     job.images = absolute(job.images);
     job.output = absolute(job.output);
     let (rank, new) = with_log_dir(rank, &job, kind, launch.dry_run)?;
@@ -113,13 +118,8 @@ pub fn run_score(
 ) -> Result<i32, JobError> {
     let (mut job, rank, plan, _new_log_dir) =
         launch_preflight(job, Inference::Score, launch, rank)?;
-    check_outputs(
-        launch,
-        &plan,
-        [job.model.as_path(), &job.images, &job.output],
-        "the scores CSV",
-    )?;
-    check_model(&job.model, job.batch_size)?;
+    check_outputs(launch, &plan, &job, "the scores CSV")?;
+    check_model(job.first_model(), job.batch_size)?;
     job.images = images_folder(&job.images)?;
     check_images_dir(&job.images)?;
     if job.output.is_dir() {
@@ -147,16 +147,35 @@ pub fn run_score(
     run_planned(launch, &plan, args, &RankEnv::holding(&locks))
 }
 
-/// `tchrun evaluate`: the labeled folder's class folders must all be classes of the model.
+/// The models of an evaluation: each loaded strictly; a second one must have the first's class
+/// list. Returns the first's configuration.
+fn check_models(job: &InferenceJob) -> Result<tchrun::model::ModelConfig, JobError> {
+    let mut cfgs = Vec::with_capacity(job.model.len());
+    for m in &job.model {
+        cfgs.push(check_model(m, job.batch_size)?);
+    }
+    if let [a, b] = &cfgs[..] {
+        tchrun::comparison::check_same_classes(
+            (&job.model[0], &a.class_names),
+            (&job.model[1], &b.class_names),
+        )
+        .map_err(JobError::invalid)?;
+    }
+    cfgs.into_iter()
+        .next()
+        .ok_or_else(|| JobError::invalid("--model: give the trained model directory"))
+}
+
+/// `tchrun evaluate`: the labeled folder's class folders must all be classes of the model (of
+/// both models, whose class lists must be the same, when two are compared).
 pub fn run_evaluate(
     job: &InferenceJob,
     launch: &LaunchArgs,
     rank: &RankFlags,
 ) -> Result<i32, JobError> {
     let (mut job, rank, plan, _) = launch_preflight(job, Inference::Evaluate, launch, rank)?;
-    let paths = [job.model.as_path(), &job.images, &job.output];
-    check_outputs(launch, &plan, paths, "the evaluation directory")?;
-    let cfg = check_model(&job.model, job.batch_size)?;
+    check_outputs(launch, &plan, &job, "the evaluation directory")?;
+    let cfg = check_models(&job)?;
     job.images = images_folder(&job.images)?;
     check_images_dir(&job.images)?;
     let folder = tchrun::data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;

@@ -1,5 +1,6 @@
 //! `tchrun-worker score` and `evaluate` as ranks: outputs checked against the model and the
 //! images, the rank started, the store carrying each rank's rows to rank 0.
+use super::evaluate::{self, Evaluated};
 use super::score;
 use crate::rank::start::{command_line, leave, start_rank, Fatal, Rank, RankResult};
 use clap::Args;
@@ -9,6 +10,7 @@ use tchrun::flags::{Inference, RankFlags};
 
 #[derive(Args, Debug)]
 #[command(
+    mut_arg("model", |a| a.help(Inference::Score.model_help())),
     mut_arg("images", |a| a.help(Inference::Score.images_help())),
     mut_arg("output", |a| a.help(Inference::Score.output_help()))
 )]
@@ -21,6 +23,7 @@ pub struct ScoreArgs {
 
 #[derive(Args, Debug)]
 #[command(
+    mut_arg("model", |a| a.help(Inference::Evaluate.model_help())),
     mut_arg("images", |a| a.help(Inference::Evaluate.images_help())),
     mut_arg("output", |a| a.help(Inference::Evaluate.output_help()))
 )]
@@ -89,24 +92,30 @@ fn run_inference(
     })
 }
 
-/// `score`/`evaluate` started by hand: outputs that would overwrite the model or the images
-/// are refused (as `tchrun` refuses them) before anything is written.
+/// `score`/`evaluate` started by hand: the count of `--model` as `kind` takes it, and outputs
+/// that would overwrite a model or the images refused (as `tchrun` refuses them) before
+/// anything is written.
 fn check_inference_paths(
+    kind: Inference,
     output: (&str, &std::path::Path),
     log_dir: &std::path::Path,
-    model: &std::path::Path,
-    images: &std::path::Path,
+    job: &tchrun::flags::InferenceJob,
 ) -> RankResult {
     use tchrun::overlap::Named;
+    let models = job
+        .models(kind)
+        .map_err(|e| (None, Fatal::invalid(anyhow::anyhow!(e))))?;
+    let mut inputs: Vec<Named> = models
+        .iter()
+        .map(|m| Named::new("--model", "the trained model directory", m))
+        .collect();
+    inputs.push(Named::new("--images", "the images", &job.images));
     tchrun::overlap::check_disjoint(
         &[
             Named::new("--output", output.0, output.1),
             Named::new("--log-dir", "the job's logs", log_dir),
         ],
-        &[
-            Named::new("--model", "the trained model directory", model),
-            Named::new("--images", "the images", images),
-        ],
+        &inputs,
     )
     .map_err(|e| (None, Fatal::invalid(e.into())))
 }
@@ -114,13 +123,13 @@ fn check_inference_paths(
 /// Scores the images as this rank.
 pub fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
     check_inference_paths(
+        Inference::Score,
         ("the scores CSV", &a.output),
         &rank
             .log_dir
             .clone()
             .unwrap_or_else(|| a.default_log_dir(Inference::Score)),
-        &a.model,
-        &a.images,
+        &a,
     )?;
     run_inference(
         &rank,
@@ -128,7 +137,7 @@ pub fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
         None,
         a.batch_size,
         |compute, ranks, say| {
-            let n = score::score(&a.model, &a.images, &a.output, compute, ranks)?;
+            let n = score::score(a.first_model(), &a.images, &a.output, compute, ranks)?;
             if ranks.rank == 0 {
                 say(&format!(
                     "scored {n} image(s) on {} into {}",
@@ -144,13 +153,13 @@ pub fn run_score(ScoreArgs { job: a, rank }: ScoreArgs) -> RankResult {
 /// Evaluates the model as this rank.
 pub fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
     check_inference_paths(
+        Inference::Evaluate,
         ("the evaluation directory", &a.output),
         &rank
             .log_dir
             .clone()
             .unwrap_or_else(|| a.default_log_dir(Inference::Evaluate)),
-        &a.model,
-        &a.images,
+        &a,
     )?;
     run_inference(
         &rank,
@@ -158,21 +167,44 @@ pub fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
         Some(&a.output),
         a.batch_size,
         |compute, ranks, say| {
-            if let Some(e) = score::evaluate(&a.model, &a.images, &a.output, compute, ranks)? {
-                let m = &e.metrics;
-                say(&format!(
-                    "evaluated {} image(s) on {}: top-1 {:.2}%, top-5 {:.2}%, log loss {:.4}, \
-                 macro F1 {:.4}; scores.csv, metrics.json and confusion_matrix.csv/.png in {}",
-                    e.images,
-                    tchrun::counts::ranks(ranks.world),
-                    100.0 * m.top1,
-                    100.0 * m.top5,
-                    m.log_loss,
-                    m.macro_avg.f1,
-                    a.output.display()
-                ));
+            let found = evaluate::evaluate(&a.model, &a.images, &a.output, compute, ranks)?;
+            if let Some(e) = found {
+                report_evaluated(&e, ranks.world, &a.output, say);
             }
             Ok(())
         },
     )
+}
+
+/// `evaluate`'s report on rank 0's console: one model's figures on one line; two models' side
+/// by side (`tchrun::comparison::table`) with the verdict.
+fn report_evaluated(e: &Evaluated, world: usize, output: &std::path::Path, say: &dyn Fn(&str)) {
+    match e {
+        Evaluated::One { images, metrics: m } => say(&format!(
+            "evaluated {images} image(s) on {}: top-1 {:.2}%, top-5 {:.2}%, log loss {:.4}, \
+             macro F1 {:.4}; scores.csv, metrics.json and confusion_matrix.csv/.png in {}",
+            tchrun::counts::ranks(world),
+            100.0 * m.top1,
+            100.0 * m.top5,
+            m.log_loss,
+            m.macro_avg.f1,
+            output.display()
+        )),
+        Evaluated::Two { images, comparison } => {
+            say(&format!(
+                "evaluated {images} image(s) with 2 models on {}:",
+                tchrun::counts::ranks(world)
+            ));
+            for line in tchrun::comparison::table(comparison) {
+                say(&line);
+            }
+            say(&format!(
+                "{} image(s) where the predictions differ in disagreements.csv; comparison.json, \
+                 and each model's scores.csv, metrics.json and confusion_matrix.csv/.png in a/ \
+                 and b/, in {}",
+                comparison.disagreements,
+                output.display()
+            ));
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! `tchrun-worker score` ("Score Image Model") and `tchrun-worker evaluate` ("Evaluate Model"):
-//! batch inference of a trained model directory on every rank of the job.
+//! `tchrun-worker score` ("Score Image Model"), and the batch inference of a trained model
+//! directory on every rank of the job that `evaluate` ("Evaluate Model", `evaluate.rs`) shares.
 //!
 //! Sharding is by whole batches: the images (sorted paths) are cut into batches of
 //! `--batch-size` once, and rank `r` scores batches `r, r + W, r + 2W, ...`. Every image is
@@ -10,7 +10,6 @@ use crate::models;
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
 use tchrun::data::{self, Augment, ImageFolder, LoaderConfig, Sample};
-use tchrun::evaluation::{self, Scored};
 use tchrun::model::{self, ModelConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +28,9 @@ pub enum ScoreError {
     Torch(#[from] tch::TchError),
     #[error("gathering the scores on rank 0: {0}")]
     Gather(String),
+    /// Two models that cannot be compared (`tchrun::comparison::check_same_classes`).
+    #[error("{0}")]
+    Models(String),
 }
 
 impl ScoreError {
@@ -59,7 +61,7 @@ pub struct Compute {
 /// One image's result: up to five (class, probability), most probable first, and the
 /// probability of its label (evaluate; 0 for unlabeled scoring).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Row {
+pub(super) struct Row {
     pub top: Vec<(usize, f32)>,
     pub p_label: f32,
 }
@@ -143,7 +145,7 @@ fn decode(mut b: &[u8]) -> Result<Vec<(usize, Row)>, String> {
 }
 
 /// Scores this rank's shard of `folder` (labels: indices into the model's classes).
-fn infer(
+pub(super) fn infer(
     model_dir: &Path,
     cfg: &ModelConfig,
     folder: &ImageFolder,
@@ -240,13 +242,15 @@ fn infer(
     Ok(rows)
 }
 
-/// This rank's rows to rank 0; on rank 0 every image's row, in the images' order.
-fn gather(
+/// This rank's rows of model `model` (its index among `--model`s) to rank 0; on rank 0 every
+/// image's row, in the images' order.
+pub(super) fn gather(
     ranks: &Ranks,
+    model: usize,
     mine: Vec<(usize, Row)>,
     n: usize,
 ) -> Result<Option<Vec<Row>>, ScoreError> {
-    let key = |r: usize| format!("tchrun/inference/rows/{r}");
+    let key = |r: usize| format!("tchrun/inference/{model}/rows/{r}");
     if ranks.rank != 0 {
         (ranks.set)(&key(ranks.rank), &encode(&mine)).map_err(ScoreError::Gather)?;
         return Ok(None);
@@ -273,7 +277,7 @@ fn gather(
 
 use tchrun::csv_out::cell;
 
-fn out_err(path: &Path) -> impl Fn(&dyn std::fmt::Display) -> ScoreError + '_ {
+pub(super) fn out_err(path: &Path) -> impl Fn(&dyn std::fmt::Display) -> ScoreError + '_ {
     move |e| ScoreError::Output {
         path: path.into(),
         why: e.to_string(),
@@ -282,7 +286,7 @@ fn out_err(path: &Path) -> impl Fn(&dyn std::fmt::Display) -> ScoreError + '_ {
 
 /// Writes a CSV through the one CSV writer (`tchrun::csv_out`: quoting, formula-safe cells,
 /// atomic).
-fn write_csv(
+pub(super) fn write_csv(
     path: &Path,
     header: &[&str],
     rows: impl Iterator<Item = Vec<String>>,
@@ -290,7 +294,7 @@ fn write_csv(
     tchrun::csv_out::write(path, header, rows).map_err(|e| out_err(path)(&e.why))
 }
 
-fn relative(path: &Path, root: &Path) -> String {
+pub(super) fn relative(path: &Path, root: &Path) -> String {
     path.strip_prefix(root)
         .unwrap_or(path)
         .display()
@@ -298,7 +302,7 @@ fn relative(path: &Path, root: &Path) -> String {
 }
 
 /// The top-5 cells: class names joined by `;`, probabilities with 6 decimals joined by `;`.
-fn top_cells(cfg: &ModelConfig, top: &[(usize, f32)]) -> [String; 4] {
+pub(super) fn top_cells(cfg: &ModelConfig, top: &[(usize, f32)]) -> [String; 4] {
     let name = |c: usize| cell(cfg.class_names.get(c).map(String::as_str).unwrap_or("?"));
     let (c0, p0) = top.first().copied().unwrap_or((usize::MAX, 0.0));
     [
@@ -386,7 +390,7 @@ fn score_folder(
     let mine = shard(n, compute.batch_size, ranks.rank, ranks.world);
     tracing::info!(images = n, this_rank = mine.len(), "scoring");
     let rows = infer(model_dir, cfg, &folder, mine, compute)?;
-    let Some(all) = gather(ranks, rows, n)? else {
+    let Some(all) = gather(ranks, 0, rows, n)? else {
         return Ok(0);
     };
     write_csv(
@@ -405,87 +409,6 @@ fn score_folder(
         }),
     )?;
     Ok(n)
-}
-
-/// What `evaluate` found, for the console.
-pub struct Evaluated {
-    pub images: usize,
-    pub metrics: evaluation::EvalMetrics,
-}
-
-/// `evaluate`: a labeled ImageFolder whose class folders are classes of the model; rank 0
-/// writes `scores.csv`, `metrics.json`, `confusion_matrix.csv` and `confusion_matrix.png`.
-pub fn evaluate(
-    model_dir: &Path,
-    images: &Path,
-    output: &Path,
-    compute: &Compute,
-    ranks: &Ranks,
-) -> Result<Option<Evaluated>, ScoreError> {
-    let cfg = model::load(model_dir, true)?;
-    let mut folder = ImageFolder::scan(images)?;
-    let map = evaluation::map_classes(images, &folder.classes, &cfg.class_names)?;
-    for s in &mut folder.samples {
-        s.label = map[s.label];
-    }
-    folder.classes = cfg.class_names.clone();
-    let n = folder.samples.len();
-    let mine = shard(n, compute.batch_size, ranks.rank, ranks.world);
-    tracing::info!(images = n, this_rank = mine.len(), "evaluating");
-    let rows = infer(model_dir, &cfg, &folder, mine, compute)?;
-    let Some(all) = gather(ranks, rows, n)? else {
-        return Ok(None);
-    };
-    let scored: Vec<Scored> = folder
-        .samples
-        .iter()
-        .zip(&all)
-        .map(|(s, r)| Scored {
-            truth: s.label,
-            top: r.top.clone(),
-            p_true: r.p_label,
-        })
-        .collect();
-    let metrics = evaluation::compute(&cfg.class_names, &scored);
-    let matrix = evaluation::confusion_matrix(cfg.class_names.len(), &scored);
-    std::fs::create_dir_all(output).map_err(|e| out_err(output)(&e))?;
-    let png = output.join(evaluation::CONFUSION_PNG);
-    crate::infer::confusion::png(&cfg.class_names, &matrix, &png).map_err(|e| out_err(&png)(&e))?;
-    let csv = output.join(evaluation::CONFUSION_CSV);
-    let (header, rows) = evaluation::confusion_table(&cfg.class_names, &matrix);
-    let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    write_csv(&csv, &header, rows.into_iter())?;
-    let scores = output.join(evaluation::SCORES_CSV);
-    write_csv(
-        &scores,
-        &[
-            "file",
-            "true_class",
-            "predicted_class",
-            "probability",
-            "true_class_probability",
-            "top5_classes",
-            "top5_probabilities",
-        ],
-        folder.samples.iter().zip(&all).map(|(s, r)| {
-            let [pred, p, top_c, top_p] = top_cells(&cfg, &r.top);
-            // The true class's probability in full (shortest round-trip f32): the log loss in
-            // metrics.json is recomputable from this column exactly.
-            vec![
-                cell(&relative(&s.path, images)),
-                cell(&cfg.class_names[s.label]),
-                pred,
-                p,
-                format!("{}", r.p_label),
-                top_c,
-                top_p,
-            ]
-        }),
-    )?;
-    let json = output.join(evaluation::METRICS_JSON);
-    let text = serde_json::to_string_pretty(&metrics).map_err(|e| out_err(&json)(&e))?;
-    tchrun::files::write_atomic(&json, text.as_bytes()).map_err(|e| out_err(&json)(&e))?;
-    Ok(Some(Evaluated { images: n, metrics }))
 }
 
 #[cfg(test)]
