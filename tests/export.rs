@@ -218,6 +218,19 @@ fn a_fine_tuned_model_with_a_new_head_and_its_ema_directory_export() {
     assert_eq!(r.code, Some(0), "{}", r.explain());
     let r = export(&ema, &repo_dir, "ema", &["--format", "torchscript"]);
     assert_eq!(r.code, Some(0), "{}", r.explain());
+    // Half precision: checked against the float32 forward within 1e-2, in the report.
+    let r = export(&out, &repo_dir, "ft16", &["--fp16"]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let report: serde_json::Value =
+        serde_json::from_str(&read(&repo_dir.join("ft16/export.json"))).expect("json");
+    assert_eq!(report["fp16"], true, "{report}");
+    assert_eq!(report["check"]["tolerance"], 1e-2, "{report}");
+    let runs = report["check"]["runs"].as_array().expect("runs");
+    assert!(
+        runs.iter()
+            .all(|r| r["max_abs_diff"].as_f64().unwrap_or(1.0) <= 1e-2),
+        "{report}"
+    );
     let pre: serde_json::Value =
         serde_json::from_str(&read(&repo_dir.join("ft/preprocess.json"))).expect("json");
     assert_eq!(pre["resize"], 37, "{pre}");
