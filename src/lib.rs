@@ -28,6 +28,7 @@ pub mod env;
 pub mod epoch_lr;
 pub mod evaluation;
 pub mod exit;
+pub mod export;
 pub mod faults;
 pub mod files;
 pub mod flags;

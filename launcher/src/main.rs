@@ -26,7 +26,9 @@ mod report;
 mod run;
 mod train;
 
-use commands::{data as data_cmd, doctor, inference, model_init, sbatch, stacks, status, sweep};
+use commands::{
+    data as data_cmd, doctor, export, inference, model_init, sbatch, stacks, status, sweep,
+};
 use plan::{gpus, launch, preflight};
 
 use clap::{Args, Parser, Subcommand};
@@ -75,6 +77,9 @@ enum Cmd {
     Score(ScoreArgs),
     /// Evaluate a trained model on labeled images: scores, metrics, confusion matrix ("Evaluate Model").
     Evaluate(EvaluateArgs),
+    /// Export a trained model as ONNX and/or TorchScript into a Triton model repository, with
+    /// its preprocessing, checked against tchrun's own forward.
+    Export(tchrun::export::ExportJob),
     /// Datasets: split an image folder into train/valid, pack one into tar shards.
     #[command(subcommand)]
     Data(data_cmd::DataCmd),
@@ -193,6 +198,7 @@ fn main() -> ExitCode {
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
         Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
         Cmd::Evaluate(a) => inference::run_evaluate(&a.job, &a.launch, &a.rank),
+        Cmd::Export(a) => export::run(&a),
         Cmd::Data(c) => data_cmd::run(&c),
         Cmd::Stacks { dir } => stacks::run(dir.as_deref()),
         Cmd::Status(a) => status::run(&a),

@@ -4,6 +4,7 @@
 //! Architecture Invariant: nothing here spawns ranks.
 pub mod checks;
 pub mod comm;
+pub mod export;
 pub mod heartbeat;
 pub mod infer;
 pub mod memory;

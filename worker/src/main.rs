@@ -50,6 +50,9 @@ enum Cmd {
     /// A model directory's logits for fixed inputs, for the parity tests.
     #[command(hide = true)]
     Logits(logits::Args),
+    /// `tchrun export`'s step: trace the model into TorchScript and check it.
+    #[command(hide = true)]
+    Export(tchrun::export::TraceArgs),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +70,9 @@ fn main() -> ExitCode {
         Cmd::BenchLoader(a) => bench_loader::run(a).map_err(|e| (None, Fatal::invalid(e))),
         Cmd::BenchStep(a) => bench_step::run(a).map_err(|e| (None, Fatal::invalid(e))),
         Cmd::Logits(a) => logits::run(a).map_err(|e| (None, Fatal::invalid(e))),
+        Cmd::Export(a) => {
+            tchrun_worker::export::run(a).map_err(|(kind, err)| (None, Fatal { kind, err }))
+        }
     });
     let (result, panicked) = match std::panic::catch_unwind(run) {
         Ok(r) => (r, false),

@@ -4,6 +4,7 @@
 //! policy or how a failure is read from the logs.
 pub mod data;
 pub mod doctor;
+pub mod export;
 pub mod inference;
 pub mod model_init;
 pub mod sbatch;

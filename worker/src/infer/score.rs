@@ -67,7 +67,7 @@ pub(super) struct Row {
 }
 
 /// Every image under `dir` (recursively, sorted, hidden entries skipped).
-fn list_images(dir: &Path) -> Result<Vec<PathBuf>, ScoreError> {
+pub(crate) fn list_images(dir: &Path) -> Result<Vec<PathBuf>, ScoreError> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -144,6 +144,42 @@ fn decode(mut b: &[u8]) -> Result<Vec<(usize, Row)>, String> {
     Ok(out)
 }
 
+/// The loader of the model's validation preprocessing (--val-resize-size, --val-crop-size,
+/// --interpolation as trained; the input size's for a model trained before them): what
+/// `score`, `evaluate` and `tchrun export`'s check feed the model.
+pub(crate) fn val_loader(cfg: &ModelConfig, batch_size: usize, threads: usize) -> LoaderConfig {
+    let (size, augment) = match &cfg.training {
+        Some(t) => {
+            let c = t.augment.crops(cfg.input_size);
+            let interpolation = data::Interpolation::named(&t.augment.interpolation);
+            let resize = c.val_resize as usize;
+            (
+                c.val_crop,
+                Augment::Resize {
+                    resize,
+                    interpolation,
+                },
+            )
+        }
+        None => (cfg.input_size, Augment::Eval),
+    };
+    LoaderConfig {
+        size: size as usize,
+        batch_size,
+        threads: threads.max(1),
+        prefetch: 4,
+        augment,
+        norm: cfg.normalization,
+        seed: 0,
+        epoch: 0,
+        rank: 0,
+        first_position: 0,
+        skip_bad: false,
+        max_pixels: tchrun::data::DEFAULT_MAX_IMAGE_PIXELS,
+        global: None,
+    }
+}
+
 /// Scores this rank's shard of `folder` (labels: indices into the model's classes).
 pub(super) fn infer(
     model_dir: &Path,
@@ -166,41 +202,10 @@ pub(super) fn infer(
     );
     models::load(&mut vs, &model_dir.join(tchrun::files::MODEL_WEIGHTS))?;
     let order = indices.clone();
-    // The model's validation preprocessing (--val-resize-size, --val-crop-size,
-    // --interpolation as trained; the input size's for a model trained before them).
-    let (size, augment) = match &cfg.training {
-        Some(t) => {
-            let c = t.augment.crops(cfg.input_size);
-            let interpolation = data::Interpolation::named(&t.augment.interpolation);
-            let resize = c.val_resize as usize;
-            (
-                c.val_crop,
-                Augment::Resize {
-                    resize,
-                    interpolation,
-                },
-            )
-        }
-        None => (cfg.input_size, Augment::Eval),
-    };
     let loader = data::load_batches(
         folder,
         indices,
-        LoaderConfig {
-            size: size as usize,
-            batch_size: compute.batch_size,
-            threads: compute.threads.max(1),
-            prefetch: 4,
-            augment,
-            norm: cfg.normalization,
-            seed: 0,
-            epoch: 0,
-            rank: 0,
-            first_position: 0,
-            skip_bad: false,
-            max_pixels: tchrun::data::DEFAULT_MAX_IMAGE_PIXELS,
-            global: None,
-        },
+        val_loader(cfg, compute.batch_size, compute.threads),
     );
     let k = 5.min(cfg.class_names.len() as i64);
     let mut rows = Vec::with_capacity(order.len());

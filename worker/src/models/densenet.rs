@@ -174,7 +174,7 @@ impl ModuleT for DenseNet {
         x.apply_t(&self.norm5, train)
             .relu()
             .adaptive_avg_pool2d([1, 1])
-            .flat_view()
+            .flatten(1, -1)
             .apply(&self.classifier)
     }
 }

@@ -142,7 +142,7 @@ pub fn resnet(p: &nn::Path, family: Family, classes: i64) -> impl ModuleT {
         for layer in &layers {
             ys = ys.apply_t(layer, train);
         }
-        ys.adaptive_avg_pool2d([1, 1]).flat_view().apply(&fc)
+        ys.adaptive_avg_pool2d([1, 1]).flatten(1, -1).apply(&fc)
     })
 }
 

@@ -114,7 +114,8 @@ impl WindowAttention {
 
     /// `shifted_window_attention` on `x` (B, H, W, C).
     fn forward(&self, input: &Tensor) -> Tensor {
-        let (b, h, w, c) = input.size4().expect("(batch, height, width, channels)");
+        // The batch stays -1 in every view: a traced graph (`tchrun export`) keeps it dynamic.
+        let (_, h, w, c) = input.size4().expect("(batch, height, width, channels)");
         let ws = WINDOW as i64;
         let along = |side: i64| {
             let (s, p) = swin::shift_and_padded(side as usize, WINDOW, self.shifted);
@@ -129,30 +130,30 @@ impl WindowAttention {
         let (nh, nw) = (ph / ws, pw / ws);
         let (l, d) = (ws * ws, c / self.heads);
         let x = x
-            .view([b, nh, ws, nw, ws, c])
+            .view([-1, nh, ws, nw, ws, c])
             .permute([0, 1, 3, 2, 4, 5])
-            .reshape([b * nh * nw, l, c]);
+            .reshape([-1, l, c]);
         let qkv = x
             .apply(&self.qkv)
-            .reshape([b * nh * nw, l, 3, self.heads, d])
+            .reshape([-1, l, 3, self.heads, d])
             .permute([2, 0, 3, 1, 4]);
         let q = qkv.get(0) * (d as f64).powf(-0.5);
         let mut attn = q.matmul(&qkv.get(1).transpose(-2, -1)) + self.bias();
         if shifted {
             let mask = self.mask([ph, pw], [sh, sw], &x);
-            attn = (attn.view([b, nh * nw, self.heads, l, l]) + mask.unsqueeze(1).unsqueeze(0))
+            attn = (attn.view([-1, nh * nw, self.heads, l, l]) + mask.unsqueeze(1).unsqueeze(0))
                 .view([-1, self.heads, l, l]);
         }
         let x = attn
             .softmax(-1, None)
             .matmul(&qkv.get(2))
             .transpose(1, 2)
-            .reshape([b * nh * nw, l, c])
+            .reshape([-1, l, c])
             .apply(&self.proj);
         let mut x = x
-            .view([b, nh, nw, ws, ws, c])
+            .view([-1, nh, nw, ws, ws, c])
             .permute([0, 1, 3, 2, 4, 5])
-            .reshape([b, ph, pw, c]);
+            .reshape([-1, ph, pw, c]);
         if shifted {
             x = x.roll([sh, sw], [1, 2]);
         }

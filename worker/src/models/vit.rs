@@ -72,11 +72,12 @@ impl SelfAttention {
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        let (n, l, e) = x.size3().expect("(batch, sequence, hidden)");
+        // The batch stays -1: a traced graph (`tchrun export`) keeps it dynamic.
+        let (_, l, e) = x.size3().expect("(batch, sequence, hidden)");
         let d = e / self.heads;
         let qkv = x
             .linear(&self.in_w, Some(&self.in_b))
-            .view([n, l, 3, self.heads, d])
+            .view([-1, l, 3, self.heads, d])
             .permute([2, 0, 3, 1, 4]);
         let o = Tensor::scaled_dot_product_attention(
             &qkv.get(0),
@@ -88,7 +89,7 @@ impl SelfAttention {
             None,
             false,
         );
-        o.transpose(1, 2).reshape([n, l, e]).apply(&self.out)
+        o.transpose(1, 2).reshape([-1, l, e]).apply(&self.out)
     }
 }
 
@@ -157,12 +158,10 @@ pub fn vit(p: &nn::Path, family: Family, image_size: i64, classes: i64) -> impl 
     };
     let head = nn::linear(p / "heads" / "head", hidden, classes, head_cfg);
     nn::func_t(move |x, train| {
-        let n = x.size()[0];
-        let patches = x
-            .apply(&conv_proj)
-            .reshape([n, hidden, grid * grid])
-            .permute([0, 2, 1]);
-        let x = Tensor::cat(&[class_token.expand([n, -1, -1], false), patches], 1);
+        // No batch size read from `x`: a traced graph (`tchrun export`) keeps it dynamic.
+        let patches = x.apply(&conv_proj).flatten(2, 3).permute([0, 2, 1]);
+        let class_tokens = class_token.expand_as(&patches.narrow(1, 0, 1));
+        let x = Tensor::cat(&[class_tokens, patches], 1);
         let x = (x + &pos_embedding).apply_t(&blocks, train).apply(&ln);
         x.select(1, 0).apply(&head)
     })
