@@ -1,6 +1,7 @@
 //! Helpers of the integration tests: the real binaries, bounded runs, temp dirs.
 #![allow(dead_code)]
 pub mod netns;
+pub mod stats;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
