@@ -266,7 +266,8 @@ fn transform_draws_follow_torchvisions_distributions() {
         floats(&s["rotation"]),
     );
     let affine: Vec<AffineDraw> = ours.iter().filter_map(|d| d.affine).collect();
-    let parts: [(&str, fn(&AffineDraw) -> f64); 5] = [
+    type Part = (&'static str, fn(&AffineDraw) -> f64);
+    let parts: [Part; 5] = [
         ("angle", |a| a.angle),
         ("x shift", |a| a.translate[0] as f64),
         ("y shift", |a| a.translate[1] as f64),
@@ -381,8 +382,8 @@ fn pngs(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u32, u32, 
 }
 
 /// `tchrun data transform` on a labeled folder of four PNGs (one in a nested folder): with
-/// `--pad 3,edge --vflip 1 --grayscale 1` it writes torchvision's `Pad` + `RandomVerticalFlip`
-/// + `RandomGrayscale` of every image, the sub-folders kept; with `--inference` and random
+/// `--pad 3,edge --vflip 1 --grayscale 1` it writes torchvision's `Pad`, `RandomVerticalFlip`
+/// and `RandomGrayscale` of every image, the sub-folders kept; with `--inference` and random
 /// transforms too (`--rotation`, `--vflip`) only the pad and the grey; with `--size 8
 /// --random-crop` and random transforms, 8 x 8 images, the same again from the same `--seed`
 /// and others from another. `--random-crop` without `--size`, and an output that is not empty,

@@ -46,7 +46,7 @@ pub fn adjust_hue(img: &mut Rgb8, factor: f64) {
 /// torch's float `remainder(x, 1)`: `fmod`, plus 1 when negative.
 fn remainder1(x: f32) -> f32 {
     let m = x % 1.0;
-    if m != 0.0 && m < 0.0 {
+    if m < 0.0 {
         m + 1.0
     } else {
         m
@@ -175,11 +175,12 @@ pub fn perspective_coefficients(start: [[i64; 2]; 4], end: [[i64; 2]; 4]) -> [f3
         if d == 0.0 {
             continue;
         }
-        for row in 0..8 {
-            if row != col {
-                let k = a[row][col] / d;
-                for c in col..9 {
-                    a[row][c] -= k * a[col][c];
+        let pivot_row = a[col];
+        for (r, row) in a.iter_mut().enumerate() {
+            if r != col {
+                let k = row[col] / d;
+                for (x, p) in row.iter_mut().zip(&pivot_row).skip(col) {
+                    *x -= k * p;
                 }
             }
         }
