@@ -111,6 +111,9 @@ pub struct AugmentFlags {
     /// geometric ops (nearest or bilinear there, as torchvision's tensor ops).
     #[arg(help_heading = "Data", long, env = "TCHRUN_INTERPOLATION", value_enum, default_value_t = Interpolation::Bilinear)]
     pub interpolation: Interpolation,
+    /// The designer's image transforms (`--vflip`, `--rotation`, `--affine`, ...).
+    #[command(flatten)]
+    pub transforms: crate::transform_flags::TransformFlags,
 }
 
 impl Default for AugmentFlags {
@@ -127,6 +130,7 @@ impl Default for AugmentFlags {
             val_resize_size: None,
             val_crop_size: None,
             interpolation: Interpolation::Bilinear,
+            transforms: Default::default(),
         }
     }
 }
@@ -179,6 +183,7 @@ impl AugmentFlags {
         if self.augmix_severity != DEFAULT_AUGMIX_SEVERITY {
             v.push(format!("--augmix-severity={}", self.augmix_severity));
         }
+        v.extend(self.transforms.to_args());
         v
     }
 
@@ -226,6 +231,14 @@ impl AugmentFlags {
                 ));
             }
         }
+        if self.transforms.resamples() && self.interpolation == Interpolation::Bicubic {
+            return Err(
+                "--interpolation bicubic with --rotation, --affine or --perspective: torchvision \
+                 resamples these on tensors with nearest or bilinear only (bicubic raises there); \
+                 give --interpolation bilinear (torchvision's default) or nearest"
+                    .into(),
+            );
+        }
         if self.auto_augment.is_some() && self.interpolation == Interpolation::Bicubic {
             return Err(
                 "--interpolation bicubic with --auto-augment: torchvision's auto-augment ops on \
@@ -261,6 +274,7 @@ impl AugmentFlags {
                 .then_some(self.ra_magnitude),
             augmix_severity: (self.auto_augment == Some(AutoAugmentName::Augmix))
                 .then_some(self.augmix_severity),
+            transforms: self.transforms,
         }
     }
 }
@@ -299,6 +313,9 @@ pub struct AugmentRecord {
     /// `--augmix-severity`, recorded with `--auto-augment augmix` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub augmix_severity: Option<u32>,
+    /// The designer's transforms (`--vflip`, `--pad`, ...), each left out at its default.
+    #[serde(flatten)]
+    pub transforms: crate::transform_flags::TransformFlags,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -318,6 +335,7 @@ impl Default for AugmentRecord {
             auto_augment: None,
             ra_magnitude: None,
             augmix_severity: None,
+            transforms: Default::default(),
         }
     }
 }
@@ -387,6 +405,7 @@ impl AugmentRecord {
                 out.push((format!("--{name}"), was, is, fix));
             }
         }
+        out.extend(self.transforms.differences(&now.transforms));
         // The policy, then its parameter (compared under the same policy only).
         let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".into());
         if self.auto_augment != now.auto_augment {

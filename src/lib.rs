@@ -52,6 +52,7 @@ pub mod recipe_preset;
 pub mod schedule;
 pub mod secret;
 pub mod straggler;
+pub mod transform_flags;
 pub mod weights;
 
 // Machinery (no contract of its own).

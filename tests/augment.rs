@@ -4,6 +4,7 @@
 //! and rate) follow torchvision's distributions. The mixing itself is compared with
 //! `v2.MixUp`/`v2.CutMix` in `worker/src/train/mix.rs`'s unit test.
 mod common;
+use common::stats::same_distribution;
 use common::*;
 use std::time::Duration;
 use tchrun::data::{
@@ -102,43 +103,6 @@ fn resized_crop_equals_torchvisions_on_pil_images() {
         check(name, what, ours.expect("resize"), usizes(&case["out"]));
     }
     eprintln!("{}", report.join("\n"));
-}
-
-/// The two-sample Kolmogorov-Smirnov statistic of `a` and `b` (ties counted at their value).
-fn ks(mut a: Vec<f64>, mut b: Vec<f64>) -> f64 {
-    a.sort_by(f64::total_cmp);
-    b.sort_by(f64::total_cmp);
-    let (n, m) = (a.len() as f64, b.len() as f64);
-    let (mut i, mut j, mut d) = (0, 0, 0.0f64);
-    while i < a.len() && j < b.len() {
-        let x = a[i].min(b[j]);
-        while i < a.len() && a[i] <= x {
-            i += 1;
-        }
-        while j < b.len() && b[j] <= x {
-            j += 1;
-        }
-        d = d.max((i as f64 / n - j as f64 / m).abs());
-    }
-    d
-}
-
-/// The KS test's critical value at significance 0.001 for samples of `n` and `m`:
-/// c(α) = √(-ln(α/2) / 2) = 1.949.
-fn ks_critical(n: usize, m: usize) -> f64 {
-    let (n, m) = (n as f64, m as f64);
-    (-(0.001f64 / 2.0).ln() / 2.0).sqrt() * ((n + m) / (n * m)).sqrt()
-}
-
-fn same_distribution(what: &str, ours: Vec<f64>, theirs: Vec<f64>) {
-    let (d, crit) = (
-        ks(ours.clone(), theirs.clone()),
-        ks_critical(ours.len(), theirs.len()),
-    );
-    assert!(
-        d < crit,
-        "{what}: KS distance {d:.4} to torchvision's draws, over the 0.001 critical value {crit:.4}"
-    );
 }
 
 /// tchrun's draws against torchvision's, N = 4000 each, both from fixed seeds (the test is

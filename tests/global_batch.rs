@@ -223,6 +223,73 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
     );
 }
 
+/// The designer's transforms (issue 49) keep the promise: with every one on (`--pad 4,reflect`
+/// and `--random-crop`, `--vflip`, `--rotation`, `--affine`, `--perspective`, `--color-jitter`,
+/// `--grayscale`), each image's draws follow its global position, so 2 ranks and 1 rank
+/// accumulating 2 micro-batches train the same model, bit for bit. `model.json` records them;
+/// a `--resume` with one changed is refused before any rank starts (exit 2), naming the flag and
+/// the value that gives the checkpoint's back.
+#[test]
+fn designer_transforms_train_the_same_model_at_any_world_size() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let (two, one) = (t.path().join("two"), t.path().join("one"));
+    let g = [
+        "--global-batch-size",
+        "16",
+        "--pad",
+        "4,reflect",
+        "--random-crop",
+        "--vflip",
+        "0.5",
+        "--rotation",
+        "15",
+        "--affine",
+        "10,0.1,0.9,1.1,5",
+        "--perspective",
+        "0.3,0.5",
+        "--color-jitter",
+        "0.3,0.3,0.3,0.05",
+        "--grayscale",
+        "0.2",
+    ];
+    ok(&train(&model, &two, 2, 8, &g));
+    ok(&train(&model, &one, 1, 8, &g));
+    let (d, name) = max_diff(&two, &one);
+    assert_eq!(d, 0.0, "not bit-identical: {name} differs by {d}");
+    let m: serde_json::Value =
+        serde_json::from_str(&read(&one.join("model.json"))).expect("model.json");
+    let tr = &m["training"];
+    assert_eq!(
+        (
+            &tr["vflip"],
+            &tr["rotation"],
+            &tr["grayscale"],
+            &tr["random_crop"]
+        ),
+        (&0.5.into(), &15.0.into(), &0.2.into(), &true.into()),
+        "{m}"
+    );
+    assert_eq!(
+        tr["pad"],
+        serde_json::json!({"pixels": 4, "mode": "reflect"}),
+        "{m}"
+    );
+    assert_eq!(tr["affine"]["shear"], 5.0, "{m}");
+    assert_eq!(tr["perspective"]["distortion"], 0.3, "{m}");
+    assert_eq!(tr["color_jitter"]["hue"], 0.05, "{m}");
+    let mut changed: Vec<&str> = g.to_vec();
+    changed[12] = "0.4,0.5";
+    changed.push("--resume");
+    let r = train(&model, &one, 1, 8, &changed);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        format!("{}{}", r.stdout, r.stderr).contains("--perspective 0.3,0.5"),
+        "{}",
+        r.explain()
+    );
+}
+
 /// 4 ranks and 2 ranks accumulating 2 micro-batches, with every recipe flag on that draws by
 /// position (TrivialAugmentWide, random erasing, MixUp/CutMix per micro-batch), label smoothing,
 /// class weights, gradient clipping and the model EMA: the same weights and the same EMA model,

@@ -65,6 +65,7 @@ fn help_of_every_command() {
         &["data", "split"],
         &["data", "index"],
         &["data", "pack"],
+        &["data", "transform"],
         &["logs"],
         &["status"],
     ] {

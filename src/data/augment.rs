@@ -21,6 +21,9 @@ pub struct TrainAugment {
     pub random_erase: f64,
     /// `--auto-augment`: the policy on the flipped crop, before normalisation (none: no draw).
     pub auto_augment: Option<super::auto_augment::Policy>,
+    /// The designer's transforms (`--pad`, `--random-crop` around the crop; the rest on the
+    /// flipped crop, before the policy): `transforms`.
+    pub transforms: crate::transform_flags::TransformFlags,
 }
 
 impl Default for TrainAugment {
@@ -31,6 +34,7 @@ impl Default for TrainAugment {
             interpolation: Interpolation::Bilinear,
             random_erase: 0.0,
             auto_augment: None,
+            transforms: Default::default(),
         }
     }
 }
@@ -50,6 +54,14 @@ pub enum Augment {
 }
 
 impl Augment {
+    /// The designer's transforms of a training crop (none for evaluation).
+    pub fn transforms(&self) -> crate::transform_flags::TransformFlags {
+        match self {
+            Augment::Train(t) => t.transforms,
+            _ => Default::default(),
+        }
+    }
+
     /// The resampling of the resize.
     pub fn interpolation(&self) -> Interpolation {
         match self {
@@ -384,4 +396,35 @@ pub fn resized_crop(
 /// whole image and cutting the centre).
 pub fn center_crop_box(w: u32, h: u32, resize: usize, size: usize) -> (f64, f64, f64, f64) {
     center_crop(w, h, resize, size).0
+}
+
+/// The HWC RGB8 crop `px` (side `size`, mirrored if `flip`) into normalised CHW planes.
+pub(super) fn normalize(
+    px: &[u8],
+    flip: bool,
+    size: usize,
+    lut: &[[f32; 256]; 3],
+    out: &mut [f32],
+) {
+    let plane = size * size;
+    let (r_out, rest) = out.split_at_mut(plane);
+    let (g_out, b_out) = rest.split_at_mut(plane);
+    let [l0, l1, l2] = lut;
+    for y in 0..size {
+        let row = &px[y * size * 3..(y + 1) * size * 3];
+        let o = y * size;
+        if flip {
+            for (x, p) in row.chunks_exact(3).rev().enumerate() {
+                r_out[o + x] = l0[p[0] as usize];
+                g_out[o + x] = l1[p[1] as usize];
+                b_out[o + x] = l2[p[2] as usize];
+            }
+        } else {
+            for (x, p) in row.chunks_exact(3).enumerate() {
+                r_out[o + x] = l0[p[0] as usize];
+                g_out[o + x] = l1[p[1] as usize];
+                b_out[o + x] = l2[p[2] as usize];
+            }
+        }
+    }
 }

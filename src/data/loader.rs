@@ -1,6 +1,7 @@
 //! The threaded decode/augment loader: bounded prefetch, batches in order, augmentation
 //! seeded per (seed, epoch, rank, position), images that fail to decode dropped alone under
 //! `--skip-bad-images`.
+use super::augment::normalize;
 use super::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -83,9 +84,12 @@ pub(super) struct WorkerState {
     crop: (Vec<u8>, Vec<u8>),
     /// Packed samples: the shards kept open.
     shards: pack::ShardFiles,
-    /// `--auto-augment`: the crop the policy works on, and its buffers.
+    /// `--auto-augment` and the transforms: the crop they work on, and their buffers.
     policy_image: auto_augment::Rgb8,
     policy_scratch: auto_augment::Scratch,
+    /// `--pad`'s padded image, and the transforms' warp buffer.
+    padded: Vec<u8>,
+    transform_scratch: Vec<u8>,
 }
 
 impl WorkerState {
@@ -99,6 +103,8 @@ impl WorkerState {
             shards: pack::ShardFiles::default(),
             policy_image: auto_augment::Rgb8::default(),
             policy_scratch: auto_augment::Scratch::default(),
+            padded: Vec::new(),
+            transform_scratch: Vec::new(),
         }
     }
 }
@@ -201,8 +207,13 @@ fn decode_file_buf(
 /// bytes, row-major)`. Grayscale becomes three equal channels and alpha is dropped, as
 /// Pillow's `.convert("RGB")`; 16-bit samples are scaled to 8 bits (`v / 257`, rounded).
 pub fn decode_rgb8(path: &Path) -> Result<(u32, u32, Vec<u8>), DatasetError> {
+    decode_rgb8_within(path, u64::MAX)
+}
+
+/// [`decode_rgb8`] with the header checks of `--max-image-pixels` `max_pixels`.
+pub fn decode_rgb8_within(path: &Path, max: u64) -> Result<(u32, u32, Vec<u8>), DatasetError> {
     let mut st = WorkerState::new(1);
-    let (w, h) = decode_rgb(path, &mut st, u64::MAX)?;
+    let (w, h) = decode_rgb(path, &mut st, max)?;
     Ok((w, h, std::mem::take(&mut st.rgb)))
 }
 
@@ -221,39 +232,31 @@ pub(super) fn process_image(
         Some(m) => decode_member(path, m, st, max)?,
         None => decode_rgb(path, st, max)?,
     };
-    let ((mut left, mut top, mut cw, mut ch), flip) =
-        crop_params(shared.cfg.augment, w, h, size, rng);
-    // guard against float drift outside the image
-    left = left.clamp(0.0, w as f64);
-    top = top.clamp(0.0, h as f64);
-    cw = cw.min(w as f64 - left).max(1e-3);
-    ch = ch.min(h as f64 - top).max(1e-3);
+    let tf = shared.cfg.augment.transforms();
+    let (wh, corner) = transforms::pad_and_place(
+        &tf,
+        &mut st.rgb,
+        &mut st.padded,
+        (w as usize, h as usize),
+        size,
+        rng,
+    );
+    let (w, h) = (wh.0 as u32, wh.1 as u32);
     let interpolation = shared.cfg.augment.interpolation();
-    // RandomResizedCrop cuts its box out before resizing; Resize + CenterCrop resizes the
-    // whole image, so its filter reads across the crop's edges.
-    let mode = match shared.cfg.augment {
-        Augment::Train(_) => BoxResize::CropFirst,
-        Augment::Eval | Augment::Resize { .. } => BoxResize::WithinImage,
+    let flip = match (corner, shared.cfg.augment) {
+        (Some(c), Augment::Train(t)) => {
+            transforms::cut(&st.rgb, w as usize, c, size, st.dst.buffer_mut());
+            rng.gen_bool(0.5) && t.hflip
+        }
+        _ => resized(st, (w, h), size, shared.cfg.augment, rng).map_err(|e| bad(path, e))?,
     };
-    let crop = ((left, top, cw, ch), mode);
-    let (src, scratch) = ((w, h, st.rgb.as_slice()), &mut st.crop);
-    resize_box(
-        &mut st.resizer,
-        src,
-        crop,
-        interpolation,
-        scratch,
-        &mut st.dst,
-    )
-    .map_err(|e| bad(path, e))?;
-
     let policy = match shared.cfg.augment {
         Augment::Train(t) => t.auto_augment,
         _ => None,
     };
-    if let Some(policy) = policy {
-        // The policy runs on the flipped crop (ClassificationPresetTrain's order), its draw
-        // from the image's own RNG after the crop's and flip's.
+    if policy.is_some() || tf.after_crop() {
+        // The transforms and the policy run on the flipped crop (ClassificationPresetTrain's
+        // order), their draws from the image's own RNG after the crop's and flip's.
         let img = &mut st.policy_image;
         img.width = size;
         img.height = size;
@@ -268,9 +271,12 @@ pub(super) fn process_image(
                 img.data.extend_from_slice(row);
             }
         }
-        policy
-            .draw(size, size, rng)
-            .apply(img, interpolation, &mut st.policy_scratch);
+        transforms::draw(&tf, size, size, rng).apply(img, interpolation, &mut st.transform_scratch);
+        if let Some(policy) = policy {
+            policy
+                .draw(size, size, rng)
+                .apply(img, interpolation, &mut st.policy_scratch);
+        }
         normalize(&st.policy_image.data, false, size, &shared.lut, out);
     } else {
         normalize(st.dst.buffer(), flip, size, &shared.lut, out);
@@ -285,29 +291,39 @@ pub(super) fn process_image(
     Ok(())
 }
 
-/// The HWC RGB8 crop `px` (side `size`, mirrored if `flip`) into normalised CHW planes.
-fn normalize(px: &[u8], flip: bool, size: usize, lut: &[[f32; 256]; 3], out: &mut [f32]) {
-    let plane = size * size;
-    let (r_out, rest) = out.split_at_mut(plane);
-    let (g_out, b_out) = rest.split_at_mut(plane);
-    let [l0, l1, l2] = lut;
-    for y in 0..size {
-        let row = &px[y * size * 3..(y + 1) * size * 3];
-        let o = y * size;
-        if flip {
-            for (x, p) in row.chunks_exact(3).rev().enumerate() {
-                r_out[o + x] = l0[p[0] as usize];
-                g_out[o + x] = l1[p[1] as usize];
-                b_out[o + x] = l2[p[2] as usize];
-            }
-        } else {
-            for (x, p) in row.chunks_exact(3).enumerate() {
-                r_out[o + x] = l0[p[0] as usize];
-                g_out[o + x] = l1[p[1] as usize];
-                b_out[o + x] = l2[p[2] as usize];
-            }
-        }
-    }
+/// RandomResizedCrop (training) or Resize + CenterCrop of the decoded `w` x `h` image in
+/// `st.rgb` into `st.dst`; whether the crop is to be flipped.
+fn resized(
+    st: &mut WorkerState,
+    (w, h): (u32, u32),
+    size: usize,
+    augment: Augment,
+    rng: &mut ChaCha8Rng,
+) -> Result<bool, String> {
+    let ((mut left, mut top, mut cw, mut ch), flip) = crop_params(augment, w, h, size, rng);
+    // guard against float drift outside the image
+    left = left.clamp(0.0, w as f64);
+    top = top.clamp(0.0, h as f64);
+    cw = cw.min(w as f64 - left).max(1e-3);
+    ch = ch.min(h as f64 - top).max(1e-3);
+    // RandomResizedCrop cuts its box out before resizing; Resize + CenterCrop resizes the
+    // whole image, so its filter reads across the crop's edges.
+    let mode = match augment {
+        Augment::Train(_) => BoxResize::CropFirst,
+        Augment::Eval | Augment::Resize { .. } => BoxResize::WithinImage,
+    };
+    let crop = ((left, top, cw, ch), mode);
+    let src = (w, h, st.rgb.as_slice());
+    let dst = &mut st.dst;
+    resize_box(
+        &mut st.resizer,
+        src,
+        crop,
+        augment.interpolation(),
+        &mut st.crop,
+        dst,
+    )?;
+    Ok(flip)
 }
 
 pub(super) fn build_batch(

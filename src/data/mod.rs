@@ -115,6 +115,8 @@ mod loader;
 pub mod pack;
 mod shard;
 pub mod split;
+pub mod transform_folder;
+pub mod transforms;
 mod verify;
 
 pub use augment::*;

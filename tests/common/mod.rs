@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 pub mod netns;
 pub mod slurm;
+pub mod stats;
 pub mod stranger;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

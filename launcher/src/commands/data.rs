@@ -2,6 +2,7 @@
 //! shards in the WebDataset layout): the logic is `tchrun::data::split` / `tchrun::data::pack`;
 //! here the flags, archive sources and the report. `index`: the dataset index
 //! (`tchrun::data::index`) made and every header verified once for every later job.
+//! `transform` ("Apply Image Transformation"): the logic is `tchrun::data::transform_folder`.
 use crate::error::JobError;
 use crate::plan::preflight::{absolute, check_disjoint};
 use clap::{Args, Subcommand};
@@ -22,6 +23,58 @@ pub enum DataCmd {
     /// Pack an image folder into tar shards (WebDataset layout: KEY.jpg + KEY.cls) plus an
     /// index, for shared file systems; --train/--valid/--images accept the packed directory.
     Pack(PackArgs),
+    /// Write a transformed copy of an image folder ("Apply Image Transformation"): the
+    /// training transforms given (--pad, the crop of --size, --hflip, --vflip, --rotation, ...),
+    /// each image as PNG under its own relative path; --inference keeps only what is not
+    /// random (--pad, --grayscale 1, and validation's resize and center crop to --size).
+    Transform(TransformArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TransformArgs {
+    /// Images to transform: a folder, searched recursively (class sub-folders are kept).
+    #[arg(long)]
+    pub images: PathBuf,
+    /// New (or empty) folder to write: the same sub-folders, each image as NAME.png.
+    #[arg(long, env = "TCHRUN_OUTPUT")]
+    pub output: PathBuf,
+    /// The output side: training's RandomResizedCrop (or RandomCrop with --random-crop),
+    /// inference's center crop. Default: each image keeps its size.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub size: Option<u32>,
+    /// With --inference: the shorter side's resize before the center crop (default
+    /// round(--size × 256 / 224), as validation's).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=8192))]
+    pub resize: Option<u32>,
+    /// RandomHorizontalFlip(0.5) ("Random horizontal flip"; training flips unless --no-hflip,
+    /// this command only when asked).
+    #[arg(long)]
+    pub hflip: bool,
+    /// Lower bound of RandomResizedCrop's area scale (as training's).
+    #[arg(long, default_value_t = 0.08, value_parser = parse_scale)]
+    pub min_crop_scale: f64,
+    /// The resampling of the crop's resize and of --rotation, --affine and --perspective.
+    #[arg(long, value_enum, default_value_t = tchrun::augment_flags::Interpolation::Bilinear)]
+    pub interpolation: tchrun::augment_flags::Interpolation,
+    /// Keep only what is not random ("for inference").
+    #[arg(long)]
+    pub inference: bool,
+    /// Seeds each image's draws (with its place in the sorted list): the same seed and files
+    /// give the same images.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    pub seed: i64,
+    /// Refuse images whose header declares more pixels than this (decompression bombs).
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_pixels: u64,
+    #[command(flatten)]
+    pub transforms: tchrun::transform_flags::TransformFlags,
+}
+
+fn parse_scale(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("must be in (0, 1], got {s}")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -97,6 +150,7 @@ pub fn run(cmd: &DataCmd) -> Result<i32, JobError> {
         DataCmd::Split(a) => run_split(a),
         DataCmd::Index(a) => run_index(a),
         DataCmd::Pack(a) => run_pack(a),
+        DataCmd::Transform(a) => run_transform(a),
     }
 }
 
@@ -167,6 +221,48 @@ fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
         } else {
             format!(" ({} bad images left out)", report.skipped.len())
         }
+    );
+    Ok(0)
+}
+
+fn run_transform(a: &TransformArgs) -> Result<i32, JobError> {
+    use tchrun::data::transform_folder::{self as tf, TransformError, TransformJob};
+    let started = std::time::Instant::now();
+    let job = TransformJob {
+        transforms: a.transforms,
+        size: a.size,
+        resize: a.resize,
+        hflip: a.hflip,
+        min_scale: a.min_crop_scale,
+        interpolation: a.interpolation,
+        inference: a.inference,
+        seed: a.seed,
+        max_pixels: a.max_image_pixels,
+    };
+    let err = |e: TransformError| match e {
+        TransformError::Dataset(e) => {
+            JobError::from_dataset(e, |e| JobError::invalid(e.to_string()))
+        }
+        e => JobError::invalid(e.to_string()),
+    };
+    job.check().map_err(err)?;
+    let output = absolute(a.output.clone());
+    check_source_and_output(&a.images, &output)?;
+    tf::check_output(&output).map_err(err)?;
+    let images = absolute(a.images.clone());
+    let report = tf::transform_folder(&images, &output, &job).map_err(err)?;
+    outln!(
+        "tchrun: transformed {} images of {} into {} ({}): {:.1} MiB of PNG, {:.1} s",
+        report.images,
+        images.display(),
+        output.display(),
+        if a.inference {
+            "for inference"
+        } else {
+            "for training"
+        },
+        report.bytes as f64 / (1u64 << 20) as f64,
+        started.elapsed().as_secs_f64()
     );
     Ok(0)
 }

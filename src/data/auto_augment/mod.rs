@@ -6,7 +6,10 @@
 //! are in `ops.rs`. Knows nothing of files or flags.
 mod ops;
 
-pub use ops::{apply as apply_op, inverse_affine, Op, Rgb8, ALL_OPS};
+pub use ops::{apply as apply_op, inverse_affine, Fill, Op, Rgb8, ALL_OPS};
+/// The kernels `data::transforms` shares (its rotation, affine and perspective warps and its
+/// colour jitter are these ops with other parameters).
+pub(crate) use ops::{brightness, contrast, gray, rotate, sample, saturation, warp};
 
 use crate::augment_flags::{AugmentFlags, AutoAugmentName, Interpolation};
 use rand::Rng;

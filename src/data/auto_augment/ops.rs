@@ -104,8 +104,8 @@ pub fn apply(
             };
             // center=[0, 0]: the top-left corner, in coordinates centred on the image.
             let center = [-(img.width as f64) * 0.5, -(img.height as f64) * 0.5];
-            let m = inverse_affine(center, 0.0, [0.0, 0.0], shear);
-            warp(img, &m, bilinear, scratch);
+            let m = inverse_affine(center, 0.0, [0.0, 0.0], 1.0, shear);
+            warp(img, &m, bilinear, Fill::Zeros, scratch);
         }
         Op::TranslateX | Op::TranslateY => {
             // int(magnitude): toward zero.
@@ -115,10 +115,10 @@ pub fn apply(
             } else {
                 [0.0, t]
             };
-            let m = inverse_affine([0.0, 0.0], 0.0, translate, [0.0, 0.0]);
-            warp(img, &m, bilinear, scratch);
+            let m = inverse_affine([0.0, 0.0], 0.0, translate, 1.0, [0.0, 0.0]);
+            warp(img, &m, bilinear, Fill::Zeros, scratch);
         }
-        Op::Rotate => rotate(img, magnitude, bilinear, scratch),
+        Op::Rotate => rotate(img, magnitude, bilinear, Fill::Zeros, scratch),
         Op::Brightness => brightness(img, 1.0 + magnitude),
         Op::Color => saturation(img, 1.0 + magnitude),
         Op::Contrast => contrast(img, 1.0 + magnitude),
@@ -131,13 +131,14 @@ pub fn apply(
     }
 }
 
-/// `_get_inverse_affine_matrix(center, angle, translate, scale=1, shear)`, operation for
+/// `_get_inverse_affine_matrix(center, angle, translate, scale, shear)`, operation for
 /// operation in f64 (Python's floats): the map from output to input pixel coordinates, both
 /// centred on the image.
 pub fn inverse_affine(
     center: [f64; 2],
     angle: f64,
     translate: [f64; 2],
+    scale: f64,
     shear: [f64; 2],
 ) -> [f64; 6] {
     let rad = |d: f64| d * (std::f64::consts::PI / 180.0);
@@ -152,17 +153,26 @@ pub fn inverse_affine(
     let b = -(a * tan_sx + rot.sin());
     let c = rot_minus_sy.sin() / cos_sy;
     let d = rot.cos() - c * tan_sx;
-    let scale = 1.0;
     let mut m = [d / scale, -b / scale, 0.0, -c / scale, a / scale, 0.0];
     m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty;
     m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty;
     m
 }
 
-/// `rotate_image(angle, expand=False, center=None)`: the angle taken modulo 360 as Python's
+/// What `_apply_grid_transform` does outside the image: `fill=None` (the auto-augment ops):
+/// `grid_sample`'s zero padding alone; `fill=0` (RandomRotation's, RandomAffine's and
+/// RandomPerspective's default): a mask channel of ones resampled with the image, each value
+/// times it (bilinear; nearest: the same as zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    Zeros,
+    Masked,
+}
+
+/// `rotate_image(angle, expand=False, center=None, fill)`: the angle taken modulo 360 as Python's
 /// `%`; 0 and 180 degrees (and 90, 270 on square images) as exact transposes, as torchvision's
 /// fast paths; otherwise the affine warp about the centre by -angle.
-fn rotate(img: &mut Rgb8, angle: f64, bilinear: bool, scratch: &mut Vec<u8>) {
+pub fn rotate(img: &mut Rgb8, angle: f64, bilinear: bool, fill: Fill, scratch: &mut Vec<u8>) {
     let mut angle = angle % 360.0;
     if angle != 0.0 && angle < 0.0 {
         angle += 360.0;
@@ -179,8 +189,8 @@ fn rotate(img: &mut Rgb8, angle: f64, bilinear: bool, scratch: &mut Vec<u8>) {
         rot90(img, k, scratch);
         return;
     }
-    let m = inverse_affine([0.0, 0.0], -angle, [0.0, 0.0], [0.0, 0.0]);
-    warp(img, &m, bilinear, scratch);
+    let m = inverse_affine([0.0, 0.0], -angle, [0.0, 0.0], 1.0, [0.0, 0.0]);
+    warp(img, &m, bilinear, fill, scratch);
 }
 
 /// `torch.rot90(img, k, dims=(-2, -1))` of a square image (or k = 0, 2 of any image):
@@ -207,14 +217,10 @@ fn rot90(img: &mut Rgb8, k: u32, scratch: &mut Vec<u8>) {
     std::mem::swap(&mut img.data, scratch);
 }
 
-/// `_affine_grid` + `_apply_grid_transform` with `fill=None`: the matrix as f32 `theta`, divided
-/// by the half sizes; each output pixel's grid point `x·t0 + y·t1 + t2` (f32, the product sum
-/// fused as the BLAS kernel does); `grid_sample(align_corners=False, padding_mode="zeros")`:
-/// source coordinate `(g + 1)·size/2 - 0.5`; nearest (rounded half to even) or bilinear
-/// (`GridSamplerKernel`'s weights, its four weighted corners summed in order), then rounded
-/// half to even to `uint8`. The multiply-adds are fused where torch's x86 kernels (AVX2 and
-/// AVX-512 builds) fuse them, which makes the result torchvision's bit for bit.
-fn warp(img: &mut Rgb8, m: &[f64; 6], bilinear: bool, scratch: &mut Vec<u8>) {
+/// `_affine_grid` + `_apply_grid_transform`: the matrix as f32 `theta`, divided by the half
+/// sizes; each output pixel's grid point `x·t0 + y·t1 + t2` (f32, the product sum fused as the
+/// BLAS kernel does), then `grid_sample` (`sample`).
+pub fn warp(img: &mut Rgb8, m: &[f64; 6], bilinear: bool, fill: Fill, scratch: &mut Vec<u8>) {
     let (w, h) = (img.width, img.height);
     let (hw, hh) = ((0.5 * w as f64) as f32, (0.5 * h as f64) as f32);
     let t: [f32; 6] = m.map(|v| v as f32);
@@ -223,6 +229,30 @@ fn warp(img: &mut Rgb8, m: &[f64; 6], bilinear: bool, scratch: &mut Vec<u8>) {
         [t[0] / hw, t[1] / hw, t[2] / hw],
         [t[3] / hh, t[4] / hh, t[5] / hh],
     );
+    let grid = |ox: usize, oy: usize| {
+        let yc = (1.0 - h as f32) * 0.5 + oy as f32;
+        let xc = (1.0 - w as f32) * 0.5 + ox as f32;
+        let gx = yc.mul_add(rx[1], xc * rx[0]) + rx[2];
+        let gy = yc.mul_add(ry[1], xc * ry[0]) + ry[2];
+        (gx, gy)
+    };
+    sample(img, grid, bilinear, fill, scratch);
+}
+
+/// `grid_sample(align_corners=False, padding_mode="zeros")` at each output pixel's grid point
+/// `grid(x, y)` (normalised to [-1, 1]): source coordinate `(g + 1)·size/2 - 0.5`; nearest
+/// (rounded half to even) or bilinear (`GridSamplerKernel`'s weights, its four weighted corners
+/// summed in order), with `fill` (`Fill`), then rounded half to even to `uint8`. The
+/// multiply-adds are fused where torch's x86 kernels (AVX2 and AVX-512 builds) fuse them, which
+/// makes the result torchvision's bit for bit.
+pub fn sample(
+    img: &mut Rgb8,
+    grid: impl Fn(usize, usize) -> (f32, f32),
+    bilinear: bool,
+    fill: Fill,
+    scratch: &mut Vec<u8>,
+) {
+    let (w, h) = (img.width, img.height);
     let (scale_x, scale_y) = (w as f32 / 2.0, h as f32 / 2.0);
     scratch.clear();
     scratch.resize(img.data.len(), 0);
@@ -234,11 +264,8 @@ fn warp(img: &mut Rgb8, m: &[f64; 6], bilinear: bool, scratch: &mut Vec<u8>) {
         })
     };
     for oy in 0..h {
-        let yc = (1.0 - h as f32) * 0.5 + oy as f32;
         for ox in 0..w {
-            let xc = (1.0 - w as f32) * 0.5 + ox as f32;
-            let gx = yc.mul_add(rx[1], xc * rx[0]) + rx[2];
-            let gy = yc.mul_add(ry[1], xc * ry[0]) + ry[2];
+            let (gx, gy) = grid(ox, oy);
             // unnormalize: (g + 1)·size/2 - 0.5, fused as torch's kernel is compiled.
             let ix = (gx + 1.0).mul_add(scale_x, -0.5);
             let iy = (gy + 1.0).mul_add(scale_y, -0.5);
@@ -263,10 +290,18 @@ fn warp(img: &mut Rgb8, m: &[f64; 6], bilinear: bool, scratch: &mut Vec<u8>) {
                 (pixel(x0, y0 + 1), sw),
                 (pixel(x0 + 1, y0 + 1), se),
             ];
+            // The mask channel: ones resampled alike (`Fill::Masked`).
+            let mut mask = 0.0f32;
+            for (p, wt) in corners {
+                mask = p.map_or(0.0f32, |_| 1.0).mul_add(wt, mask);
+            }
             for (c, v) in out.iter_mut().enumerate() {
                 let mut acc = 0.0f32;
                 for (p, wt) in corners {
                     acc = p.map_or(0.0, |p| f32::from(p[c])).mul_add(wt, acc);
+                }
+                if fill == Fill::Masked {
+                    acc *= mask;
                 }
                 *v = acc.round_ties_even().clamp(0.0, 255.0) as u8;
             }
@@ -276,7 +311,7 @@ fn warp(img: &mut Rgb8, m: &[f64; 6], bilinear: bool, scratch: &mut Vec<u8>) {
 }
 
 /// `adjust_brightness_image`: `x·f`, clamped to [0, 255], truncated.
-fn brightness(img: &mut Rgb8, factor: f64) {
+pub fn brightness(img: &mut Rgb8, factor: f64) {
     let f = factor as f32;
     for v in img.data.iter_mut() {
         *v = (f32::from(*v) * f).clamp(0.0, 255.0) as u8;
@@ -285,7 +320,7 @@ fn brightness(img: &mut Rgb8, factor: f64) {
 
 /// `_rgb_to_grayscale_image(preserve_dtype=False)` floored: `0.2989 r + 0.587 g + 0.114 b`,
 /// the two adds fused as torch's `add_(alpha=...)`.
-fn gray(p: &[u8]) -> f32 {
+pub fn gray(p: &[u8]) -> f32 {
     let r = f32::from(p[0]) * 0.2989f32;
     let rg = f32::from(p[1]).mul_add(0.587f32, r);
     f32::from(p[2]).mul_add(0.114f32, rg).floor()
@@ -298,7 +333,7 @@ fn blend(x: u8, other: f32, ratio: f32, rest: f32) -> u8 {
 }
 
 /// `adjust_saturation_image`: each pixel blended with its floored grey.
-fn saturation(img: &mut Rgb8, factor: f64) {
+pub fn saturation(img: &mut Rgb8, factor: f64) {
     let (ratio, rest) = (factor as f32, (1.0 - factor) as f32);
     for p in img.data.chunks_exact_mut(3) {
         let g = gray(p);
@@ -310,7 +345,7 @@ fn saturation(img: &mut Rgb8, factor: f64) {
 
 /// `adjust_contrast_image`: each sample blended with the mean of the floored grey image (the
 /// sum is exact below 2^24, as torch's float32 sum of integers; its mean a float32 division).
-fn contrast(img: &mut Rgb8, factor: f64) {
+pub fn contrast(img: &mut Rgb8, factor: f64) {
     let sum: u64 = img.data.chunks_exact(3).map(|p| gray(p) as u64).sum();
     let n = (img.data.len() / 3).max(1);
     let mean = sum as f32 / n as f32;

@@ -66,6 +66,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                         interpolation: a.augment.interpolation,
                         auto_augment: data::auto_augment::Policy::from_flags(&a.augment),
                         random_erase: a.augment.random_erase,
+                        transforms: a.augment.transforms,
                         ..TrainAugment::default()
                     })
                 },

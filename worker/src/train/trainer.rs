@@ -220,6 +220,7 @@ impl<'a> Trainer<'a> {
                     interpolation: job.options.augment.interpolation,
                     random_erase: job.options.augment.random_erase,
                     auto_augment: data::auto_augment::Policy::from_flags(&job.options.augment),
+                    transforms: job.options.augment.transforms,
                 }),
                 norm: self.cfg.normalization,
                 seed: p.seed,
