@@ -626,13 +626,14 @@ fn model_ema_bad_values_are_refused_before_any_rank_starts() {
 /// flag: a negative alpha, a probability outside [0, 1], an unknown interpolation, a crop size
 /// outside the input-size bounds, a validation resize below its crop, an unknown
 /// `--auto-augment` policy, a RandAugment magnitude outside its 31 bins, an AugMix severity
-/// outside 1 to 10, bicubic with a policy.
+/// outside 1 to 10, bicubic with a policy; of the designer's transforms, bicubic with a
+/// rotation, an `--affine` of three numbers, an unknown `--pad` mode.
 #[test]
 fn augment_bad_values_are_refused_before_any_rank_starts() {
     let t = tempdir();
     let model = model_dir(t.path(), "resnet18", 32);
     let out = t.path().join("out");
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 14] = [
         (
             &["--mixup-alpha", "-0.2"],
             "invalid value '-0.2' for '--mixup-alpha <MIXUP_ALPHA>': must be >= 0 (0: off), got -0.2",
@@ -680,6 +681,20 @@ fn augment_bad_values_are_refused_before_any_rank_starts() {
             &["--auto-augment", "ta_wide", "--interpolation", "bicubic"],
             "--interpolation bicubic with --auto-augment: torchvision's auto-augment ops on \
              tensors take nearest or bilinear only",
+        ),
+        (
+            &["--rotation", "10", "--interpolation", "bicubic"],
+            "--interpolation bicubic with --rotation, --affine or --perspective",
+        ),
+        (
+            &["--affine", "10,0.1,0.9"],
+            "invalid value '10,0.1,0.9' for '--affine <DEG,TRANSLATE,SCALE_MIN,SCALE_MAX,SHEAR>': \
+             takes 5 comma-separated numbers",
+        ),
+        (
+            &["--pad", "4,wrap"],
+            "invalid value '4,wrap' for '--pad <N[,MODE]>': MODE must be constant, edge, reflect \
+             or symmetric, got 'wrap'",
         ),
     ];
     for (flags, says) in cases {

@@ -290,10 +290,12 @@ pub fn sample(
                 (pixel(x0, y0 + 1), sw),
                 (pixel(x0 + 1, y0 + 1), se),
             ];
-            // The mask channel: ones resampled alike (`Fill::Masked`).
+            // The mask channel: ones resampled alike (`Fill::Masked` only).
             let mut mask = 0.0f32;
-            for (p, wt) in corners {
-                mask = p.map_or(0.0f32, |_| 1.0).mul_add(wt, mask);
+            if fill == Fill::Masked {
+                for (p, wt) in corners {
+                    mask = p.map_or(0.0f32, |_| 1.0).mul_add(wt, mask);
+                }
             }
             for (c, v) in out.iter_mut().enumerate() {
                 let mut acc = 0.0f32;
