@@ -6,7 +6,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-const LIMIT: Duration = Duration::from_secs(300);
+/// A bound on a run, not a measure of speed: CI's 2 cores ran a 4-epoch rank at 10 images/s while
+/// another test's Python reference trained beside it (about 100 s alone; 300 s was reached).
+const LIMIT: Duration = Duration::from_secs(600);
 /// Flags that suit 32×32 digits: mild crops, no mirroring.
 const DIGITS: &[&str] = &[
     "--min-crop-scale",
