@@ -254,21 +254,9 @@ fn same_categories(what: &str, ours: &[String], theirs: &[String]) {
 }
 
 /// The two-sample Kolmogorov-Smirnov test at significance 0.001 (as tests/augment.rs).
-fn same_distribution(what: &str, mut a: Vec<f64>, mut b: Vec<f64>) {
-    a.sort_by(f64::total_cmp);
-    b.sort_by(f64::total_cmp);
+fn same_distribution(what: &str, a: Vec<f64>, b: Vec<f64>) {
     let (n, m) = (a.len() as f64, b.len() as f64);
-    let (mut i, mut j, mut d) = (0, 0, 0.0f64);
-    while i < a.len() && j < b.len() {
-        let x = a[i].min(b[j]);
-        while i < a.len() && a[i] <= x {
-            i += 1;
-        }
-        while j < b.len() && b[j] <= x {
-            j += 1;
-        }
-        d = d.max((i as f64 / n - j as f64 / m).abs());
-    }
+    let d = common::stats::ks(a, b);
     let crit = (-(0.001f64 / 2.0).ln() / 2.0).sqrt() * ((n + m) / (n * m)).sqrt();
     assert!(
         d < crit,

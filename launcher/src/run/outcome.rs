@@ -360,6 +360,24 @@ mod tests {
         text.lines().map(str::to_string).collect()
     }
 
+    /// An mpirun plan of 2 nodes × `procs_per_node`.
+    fn mpirun_plan(procs_per_node: u32) -> Plan {
+        Plan {
+            kind: LauncherKind::Mpirun,
+            node_names: Vec::new(),
+            nodes: 2,
+            procs_per_node,
+            hosts: Vec::new(),
+            hostfile: None,
+            oversubscribe: false,
+            worker: PathBuf::from("/opt/tchrun-worker"),
+            log_dir: PathBuf::from("/tmp/logs"),
+            mpirun_args: Vec::new(),
+            as_root: false,
+            console: Default::default(),
+        }
+    }
+
     /// mpirun's own words (OpenMPI 4.1, as printed here) name the first failing rank.
     #[test]
     fn mpirun_output_names_the_first_failing_rank() {
@@ -386,20 +404,7 @@ mod tests {
 
     #[test]
     fn launch_failures_say_what_to_change() {
-        let plan = Plan {
-            kind: LauncherKind::Mpirun,
-            node_names: Vec::new(),
-            nodes: 2,
-            procs_per_node: 3,
-            hosts: Vec::new(),
-            hostfile: None,
-            oversubscribe: false,
-            worker: PathBuf::from("/opt/tchrun-worker"),
-            log_dir: PathBuf::from("/tmp/logs"),
-            mpirun_args: Vec::new(),
-            as_root: false,
-            console: Default::default(),
-        };
+        let plan = mpirun_plan(3);
         let slots = launch_failure_message(
             &plan,
             &lines("There are not enough slots available in the system to satisfy the 6"),
@@ -444,20 +449,7 @@ mod tests {
     /// bytes on its out-of-band port turned into the hosts that received them.
     #[test]
     fn a_launch_that_never_started_names_the_bound_and_the_garbled_hosts() {
-        let plan = Plan {
-            kind: LauncherKind::Mpirun,
-            node_names: Vec::new(),
-            nodes: 2,
-            procs_per_node: 1,
-            hosts: Vec::new(),
-            hostfile: None,
-            oversubscribe: false,
-            worker: PathBuf::from("/opt/tchrun-worker"),
-            log_dir: PathBuf::from("/tmp/logs"),
-            mpirun_args: Vec::new(),
-            as_root: false,
-            console: Default::default(),
-        };
+        let plan = mpirun_plan(1);
         let tail = lines(
             "[vm:28640] plm:rsh: Warning: setpgid(28647,28647) failed\n\
              [vm:28640] tcp_peer_recv_connect_ack: invalid header type: 245\n\
