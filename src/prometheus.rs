@@ -24,11 +24,15 @@ pub const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// what the scrape publishes anyway).
 pub const FILE_MODE: u32 = 0o644;
 
-/// Where one job's metrics go: `DIR/tchrun_<job>.prom`.
+/// Where one job's metrics go: `DIR/tchrun_<job>.prom` (rank 0's host: the job and its host's
+/// ranks), or `DIR/tchrun_<job>_<host>.prom` (each other host: its own ranks, written by its
+/// local rank 0). Every rank's series is in exactly one host's file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Textfile {
     pub dir: PathBuf,
     pub job: String,
+    /// `Some`: the file of this host's ranks (a host other than rank 0's).
+    pub host: Option<String>,
 }
 
 impl Textfile {
@@ -39,23 +43,59 @@ impl Textfile {
         Textfile {
             dir: dir.to_path_buf(),
             job: job_id(&output),
+            host: None,
         }
     }
 
-    /// `DIR/tchrun_<job>.prom`.
+    /// The same job's file of `host`'s ranks (a host other than rank 0's).
+    pub fn for_host(&self, host: &str) -> Textfile {
+        Textfile {
+            host: Some(host.to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// `DIR/tchrun_<job>.prom`, or `DIR/tchrun_<job>_<host>.prom` for a host's file.
     pub fn path(&self) -> PathBuf {
-        self.dir.join(format!("tchrun_{}.prom", self.job))
+        match &self.host {
+            None => self.dir.join(format!("tchrun_{}.prom", self.job)),
+            Some(h) => self
+                .dir
+                .join(format!("tchrun_{}_{}.prom", self.job, file_safe(h, 64))),
+        }
     }
 
     /// Replaces the file with `status` as of `now` (atomically: temp file, fsync, rename).
+    /// Rank 0's file has the job and the ranks on rank 0's host; a host's file the ranks on
+    /// that host ([`render_host`]).
     pub fn write(
         &self,
         status: &JobStatus,
         now: SystemTime,
     ) -> Result<(), crate::files::AtomicWriteError> {
-        let text = render(status, &self.job, now);
+        let text = match &self.host {
+            None => {
+                let first = status.ranks.iter().find(|r| r.rank == 0);
+                render_in(status, &self.job, now, first.map(|r| r.host.as_str()))
+            }
+            Some(h) => render_host(status, &self.job, h, now),
+        };
         crate::files::write_atomic_mode(&self.path(), text.as_bytes(), FILE_MODE)
     }
+}
+
+/// `s` with letters, digits, `-` and `_` kept, anything else `_`, at most `max` characters.
+fn file_safe(s: &str, max: usize) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(max)
+        .collect()
 }
 
 /// A job's id: `--output`'s folder name (letters, digits, `-` and `_` kept, anything else
@@ -65,20 +105,13 @@ impl Textfile {
 /// outputs have the same name in different places do not share a file.
 pub fn job_id(output: &Path) -> String {
     use sha2::Digest;
-    let name: String = output
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(48)
-        .collect();
+    let name = file_safe(
+        &output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        48,
+    );
     let hash = sha2::Sha256::digest(output.as_os_str().as_encoded_bytes());
     let hex: String = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
     if name.is_empty() {
@@ -190,8 +223,60 @@ fn parse_time(t: &str) -> Option<SystemTime> {
         .ok()
 }
 
-/// `status` as the text exposition format, as of `now` (the writer's clock).
+/// `status` as the text exposition format, as of `now` (the writer's clock): the job and
+/// every rank in it.
 pub fn render(status: &JobStatus, job: &str, now: SystemTime) -> String {
+    render_in(status, job, now, None)
+}
+
+/// A host's file (`Textfile::for_host`): the state of its ranks' writer (labels `job_id` and
+/// `host`: running while they train, their end once they ended), when it was written, and the
+/// per-rank series of the ranks on `host` (the same names as in rank 0's file, which leaves
+/// them out). The job's own series (step, images/s, ...) are in rank 0's file only.
+pub fn render_host(status: &JobStatus, job: &str, host: &str, now: SystemTime) -> String {
+    let mut out = Exposition {
+        text: String::new(),
+    };
+    let labels =
+        || -> Labels<'static> { vec![("job_id", job.to_string()), ("host", host.to_string())] };
+    out.gauge(
+        "tchrun_state",
+        STATE_HELP,
+        &state_samples(status.state, &labels),
+    );
+    out.gauge(
+        "tchrun_updated_timestamp_seconds",
+        UPDATED_HELP,
+        &[(labels(), unix_seconds(now))],
+    );
+    ranks(&mut out, status, job, Some(host));
+    out.text
+}
+
+const STATE_HELP: &str = "The job's state: 1 for the current one (running: training, \
+                          validating or checkpointing; with a host label: that host's ranks').";
+
+const UPDATED_HELP: &str = "When this file was written (Unix time): a running job's file that \
+                            stops moving lost its writer.";
+
+/// `tchrun_state`'s samples: 1 for `state`'s coarse state, 0 for the others.
+fn state_samples(
+    state: JobState,
+    labels: &dyn Fn() -> Labels<'static>,
+) -> Vec<(Labels<'static>, f64)> {
+    let state = coarse(state);
+    STATES
+        .iter()
+        .map(|s| {
+            let mut l = labels();
+            l.push(("state", s.to_string()));
+            (l, if *s == state { 1.0 } else { 0.0 })
+        })
+        .collect()
+}
+
+/// [`render`] with the per-rank series of the ranks on `ranks_on` only (all when `None`).
+fn render_in(status: &JobStatus, job: &str, now: SystemTime, ranks_on: Option<&str>) -> String {
     let mut out = Exposition {
         text: String::new(),
     };
@@ -199,20 +284,10 @@ pub fn render(status: &JobStatus, job: &str, now: SystemTime) -> String {
     let one = |v: f64| vec![(job_labels(), v)];
     let some = |v: Option<f64>| v.map(one).unwrap_or_default();
     let ended = status.state.is_end();
-    let state = coarse(status.state);
-    let states: Vec<(Labels, f64)> = STATES
-        .iter()
-        .map(|s| {
-            let mut l = job_labels();
-            l.push(("state", s.to_string()));
-            (l, if *s == state { 1.0 } else { 0.0 })
-        })
-        .collect();
     out.gauge(
         "tchrun_state",
-        "The job's state: 1 for the current one (running: training, validating or \
-         checkpointing).",
-        &states,
+        STATE_HELP,
+        &state_samples(status.state, &job_labels),
     );
     let failure = status
         .end
@@ -292,7 +367,7 @@ pub fn render(status: &JobStatus, job: &str, now: SystemTime) -> String {
         &some(status.eta_epoch_s.filter(|_| !ended)),
     );
     times(&mut out, status, now, &job_labels);
-    ranks(&mut out, status, job);
+    ranks(&mut out, status, job, ranks_on);
     out.text
 }
 
@@ -346,8 +421,7 @@ fn times(
         ),
         (
             "tchrun_updated_timestamp_seconds",
-            "When this file was written (Unix time): a running job's file that stops moving \
-             lost its writer.",
+            UPDATED_HELP,
             Some(unix_seconds(now)),
         ),
         (
@@ -361,8 +435,13 @@ fn times(
     }
 }
 
-/// One series a rank (labels `job_id`, `rank`, `host`).
-fn ranks(out: &mut Exposition, status: &JobStatus, job: &str) {
+/// One series a rank (labels `job_id`, `rank`, `host`); only the ranks on `on` when given.
+fn ranks(out: &mut Exposition, status: &JobStatus, job: &str, on: Option<&str>) {
+    let kept = |host: &str| on.is_none_or(|h| h == host);
+    let mut status = status.clone();
+    status.ranks.retain(|r| kept(&r.host));
+    status.stragglers.retain(|s| kept(&s.host));
+    let status = &status;
     let ended = status.state.is_end();
     let labels = |rank: usize, host: &str| -> Labels<'static> {
         vec![

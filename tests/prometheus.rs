@@ -5,7 +5,9 @@
 //! and images/s and both ranks' steps; `tchrun_seconds_since_last_step` grows while rank 1 is
 //! stopped (`kill -STOP`); the last file says finished and parses with `prometheus_client`'s
 //! parser (PyPI). A failed job's file says failed with its cause; a DIR that is not there is
-//! refused before anything starts.
+//! refused before anything starts. On two network-namespace nodes (`common::netns`), each
+//! with a textfile directory of its own, each host's file has exactly its own ranks, each read
+//! by a node_exporter of its own, and both say the job ended.
 mod common;
 use common::*;
 use nix::sys::signal::{kill, Signal};
@@ -390,4 +392,154 @@ fn a_textfile_directory_that_is_not_there_is_refused_before_anything_starts() {
         r.explain()
     );
     assert!(!out.join("logs").exists(), "{}", r.explain());
+}
+
+/// Every `rank` label's value in the families' samples, with its `host`s.
+fn ranks_in(families: &serde_json::Value) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for family in families.as_object().expect("families").values() {
+        for s in family["samples"].as_array().into_iter().flatten() {
+            if let Some(rank) = s["labels"]["rank"].as_str() {
+                let host = s["labels"]["host"].as_str().unwrap_or_default().to_string();
+                let hosts = seen.entry(rank.to_string()).or_default();
+                if !hosts.contains(&host) {
+                    hosts.push(host);
+                }
+            }
+        }
+    }
+    seen
+}
+
+/// Two nodes (network namespaces), two ranks each: rank 0's host writes the job and ranks 0
+/// and 1 into `tchrun_<job>.prom`, node 2's local rank 0 ranks 2 and 3 into
+/// `tchrun_<job>_tchrun-node2.prom` in node 2's own directory (the rsh agent bind-mounts it
+/// over the flag's path there); a node_exporter a node sees each rank once, and both files say
+/// finished after the job.
+#[test]
+fn netns_each_host_publishes_its_own_ranks_once_and_its_end() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(_nodes) = common::netns::Nodes::up(2) else {
+        return;
+    };
+    let t = tempdir();
+    let [ompi, node1, node2] = ["ompi", "textfile", "textfile-node2"].map(|d| {
+        let p = t.path().join(d);
+        std::fs::create_dir_all(&p).expect("mkdir");
+        p
+    });
+    let agent = t.path().join("agent.sh");
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/usr/bin/env bash\nout=(); done=0\nfor a in \"$@\"; do out+=(\"$a\"); \
+             if [ $done = 0 ] && {{ [ \"$a\" = tchrun-node2 ] || [ \"$a\" = 10.250.0.12 ]; }}; then \
+             out+=(\"mount --bind {} {} &&\"); done=1; fi; done\nexec {} \"${{out[@]}}\"\n",
+            node2.display(),
+            node1.display(),
+            common::netns::script("netns-rsh.sh").display()
+        ),
+    )
+    .expect("agent");
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let model = model_dir(t.path(), "resnet18", 32);
+    let d = small_digits();
+    let out = t.path().join("out");
+    let mpirun_args = common::netns::Nodes::mpirun_args_with(&agent, &ompi);
+    let r = run(
+        tchrun_train(&model, &d.join("train"), &d.join("valid"), &out)
+            .env("TMPDIR", &ompi)
+            .args(["--nodes", "2", "--procs-per-node", "2", "--hostfile"])
+            .arg(common::netns::Nodes::hostfile(t.path(), 2, 2))
+            .arg(format!("--mpirun-args={mpirun_args}"))
+            .args(["--epochs", "1", "--batch-size", "20", "--threads", "1"])
+            .args(["--print-freq", "1", "--lr", "0.05"])
+            .arg("--prometheus-textfile")
+            .arg(&node1)
+            .env_remove("TCHRUN_THREADS")
+            .env_remove("TCHRUN_ATTEMPT")
+            .env_remove("TCHRUN_MIN_NODES")
+            .env_remove("TCHRUN_TEST_KILL_ON_HOST")
+            .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+            .env_remove("TCHRUN_TEST_SLOW_STEP"),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let tf = Textfile::new(&node1, &out);
+    let host_file = node2.join(
+        tf.for_host("tchrun-node2")
+            .path()
+            .file_name()
+            .expect("a file name"),
+    );
+    for (dir, file) in [(&node1, tf.path()), (&node2, host_file.clone())] {
+        let files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| dir.join(e.unwrap().file_name()))
+            .collect();
+        assert_eq!(files, vec![file], "{}", r.explain());
+    }
+    let (first, second) = (parsed(&tf.path()), parsed(&host_file));
+    let on = |host: &str, ranks: [&str; 2]| -> std::collections::BTreeMap<String, Vec<String>> {
+        ranks
+            .iter()
+            .map(|r| (r.to_string(), vec![host.to_string()]))
+            .collect()
+    };
+    assert_eq!(ranks_in(&first), on("tchrun-node1", ["0", "1"]), "{first}");
+    assert_eq!(
+        ranks_in(&second),
+        on("tchrun-node2", ["2", "3"]),
+        "{second}"
+    );
+    for (f, labels) in [
+        (&first, vec![("state", "finished")]),
+        (
+            &second,
+            vec![("state", "finished"), ("host", "tchrun-node2")],
+        ),
+    ] {
+        assert_eq!(sample(f, "tchrun_state", &labels), Some(1.0), "{f}");
+        assert_eq!(
+            sample(f, "tchrun_state", &[("state", "running")]),
+            Some(0.0),
+            "{f}"
+        );
+        assert!(f.get("tchrun_rank_seconds_since_progress").is_none(), "{f}");
+    }
+    // The job's own series in rank 0's file only; node 2's ranks' windows in node 2's.
+    assert!(
+        sample(&first, "tchrun_step", &[]).is_some_and(|v| v >= 1.0),
+        "{first}"
+    );
+    assert!(second.get("tchrun_step").is_none(), "{second}");
+    for r in ["2", "3"] {
+        let labels = [("rank", r), ("part", "compute")];
+        let compute = sample(&second, "tchrun_rank_time_ratio", &labels);
+        assert!(compute.is_some_and(|v| v > 0.0), "{second}");
+    }
+    // A node_exporter a node: the two scrapes have each rank once.
+    let mut scraped = Vec::new();
+    for (name, dir) in [("exporter1", &node1), ("exporter2", &node2)] {
+        let home = t.path().join(name);
+        std::fs::create_dir_all(&home).expect("mkdir");
+        let (exporter, port) = node_exporter(&home, dir);
+        let (code, body) = get(port, "/metrics").expect("node_exporter answers");
+        assert_eq!(code, 200, "{}", exporter.output());
+        assert!(
+            body.lines().any(|l| l == "node_textfile_scrape_error 0"),
+            "{body}\n{}",
+            exporter.output()
+        );
+        scraped.extend(
+            body.lines()
+                .filter(|l| l.starts_with("tchrun_rank_step{"))
+                .map(|l| {
+                    let rank = l.split("rank=\"").nth(1).unwrap_or_default();
+                    rank.split('"').next().unwrap_or_default().to_string()
+                }),
+        );
+    }
+    scraped.sort();
+    assert_eq!(scraped, ["0", "1", "2", "3"]);
 }

@@ -303,3 +303,76 @@ fn the_file_is_replaced_whole_readable_by_node_exporter_and_no_temp_is_left() {
     let text = std::fs::read_to_string(tf.path()).unwrap();
     assert!(text.contains("tchrun_updated_timestamp_seconds{") && text.contains("} 1101\n"));
 }
+
+#[test]
+fn each_host_file_has_its_own_ranks_and_rank_0s_file_the_job_and_rank_0s_host() {
+    let t = tempfile::tempdir().unwrap();
+    let job = Textfile::new(t.path(), Path::new("/scratch/out"));
+    let host = job.for_host("node1.example/x");
+    assert_eq!(
+        host.path().file_name().unwrap().to_string_lossy(),
+        format!("tchrun_{}_node1_example_x.prom", job.job)
+    );
+    let mut s = running();
+    s.ranks[1].host = "node1.example/x".into();
+    s.stragglers[0].host = "node1.example/x".into();
+    job.write(&s, at(1_100)).unwrap();
+    host.write(&s, at(1_100)).unwrap();
+    let first = std::fs::read_to_string(job.path()).unwrap();
+    let second = std::fs::read_to_string(host.path()).unwrap();
+    assert_well_formed(&first);
+    assert_well_formed(&second);
+    let ranks = |text: &str| -> BTreeSet<String> {
+        samples(text)
+            .into_iter()
+            .filter_map(|(s, _)| Some(s.split("rank=\"").nth(1)?.split('"').next()?.to_string()))
+            .collect()
+    };
+    assert_eq!(ranks(&first), BTreeSet::from(["0".to_string()]), "{first}");
+    assert_eq!(
+        ranks(&second),
+        BTreeSet::from(["1".to_string()]),
+        "{second}"
+    );
+    // The job's series in rank 0's file only (its straggler count stays the job's).
+    assert!(value(&first, &format!("tchrun_step{{job_id=\"{}\"}}", job.job)).is_some());
+    assert_eq!(
+        value(
+            &first,
+            &format!("tchrun_stragglers{{job_id=\"{}\"}}", job.job)
+        ),
+        Some("1".into())
+    );
+    assert!(!second.contains("tchrun_step{") && !second.contains("tchrun_stragglers{"));
+    let labels = format!("job_id=\"{}\",host=\"node1.example/x\"", job.job);
+    assert_eq!(
+        value(
+            &second,
+            &format!("tchrun_state{{{labels},state=\"running\"}}")
+        ),
+        Some("1".into()),
+        "{second}"
+    );
+    assert_eq!(
+        value(
+            &second,
+            &format!("tchrun_updated_timestamp_seconds{{{labels}}}")
+        ),
+        Some("1100".into())
+    );
+    assert!(second.contains("tchrun_rank_straggler{"), "{second}");
+    // Its end: marked so, nothing counting on.
+    s.state = JobState::Finished;
+    let ended = render_host(&s, &job.job, "node1.example/x", at(1_200));
+    assert_eq!(
+        value(
+            &ended,
+            &format!("tchrun_state{{{labels},state=\"finished\"}}")
+        ),
+        Some("1".into())
+    );
+    assert!(
+        !ended.contains("tchrun_rank_seconds_since_progress"),
+        "{ended}"
+    );
+}

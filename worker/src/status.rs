@@ -5,13 +5,17 @@
 //! second. A thread, so that the file still moves while the main thread waits in a
 //! collective for a rank that hangs, and a slow shared file system never delays a step. With
 //! `--prometheus-textfile` the same thread writes the job's `.prom` file every
-//! `tchrun::prometheus::EVERY` and at each new state (`tchrun::prometheus`). A leaf: imports
-//! nothing of this crate.
+//! `tchrun::prometheus::EVERY` and at each new state (`tchrun::prometheus`). On each other host
+//! of a multi-node job its local rank 0 runs the same thread for that host's `.prom` file only
+//! ([`start_host`]: the ranks on it, from the heartbeats in its log directory and the windows
+//! every rank gathers; no `status.json`), and writes its end itself ([`end_host`]: no launcher
+//! runs there under mpirun or srun). A leaf: imports nothing of this
+//! crate.
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use tchrun::job_record::status::{CheckpointMark, JobStatus};
+use tchrun::job_record::status::{CheckpointMark, JobState, JobStatus};
 use tchrun::job_record::{Heartbeat, Record};
 use tchrun::prometheus::Textfile;
 
@@ -24,6 +28,9 @@ struct Shared {
     output: PathBuf,
     /// `--prometheus-textfile`'s file, if any.
     textfile: Option<Textfile>,
+    /// Rank 0: `status.json` too (and the checkpoint mark); `false` on another host's local
+    /// rank 0, which writes its host's `.prom` file only.
+    job_file: bool,
     status: Mutex<JobStatus>,
     /// Held while the file is written; `true` once an end state was written, after which the
     /// thread never writes again (a copy it took before the end must not replace the end).
@@ -35,16 +42,40 @@ static SHARED: OnceLock<Shared> = OnceLock::new();
 /// Starts rank 0's writer with the job's first status (once a process; later calls do
 /// nothing). Other ranks do not call it; `publish` is then a no-op.
 pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus, textfile: Option<Textfile>) {
-    if SHARED
-        .set(Shared {
-            log_dir,
-            output,
-            textfile,
-            status: Mutex::new(first),
-            file: Mutex::new(false),
-        })
-        .is_err()
-    {
+    run(Shared {
+        log_dir,
+        output,
+        textfile,
+        job_file: true,
+        status: Mutex::new(first),
+        file: Mutex::new(false),
+    });
+}
+
+/// Starts the writer of a host's `.prom` file (`textfile` names the host), on the local rank
+/// 0 of a host other than rank 0's: `first` lists every rank; the file has this host's.
+pub fn start_host(log_dir: PathBuf, first: JobStatus, textfile: Textfile) {
+    run(Shared {
+        log_dir,
+        output: PathBuf::new(),
+        textfile: Some(textfile),
+        job_file: false,
+        status: Mutex::new(first),
+        file: Mutex::new(false),
+    });
+}
+
+/// A host's file's end, `state` (an end: after training returned; nothing where
+/// [`start_host`] did not run).
+pub fn end_host(state: JobState) {
+    if SHARED.get().is_none_or(|s| s.job_file) || !state.is_end() {
+        return;
+    }
+    publish_now(|st| st.state = state);
+}
+
+fn run(shared: Shared) {
+    if SHARED.set(shared).is_err() {
         return;
     }
     let spawned = std::thread::Builder::new().name("status".into()).spawn(|| {
@@ -57,7 +88,11 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus, textfile: Opti
             // file system); what they say is kept in the shared status (a final write has
             // it too).
             let beats = Heartbeat::read_all(&shared.log_dir);
-            let checkpoint = seen.checkpoint(&shared.output);
+            let checkpoint = if shared.job_file {
+                seen.checkpoint(&shared.output)
+            } else {
+                None
+            };
             let mut s = {
                 let mut s = shared.status.lock().unwrap_or_else(|e| e.into_inner());
                 if s.state.is_end() {
@@ -75,7 +110,9 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus, textfile: Opti
                 if *ended {
                     return;
                 }
-                write(&shared.log_dir, &mut s, &mut warned);
+                if shared.job_file {
+                    write(&shared.log_dir, &mut s, &mut warned);
+                }
                 if textfile_at.is_none_or(|t| t.elapsed() >= tchrun::prometheus::EVERY) {
                     write_textfile(shared, &s);
                     textfile_at = Some(Instant::now());
@@ -87,6 +124,11 @@ pub fn start(log_dir: PathBuf, output: PathBuf, first: JobStatus, textfile: Opti
     if let Err(e) = spawned {
         tracing::warn!("cannot start the status thread: {e} (no status.json for this job)");
     }
+}
+
+/// Whether this process started a writer ([`start`] or [`start_host`]).
+pub fn running() -> bool {
+    SHARED.get().is_some()
 }
 
 /// Changes the published status (rank 0; elsewhere nothing happens).
@@ -107,7 +149,7 @@ pub fn publish_now(f: impl FnOnce(&mut JobStatus)) {
         let end = s.state.is_end();
         let mut copy = s.clone();
         drop(s);
-        if end {
+        if end && shared.job_file {
             if let Some(newest) = Seen::default().checkpoint(&shared.output) {
                 copy.last_checkpoint = Some(newest);
             }
@@ -116,8 +158,9 @@ pub fn publish_now(f: impl FnOnce(&mut JobStatus)) {
         if *ended {
             return;
         }
-        let mut warned = false;
-        write(&shared.log_dir, &mut copy, &mut warned);
+        if shared.job_file {
+            write(&shared.log_dir, &mut copy, &mut false);
+        }
         write_textfile(shared, &copy);
         *ended = end;
     }

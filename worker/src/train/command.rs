@@ -99,12 +99,20 @@ pub fn run(a: TrainArgs) -> RankResult {
         store: &joined.store,
         device,
         local_size: joined.info.place.local_size,
+        local_rank: joined.info.place.local_rank,
         host: &joined.info.place.host,
         log_dir: &log_dir,
         say: &say,
         tracking: &tracking,
     };
     let r = super::train(&a.job, inputs, &ctx);
+    crate::status::end_host(match &r {
+        Ok(_) => tchrun::job_record::status::JobState::Finished,
+        Err(_) if crate::rank::signals::requested() != 0 => {
+            tchrun::job_record::status::JobState::Stopped
+        }
+        Err(_) => tchrun::job_record::status::JobState::Failed,
+    });
     leave(pg, joined, r.is_ok());
     // After the group is left: no other rank waits while the last MLflow calls drain, and the
     // heartbeat says the rank drains (its own allowance in the launcher's watch).

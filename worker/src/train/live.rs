@@ -52,7 +52,9 @@ pub(super) struct Live {
     /// are warm-up, the loader starting: not judged).
     windows: u64,
     epoch_windows: u64,
-    /// Every rank's host and device (rank 0; others keep their own only).
+    /// This rank writes its host's `.prom` file (`crate::status::start_host`).
+    host_file: bool,
+    /// Every rank's host and device (rank 0 and a host's file writer; others keep their own).
     places: Vec<(String, String)>,
     /// The stragglers named now, and this epoch's (each rank and kind's last finding).
     now: Vec<Straggler>,
@@ -80,8 +82,10 @@ impl Live {
         {
             tracing::warn!("cannot publish this rank's place for status.json: {e}");
         }
-        if rank == 0 && on {
-            for (r, place) in places.iter_mut().enumerate().skip(1) {
+        // The local rank 0 of a host other than rank 0's writes that host's file.
+        let host_writer = rank != 0 && ctx.local_rank == 0 && textfile.is_some();
+        if (rank == 0 || host_writer) && on {
+            for (r, place) in places.iter_mut().enumerate().filter(|(r, _)| *r != rank) {
                 match ctx.store.get(&key(r)) {
                     Ok(v) => {
                         let text = String::from_utf8_lossy(&v).to_string();
@@ -118,13 +122,19 @@ impl Live {
                     false
                 }
             });
-            crate::status::start(
-                ctx.log_dir.to_path_buf(),
-                output.to_path_buf(),
-                first,
-                textfile,
-            );
+            match textfile {
+                Some(t) if rank != 0 && places[0].0 != ctx.host => crate::status::start_host(
+                    ctx.log_dir.to_path_buf(),
+                    first,
+                    t.for_host(ctx.host),
+                ),
+                _ if rank != 0 => {}
+                t => {
+                    crate::status::start(ctx.log_dir.to_path_buf(), output.to_path_buf(), first, t)
+                }
+            }
         }
+        let host_file = rank != 0 && on && crate::status::running();
         Live {
             on,
             rank,
@@ -138,6 +148,7 @@ impl Live {
             },
             windows: 0,
             epoch_windows: 0,
+            host_file,
             places,
             now: Vec::new(),
             epoch: Vec::new(),
@@ -218,6 +229,9 @@ impl Live {
             self.name(&findings, say);
         }
         if self.rank != 0 {
+            if self.host_file {
+                self.publish(&gathered, end);
+            }
             return Ok(());
         }
         let mut scalars: Vec<(String, f64)> = vec![("stragglers/count".into(), 0.0)];
@@ -279,7 +293,7 @@ impl Live {
         }
     }
 
-    /// Rank 0: the window into `status.json`.
+    /// Rank 0 (and a host's file writer): the window into `status.json`.
     fn publish(&self, gathered: &[(Sample, u64)], end: WindowEnd) {
         let stragglers = self.now.clone();
         crate::status::publish(|st| {

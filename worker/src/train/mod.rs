@@ -156,6 +156,8 @@ pub struct RankCtx<'a> {
     pub store: &'a crate::comm::pg::Store,
     pub device: Device,
     pub local_size: usize,
+    /// This rank's place on its host (0: it writes its host's `--prometheus-textfile` file).
+    pub local_rank: usize,
     /// This rank's host and the job's log directory (`status.json`).
     pub host: &'a str,
     pub log_dir: &'a std::path::Path,
