@@ -4,6 +4,7 @@
 //! sbatch`'s script; a re-run continues (finished kept, interrupted resumed, failed retried
 //! once); `tchrun sweep results`. Every point is checked by the real `train`/`sbatch` parser
 //! (main's, passed in) before anything starts. Knows nothing of how a run trains.
+pub mod arch;
 mod array;
 pub mod grid;
 mod local;
@@ -39,7 +40,8 @@ pub type Parse<'a> = &'a dyn Fn(&[String]) -> Result<Parsed, clap::Error>;
 pub struct SweepArgs {
     /// A train flag and its values (repeatable; the grid is every combination), e.g.
     /// --param lr=0.1,0.05 --param batch-size=16,32; vary the architecture with
-    /// --param model=DIR1,DIR2 (directories of `tchrun model init`).
+    /// --param arch=resnet18,efficientnet_b0 (each from scratch at the input size of the runs'
+    /// --model) or --param model=DIR1,DIR2 (directories of `tchrun model init`).
     #[arg(long = "param", value_name = "NAME=V1,V2")]
     pub params: Vec<String>,
     /// A file with one run's flags a line (e.g. `--lr 0.1 --batch-size 32`), for searches that
@@ -288,9 +290,10 @@ fn base_argv(a: &SweepArgs) -> Vec<String> {
 /// `only`), its `--output`, and `--resume` when it has a checkpoint.
 fn run_argv(a: &SweepArgs, run: &RunRecord, only: Option<&str>) -> Vec<String> {
     let mut v = base_argv(a);
+    let dir = run.output.parent().unwrap_or(Path::new("."));
     match only {
-        Some(f) => v.push(f.to_string()),
-        None => v.extend(run.point.flags.iter().cloned()),
+        Some(f) => v.extend(arch::translate(&[f.to_string()], dir)),
+        None => v.extend(arch::translate(&run.point.flags, dir)),
     }
     v.push(format!("--output={}", run.output.display()));
     if only.is_none() && record::has_checkpoint(&run.output) {
@@ -380,6 +383,9 @@ fn sweep(a: &SweepArgs, parse: Parse) -> Result<i32, JobError> {
     check_common(a)?;
     let (params, pts) = points(a)?;
     let mut rec = runs(a, &dir, params, pts)?;
+    let common: Vec<String> = a.launch.iter().chain(&a.run_flags).cloned().collect();
+    let points: Vec<Point> = rec.runs.iter().map(|r| r.point.clone()).collect();
+    let archs = arch::check(&points, &common)?;
     let parsed = validate(a, &rec, parse)?;
     let (todo, notes) = plan(&mut rec);
     for n in &notes {
@@ -388,6 +394,7 @@ fn sweep(a: &SweepArgs, parse: Parse) -> Result<i32, JobError> {
     std::fs::create_dir_all(&dir).map_err(|e| {
         JobError::invalid(format!("--output {}: cannot create it: {e}", dir.display()))
     })?;
+    arch::write_models(&dir, &archs, &common)?;
     if a.sbatch {
         let jobs: Vec<(usize, Box<SbatchArgs>)> = parsed
             .into_iter()
