@@ -2,8 +2,11 @@
 //! single-node Slurm (scripts/slurm-cluster.sh, `common::slurm`), a task cancelled with
 //! `scancel` mid-run resumed by re-running the command (its model byte for byte an
 //! uninterrupted run's), `sweep results` against each run's own model.json and metrics, the
-//! local form's table the same; a bad grid refused with exit 2 naming the parameter. Small:
-//! 500 digits, resnet18 at 32 px, 1 rank, 1 epoch, one thread.
+//! local form's table the same; a bad grid refused with exit 2 naming the parameter. Locally:
+//! `--param-file` and `--extend` (a changed grid refused without it, its new run alone trained
+//! with it, the finished ones kept), a failed run retried once and then reported with its cause,
+//! `--param arch` (each run from a from-scratch model of its architecture). Small: 500
+//! digits, resnet18 at 32 px, 1 rank, 1 epoch, one thread.
 mod common;
 use common::slurm::Slurm;
 use common::*;
@@ -231,7 +234,9 @@ fn a_bad_grid_exits_2_naming_the_parameter_before_anything_starts() {
     let t = tempdir();
     let model: PathBuf = model_dir(t.path(), "resnet18", 32);
     let dir = t.path().join("sweep");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
+        (&["--param", "arch=resnet18,resnet19"], "--param arch: \"resnet19\" (run archresnet19) is not an architecture of `tchrun model init --arch` (resnet18, "),
+        (&["--param", "arch=resnet18", "--param", "model=/m"], "--param arch: run archresnet18_modelm (--param arch=resnet18, model=/m) names both --arch and --model"),
         (&["--param", "lr=0.1,-1"], "--param lr: --lr=-1 (run lr-1) is refused: invalid value '-1' for '--lr <LR>'"),
         (&["--param", "lr-max=1"], "--param lr-max: --lr-max=1 (run lr-max1) is refused: unexpected argument '--lr-max'"),
         (&["--param", "output=a,b"], "--param output: --output cannot vary in a sweep"),
@@ -254,5 +259,204 @@ fn a_bad_grid_exits_2_naming_the_parameter_before_anything_starts() {
             r.explain()
         );
         assert!(!dir.exists(), "{grid:?} wrote {}", dir.display());
+    }
+}
+
+/// `tchrun sweep --output DIR --launcher=local OWN -- TRAIN` (hooks of the faults tests unset).
+fn local_sweep(dir: &Path, own: &[&str], model: &Path) -> std::process::Command {
+    let mut c = tchrun();
+    c.arg("sweep")
+        .args(own)
+        .arg(format!("--output={}", dir.display()))
+        .arg("--launcher=local")
+        .arg("--")
+        .args(train_flags(model))
+        .env_remove("TCHRUN_TEST_KILL_AT_STEP")
+        .env_remove("TCHRUN_ATTEMPT");
+    c
+}
+
+/// The runs sweep.json names: (name, flags).
+fn recorded(dir: &Path) -> Vec<(String, Vec<String>)> {
+    let rec: serde_json::Value =
+        serde_json::from_str(&read(&dir.join("sweep.json"))).expect("sweep.json");
+    rec["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| {
+            let flags = r["flags"].as_array().expect("flags");
+            (
+                r["name"].as_str().expect("name").to_string(),
+                flags
+                    .iter()
+                    .map(|f| f.as_str().unwrap_or_default().to_string())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn local_param_file_then_a_changed_grid_refused_without_extend_and_added_with_it() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let dir = t.path().join("sweep");
+    let file = t.path().join("points.txt");
+    std::fs::write(
+        &file,
+        "# two searches\n--lr 0.05 --batch-size 32\n\n--lr 0.02 --batch-size 32\n",
+    )
+    .expect("param file");
+    let own = ["--param-file".to_string(), file.display().to_string()];
+    let own: Vec<&str> = own.iter().map(String::as_str).collect();
+    let r = run(&mut local_sweep(&dir, &own, &model), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let first = ["lr0.05_batch-size32", "lr0.02_batch-size32"];
+    let names: Vec<String> = recorded(&dir).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, first, "{}", r.explain());
+    let mtime = |n: &str| {
+        std::fs::metadata(dir.join(n).join("model.safetensors"))
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| panic!("{n}'s model: {e}"))
+    };
+    let before: Vec<_> = first.iter().map(|n| mtime(n)).collect();
+
+    // A third line: the grid changed, refused without --extend (nothing written).
+    std::fs::write(&file, format!("{}--lr 0.01 --batch-size 32\n", read(&file)))
+        .expect("param file");
+    let r = run(&mut local_sweep(&dir, &own, &model), LIMIT);
+    assert_eq!(r.code, Some(2), "{}", r.explain());
+    assert!(
+        r.stderr.contains("the grid changed: 1 new point(s)") && r.stderr.contains("--extend"),
+        "{}",
+        r.explain()
+    );
+    assert_eq!(recorded(&dir).len(), 2);
+    assert!(!dir.join("lr0.01_batch-size32").exists());
+
+    // With --extend: the new run alone trains; the finished ones are kept as they were.
+    let mut extend = own.clone();
+    extend.push("--extend");
+    let r = run(&mut local_sweep(&dir, &extend, &model), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    for n in first {
+        assert!(
+            r.stdout.contains(&format!("{n}: finished, kept")),
+            "{}",
+            r.explain()
+        );
+    }
+    assert!(
+        r.stdout.contains("run 1/1: lr0.01_batch-size32"),
+        "{}",
+        r.explain()
+    );
+    let after: Vec<_> = first.iter().map(|n| mtime(n)).collect();
+    assert_eq!(before, after, "a finished run was trained again");
+    let rows = csv_rows(&dir);
+    assert_eq!(rows.len(), 3, "{}", read(&dir.join("results.csv")));
+    assert!(rows.iter().all(|r| r[7] == "finished"), "{rows:?}");
+}
+
+#[test]
+fn local_a_failed_run_is_retried_once_then_reported_with_its_cause() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let dir = t.path().join("sweep");
+    let own = ["--param", "lr=0.05", "--param", "batch-size=32"];
+    // The faults tests' hook: rank 0 killed at its step 2 (SIGKILL), on every attempt of this
+    // command; the run fails.
+    let failing = || {
+        let mut c = local_sweep(&dir, &own, &model);
+        c.env("TCHRUN_TEST_KILL_AT_STEP", "0:2");
+        c
+    };
+    let name = "lr0.05_batch-size32";
+    let r = run(&mut failing(), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains(&format!("{name} failed (exit")),
+        "{}",
+        r.explain()
+    );
+    let r = run(&mut failing(), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains(&format!("{name}: failed ("))
+            && r.stdout.contains("retrying it once")
+            && r.stdout.contains(&format!("run 1/1: {name}"))
+            && r.stdout.contains(&format!("{name} failed (exit")),
+        "{}",
+        r.explain()
+    );
+    // Its retry failed too: the same command (the hook gone) does not start it again.
+    let r = run(&mut local_sweep(&dir, &own, &model), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.explain());
+    assert!(
+        r.stdout.contains(&format!(
+            "{name}: failed again after its retry, not retried: "
+        )),
+        "{}",
+        r.explain()
+    );
+    assert!(!r.stdout.contains("run 1/1"), "{}", r.explain());
+    let rec: serde_json::Value =
+        serde_json::from_str(&read(&dir.join("sweep.json"))).expect("sweep.json");
+    assert_eq!(rec["runs"][0]["retries"], 1, "{rec}");
+    let r = run(tchrun().args(["sweep", "results"]).arg(&dir), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let rows = csv_rows(&dir);
+    assert_eq!(rows[0][7], "failed", "{}", r.explain());
+    let failure: serde_json::Value =
+        serde_json::from_str(&read(&dir.join(name).join("logs").join("failure.json")))
+            .expect("failure.json");
+    let message = failure["message"].as_str().unwrap_or_default();
+    let first_line = message.lines().next().unwrap_or_default().trim();
+    assert!(
+        !first_line.is_empty() && r.stdout.contains(first_line),
+        "the cause {first_line:?} is not in\n{}",
+        r.explain()
+    );
+}
+
+#[test]
+fn local_param_arch_trains_each_architecture_from_scratch_at_the_models_input_size() {
+    let t = tempdir();
+    let model = model_dir(t.path(), "resnet18", 32);
+    let dir = t.path().join("sweep");
+    let own = [
+        "--param",
+        "arch=resnet18,efficientnet_b0",
+        "--param",
+        "batch-size=32",
+    ];
+    let r = run(&mut local_sweep(&dir, &own, &model), LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let runs = recorded(&dir);
+    let names: Vec<&str> = runs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "archresnet18_batch-size32",
+            "archefficientnet-b0_batch-size32"
+        ]
+    );
+    for (arch, (name, flags)) in ["resnet18", "efficientnet_b0"].iter().zip(&runs) {
+        assert!(flags.contains(&format!("--arch={arch}")), "{flags:?}");
+        let fresh: serde_json::Value =
+            serde_json::from_str(&read(&dir.join("models").join(arch).join("model.json")))
+                .expect("the from-scratch model.json");
+        assert_eq!(
+            (&fresh["arch"], &fresh["input_size"]),
+            (&(*arch).into(), &32.into())
+        );
+        let trained: serde_json::Value =
+            serde_json::from_str(&read(&dir.join(name).join("model.json"))).expect("model.json");
+        assert_eq!(trained["arch"], *arch, "{trained}");
+        assert!(
+            trained.get("initial_weights").is_none_or(|w| w.is_null()),
+            "{trained}"
+        );
     }
 }
