@@ -163,7 +163,7 @@ pub struct Attempts<'a> {
     /// The environment of every attempt (the locks tchrun holds); each adds its number.
     pub env: RankEnv,
     /// The worker's arguments for the job as it stands (`--resume` after the first attempt).
-    pub worker_args: &'a dyn Fn(&TrainJob) -> Vec<String>,
+    pub worker_args: &'a dyn Fn(&TrainJob) -> Result<Vec<String>, JobError>,
     /// The per-node checks' flags (`--preflight doctor`, spares).
     pub health: Health,
 }
@@ -187,8 +187,13 @@ impl Attempts<'_> {
             };
             let started_from = checkpoint_step(&job.output);
             let starting = JobStatus::starting(attempt, plan.world_size() as usize);
-            let outcome =
-                run::run_attempt(launch, plan, (self.worker_args)(job), &env, Some(&starting))?;
+            let outcome = run::run_attempt(
+                launch,
+                plan,
+                (self.worker_args)(job)?,
+                &env,
+                Some(&starting),
+            )?;
             if !outcome.restartable() {
                 let summary = outcome.summary.clone().map(Box::new);
                 return match outcome.finish(&log_dir) {

@@ -224,8 +224,8 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
     // --overwrite belongs to the first run only: a requeued run resumes what it started.
     let mut first_run = tj.clone();
     first_run.options.overwrite = false;
-    worker_args.extend(first_run.to_args());
-    worker_args.extend(rank.to_args());
+    worker_args.extend(first_run.to_args()?);
+    worker_args.extend(rank.to_args()?);
     let plan = batch_plan(&launch_args, log_dir.clone())?;
     let launch = launch::srun_command(&plan, &worker_args);
     Ok(BatchJob {
