@@ -192,3 +192,22 @@ fn a_conflicting_default_is_left_out() {
     );
     round_trip(&argv, &x, derived);
 }
+
+/// Records keep a flag's enum as its command-line name (`value_enum_serde!`): every value of
+/// `--lr-scaling` and `--amp` is written and read back as the string files on disk hold.
+#[test]
+fn record_enums_are_the_flag_names() {
+    use clap::ValueEnum;
+    use tchrun::flags::{Amp, LrScaling};
+    for v in LrScaling::value_variants() {
+        let json = serde_json::to_string(v).expect("json");
+        assert_eq!(json, format!("\"{}\"", v.as_str()));
+        assert_eq!(&serde_json::from_str::<LrScaling>(&json).expect("back"), v);
+    }
+    for v in Amp::value_variants() {
+        let json = serde_json::to_string(v).expect("json");
+        assert_eq!(json, format!("\"{}\"", v.as_str()));
+        assert_eq!(&serde_json::from_str::<Amp>(&json).expect("back"), v);
+    }
+    assert!(serde_json::from_str::<Amp>("\"fp8\"").is_err());
+}

@@ -19,9 +19,10 @@ use tchrun::files;
 use tchrun::flags::TrainJob;
 use tchrun::job_record::{Attempt, JobStatus, Record};
 
-/// Restart policy flags of `tchrun train`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct RestartArgs {
+/// `--max-restarts`, declared once for `tchrun train` (`RestartArgs`) and `tchrun sbatch`
+/// (which says it in its terms: `SBATCH_HELP`, set with `mut_arg`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct MaxRestarts {
     /// Restarts of the whole job after a rank failure, each resuming from the last complete
     /// checkpoint (only when the failed attempt wrote a newer one: a job that fails before
     /// making progress is not retried). 0: fail as soon as a rank fails.
@@ -32,6 +33,21 @@ pub struct RestartArgs {
         default_value_t = 0
     )]
     pub max_restarts: u32,
+}
+
+impl MaxRestarts {
+    /// `tchrun sbatch --max-restarts`' help.
+    pub const SBATCH_HELP: &'static str = "Restarts within the allocation after a rank failure, \
+        each resuming from the last complete checkpoint (only when the failed attempt wrote a \
+        newer one). 0: the first failure ends the job. A preempted or timed-out job is requeued \
+        either way";
+}
+
+/// Restart policy flags of `tchrun train`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RestartArgs {
+    #[command(flatten)]
+    pub max: MaxRestarts,
     /// Leave out a host whose ranks failed in two attempts: the next attempt runs on the
     /// remaining hosts of --hostfile with fewer ranks, resuming from the checkpoint (needs
     /// --hostfile and --max-restarts).
@@ -97,7 +113,7 @@ impl RestartArgs {
                 "--exclude-failed-hosts needs --hostfile FILE: the hosts a failing one is left out of",
             ));
         }
-        if self.max_restarts == 0 {
+        if self.max.max_restarts == 0 {
             return Err(JobError::invalid(
                 "--exclude-failed-hosts needs --max-restarts N (N > 0): a failing host is left out of the next attempt, and without restarts there is none",
             ));
@@ -116,7 +132,7 @@ pub fn check_straggler_action(
     if job.options.straggler_action != tchrun::flags::StragglerAction::Exclude {
         return Ok(());
     }
-    if restarts.max_restarts == 0 {
+    if restarts.max.max_restarts == 0 {
         return Err(JobError::invalid(
             "--straggler-action exclude needs --max-restarts N (N > 0): a slow host is left out at the next attempt, and without restarts there is none; or use --straggler-action warn",
         ));
@@ -220,9 +236,9 @@ impl Attempts<'_> {
             };
             let now = checkpoint_step(&job.output);
             let progressed = now.is_some() && now > started_from;
-            if history.len() as u32 >= restarts.max_restarts || launch.dry_run || !progressed {
+            if history.len() as u32 >= restarts.max.max_restarts || launch.dry_run || !progressed {
                 let mut why = None;
-                if restarts.max_restarts > 0 && !progressed {
+                if restarts.max.max_restarts > 0 && !progressed {
                     let w = format!(
                         "not restarting: attempt {attempt} wrote no checkpoint (it failed before making progress; a restart would fail the same way)"
                     );
@@ -305,7 +321,7 @@ impl Attempts<'_> {
                 record.line(),
                 wait.as_secs(),
                 now.unwrap_or(0),
-                restarts.max_restarts,
+                restarts.max.max_restarts,
                 record.logs.display()
             );
             history.push(record);

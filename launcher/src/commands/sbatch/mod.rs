@@ -66,6 +66,7 @@ pub fn default_cpus_per_task(threads: Option<u32>, loader_threads: Option<u32>) 
 
 /// `tchrun sbatch` flags: the training job, the launch shape and Slurm's own options.
 #[derive(Args, Debug)]
+#[command(mut_arg("max_restarts", |a| a.help(crate::train::restart::MaxRestarts::SBATCH_HELP)))]
 pub struct SbatchArgs {
     #[command(flatten)]
     pub job: TrainJob,
@@ -120,16 +121,9 @@ pub struct SbatchArgs {
         default_value = "tchrun-train"
     )]
     pub job_name: String,
-    /// Restarts within the allocation after a rank failure, each resuming from the last
-    /// complete checkpoint (only when the failed attempt wrote a newer one). 0: the first
-    /// failure ends the job. A preempted or timed-out job is requeued either way.
-    #[arg(
-        help_heading = "Fault tolerance",
-        long,
-        env = "TCHRUN_MAX_RESTARTS",
-        default_value_t = 0
-    )]
-    pub max_restarts: u32,
+    /// `--max-restarts` (its help: `MaxRestarts::SBATCH_HELP`).
+    #[command(flatten)]
+    pub restarts: crate::train::restart::MaxRestarts,
     /// Where to write the batch script (default: <log-dir>/tchrun-job.sbatch).
     #[arg(long)]
     pub script: Option<PathBuf>,
@@ -238,7 +232,7 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
         output: tj.output.clone(),
         launch,
         overwrite: tj.options.overwrite,
-        max_restarts: a.max_restarts,
+        max_restarts: a.restarts.max_restarts,
     })
 }
 
