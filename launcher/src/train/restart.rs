@@ -10,7 +10,7 @@
 //! out (`hosts.rs`).
 use super::hosts::{self, HostDecision, HostFailures};
 use crate::error::JobError;
-use crate::plan::launch::{LaunchArgs, Plan};
+use crate::plan::launch::{LaunchArgs, MaxRestarts, Plan};
 use crate::report::{self, FailureSummary};
 use crate::run::{self, AttemptOutcome, RankEnv};
 use std::path::{Path, PathBuf};
@@ -18,30 +18,6 @@ use std::time::{Duration, Instant};
 use tchrun::files;
 use tchrun::flags::TrainJob;
 use tchrun::job_record::{Attempt, JobStatus, Record};
-
-/// `--max-restarts`, declared once for `tchrun train` (`RestartArgs`) and `tchrun sbatch`
-/// (which says it in its terms: `SBATCH_HELP`, set with `mut_arg`).
-#[derive(clap::Args, Debug, Clone, Copy)]
-pub struct MaxRestarts {
-    /// Restarts of the whole job after a rank failure, each resuming from the last complete
-    /// checkpoint (only when the failed attempt wrote a newer one: a job that fails before
-    /// making progress is not retried). 0: fail as soon as a rank fails.
-    #[arg(
-        help_heading = "Fault tolerance",
-        long,
-        env = "TCHRUN_MAX_RESTARTS",
-        default_value_t = 0
-    )]
-    pub max_restarts: u32,
-}
-
-impl MaxRestarts {
-    /// `tchrun sbatch --max-restarts`' help.
-    pub const SBATCH_HELP: &'static str = "Restarts within the allocation after a rank failure, \
-        each resuming from the last complete checkpoint (only when the failed attempt wrote a \
-        newer one). 0: the first failure ends the job. A preempted or timed-out job is requeued \
-        either way";
-}
 
 /// Restart policy flags of `tchrun train`.
 #[derive(clap::Args, Debug, Clone)]
@@ -203,13 +179,8 @@ impl Attempts<'_> {
             };
             let started_from = checkpoint_step(&job.output);
             let starting = JobStatus::starting(attempt, plan.world_size() as usize);
-            let outcome = run::run_attempt(
-                launch,
-                plan,
-                (self.worker_args)(job)?,
-                &env,
-                Some(&starting),
-            )?;
+            let args = (self.worker_args)(job)?;
+            let outcome = run::run_attempt(launch, plan, args, &env, Some(&starting))?;
             if !outcome.restartable() {
                 let summary = outcome.summary.clone().map(Box::new);
                 return match outcome.finish(&log_dir) {

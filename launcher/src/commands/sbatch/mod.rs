@@ -66,7 +66,7 @@ pub fn default_cpus_per_task(threads: Option<u32>, loader_threads: Option<u32>) 
 
 /// `tchrun sbatch` flags: the training job, the launch shape and Slurm's own options.
 #[derive(Args, Debug)]
-#[command(mut_arg("max_restarts", |a| a.help(crate::train::restart::MaxRestarts::SBATCH_HELP)))]
+#[command(mut_arg("max_restarts", |a| a.help(crate::plan::launch::MaxRestarts::SBATCH_HELP)))]
 pub struct SbatchArgs {
     #[command(flatten)]
     pub job: TrainJob,
@@ -123,7 +123,7 @@ pub struct SbatchArgs {
     pub job_name: String,
     /// `--max-restarts` (its help: `MaxRestarts::SBATCH_HELP`).
     #[command(flatten)]
-    pub restarts: crate::train::restart::MaxRestarts,
+    pub restarts: crate::plan::launch::MaxRestarts,
     /// Where to write the batch script (default: <log-dir>/tchrun-job.sbatch).
     #[arg(long)]
     pub script: Option<PathBuf>,
