@@ -10,6 +10,8 @@ use crate::arch::{Arch, MAX_INPUT_SIZE, MIN_INPUT_SIZE};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+crate::value_enum_serde!(Interpolation, AutoAugmentName);
+
 /// `--interpolation`: the resampling of every resize (torchvision's `InterpolationMode`, on
 /// PIL images: PIL's filters with antialiasing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -71,7 +73,7 @@ pub const RA_MAGNITUDE_BINS: u32 = 31;
 pub const AUGMIX_MAX_SEVERITY: u32 = 10;
 
 /// The augmentation flags (help heading "Data").
-#[derive(Args, Debug, Clone, PartialEq)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct AugmentFlags {
     /// MixUp's alpha (torchvision's v2.MixUp): each training micro-batch becomes λ × itself +
     /// (1 - λ) × itself rolled by one, labels alike, λ ~ Beta(α, α). 0: off. With
@@ -113,6 +115,7 @@ pub struct AugmentFlags {
     pub interpolation: Interpolation,
     /// The designer's image transforms (`--vflip`, `--rotation`, `--affine`, ...).
     #[command(flatten)]
+    #[serde(flatten)]
     pub transforms: crate::transform_flags::TransformFlags,
 }
 
@@ -150,41 +153,9 @@ pub fn default_val_resize(crop: u32) -> u32 {
 }
 
 impl AugmentFlags {
-    /// The flags as arguments for a rank (only those not at their default).
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        for (name, x) in [
-            ("mixup-alpha", self.mixup_alpha),
-            ("cutmix-alpha", self.cutmix_alpha),
-            ("random-erase", self.random_erase),
-        ] {
-            if x != 0.0 {
-                v.push(format!("--{name}={x:e}"));
-            }
-        }
-        for (name, x) in [
-            ("train-crop-size", self.train_crop_size),
-            ("val-resize-size", self.val_resize_size),
-            ("val-crop-size", self.val_crop_size),
-        ] {
-            if let Some(x) = x {
-                v.push(format!("--{name}={x}"));
-            }
-        }
-        if self.interpolation != Interpolation::Bilinear {
-            v.push(format!("--interpolation={}", self.interpolation.as_str()));
-        }
-        if let Some(p) = self.auto_augment {
-            v.push(format!("--auto-augment={}", p.as_str()));
-        }
-        if self.ra_magnitude != DEFAULT_RA_MAGNITUDE {
-            v.push(format!("--ra-magnitude={}", self.ra_magnitude));
-        }
-        if self.augmix_severity != DEFAULT_AUGMIX_SEVERITY {
-            v.push(format!("--augmix-severity={}", self.augmix_severity));
-        }
-        v.extend(self.transforms.to_args());
-        v
+    /// The flags as arguments for a rank (only those not at their default; `argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv_changed(self)
     }
 
     /// The crop sizes for a model of `input_size`.
@@ -478,7 +449,7 @@ mod tests {
     fn defaults_round_trip_and_old_records_read_as_before() {
         let c = Cli::try_parse_from(["x"]).expect("defaults").a;
         assert_eq!(c, AugmentFlags::default());
-        assert!(c.to_args().is_empty());
+        assert!(c.to_args().expect("argv").is_empty());
         assert_eq!(
             c.crops(224),
             Crops {
@@ -508,7 +479,7 @@ mod tests {
         .expect("valid")
         .a;
         let mut args = vec!["x".to_string()];
-        args.extend(given.to_args());
+        args.extend(given.to_args().expect("argv"));
         assert_eq!(Cli::try_parse_from(&args).expect("round trip").a, given);
         let old: AugmentRecord = serde_json::from_str("{}").expect("old record");
         assert_eq!(old, AugmentRecord::default());
@@ -543,7 +514,7 @@ mod tests {
         ] {
             let f = Cli::try_parse_from(args).expect("valid").a;
             let mut again = vec!["x".to_string()];
-            again.extend(f.to_args());
+            again.extend(f.to_args().expect("argv"));
             assert_eq!(Cli::try_parse_from(&again).expect("round trip").a, f);
         }
         let ra = |m: &str| {

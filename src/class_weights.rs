@@ -26,6 +26,13 @@ impl ClassWeights {
     }
 }
 
+/// The flag's text (`text`), as the ranks' argv takes it.
+impl Serialize for ClassWeights {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text())
+    }
+}
+
 fn parse(s: &str) -> Result<ClassWeights, String> {
     match s.trim() {
         "" => Err("give auto or a file of class weights (JSON or CSV)".into()),
@@ -35,7 +42,7 @@ fn parse(s: &str) -> Result<ClassWeights, String> {
 }
 
 /// `--class-weights` (help heading "Training").
-#[derive(Args, Debug, Clone, PartialEq, Default)]
+#[derive(Args, Debug, Clone, PartialEq, Default, Serialize)]
 pub struct ClassWeightsFlags {
     /// Weigh each class in the training loss (torch's cross_entropy weight=; each micro-batch's
     /// loss is the weighted mean): auto: images / (classes × the class's images), from the
@@ -46,16 +53,15 @@ pub struct ClassWeightsFlags {
 }
 
 impl ClassWeightsFlags {
-    /// The flag for a rank (a file's path made absolute: ranks may start elsewhere).
-    pub fn to_args(&self) -> Vec<String> {
-        match &self.class_weights {
-            None => Vec::new(),
-            Some(ClassWeights::Auto) => vec!["--class-weights=auto".into()],
-            Some(ClassWeights::File(p)) => {
-                let abs = std::path::absolute(p).unwrap_or_else(|_| p.clone());
-                vec![format!("--class-weights={}", abs.display())]
+    /// The flag for a rank: a file's path made absolute (ranks may start elsewhere).
+    pub fn absolute(&self) -> ClassWeightsFlags {
+        let class_weights = self.class_weights.clone().map(|w| match w {
+            ClassWeights::File(p) => {
+                ClassWeights::File(std::path::absolute(&p).unwrap_or_else(|_| p.clone()))
             }
-        }
+            auto => auto,
+        });
+        ClassWeightsFlags { class_weights }
     }
 
     /// The weights of `classes` (in their label order) for a training set whose samples have

@@ -160,6 +160,13 @@ impl Selection {
 }
 
 /// The value `parse` reads back (`--console` as the launcher hands it to the ranks).
+/// As `--console` takes it (`Display`).
+impl serde::Serialize for Selection {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl fmt::Display for Selection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -2,6 +2,7 @@
 //! `TCHRUN_<FLAG>` variable live here, so both binaries and `--help` never drift.
 use crate::console::Selection;
 use clap::{Args, ValueEnum};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 /// Parses `--lr`: a finite float >= f64::EPSILON ("Train PyTorch Model"'s `>=double.Epsilon`).
@@ -20,7 +21,7 @@ pub fn parse_lr(s: &str) -> Result<f64, String> {
 }
 
 /// Training parameters (defaults from the "Train PyTorch Model" seed).
-#[derive(Args, Debug, Clone, PartialEq)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct TrainParams {
     /// Passes over the training set.
     #[arg(help_heading = "Training", long, env = "TCHRUN_EPOCHS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
@@ -71,6 +72,8 @@ pub enum Backend {
     Gloo,
 }
 
+crate::value_enum_serde!(Device, Backend, LrScaling, Amp, StragglerAction);
+
 impl Device {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -92,7 +95,7 @@ impl Backend {
 }
 
 /// Flags every rank reads (the launcher passes them through).
-#[derive(Args, Debug, Clone, PartialEq)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct RankFlags {
     /// Compute device.
     #[arg(help_heading = "Launch", long, env = "TCHRUN_DEVICE", value_enum, default_value_t = Device::Auto)]
@@ -145,27 +148,9 @@ pub struct ProgramConsole {
 }
 
 impl RankFlags {
-    /// The flags as command-line arguments for a rank.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = vec![
-            "--device".into(),
-            self.device.as_str().into(),
-            "--backend".into(),
-            self.backend.as_str().into(),
-            "--timeout".into(),
-            self.timeout.to_string(),
-            format!("--console={}", self.console),
-        ];
-        if let Some(d) = &self.log_dir {
-            v.push(format!("--log-dir={}", d.display()));
-        }
-        if let Some(t) = self.threads {
-            v.push(format!("--threads={t}"));
-        }
-        if let Some(n) = &self.ifname {
-            v.push(format!("--ifname={n}"));
-        }
-        v
+    /// The flags as command-line arguments for a rank (`argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv(self)
     }
 
     /// Each rank's intra-op threads with `local_size` ranks on its node: `--threads`, else the
@@ -178,23 +163,9 @@ impl RankFlags {
 }
 
 impl TrainParams {
-    /// The parameters as command-line arguments for a rank.
-    pub fn to_args(&self) -> Vec<String> {
-        vec![
-            "--epochs".into(),
-            self.epochs.to_string(),
-            "--batch-size".into(),
-            self.batch_size.to_string(),
-            "--warmup-epochs".into(),
-            self.warmup_epochs.to_string(),
-            "--lr".into(),
-            format!("{:e}", self.lr),
-            format!("--seed={}", self.seed),
-            "--patience".into(),
-            self.patience.to_string(),
-            "--print-freq".into(),
-            self.print_freq.to_string(),
-        ]
+    /// The parameters as command-line arguments for a rank (`argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv(self)
     }
 }
 
@@ -241,13 +212,13 @@ mod tests {
 
     #[test]
     fn the_launchers_handoff_is_what_the_worker_parses() {
-        assert!(TrainHandoff::default().to_args().is_empty());
+        assert!(TrainHandoff::default().to_args().expect("argv").is_empty());
         let mut h = TrainHandoff {
             verify_on_decode: true,
             ..TrainHandoff::default()
         };
         *h.indexes_mut()[1] = Some(PathBuf::from("/o/logs/dataset-index-valid.v1"));
-        let args = h.to_args();
+        let args = h.to_args().expect("argv");
         assert_eq!(
             args,
             [
@@ -296,8 +267,8 @@ mod tests {
         ])
         .expect("parse");
         let mut argv = vec!["x".to_string()];
-        argv.extend(c.p.to_args());
-        argv.extend(c.r.to_args());
+        argv.extend(c.p.to_args().expect("argv"));
+        argv.extend(c.r.to_args().expect("argv"));
         let d = Cli::try_parse_from(argv).expect("reparse");
         assert_eq!(c.p, d.p);
         assert_eq!(c.r, d.r);
@@ -318,6 +289,10 @@ pub enum LrScaling {
 }
 
 impl LrScaling {
+    fn is_linear(&self) -> bool {
+        *self == LrScaling::Linear
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             LrScaling::Linear => "linear",
@@ -360,6 +335,10 @@ pub enum StragglerAction {
 }
 
 impl StragglerAction {
+    fn is_warn(&self) -> bool {
+        *self == StragglerAction::Warn
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             StragglerAction::Warn => "warn",
@@ -424,8 +403,10 @@ impl TrainOptions {
     }
 }
 
-/// Optimizer and input-pipeline options beyond "Train PyTorch Model"'s parameters (documented, overridable).
-#[derive(Args, Debug, Clone, PartialEq)]
+/// Optimizer and input-pipeline options beyond "Train PyTorch Model"'s parameters (documented,
+/// overridable). Serialised for the ranks' argv (`argv`): a flag left out at its default is one
+/// that today's ranks never got otherwise; the nested groups add their own (`to_args`).
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct TrainOptions {
     /// SGD momentum.
     #[arg(help_heading = "Training", long, env = "TCHRUN_MOMENTUM", default_value_t = 0.9, value_parser = parse_nonneg)]
@@ -493,6 +474,7 @@ pub struct TrainOptions {
     /// Fine-tuning: the LR of everything but the classifier is the scheduled LR × S (the
     /// classifier's is the scheduled LR). 1 trains all layers alike.
     #[arg(help_heading = "Training", long, env = "TCHRUN_BACKBONE_LR_SCALE", default_value_t = 1.0, value_parser = parse_nonneg, conflicts_with = "freeze_backbone")]
+    #[serde(skip_serializing_if = "is_one")]
     pub backbone_lr_scale: f64,
     /// Also checkpoint every STEPS optimizer steps (besides each epoch's end; 0: epoch ends
     /// only). Rank 0 writes in the background: no rank waits on its storage.
@@ -502,6 +484,7 @@ pub struct TrainOptions {
         env = "TCHRUN_CHECKPOINT_EVERY",
         default_value_t = 0
     )]
+    #[serde(skip_serializing_if = "is_zero_u64")]
     pub checkpoint_every: u64,
     /// Images per optimizer step over all ranks. Each rank then accumulates the gradients of
     /// G / (world size × --batch-size) micro-batches of --batch-size images per step, the
@@ -514,6 +497,7 @@ pub struct TrainOptions {
     /// --global-batch-size G; linear: lr × k, sqrt: lr × √k, none: lr. --batch-size never
     /// changes the LR when G is given.
     #[arg(help_heading = "Training", long, env = "TCHRUN_LR_SCALING", value_enum, default_value_t = LrScaling::Linear)]
+    #[serde(skip_serializing_if = "LrScaling::is_linear")]
     pub lr_scaling: LrScaling,
     /// The batch (images per optimizer step over all ranks) --lr is given for; --lr-scaling
     /// scales it by (images per step) / R. Default: --global-batch-size G when given (--lr is
@@ -527,6 +511,7 @@ pub struct TrainOptions {
     /// is all; exclude: a host slow for a whole epoch is left out at a restart from that
     /// epoch's checkpoint (needs --max-restarts and --hostfile).
     #[arg(help_heading = "Observability", long, env = "TCHRUN_STRAGGLER_ACTION", value_enum, default_value_t = StragglerAction::Warn)]
+    #[serde(skip_serializing_if = "StragglerAction::is_warn")]
     pub straggler_action: StragglerAction,
     /// Rank 0 rewrites DIR/tchrun_<job>.prom every few seconds for node_exporter's textfile
     /// collector (--collector.textfile.directory DIR): state, step, epoch, images/s, loss, LR,
@@ -541,14 +526,19 @@ pub struct TrainOptions {
     )]
     pub prometheus_textfile: Option<PathBuf>,
     #[command(flatten)]
+    #[serde(skip)]
     pub recipe: crate::recipe::RecipeFlags,
     #[command(flatten)]
+    #[serde(skip)]
     pub augment: crate::augment_flags::AugmentFlags,
     #[command(flatten)]
+    #[serde(skip)]
     pub class_weights: crate::class_weights::ClassWeightsFlags,
     #[command(flatten)]
+    #[serde(skip)]
     pub preset: crate::recipe_preset::PresetFlags,
     #[command(flatten)]
+    #[serde(skip)]
     pub mlflow: crate::mlflow::MlflowFlags,
 }
 
@@ -562,72 +552,28 @@ impl TrainOptions {
         }
     }
 
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = vec![
-            format!("--momentum={:e}", self.momentum),
-            format!("--weight-decay={:e}", self.weight_decay),
-            format!("--lr-power={:e}", self.lr_power),
-            format!("--max-image-pixels={}", self.max_image_pixels),
-            format!("--amp={}", self.amp.as_str()),
-            format!("--min-crop-scale={:e}", self.min_crop_scale),
-            format!("--bucket-cap-mb={:e}", self.bucket_cap_mb),
-        ];
-        if self.no_hflip {
-            v.push("--no-hflip".into());
-        }
-        if self.skip_bad_images {
-            v.push("--skip-bad-images".into());
-        }
-        v.push(format!(
-            "--channels-last={}",
-            self.layout_setting().as_str()
-        ));
-        if let Some(t) = self.loader_threads {
-            v.push(format!("--loader-threads={t}"));
-        }
-        if self.resume {
-            v.push("--resume".into());
-        }
-        if self.overwrite {
-            v.push("--overwrite".into());
-        }
-        if self.freeze_backbone {
-            v.push("--freeze-backbone".into());
-        }
-        if self.backbone_lr_scale != 1.0 {
-            v.push(format!("--backbone-lr-scale={:e}", self.backbone_lr_scale));
-        }
-        if self.checkpoint_every > 0 {
-            v.push(format!("--checkpoint-every={}", self.checkpoint_every));
-        }
-        if let Some(g) = self.global_batch_size {
-            v.push(format!("--global-batch-size={g}"));
-        }
-        if self.lr_scaling != LrScaling::Linear {
-            v.push(format!("--lr-scaling={}", self.lr_scaling.as_str()));
-        }
-        if let Some(r) = self.lr_reference_batch {
-            v.push(format!("--lr-reference-batch={r}"));
-        }
-        if self.straggler_action != StragglerAction::Warn {
-            v.push(format!(
-                "--straggler-action={}",
-                self.straggler_action.as_str()
-            ));
-        }
-        if let Some(d) = &self.prometheus_textfile {
-            v.push(format!("--prometheus-textfile={}", d.display()));
-        }
-        v.extend(self.recipe.to_args());
-        v.extend(self.augment.to_args());
-        v.extend(self.class_weights.to_args());
-        v.extend(self.mlflow.to_args());
-        v
+    /// The nested groups' flags for a rank: the recipe and augmentation flags not at their
+    /// default, the class weights (a file's path made absolute: ranks may start elsewhere),
+    /// MLflow's. `--recipe` itself is not passed: the ranks get what it expanded to.
+    pub fn nested_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        let mut v = crate::argv::argv_changed(&self.recipe)?;
+        v.extend(crate::argv::argv_changed(&self.augment)?);
+        v.extend(crate::argv::argv(&self.class_weights.absolute())?);
+        v.extend(crate::argv::argv(&self.mlflow)?);
+        Ok(v)
     }
 }
 
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
+}
+
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
+}
+
 /// The inputs and outputs of a training job ("Train PyTorch Model"'s ports).
-#[derive(Args, Debug, Clone, PartialEq)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct TrainJob {
     /// Untrained model directory (made by `tchrun model init`).
     #[arg(long, help_heading = "Inputs and outputs", env = "TCHRUN_MODEL")]
@@ -647,30 +593,27 @@ pub struct TrainJob {
     )]
     pub output: PathBuf,
     #[command(flatten)]
+    #[serde(flatten)]
     pub params: TrainParams,
     #[command(flatten)]
+    #[serde(flatten)]
     pub options: TrainOptions,
 }
 
 impl TrainJob {
-    /// The job as arguments for `tchrun-worker train` (paths as given: make them absolute first).
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = vec![
-            format!("--model={}", self.model.display()),
-            format!("--train={}", self.train.display()),
-            format!("--valid={}", self.valid.display()),
-            format!("--output={}", self.output.display()),
-        ];
-        v.extend(self.params.to_args());
-        v.extend(self.options.to_args());
-        v
+    /// The job as arguments for `tchrun-worker train` (paths as given: make them absolute
+    /// first), derived from the flags (`argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        let mut v = crate::argv::argv(self)?;
+        v.extend(self.options.nested_args()?);
+        Ok(v)
     }
 }
 
 /// What the launcher's pre-flight hands the ranks of `tchrun-worker train`, as hidden flags
 /// (one definition for both binaries: the launcher writes them with `to_args`, the worker
 /// parses them). A rank started without them (srun, sbatch, by hand) checks everything itself.
-#[derive(Args, Debug, Clone, Default, PartialEq)]
+#[derive(Args, Debug, Clone, Default, PartialEq, Serialize)]
 pub struct TrainHandoff {
     /// The launcher leaves the image headers to be checked when each image is first decoded
     /// (more than `TCHRUN_VERIFY_UPFRONT_MAX` never verified).
@@ -686,19 +629,9 @@ pub struct TrainHandoff {
 }
 
 impl TrainHandoff {
-    /// The flags as command-line arguments for a rank (only those set).
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if self.verify_on_decode {
-            v.push("--verify-on-decode".into());
-        }
-        if let Some(p) = &self.train_index {
-            v.push(format!("--train-index={}", p.display()));
-        }
-        if let Some(p) = &self.valid_index {
-            v.push(format!("--valid-index={}", p.display()));
-        }
-        v
+    /// The flags as command-line arguments for a rank (only those set; `argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv(self)
     }
 
     /// The index copies of train and valid, in that order (`files::DATASET_INDEX_COPIES`'s).
@@ -778,7 +711,7 @@ impl Inference {
 /// `tchrun-worker score|evaluate` take the same flags, defined here once (each command sets the
 /// help of `--images` and `--output` from its `Inference`). The device and the other rank
 /// settings are [`RankFlags`].
-#[derive(Args, Debug, Clone, PartialEq)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct InferenceJob {
     /// Trained model directory (model.json + model.safetensors). Given more than once (the
     /// help: `Inference::model_help`) only by `evaluate`, to compare two models; `models`
@@ -820,19 +753,9 @@ impl InferenceJob {
         self.model.first().map_or(Path::new(""), PathBuf::as_path)
     }
 
-    /// The job as arguments for `tchrun-worker score|evaluate`.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut args: Vec<String> = self
-            .model
-            .iter()
-            .map(|m| format!("--model={}", m.display()))
-            .collect();
-        args.extend([
-            format!("--images={}", self.images.display()),
-            format!("--output={}", self.output.display()),
-            format!("--batch-size={}", self.batch_size),
-        ]);
-        args
+    /// The job as arguments for `tchrun-worker score|evaluate` (`argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv(self)
     }
 
     /// Driver logs without `--log-dir`: for `score`, `tchrun-logs` beside the CSV (a job's

@@ -11,6 +11,8 @@
 //! Must not know tensors or devices beyond "CUDA or not".
 use crate::arch::{Arch, Family};
 
+crate::value_enum_serde!(ChannelsLast);
+
 /// `--channels-last`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ChannelsLast {

@@ -14,6 +14,7 @@
 
 // Contracts.
 pub mod arch;
+pub mod argv;
 pub mod augment_flags;
 pub mod bounded_read;
 pub mod checkpoint;

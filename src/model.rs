@@ -64,7 +64,7 @@ pub struct TrainingRecord {
     pub global_batch_size: Option<u32>,
     /// `--lr-scaling` (effective LR = lr × factor).
     #[serde(default = "linear")]
-    pub lr_scaling: String,
+    pub lr_scaling: crate::flags::LrScaling,
     /// The batch `--lr` is given for (`--lr-reference-batch`, else G, else `--batch-size`): the
     /// effective LR is `lr` scaled by (images per optimizer step) / this. Absent in files
     /// written before it existed (their reference was `--batch-size`).
@@ -90,8 +90,8 @@ pub struct TrainingRecord {
     pub class_weights: crate::class_weights::ClassWeightsRecord,
 }
 
-fn linear() -> String {
-    "linear".into()
+fn linear() -> crate::flags::LrScaling {
+    crate::flags::LrScaling::Linear
 }
 
 fn one() -> f64 {

@@ -8,6 +8,8 @@
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+crate::value_enum_serde!(LrScheduler, WarmupMethod, Opt, EarlyStopOn);
+
 /// `--lr-scheduler`: tchrun's per-step polynomial decay (the default), or one of torchvision's
 /// per-epoch schedulers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -136,7 +138,7 @@ pub struct EmaRecord {
 pub const WARMUP_DECAY: f64 = 0.01;
 
 /// The recipe flags (help heading "Training").
-#[derive(Args, Debug, Clone, PartialEq)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct RecipeFlags {
     /// The LR schedule after warmup. poly: lr × (1 - t)^--lr-power per optimizer step (tchrun's
     /// default); cosineannealinglr, steplr, exponentiallr: torch's schedulers, stepped per epoch
@@ -240,65 +242,9 @@ impl Default for RecipeFlags {
 }
 
 impl RecipeFlags {
-    /// The flags as arguments for a rank (only those not at their default).
-    pub fn to_args(&self) -> Vec<String> {
-        let d = RecipeFlags::default();
-        let mut v = Vec::new();
-        if self.lr_scheduler != d.lr_scheduler {
-            v.push(format!("--lr-scheduler={}", self.lr_scheduler.as_str()));
-        }
-        if self.lr_step_size != d.lr_step_size {
-            v.push(format!("--lr-step-size={}", self.lr_step_size));
-        }
-        if self.lr_gamma != d.lr_gamma {
-            v.push(format!("--lr-gamma={:e}", self.lr_gamma));
-        }
-        if self.lr_min != d.lr_min {
-            v.push(format!("--lr-min={:e}", self.lr_min));
-        }
-        if self.lr_warmup_method != d.lr_warmup_method {
-            v.push(format!(
-                "--lr-warmup-method={}",
-                self.lr_warmup_method.as_str()
-            ));
-        }
-        if let Some(x) = self.lr_warmup_decay {
-            v.push(format!("--lr-warmup-decay={x:e}"));
-        }
-        if self.label_smoothing != d.label_smoothing {
-            v.push(format!("--label-smoothing={:e}", self.label_smoothing));
-        }
-        if let Some(x) = self.clip_grad_norm {
-            v.push(format!("--clip-grad-norm={x:e}"));
-        }
-        if self.opt != d.opt {
-            v.push(format!("--opt={}", self.opt.as_str()));
-        }
-        if let Some(x) = self.norm_weight_decay {
-            v.push(format!("--norm-weight-decay={x:e}"));
-        }
-        if let Some(x) = self.bias_weight_decay {
-            v.push(format!("--bias-weight-decay={x:e}"));
-        }
-        if self.model_ema {
-            v.push("--model-ema".into());
-        }
-        if self.model_ema_steps != d.model_ema_steps {
-            v.push(format!("--model-ema-steps={}", self.model_ema_steps));
-        }
-        if self.model_ema_decay != d.model_ema_decay {
-            v.push(format!("--model-ema-decay={:e}", self.model_ema_decay));
-        }
-        if self.early_stop_on != d.early_stop_on {
-            v.push(format!("--early-stop-on={}", self.early_stop_on.as_str()));
-        }
-        if self.ra_sampler {
-            v.push("--ra-sampler".into());
-        }
-        if self.ra_reps != d.ra_reps {
-            v.push(format!("--ra-reps={}", self.ra_reps));
-        }
-        v
+    /// The flags as arguments for a rank (only those not at their default; `argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv_changed(self)
     }
 
     /// The combinations torch refuses: Nesterov momentum without momentum (torch.optim.SGD's
@@ -636,7 +582,7 @@ mod tests {
     fn defaults_round_trip_and_old_records_read_as_before() {
         let c = Cli::try_parse_from(["x"]).expect("defaults");
         assert_eq!(c.r, RecipeFlags::default());
-        assert!(c.r.to_args().is_empty());
+        assert!(c.r.to_args().expect("argv").is_empty());
         let mut args = vec!["x".to_string()];
         let r = Cli::try_parse_from([
             "x",
@@ -676,7 +622,7 @@ mod tests {
         .expect("valid")
         .r;
         assert_eq!((r.ra_sampler, r.ra_reps), (true, 4));
-        args.extend(r.to_args());
+        args.extend(r.to_args().expect("argv"));
         assert_eq!(Cli::try_parse_from(&args).expect("round trip").r, r);
         // torchvision's default decay with its schedulers; none for poly's linear warmup.
         let mut c = RecipeFlags {

@@ -163,25 +163,9 @@ fn is_zero(x: &f64) -> bool {
 }
 
 impl TransformFlags {
-    /// The flags as arguments for a rank (only those not at their default).
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        for (name, x) in [
-            ("vflip", self.vflip),
-            ("rotation", self.rotation),
-            ("grayscale", self.grayscale),
-        ] {
-            if x != 0.0 {
-                v.push(format!("--{name}={x:e}"));
-            }
-        }
-        for (name, x) in self.given() {
-            v.push(format!("--{name}={x}"));
-        }
-        if self.random_crop {
-            v.push("--random-crop".into());
-        }
-        v
+    /// The flags as arguments for a rank (only those not at their default; `argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv_changed(self)
     }
 
     /// The flags with a value list that are given: (flag name, value as the flag takes it).
@@ -399,7 +383,7 @@ mod tests {
     fn flags_round_trip_through_args_and_records() {
         let none = parse(&[]).expect("defaults");
         assert_eq!(none, TransformFlags::default());
-        assert!(none.to_args().is_empty() && !none.after_crop());
+        assert!(none.to_args().expect("argv").is_empty() && !none.after_crop());
         assert_eq!(serde_json::to_string(&none).expect("json"), "{}");
         let all = parse(&[
             "--vflip",
@@ -419,7 +403,7 @@ mod tests {
             "--random-crop",
         ])
         .expect("valid");
-        let args: Vec<String> = all.to_args();
+        let args: Vec<String> = all.to_args().expect("argv");
         let again = parse(&args.iter().map(String::as_str).collect::<Vec<_>>()).expect("again");
         assert_eq!(again, all);
         let json = serde_json::to_string(&all).expect("json");

@@ -191,7 +191,7 @@ fn record(c: Counts, r: Rest) -> TrainingRecord {
         freeze_backbone: frozen,
         backbone_lr_scale,
         global_batch_size: (n % 3 == 0).then_some(n as u32),
-        lr_scaling: "linear".into(),
+        lr_scaling: tchrun::flags::LrScaling::Linear,
         lr_reference_batch: None,
         threads: None,
         mlflow_run_id: (n % 2 == 0).then(|| format!("run{n}")),

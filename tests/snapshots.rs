@@ -577,7 +577,7 @@ fn a_flag_given_twice_takes_its_last_value() {
         "--no-hflip",
     ]);
     assert!(
-        once.contains("--epochs 3") && once.contains("-np 2"),
+        once.contains("--epochs=3") && once.contains("-np 2"),
         "{once}"
     );
     assert_eq!(once, twice);

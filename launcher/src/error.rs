@@ -47,6 +47,14 @@ pub enum JobError {
     RankFailed { kind: ErrorKind, report: String },
 }
 
+/// A flag group that could not become a rank's argv (a path that is not UTF-8): the user's to
+/// fix (exit 2).
+impl From<tchrun::argv::ArgvError> for JobError {
+    fn from(e: tchrun::argv::ArgvError) -> Self {
+        JobError::Invalid(e.to_string())
+    }
+}
+
 impl From<tchrun::preflight::PreflightError> for JobError {
     fn from(e: tchrun::preflight::PreflightError) -> JobError {
         use tchrun::preflight::PreflightError;

@@ -254,7 +254,7 @@ fn run_selftest(a: &SelftestArgs) -> Result<i32, error::JobError> {
         a.launch.dry_run,
     )?;
     rank.log_dir = Some(log_dir.clone());
-    args.extend(rank.to_args());
+    args.extend(rank.to_args()?);
     if !a.sizes.is_empty() {
         let s: Vec<String> = a.sizes.iter().map(|s| s.to_string()).collect();
         args.push(format!("--sizes={}", s.join(",")));

@@ -20,7 +20,8 @@ pub struct RunRecord {
     pub global_batch_size: Option<u32>,
     pub warmup_epochs: u32,
     pub lr: f64,
-    pub lr_scaling: String,
+    /// `--lr-scaling`, as the flag spells it (`"linear"`).
+    pub lr_scaling: crate::flags::LrScaling,
     /// The batch `--lr` is given for (`schedule::lr_reference_batch`); absent in checkpoints
     /// written before it existed, whose reference was `--batch-size`.
     #[serde(default)]
@@ -34,7 +35,8 @@ pub struct RunRecord {
     pub no_hflip: bool,
     pub freeze_backbone: bool,
     pub backbone_lr_scale: f64,
-    pub amp: String,
+    /// `--amp`, as the flag spells it (`"off"`).
+    pub amp: crate::flags::Amp,
     /// Each rank's intra-op (libtorch) threads, as the ranks ran them (the launcher's record
     /// has none). Not compared: a resume at another thread count is allowed, and said
     /// (`threads_note`), since sums over other thread splits round differently.
@@ -66,7 +68,7 @@ impl RunRecord {
             global_batch_size: o.global_batch_size,
             warmup_epochs: p.warmup_epochs,
             lr: p.lr,
-            lr_scaling: o.lr_scaling.as_str().to_string(),
+            lr_scaling: o.lr_scaling,
             lr_reference_batch: Some(crate::schedule::lr_reference_batch(
                 p.batch_size,
                 o.global_batch_size,
@@ -81,7 +83,7 @@ impl RunRecord {
             no_hflip: o.no_hflip,
             freeze_backbone: o.freeze_backbone,
             backbone_lr_scale: o.backbone_lr_scale,
-            amp: o.amp.as_str().to_string(),
+            amp: o.amp,
             intra_op_threads: None,
             recipe: o.recipe.record(),
             augment: o.augment.record(cfg.input_size),
@@ -198,8 +200,8 @@ impl RunRecord {
             ("lr", f(self.lr), f(now.lr)),
             (
                 "lr-scaling",
-                self.lr_scaling.clone(),
-                now.lr_scaling.clone(),
+                self.lr_scaling.as_str().to_string(),
+                now.lr_scaling.as_str().to_string(),
             ),
             ("lr-power", f(self.lr_power), f(now.lr_power)),
             ("momentum", f(self.momentum), f(now.momentum)),
@@ -220,7 +222,7 @@ impl RunRecord {
                 f(self.backbone_lr_scale),
                 f(now.backbone_lr_scale),
             ),
-            ("amp", self.amp.clone(), now.amp.clone()),
+            ("amp", self.amp.as_str().into(), now.amp.as_str().into()),
         ] {
             flag(
                 &mut out,
@@ -564,7 +566,7 @@ mod tests {
             global_batch_size: None,
             warmup_epochs: 0,
             lr: 0.001,
-            lr_scaling: "linear".into(),
+            lr_scaling: crate::flags::LrScaling::Linear,
             lr_reference_batch: Some(8),
             lr_power: 1.0,
             momentum: 0.9,
@@ -575,7 +577,7 @@ mod tests {
             no_hflip: true,
             freeze_backbone: false,
             backbone_lr_scale: 1.0,
-            amp: "off".into(),
+            amp: crate::flags::Amp::Off,
             intra_op_threads: None,
             recipe: Default::default(),
             augment: Default::default(),

@@ -30,7 +30,7 @@ pub const DRAIN: Duration = Duration::from_secs(10);
 pub const MAX_DRAIN: Duration = Duration::from_secs(120);
 
 /// A tracking server's URI: `http://` or `https://`, with a host; kept without a trailing `/`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct TrackingUri(String);
 
 impl TrackingUri {
@@ -95,7 +95,7 @@ impl std::fmt::Display for TrackingUri {
 }
 
 /// `tchrun train`'s MLflow flags (passed to the ranks; rank 0 logs).
-#[derive(Args, Debug, Clone, Default, PartialEq)]
+#[derive(Args, Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct MlflowFlags {
     /// MLflow tracking server (http:// or https://) that rank 0 logs the run to: the training
     /// flags as parameters, each epoch's metrics (those of metrics.jsonl) and the model
@@ -110,15 +110,9 @@ pub struct MlflowFlags {
 }
 
 impl MlflowFlags {
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if let Some(u) = &self.mlflow_tracking_uri {
-            v.push(format!("--mlflow-tracking-uri={u}"));
-        }
-        if let Some(e) = &self.mlflow_experiment {
-            v.push(format!("--mlflow-experiment={e}"));
-        }
-        v
+    /// The flags for a rank (`argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv(self)
     }
 
     /// Fills what the flags left out from MLflow's own variables (`get` reads one). A

@@ -85,7 +85,7 @@ fn mlflows_variables_fill_what_the_flags_leave_out() {
     );
     // What the launcher passes on parses back.
     assert_eq!(
-        before.to_args(),
+        before.to_args().expect("argv"),
         [
             "--mlflow-tracking-uri=http://flag:1",
             "--mlflow-experiment=flag"

@@ -104,14 +104,14 @@ fn worker_args(
     phase: Phase,
     dir: &Path,
     json: &Path,
-) -> Vec<String> {
+) -> Result<Vec<String>, JobError> {
     let mut r = rank.clone();
     r.log_dir = Some(dir.to_path_buf());
     let mut args = vec!["doctor".to_string(), format!("--phase={}", phase.as_str())];
-    args.extend(r.to_args());
+    args.extend(r.to_args()?);
     args.extend(checks.to_args());
     args.push(format!("--json={}", json.display()));
-    args
+    Ok(args)
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, JobError> {
@@ -238,7 +238,7 @@ fn nodes_phase(
     dir: &Path,
 ) -> Result<Option<Vec<NodeReport>>, JobError> {
     let json = dir.join(doctor::NODES_JSON);
-    let args = worker_args(rank, checks, Phase::Nodes, dir, &json);
+    let args = worker_args(rank, checks, Phase::Nodes, dir, &json)?;
     let usage = gpus::GpuUse::Ranks(rank.device);
     let code = run::run_job(per_node, dir.to_path_buf(), args, usage, &rank.console)?;
     if per_node.dry_run {
@@ -384,7 +384,7 @@ fn links(
     }
     let dir = log_dir.join("links");
     let json = dir.join(doctor::LINKS_JSON);
-    let args = worker_args(rank, checks, Phase::Links, &dir, &json);
+    let args = worker_args(rank, checks, Phase::Links, &dir, &json)?;
     let usage = gpus::GpuUse::Ranks(rank.device);
     let code = match run::run_job(&job, dir.clone(), args, usage, &rank.console) {
         Ok(code) => code,

@@ -142,8 +142,8 @@ pub fn run_score(
         }
     }
     let mut args = vec!["score".to_string()];
-    args.extend(job.to_args());
-    args.extend(rank.to_args());
+    args.extend(job.to_args()?);
+    args.extend(rank.to_args()?);
     run_planned(launch, &plan, args, &RankEnv::holding(&locks))
 }
 
@@ -197,7 +197,7 @@ pub fn run_evaluate(
         check_writable(&job.output)?;
     }
     let mut args = vec!["evaluate".to_string()];
-    args.extend(job.to_args());
-    args.extend(rank.to_args());
+    args.extend(job.to_args()?);
+    args.extend(rank.to_args()?);
     run_planned(launch, &plan, args, &RankEnv::holding(&locks))
 }

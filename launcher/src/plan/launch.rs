@@ -13,6 +13,30 @@ pub enum LauncherKind {
     Local,
 }
 
+/// `--max-restarts`, declared once for `tchrun train` (`RestartArgs`) and `tchrun sbatch`
+/// (which says it in its terms: `SBATCH_HELP`, set with `mut_arg`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct MaxRestarts {
+    /// Restarts of the whole job after a rank failure, each resuming from the last complete
+    /// checkpoint (only when the failed attempt wrote a newer one: a job that fails before
+    /// making progress is not retried). 0: fail as soon as a rank fails.
+    #[arg(
+        help_heading = "Fault tolerance",
+        long,
+        env = "TCHRUN_MAX_RESTARTS",
+        default_value_t = 0
+    )]
+    pub max_restarts: u32,
+}
+
+impl MaxRestarts {
+    /// `tchrun sbatch --max-restarts`' help.
+    pub const SBATCH_HELP: &'static str = "Restarts within the allocation after a rank failure, \
+        each resuming from the last complete checkpoint (only when the failed attempt wrote a \
+        newer one). 0: the first failure ends the job. A preempted or timed-out job is requeued \
+        either way";
+}
+
 /// Launch flags (the design's names; each also reads `TCHRUN_<FLAG>`).
 #[derive(Args, Debug, Clone)]
 pub struct LaunchArgs {

@@ -60,10 +60,10 @@ pub fn run_train(
     let log_dir = plan.log_dir.clone();
     let worker_args = |job: &TrainJob| {
         let mut args = vec!["train".to_string()];
-        args.extend(job.to_args());
-        args.extend(rank.to_args());
-        args.extend(handoff.to_args());
-        args
+        args.extend(job.to_args()?);
+        args.extend(rank.to_args()?);
+        args.extend(handoff.to_args()?);
+        Ok(args)
     };
     let attempts = Attempts {
         launch,

@@ -10,7 +10,7 @@
 //! out (`hosts.rs`).
 use super::hosts::{self, HostDecision, HostFailures};
 use crate::error::JobError;
-use crate::plan::launch::{LaunchArgs, Plan};
+use crate::plan::launch::{LaunchArgs, MaxRestarts, Plan};
 use crate::report::{self, FailureSummary};
 use crate::run::{self, AttemptOutcome, RankEnv};
 use std::path::{Path, PathBuf};
@@ -22,16 +22,8 @@ use tchrun::job_record::{Attempt, JobStatus, Record};
 /// Restart policy flags of `tchrun train`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RestartArgs {
-    /// Restarts of the whole job after a rank failure, each resuming from the last complete
-    /// checkpoint (only when the failed attempt wrote a newer one: a job that fails before
-    /// making progress is not retried). 0: fail as soon as a rank fails.
-    #[arg(
-        help_heading = "Fault tolerance",
-        long,
-        env = "TCHRUN_MAX_RESTARTS",
-        default_value_t = 0
-    )]
-    pub max_restarts: u32,
+    #[command(flatten)]
+    pub max: MaxRestarts,
     /// Leave out a host whose ranks failed in two attempts: the next attempt runs on the
     /// remaining hosts of --hostfile with fewer ranks, resuming from the checkpoint (needs
     /// --hostfile and --max-restarts).
@@ -97,7 +89,7 @@ impl RestartArgs {
                 "--exclude-failed-hosts needs --hostfile FILE: the hosts a failing one is left out of",
             ));
         }
-        if self.max_restarts == 0 {
+        if self.max.max_restarts == 0 {
             return Err(JobError::invalid(
                 "--exclude-failed-hosts needs --max-restarts N (N > 0): a failing host is left out of the next attempt, and without restarts there is none",
             ));
@@ -116,7 +108,7 @@ pub fn check_straggler_action(
     if job.options.straggler_action != tchrun::flags::StragglerAction::Exclude {
         return Ok(());
     }
-    if restarts.max_restarts == 0 {
+    if restarts.max.max_restarts == 0 {
         return Err(JobError::invalid(
             "--straggler-action exclude needs --max-restarts N (N > 0): a slow host is left out at the next attempt, and without restarts there is none; or use --straggler-action warn",
         ));
@@ -163,7 +155,7 @@ pub struct Attempts<'a> {
     /// The environment of every attempt (the locks tchrun holds); each adds its number.
     pub env: RankEnv,
     /// The worker's arguments for the job as it stands (`--resume` after the first attempt).
-    pub worker_args: &'a dyn Fn(&TrainJob) -> Vec<String>,
+    pub worker_args: &'a dyn Fn(&TrainJob) -> Result<Vec<String>, JobError>,
     /// The per-node checks' flags (`--preflight doctor`, spares).
     pub health: Health,
 }
@@ -187,8 +179,8 @@ impl Attempts<'_> {
             };
             let started_from = checkpoint_step(&job.output);
             let starting = JobStatus::starting(attempt, plan.world_size() as usize);
-            let outcome =
-                run::run_attempt(launch, plan, (self.worker_args)(job), &env, Some(&starting))?;
+            let args = (self.worker_args)(job)?;
+            let outcome = run::run_attempt(launch, plan, args, &env, Some(&starting))?;
             if !outcome.restartable() {
                 let summary = outcome.summary.clone().map(Box::new);
                 return match outcome.finish(&log_dir) {
@@ -215,9 +207,9 @@ impl Attempts<'_> {
             };
             let now = checkpoint_step(&job.output);
             let progressed = now.is_some() && now > started_from;
-            if history.len() as u32 >= restarts.max_restarts || launch.dry_run || !progressed {
+            if history.len() as u32 >= restarts.max.max_restarts || launch.dry_run || !progressed {
                 let mut why = None;
-                if restarts.max_restarts > 0 && !progressed {
+                if restarts.max.max_restarts > 0 && !progressed {
                     let w = format!(
                         "not restarting: attempt {attempt} wrote no checkpoint (it failed before making progress; a restart would fail the same way)"
                     );
@@ -300,7 +292,7 @@ impl Attempts<'_> {
                 record.line(),
                 wait.as_secs(),
                 now.unwrap_or(0),
-                restarts.max_restarts,
+                restarts.max.max_restarts,
                 record.logs.display()
             );
             history.push(record);

@@ -293,7 +293,7 @@ impl Trainer<'_> {
                 freeze_backbone: self.frozen,
                 backbone_lr_scale: job.options.backbone_lr_scale,
                 global_batch_size: job.options.global_batch_size,
-                lr_scaling: self.plan.scaling.as_str().into(),
+                lr_scaling: self.plan.scaling,
                 lr_reference_batch: Some(self.plan.reference),
                 threads: u32::try_from(tch::get_num_threads()).ok(),
                 mlflow_run_id: self.ctx.tracking.run_id(),

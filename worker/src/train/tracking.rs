@@ -65,7 +65,11 @@ impl Tracking {
         let auth = mlflow::rest::auth_from(|k| std::env::var(k).ok());
         match Tracker::start(uri, flags.mlflow_experiment, tags, auth, notes) {
             Ok(t) => {
-                let mut params = mlflow::params_from_args(&job.to_args());
+                let argv = job.to_args().unwrap_or_else(|e| {
+                    tracing::warn!("MLflow parameters left out: {e}");
+                    Vec::new()
+                });
+                let mut params = mlflow::params_from_args(&argv);
                 params.push(("world_size".into(), world.to_string()));
                 t.params(params);
                 Tracking { tracker: Some(t) }

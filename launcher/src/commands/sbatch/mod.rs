@@ -66,6 +66,7 @@ pub fn default_cpus_per_task(threads: Option<u32>, loader_threads: Option<u32>) 
 
 /// `tchrun sbatch` flags: the training job, the launch shape and Slurm's own options.
 #[derive(Args, Debug)]
+#[command(mut_arg("max_restarts", |a| a.help(crate::plan::launch::MaxRestarts::SBATCH_HELP)))]
 pub struct SbatchArgs {
     #[command(flatten)]
     pub job: TrainJob,
@@ -120,16 +121,9 @@ pub struct SbatchArgs {
         default_value = "tchrun-train"
     )]
     pub job_name: String,
-    /// Restarts within the allocation after a rank failure, each resuming from the last
-    /// complete checkpoint (only when the failed attempt wrote a newer one). 0: the first
-    /// failure ends the job. A preempted or timed-out job is requeued either way.
-    #[arg(
-        help_heading = "Fault tolerance",
-        long,
-        env = "TCHRUN_MAX_RESTARTS",
-        default_value_t = 0
-    )]
-    pub max_restarts: u32,
+    /// `--max-restarts` (its help: `MaxRestarts::SBATCH_HELP`).
+    #[command(flatten)]
+    pub restarts: crate::plan::launch::MaxRestarts,
     /// Where to write the batch script (default: <log-dir>/tchrun-job.sbatch).
     #[arg(long)]
     pub script: Option<PathBuf>,
@@ -224,8 +218,8 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
     // --overwrite belongs to the first run only: a requeued run resumes what it started.
     let mut first_run = tj.clone();
     first_run.options.overwrite = false;
-    worker_args.extend(first_run.to_args());
-    worker_args.extend(rank.to_args());
+    worker_args.extend(first_run.to_args()?);
+    worker_args.extend(rank.to_args()?);
     let plan = batch_plan(&launch_args, log_dir.clone())?;
     let launch = launch::srun_command(&plan, &worker_args);
     Ok(BatchJob {
@@ -238,7 +232,7 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
         output: tj.output.clone(),
         launch,
         overwrite: tj.options.overwrite,
-        max_restarts: a.max_restarts,
+        max_restarts: a.restarts.max_restarts,
     })
 }
 
