@@ -604,7 +604,7 @@ const KNOWN_CYCLES: &[&str] = &[
     "src: data/archive/extract.rs data/archive/mod.rs",
     "src: data/augment.rs data/folder.rs data/loader.rs data/mod.rs data/pack/mod.rs data/pack/write.rs data/shard.rs data/verify.rs",
     "src: driver_log/failure.rs driver_log/header.rs driver_log/mod.rs",
-    "src: job_record/cause.rs job_record/failure.rs job_record/heartbeat.rs job_record/memory.rs job_record/mod.rs job_record/stacks.rs job_record/status.rs",
+    "src: job_record/cause.rs job_record/failure.rs job_record/hang.rs job_record/heartbeat.rs job_record/memory.rs job_record/mod.rs job_record/stacks.rs job_record/status.rs",
     "src: mlflow/mod.rs mlflow/rest.rs",
     "src: recipe_preset.rs recipe_preset/families.rs",
     "src: weights.rs weights/convnext.rs weights/mobilenet.rs weights/regnet.rs weights/swin.rs",
