@@ -611,7 +611,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "worker/src: export/check.rs export/mod.rs",
     "worker/src: heartbeat/capture.rs heartbeat/mod.rs heartbeat/trace.rs",
     "worker/src: rank/driver_log.rs rank/signals.rs",
-    "worker/src: train/ema.rs train/live.rs train/mod.rs train/tracking.rs train/trainer.rs train/validate.rs train/window.rs",
 ];
 
 #[test]
