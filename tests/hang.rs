@@ -9,7 +9,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tchrun::job_record::heartbeat::{HangKind, Heartbeat, Phase};
+use tchrun::job_record::hang::HangKind;
+use tchrun::job_record::heartbeat::{Heartbeat, Phase};
 use tchrun::job_record::{FailureSummary, Record};
 
 /// Time for the job to reach its first training step (a loaded 2-core machine).

@@ -2,7 +2,7 @@
 //! the tail of its log; with `--max-restarts`, the earlier attempts), written by the launcher
 //! when a job fails and read back by `tchrun logs`.
 use super::cause::Cause;
-use super::heartbeat::HangVerdict;
+use super::hang::HangVerdict;
 use super::restarts::Attempt;
 use crate::exit::ErrorKind;
 use crate::files;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 pub mod cause;
 pub mod failure;
+pub mod hang;
 pub mod heartbeat;
 pub mod memory;
 pub mod ranks;
@@ -18,7 +19,8 @@ pub mod status;
 
 pub use cause::Cause;
 pub use failure::FailureSummary;
-pub use heartbeat::{HangVerdict, Heartbeat};
+pub use hang::HangVerdict;
+pub use heartbeat::Heartbeat;
 pub use ranks::RankRow;
 pub use restarts::{Attempt, DroppedHost};
 pub use status::JobStatus;

@@ -202,54 +202,6 @@ pub struct CaptureSummary {
     pub missing: Vec<(usize, String)>,
 }
 
-impl super::heartbeat::HangVerdict {
-    /// The verdict with the ranks' stacks: each rank's state, the collective it waits in (its
-    /// trace), its loader threads' files; the main-thread stacks grouped, the culprits' first.
-    pub fn add_stacks(&mut self, stacks: &[RankStacks], summary: CaptureSummary) {
-        for r in self.culprits.iter_mut().chain(self.waiting.iter_mut()) {
-            let Some(s) = stacks.iter().find(|s| s.rank == r.rank) else {
-                continue;
-            };
-            r.state = Some(s.state.clone());
-            r.waits_in = s.waiting_in().filter(|_| r.phase.is_collective()).cloned();
-            if r.phase == Phase::Loading {
-                r.loaders = s.loaders.clone();
-            }
-        }
-        if let Some(seq) = self
-            .waiting
-            .iter()
-            .filter_map(|r| r.waits_in.as_ref())
-            .map(|e| e.seq)
-            .max()
-        {
-            self.seq = Some(seq);
-        }
-        let mut groups = group_main_threads(stacks);
-        let culprit = |g: &StackGroup| {
-            g.ranks
-                .iter()
-                .any(|r| self.culprits.iter().any(|c| c.rank == *r))
-        };
-        groups.sort_by_key(|g| !culprit(g));
-        self.stacks = groups;
-        self.capture = Some(summary);
-    }
-
-    /// The stacks for the terminal: the culprits' groups whole (up to `frames` frames), the
-    /// others' innermost few.
-    pub fn stacks_text(&self, frames: usize) -> String {
-        let culprits: Vec<usize> = self.culprits.iter().map(|c| c.rank).collect();
-        let mut out = groups_text(&self.stacks, &culprits, frames);
-        if let Some(c) = &self.capture {
-            for (rank, why) in &c.missing {
-                out.push_str(&format!("  rank {rank}: no stacks ({why})\n"));
-            }
-        }
-        out
-    }
-}
-
 /// Stack groups for the terminal: the groups with a rank of `at_fault` whole (up to `frames`
 /// frames) and marked, the others' innermost few (all `frames` when none is at fault).
 pub fn groups_text(groups: &[StackGroup], at_fault: &[usize], frames: usize) -> String {

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
-use tchrun::job_record::heartbeat::{HangKind, HangRank, HangVerdict, Heartbeat, Phase};
+use tchrun::job_record::hang::{HangKind, HangRank, HangVerdict};
+use tchrun::job_record::heartbeat::{Heartbeat, Phase};
 
 /// A rank whose beat did not change for this long has stopped beating (its beats come every
 /// second from a thread of their own).

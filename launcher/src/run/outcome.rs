@@ -114,7 +114,7 @@ pub fn conclude(
         }
         Ending::Hung => {
             if let Some((Hang::Found(v), beats)) = &hang {
-                if v.kind == tchrun::job_record::heartbeat::HangKind::Lingered {
+                if v.kind == tchrun::job_record::hang::HangKind::Lingered {
                     // Every rank finished its work: the job succeeded; the ranks that did not
                     // leave were ended, and the user is told which and where they were.
                     errln!(

@@ -5,13 +5,13 @@
 //! count reset to 0 during the warmup epochs, validated every epoch beside the model,
 //! checkpointed (`ema.<name>`, `ema.n_averaged`) and written by rank 0 as `<output>/ema/`.
 //! Knows no loader and no file format.
-use super::trainer::Trainer;
-use super::validate::{validate, Validation};
+use super::validate::{validate, BadImages, Validation};
 use super::{RankCtx, TrainError};
 use crate::comm::ddp::Replicator;
 use crate::models;
 use std::collections::BTreeMap;
 use tch::{nn, Device, Kind, Tensor};
+use tchrun::data::ImageFolder;
 use tchrun::flags::TrainJob;
 use tchrun::model::ModelConfig;
 use tchrun::recipe::EmaRecord;
@@ -218,45 +218,43 @@ pub(super) fn split_best(
     Some((out, n))
 }
 
-impl Trainer<'_> {
-    /// What a checkpoint keeps beside the model: the optimizer's state and the EMA's.
-    pub(super) fn saved_state(&self) -> BTreeMap<String, Tensor> {
-        let mut s = self.opt.state();
-        if let Some(e) = &self.ema {
-            s.extend(e.state());
-        }
-        s
+/// What a checkpoint keeps beside the model: the optimizer's state (`opt_state`) and the EMA's.
+pub(super) fn saved_state(
+    mut opt_state: BTreeMap<String, Tensor>,
+    ema: Option<&Ema>,
+) -> BTreeMap<String, Tensor> {
+    if let Some(e) = ema {
+        opt_state.extend(e.state());
     }
+    opt_state
+}
 
-    /// The weights of an epoch that improved (rank 0 keeps them on the CPU): the model's and
-    /// the EMA's (`ema.*`).
-    pub(super) fn best_snapshot(&self) -> BTreeMap<String, Tensor> {
-        let cpu = |t: &Tensor| t.detach().to_device(Device::Cpu).copy();
-        let mut b: BTreeMap<String, Tensor> = self
-            .named
-            .iter()
-            .map(|(n, t)| (n.clone(), cpu(t)))
-            .collect();
-        if let Some(e) = &self.ema {
-            b.extend(e.state().map(|(n, t)| (n, cpu(&t))));
-        }
-        b
+/// The weights of an epoch that improved (rank 0 keeps them on the CPU): the model's `named`
+/// and the EMA's (`ema.*`).
+pub(super) fn best_snapshot(
+    named: &[(String, Tensor)],
+    ema: Option<&Ema>,
+) -> BTreeMap<String, Tensor> {
+    let cpu = |t: &Tensor| t.detach().to_device(Device::Cpu).copy();
+    let mut b: BTreeMap<String, Tensor> = named.iter().map(|(n, t)| (n.clone(), cpu(t))).collect();
+    if let Some(e) = ema {
+        b.extend(e.state().map(|(n, t)| (n, cpu(&t))));
     }
+    b
+}
 
-    /// The EMA model's validation on the same images (its skipped images are the model's).
-    pub(super) fn validate_ema(&mut self) -> Result<Option<Validation>, TrainError> {
-        let Some(e) = &self.ema else { return Ok(None) };
-        let (job, ctx) = (self.job, self.ctx);
-        validate(
-            e.net.as_ref(),
-            &self.valid,
-            &self.cfg,
-            job,
-            ctx,
-            &mut self.s.bad_images,
-            0,
-        )
-        .map(Some)
+impl Ema {
+    /// The EMA model's validation on the same images as the model's (its skipped images are
+    /// the model's: `bad_images` is the trainer's).
+    pub(super) fn validate(
+        &self,
+        valid: &ImageFolder,
+        cfg: &ModelConfig,
+        job: &TrainJob,
+        ctx: &RankCtx,
+        bad_images: &mut BadImages,
+    ) -> Result<Validation, TrainError> {
+        validate(self.net.as_ref(), valid, cfg, job, ctx, bad_images, 0)
     }
 }
 

@@ -1,7 +1,9 @@
 //! The end of an epoch (the time split, validation, metrics, early stopping, rank 0's
 //! checkpoint) and of the run (replicas checked, the model directory written).
+use super::ema::{best_snapshot, saved_state};
+use super::state::Epoch;
 use super::time_split;
-use super::trainer::{Epoch, Trainer};
+use super::trainer::Trainer;
 use super::validate::validate;
 use super::TrainError;
 use crate::models;
@@ -48,7 +50,14 @@ impl Trainer<'_> {
                     0
                 },
         )?;
-        let ev = self.validate_ema()?;
+        let ev = self
+            .ema
+            .as_ref()
+            .map(|e| {
+                let bad = &mut self.s.bad_images;
+                e.validate(&self.valid, &self.cfg, self.job, self.ctx, bad)
+            })
+            .transpose()?;
         self.s.epoch_skipped = 0;
         let (stragglers, slowest, whole) = self.live.end_epoch();
         if e.overflowed > 0 {
@@ -117,7 +126,7 @@ impl Trainer<'_> {
         // Only rank 0 writes the model, so only it keeps the best weights (a resumed run's
         // best epoch may come from before the stop: rank 0 read its weights from the checkpoint).
         if decision == Decision::Improved && self.rank == 0 {
-            self.s.best_weights = Some(self.best_snapshot());
+            self.s.best_weights = Some(best_snapshot(&self.named, self.ema.as_ref()));
         }
         if self.rank == 0 {
             let meta = self.meta(epoch + 1, 0, (0.0, 0.0, 0.0), false);
@@ -131,7 +140,7 @@ impl Trainer<'_> {
                     &self.job.output,
                     &meta,
                     &self.named,
-                    &self.saved_state(),
+                    &saved_state(self.opt.state(), self.ema.as_ref()),
                     best,
                 )
                 .map_err(TrainError::Checkpoint)?;
@@ -338,8 +347,14 @@ impl Trainer<'_> {
         outputs::write_model_dir(&job.output, &trained, &state_dict, history, &series)
             .map_err(TrainError::Output)?;
         let meta = self.meta(history.len() as u32, 0, (0.0, 0.0, 0.0), true);
-        checkpoint::save(&job.output, &meta, &self.named, &self.saved_state(), None)
-            .map_err(TrainError::Checkpoint)?;
+        checkpoint::save(
+            &job.output,
+            &meta,
+            &self.named,
+            &saved_state(self.opt.state(), self.ema.as_ref()),
+            None,
+        )
+        .map_err(TrainError::Checkpoint)?;
         if let Some(m) = best_metrics {
             (self.ctx.say)(&format!(
                 "best epoch {best_epoch}: valid top-1 {:.2}%, top-5 {:.2}%, loss {:.4}",

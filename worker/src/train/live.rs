@@ -4,7 +4,7 @@
 //! `metrics.jsonl`) and publishes the window into `status.json` (`crate::status`). The epoch's
 //! slowest rank and host go into its metrics row.
 use super::board::Board;
-use super::trainer::Epoch;
+use super::state::Epoch;
 use super::{RankCtx, TrainError};
 use crate::comm::pg::ProcessGroup;
 use std::time::Instant;

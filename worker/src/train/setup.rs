@@ -5,8 +5,9 @@
 use super::board::Board;
 use super::resume::{fresh, load_resume, Resume, Start};
 use super::scaler::LossScaler;
+use super::state::{Plan, State};
 use super::step::Guard;
-use super::trainer::{Plan, State, Trainer};
+use super::trainer::Trainer;
 use super::validate::{log_skipped, BadImages};
 use super::{loader_threads, Inputs, RankCtx, TrainError};
 use crate::comm::ddp::Replicator;

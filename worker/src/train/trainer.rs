@@ -5,90 +5,23 @@
 //! `finish` writes the model. A new training flag touches `setup` and the one method it
 //! changes.
 use super::board::Board;
+use super::ema::saved_state;
 use super::scaler::LossScaler;
+use super::state::{Epoch, Plan, State};
 use super::step::{accumulate_micro_batch, train_step, Guard, StepModel, Update};
-use super::validate::BadImages;
+use super::window::{NonFinite, Read};
 use super::{to_input, RankCtx, TrainError};
-use crate::comm::ddp::{Accumulation, Replicator};
+use crate::comm::ddp::Replicator;
 use crate::train::checkpoint;
 use crate::train::optim::Optimizer;
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Tensor};
-use tchrun::data::{self, Augment, GlobalCut, ImageFolder, LoaderConfig, TrainAugment};
+use tchrun::data::{self, Augment, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::faults::FaultPlan;
-use tchrun::flags::{LrScaling, TrainJob};
+use tchrun::flags::TrainJob;
 use tchrun::job_record::heartbeat::Phase;
 use tchrun::job_record::status::JobState;
-use tchrun::metrics::EpochMetrics;
 use tchrun::model::ModelConfig;
-use tchrun::schedule::{EarlyStopping, LrSchedule};
-
-/// The steps and the LR of the run: the global-batch cut, steps per epoch, the schedule.
-pub(super) struct Plan {
-    /// `--global-batch-size`: each rank's micro-batches per optimizer step, and the epoch's cut.
-    pub(super) cut: Option<GlobalCut>,
-    pub(super) micro_batches: usize,
-    pub(super) steps_per_epoch: u64,
-    pub(super) schedule: LrSchedule,
-    pub(super) scaling: LrScaling,
-    /// What scaled `--lr`, in words ("world size 2", ...), for the divergence error.
-    pub(super) lr_why: String,
-    pub(super) factor_text: String,
-    /// The batch `--lr` is given for (`schedule::lr_reference_batch`).
-    pub(super) reference: u32,
-}
-
-/// The training state that changes step by step (what a checkpoint records, and this run's
-/// counters).
-pub(super) struct State {
-    /// The epoch the loop starts at (0-based), and the batches of it already done (a resume).
-    pub(super) epoch: u32,
-    pub(super) skip_batches: u64,
-    /// A resumed epoch's loss sum, samples and seconds before the stop.
-    pub(super) partial: (f64, f64, f64),
-    pub(super) step: u64,
-    pub(super) stopping: EarlyStopping,
-    pub(super) history: Vec<EpochMetrics>,
-    /// Rank 0 only: the best epoch's weights (on the CPU).
-    pub(super) best_weights: Option<BTreeMap<String, Tensor>>,
-    /// The LR of the last update.
-    pub(super) lr: f64,
-    pub(super) run_start: Instant,
-    pub(super) run_first_step: u64,
-    pub(super) compute_s: f64,
-    pub(super) comm_s: f64,
-    pub(super) images: f64,
-    pub(super) bad_images: BadImages,
-    pub(super) warned_single: bool,
-    /// Images skipped while decoding in this epoch.
-    pub(super) epoch_skipped: u64,
-}
-
-/// One epoch in progress on this rank.
-pub(super) struct Epoch {
-    pub(super) index: u32,
-    pub(super) started: Instant,
-    /// This epoch's time split: waiting for the loader, compute, communication.
-    pub(super) wait_s: f64,
-    pub(super) compute_s: f64,
-    pub(super) comm_s: f64,
-    pub(super) loss_sum: f64,
-    pub(super) seen: f64,
-    /// Seconds of this epoch before a resume.
-    pub(super) prior_s: f64,
-    pub(super) t_print: Instant,
-    pub(super) seen_print: f64,
-    /// Optimizer steps done in this run of the epoch.
-    pub(super) steps: u64,
-    /// `--global-batch-size`: the micro-batch of the step, the step's earlier micro-batches,
-    /// and their compute time.
-    pub(super) micro: usize,
-    pub(super) acc: Option<Accumulation>,
-    pub(super) micro_compute: f64,
-    /// Steps the fp16 loss scaler skipped (gradients overflowed), as the window's reads saw.
-    pub(super) overflowed: usize,
-}
 
 /// A model that trains, and everything it trains with.
 pub(super) struct Trainer<'a> {
@@ -486,7 +419,7 @@ impl<'a> Trainer<'a> {
                     &self.job.output,
                     &meta,
                     &self.named,
-                    &self.saved_state(),
+                    &saved_state(self.opt.state(), self.ema.as_ref()),
                     None,
                 )
                 .map_err(TrainError::Checkpoint)?;
@@ -507,7 +440,7 @@ impl<'a> Trainer<'a> {
                 &self.job.output,
                 &meta,
                 &self.named,
-                &self.saved_state(),
+                &saved_state(self.opt.state(), self.ema.as_ref()),
                 None,
             )
             .map_err(TrainError::Checkpoint)?;
@@ -566,6 +499,36 @@ impl<'a> Trainer<'a> {
         };
         self.live
             .window(self.ctx.pg, e, end, &mut self.board, self.ctx.say)
+    }
+
+    /// Reads the window into the epoch's sums. A non-finite row ends training with the step
+    /// named (every rank reads the same rows, so every rank ends in the same step).
+    pub(super) fn read_window(&mut self, e: &mut Epoch) -> Result<Read, TrainError> {
+        let (bad, at, rows) = match self.window.read_into(e) {
+            Ok(r) => return Ok(r),
+            Err(bad) => bad,
+        };
+        let (what, value, effective_lr) = match bad {
+            NonFinite::Loss { value, .. } => ("the loss".to_string(), value, at.lr_before),
+            NonFinite::Weights { row } => {
+                // The failing step's gradients are still held when it was the last row (and
+                // they are unscaled: no fp16 scaling).
+                let grads = (row + 1 == rows && !self.scaler.enabled()).then(|| self.opt.params());
+                let (what, value) = self.guard.culprit(grads);
+                (what, value, at.lr_after)
+            }
+        };
+        let (epoch, step, lr) = (at.epoch, at.step, self.job.params.lr);
+        let scaled_by = self.plan.lr_why.clone();
+        Err(TrainError::Diverged {
+            what,
+            value,
+            epoch,
+            step,
+            effective_lr,
+            lr,
+            scaled_by,
+        })
     }
 }
 

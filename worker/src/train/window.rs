@@ -7,8 +7,7 @@
 //! still named, with its LR. The read points depend only on the step, so every rank reads the
 //! same rows at the same step and a stop vote stops every rank together. Knows no model and no
 //! data: the trainer pushes rows and decides when to read.
-use super::trainer::{Epoch, Trainer};
-use super::TrainError;
+use super::state::Epoch;
 use crate::comm::ddp::StepStats;
 use tch::{Device, Kind, Tensor};
 
@@ -190,43 +189,27 @@ impl StepWindow {
     }
 }
 
-impl Trainer<'_> {
-    /// Reads the window into the epoch's sums. A non-finite row ends training with the step
-    /// named (every rank reads the same rows, so every rank ends in the same step).
-    pub(super) fn read_window(&mut self, e: &mut Epoch) -> Result<Read, TrainError> {
-        // On CUDA the read waits for the device's queue: backward, the all-reduce, the update.
-        let _wait = self.device.is_cuda().then(crate::heartbeat::gradient_wait);
-        let rows = self.window.info.len();
-        let (bad, at) = match self.window.read() {
+impl StepWindow {
+    /// Reads the window into the epoch's sums (on CUDA the read waits for the device's queue:
+    /// backward, the all-reduce, the update). A non-finite row comes back with the number of
+    /// rows read, for the trainer to name the step.
+    pub(super) fn read_into(&mut self, e: &mut Epoch) -> Result<Read, (NonFinite, RowInfo, usize)> {
+        let _wait = self
+            .rows
+            .device()
+            .is_cuda()
+            .then(crate::heartbeat::gradient_wait);
+        let rows = self.info.len();
+        match self.read() {
             Ok(r) => {
                 e.loss_sum += r.loss_sum;
                 e.seen += r.samples;
                 e.seen_print += r.samples;
                 e.overflowed += r.overflowed;
-                return Ok(r);
+                Ok(r)
             }
-            Err(bad) => bad,
-        };
-        let p = &self.job.params;
-        let (what, value, effective_lr) = match bad {
-            NonFinite::Loss { value, .. } => ("the loss".to_string(), value, at.lr_before),
-            NonFinite::Weights { row } => {
-                // The failing step's gradients are still held when it was the last row (and
-                // they are unscaled: no fp16 scaling).
-                let grads = (row + 1 == rows && !self.scaler.enabled()).then(|| self.opt.params());
-                let (what, value) = self.guard.culprit(grads);
-                (what, value, at.lr_after)
-            }
-        };
-        Err(TrainError::Diverged {
-            what,
-            value,
-            epoch: at.epoch,
-            step: at.step,
-            effective_lr,
-            lr: p.lr,
-            scaled_by: self.plan.lr_why.clone(),
-        })
+            Err((bad, at)) => Err((bad, at, rows)),
+        }
     }
 }
 
