@@ -13,7 +13,6 @@
 //! have to take those contracts with it.
 
 // Contracts.
-pub mod arch;
 pub mod augment_flags;
 pub mod bounded_read;
 pub mod checkpoint;
@@ -53,13 +52,14 @@ pub mod schedule;
 pub mod secret;
 pub mod straggler;
 pub mod transform_flags;
-pub mod weights;
 
 // Machinery (no contract of its own).
 pub mod data;
 pub mod mlflow;
 pub mod stacks;
 pub mod tensorboard;
+pub use tchrun_arch as arch;
+pub use tchrun_arch::weights;
 pub use tchrun_pth as pth;
 
 /// tchrun's version, written into every driver log header.

@@ -1,7 +1,7 @@
 //! torchvision's MobileNetV3 `state_dict` (`weights::spec` for `Family::Mobilenet`), from the
 //! one layout `arch` computes.
 use super::{conv_norm, Spec};
-use crate::arch::MobilenetLayout;
+use crate::MobilenetLayout;
 
 /// torchvision's MobileNetV3: every `Conv2dNormActivation` is `.0` a convolution without bias
 /// and `.1` its batch norm; `features.0` the stem, `features.1` ... one `InvertedResidual` each,

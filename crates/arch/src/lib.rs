@@ -8,6 +8,8 @@
 //! `weights::spec` and the worker's builders read.
 use serde::{Deserialize, Serialize};
 
+pub mod weights;
+
 mod efficientnet;
 mod family;
 use efficientnet::EFFICIENTNET_STOCHASTIC_DEPTH;

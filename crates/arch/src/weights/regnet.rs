@@ -1,7 +1,7 @@
 //! torchvision's RegNet `state_dict` (`weights::spec` for `Family::Regnet`), from the one layout
 //! `arch` computes.
 use super::{conv_norm, Spec};
-use crate::arch::RegnetLayout;
+use crate::RegnetLayout;
 
 /// torchvision's RegNet: every `Conv2dNormActivation` is `.0` a convolution without bias and
 /// `.1` its batch norm; `stem` the 3x3 stem, `trunk_output.blockS.blockS-J` the `J`th

@@ -1,11 +1,11 @@
 //! Initial weights (`tchrun model init --weights`): a torchvision `state_dict` as safetensors
-//! or as a `torch.save` file (`.pth`/`.pt`, read by `crate::pth`), checked name by name and
+//! or as a `torch.save` file (`.pth`/`.pt`, read by `tchrun_pth`), checked name by name and
 //! shape by shape against the architecture without libtorch (the launcher's pre-flight runs on
 //! login nodes). `spec` is torchvision's `state_dict` layout of
 //! every architecture, computed from its block configuration (the newer families' in a file
 //! each: `weights/convnext.rs`, `weights/mobilenet.rs`, `weights/regnet.rs`,
 //! `weights/swin.rs`).
-use crate::arch::{swin::SwinShape, vit, Arch, EfficientnetLayout, Family};
+use crate::{swin::SwinShape, vit, Arch, EfficientnetLayout, Family};
 
 mod convnext;
 mod finite;
@@ -238,7 +238,7 @@ pub enum WeightsError {
     Mismatch { path: String, detail: String },
     /// A `.pth` that is not a readable state_dict (its message starts with the path).
     #[error("--weights {0}")]
-    Pth(#[from] crate::pth::PthError),
+    Pth(#[from] tchrun_pth::PthError),
 }
 
 /// What a checked weights file holds.
@@ -349,7 +349,7 @@ fn head_classes_if(arch: Arch, st: &Listing) -> Result<(usize, Option<u32>), Str
 /// A weights file's tensors: the file's bytes, its listing, and a `.pth`'s state_dict.
 fn read_weights(
     path: &Path,
-) -> Result<(Vec<u8>, Listing, Option<crate::pth::StateDict>), WeightsError> {
+) -> Result<(Vec<u8>, Listing, Option<tchrun_pth::StateDict>), WeightsError> {
     let shown = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| WeightsError::Unreadable {
         path: shown.clone(),
@@ -361,7 +361,7 @@ fn read_weights(
         path.extension().and_then(|e| e.to_str()),
         Some("pth" | "pt")
     );
-    let st = if crate::pth::is_zip(&bytes) || crate::pth::is_legacy(&bytes) {
+    let st = if tchrun_pth::is_zip(&bytes) || tchrun_pth::is_legacy(&bytes) {
         None
     } else {
         match SafeTensors::deserialize(&bytes) {
@@ -388,7 +388,7 @@ fn read_weights(
             None,
         ),
         None => {
-            let sd = crate::pth::read_bytes(&bytes, &shown)?;
+            let sd = tchrun_pth::read_bytes(&bytes, &shown)?;
             let listing = sd
                 .tensors
                 .iter()
@@ -443,7 +443,7 @@ fn check_listing(
 /// Checks a `state_dict` file against `arch` (every name, shape and dtype; the classifier may
 /// have any number of classes: a new head replaces it when the training set has another). The
 /// file is safetensors or what `torch.save` writes (`.pth`/`.pt`, read without running
-/// anything in it: `crate::pth`). On a mismatch, says which architecture the file looks like
+/// anything in it: `tchrun_pth`). On a mismatch, says which architecture the file looks like
 /// when one fits.
 pub fn check(arch: Arch, path: &Path) -> Result<WeightsInfo, WeightsError> {
     let (_, listing, sd) = read_weights(path)?;

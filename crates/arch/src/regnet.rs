@@ -177,7 +177,7 @@ mod tests {
     /// stride-2 blocks), the Y sizes a squeeze-and-excitation in every block, the X sizes none.
     #[test]
     fn every_regnet_has_four_stages() {
-        use crate::arch::{Arch, Family};
+        use crate::{Arch, Family};
         let mut n = 0;
         for arch in Arch::ALL {
             let Family::Regnet { params } = arch.family() else {

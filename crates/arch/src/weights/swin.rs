@@ -1,6 +1,6 @@
 //! torchvision's Swin Transformer `state_dict` (`weights::spec` for `Family::Swin`).
 use super::Spec;
-use crate::arch::swin::{bias_table_rows, SwinShape, MLP_RATIO, PATCH, WINDOW};
+use crate::swin::{bias_table_rows, SwinShape, MLP_RATIO, PATCH, WINDOW};
 
 /// The buffer every block's attention keeps in the `state_dict` (`int64`, `window⁴` values,
 /// `arch::swin::relative_position_index`): tch's store does not hold it, the worker writes it.

@@ -187,7 +187,7 @@ impl EfficientnetTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::{Arch, Family};
+    use crate::{Arch, Family};
 
     /// The layouts' ends and block counts (every tensor is compared with torchvision's
     /// `state_dict` in `tests/finetune.rs`).
