@@ -4,20 +4,17 @@
 //! Architecture Invariant: this crate links neither libtorch nor MPI.
 //!
 //! The modules below are in two groups. The contracts: what both sides must agree on (a name, a
-//! schema, a decision). The machinery: code both sides run that agrees on nothing by itself (the
-//! image pipeline, TensorBoard event files, the `.pth` reader); it is here only so that both
-//! binaries share one copy. The `.pth` reader is its own crate (`crates/pth`, re-exported as
-//! [`pth`]); `data` and `tensorboard` stay modules of this crate because they write through
-//! [`files::write_atomic`] and the file mode of [`files`], and `data` reads [`env`](mod@env)'s
-//! variables, [`model`]'s `Normalization` and [`interrupt`]'s guard: a crate of their own would
-//! have to take those contracts with it.
+//! schema, a decision). The machinery: code both sides run that agrees on nothing by itself
+//! (TensorBoard event files, native stacks); it is here only so that both binaries share one
+//! copy. Below this crate: the torchvision tables (`crates/arch`, re-exported as [`arch`] and
+//! [`weights`]) and the `.pth` reader (`crates/pth`, re-exported as [`pth`]). Above it: the data
+//! pipeline (`crates/data`, `tchrun-data`), which writes through these contracts.
 
 // Contracts.
 pub mod augment_flags;
 pub mod bounded_read;
 pub mod checkpoint;
 pub mod class_weights;
-pub mod comparison;
 pub mod console;
 pub mod counts;
 pub mod csv_out;
@@ -25,7 +22,6 @@ pub mod doctor;
 pub mod driver_log;
 pub mod env;
 pub mod epoch_lr;
-pub mod evaluation;
 pub mod exit;
 pub mod export;
 pub mod faults;
@@ -38,13 +34,11 @@ pub mod job_record;
 pub mod kernel_log;
 pub mod layout;
 pub mod lock;
-pub mod mcnemar;
 pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod openmpi;
 pub mod overlap;
-pub mod preflight;
 pub mod prometheus;
 pub mod recipe;
 pub mod recipe_preset;
@@ -54,7 +48,6 @@ pub mod straggler;
 pub mod transform_flags;
 
 // Machinery (no contract of its own).
-pub mod data;
 pub mod mlflow;
 pub mod stacks;
 pub mod tensorboard;

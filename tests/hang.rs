@@ -351,7 +351,7 @@ fn a_rank_stuck_in_its_loader_is_named_in_the_data_wait_with_the_file() {
         loader
             .frames
             .iter()
-            .any(|f| f.contains("tchrun::data::loader")),
+            .any(|f| f.contains("tchrun_data::loader")),
         "{loader:?}"
     );
 }

@@ -12,11 +12,11 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use std::path::Path;
 
-use tchrun::data::{self, Augment, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::env::{first_host, from_slurm, from_torchrun, tasks_per_node};
 use tchrun::hostfile::{parse_hostfile, Host};
 use tchrun::model::{self, Arch, ModelConfig, Normalization, TrainingRecord};
 use tchrun::schedule::LrSchedule;
+use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig, TrainAugment};
 
 /// `PROPTEST_CASES` (divided by `div`, at least 16) or `default`.
 fn cases(default: u32, div: u32) -> Config {

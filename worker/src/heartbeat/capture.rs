@@ -81,7 +81,7 @@ fn answer(id: &Identity, req: &CaptureRequest) {
 
 /// The loader threads' files in progress.
 fn loaders() -> Vec<LoaderWork> {
-    tchrun::data::in_progress()
+    tchrun_data::in_progress()
         .into_iter()
         .map(|(thread, file, since)| LoaderWork {
             thread,

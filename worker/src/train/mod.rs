@@ -25,10 +25,10 @@ pub(crate) mod window;
 use crate::comm::pg::{C10dError, ProcessGroup};
 use crate::models;
 use tch::{Device, Kind, Tensor};
-use tchrun::data::{self, DatasetError};
 use tchrun::driver_log::FailureKind;
 use tchrun::exit::ErrorKind;
 use tchrun::flags::TrainJob;
+use tchrun_data::{self as data, DatasetError};
 use trainer::Trainer;
 
 /// Why training stopped early.
@@ -37,7 +37,7 @@ pub enum TrainError {
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
-    Preflight(#[from] tchrun::preflight::PreflightError),
+    Preflight(#[from] tchrun_data::preflight::PreflightError),
     #[error("data error during training: {0}")]
     Data(DatasetError),
     #[error(
@@ -100,7 +100,7 @@ impl TrainError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             // A hand-started rank's archive extraction interrupted (the partial folder removed).
-            TrainError::Preflight(tchrun::preflight::PreflightError::Dataset {
+            TrainError::Preflight(tchrun_data::preflight::PreflightError::Dataset {
                 error: DatasetError::Interrupted { signal, .. },
                 ..
             }) => {
@@ -127,7 +127,7 @@ impl TrainError {
     }
 }
 
-pub use tchrun::preflight::Inputs;
+pub use tchrun_data::preflight::Inputs;
 
 /// Model directory, image directories, output: before any step. `indexes`: the launcher's
 /// copies of the train and valid dataset indexes, used (instead of listing the folders) when
@@ -139,7 +139,7 @@ pub fn check_inputs(
     indexes: [Option<&std::path::Path>; 2],
     on_decode: bool,
 ) -> Result<(Inputs, Vec<String>), TrainError> {
-    use tchrun::preflight::{check_train_job_with, Verification};
+    use tchrun_data::preflight::{check_train_job_with, Verification};
     let [train, valid] = indexes;
     let v = Verification::Rank {
         train,

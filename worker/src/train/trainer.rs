@@ -15,7 +15,6 @@ use crate::train::optim::Optimizer;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Tensor};
-use tchrun::data::{self, Augment, GlobalCut, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::faults::FaultPlan;
 use tchrun::flags::{LrScaling, TrainJob};
 use tchrun::job_record::heartbeat::Phase;
@@ -23,6 +22,7 @@ use tchrun::job_record::status::JobState;
 use tchrun::metrics::EpochMetrics;
 use tchrun::model::ModelConfig;
 use tchrun::schedule::{EarlyStopping, LrSchedule};
+use tchrun_data::{self as data, Augment, GlobalCut, ImageFolder, LoaderConfig, TrainAugment};
 
 /// The steps and the LR of the run: the global-batch cut, steps per epoch, the schedule.
 pub(super) struct Plan {

@@ -3,9 +3,9 @@
 use super::{loader_threads, to_input, RankCtx, TrainError};
 use crate::comm::pg::ReduceOp;
 use tch::{nn::ModuleT, Device, Kind, Tensor};
-use tchrun::data::{self, Augment, ImageFolder, LoaderConfig};
 use tchrun::flags::TrainJob;
 use tchrun::model::ModelConfig;
+use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig};
 
 /// Validation of one epoch, reduced over every rank.
 pub(super) struct Validation {

@@ -3,7 +3,7 @@
 //! (its fused multiply-adds, truncation to `uint8`), the geometric ops as `affine_image` /
 //! `rotate_image` (the inverse matrix in f64, the sampling grid in f32, `grid_sample` with zero
 //! padding, nearest or bilinear, rounded half to even). Pure: no RNG.
-use crate::augment_flags::Interpolation;
+use tchrun::augment_flags::Interpolation;
 
 /// An RGB image, 8 bits per sample, rows of interleaved R, G, B (the loader's resize output).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -9,8 +9,8 @@ use super::*;
 /// some writers append a few bytes after it, hence the last KiB is searched.
 fn jpeg_has_end_marker(path: &Path) -> std::io::Result<bool> {
     use std::io::{Seek, SeekFrom};
-    let (mut f, len) = crate::files::open_regular(path, u64::MAX)
-        .map_err(crate::files::BoundedReadError::into_io)?;
+    let (mut f, len) = tchrun::files::open_regular(path, u64::MAX)
+        .map_err(tchrun::files::BoundedReadError::into_io)?;
     let tail = len.min(1024);
     f.seek(SeekFrom::Start(len - tail))?;
     let mut buf = Vec::with_capacity(tail as usize);
@@ -93,7 +93,7 @@ pub(super) fn check_headers(samples: &[Sample], max_pixels: u64) -> Vec<Option<S
 
 pub(super) fn check_header(path: &Path, max_pixels: u64) -> Result<(), String> {
     // Opened with bounds: a FIFO or device among the images is refused, never waited on.
-    let (file, _) = crate::files::open_regular(path, crate::files::caps::IMAGE)
+    let (file, _) = tchrun::files::open_regular(path, tchrun::files::caps::IMAGE)
         .map_err(|e| format!("cannot open: {e}"))?;
     let mut reader = ImageReader::new(std::io::BufReader::new(file));
     if let Ok(f) = image::ImageFormat::from_path(path) {

@@ -14,10 +14,10 @@ pub use ops::{adjust_hue, grayscale, pad, perspective, perspective_coefficients,
 use super::auto_augment::{
     brightness, contrast, inverse_affine, rotate, saturation, warp, Fill, Rgb8,
 };
-use crate::augment_flags::Interpolation;
-use crate::transform_flags::{PadMode, TransformFlags};
 use rand::seq::SliceRandom;
 use rand::Rng;
+use tchrun::augment_flags::Interpolation;
+use tchrun::transform_flags::{PadMode, TransformFlags};
 
 /// RandomAffine's draw: the angle, the translation in whole pixels, the scale and the x-shear.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -2,7 +2,7 @@
 //! `auto_augment/`; + `RandomErasing` after normalisation) for training, resize + center crop for evaluation; the per-micro-batch draws
 //! of MixUp and CutMix (`mix_params`: pure, the worker applies them to the batch tensor).
 use super::*;
-pub use crate::augment_flags::Interpolation;
+pub use tchrun::augment_flags::Interpolation;
 
 // ---------------------------------------------------------------------------------------------
 // Augmentation
@@ -23,7 +23,7 @@ pub struct TrainAugment {
     pub auto_augment: Option<super::auto_augment::Policy>,
     /// The designer's transforms (`--pad`, `--random-crop` around the crop; the rest on the
     /// flipped crop, before the policy): `transforms`.
-    pub transforms: crate::transform_flags::TransformFlags,
+    pub transforms: tchrun::transform_flags::TransformFlags,
 }
 
 impl Default for TrainAugment {
@@ -55,7 +55,7 @@ pub enum Augment {
 
 impl Augment {
     /// The designer's transforms of a training crop (none for evaluation).
-    pub fn transforms(&self) -> crate::transform_flags::TransformFlags {
+    pub fn transforms(&self) -> tchrun::transform_flags::TransformFlags {
         match self {
             Augment::Train(t) => t.transforms,
             _ => Default::default(),
@@ -122,7 +122,7 @@ pub(super) fn crop_params(
             ((left as f64, top as f64, cw as f64, ch as f64), flip)
         }
         Augment::Eval => {
-            let resize = crate::augment_flags::default_val_resize(size as u32) as usize;
+            let resize = tchrun::augment_flags::default_val_resize(size as u32) as usize;
             center_crop(w, h, resize, size)
         }
         Augment::Resize { resize, .. } => center_crop(w, h, resize, size),

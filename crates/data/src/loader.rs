@@ -111,9 +111,9 @@ impl WorkerState {
 
 /// A refused or failed bounded read of an image (`files::read_bounded`): not a regular file or
 /// too large is a bad image (skipped under `--skip-bad-images`); an I/O error stays one.
-pub(super) fn bounded_err(path: &Path, e: crate::files::BoundedReadError) -> DatasetError {
+pub(super) fn bounded_err(path: &Path, e: tchrun::files::BoundedReadError) -> DatasetError {
     match e {
-        crate::files::BoundedReadError::Io { source, .. } => io_err(path, source),
+        tchrun::files::BoundedReadError::Io { source, .. } => io_err(path, source),
         e => bad(path, e.to_string()),
     }
 }
@@ -132,7 +132,7 @@ pub(super) fn decode_rgb(
     st: &mut WorkerState,
     max_pixels: u64,
 ) -> Result<(u32, u32), DatasetError> {
-    crate::files::read_bounded_into(path, crate::files::caps::IMAGE, &mut st.file)
+    tchrun::files::read_bounded_into(path, tchrun::files::caps::IMAGE, &mut st.file)
         .map_err(|e| bounded_err(path, e))?;
     decode_file_buf(path, st, max_pixels)
 }
@@ -429,8 +429,8 @@ impl Working {
                 std::time::SystemTime::now(),
             ));
         }
-        crate::faults::maybe_stall_decode(rank);
-        crate::faults::maybe_slow_decode(rank);
+        tchrun::faults::maybe_stall_decode(rank);
+        tchrun::faults::maybe_slow_decode(rank);
         Working { thread }
     }
 }

@@ -11,7 +11,7 @@ use super::augment::crop_params;
 use super::loader::{bad, image_rng};
 use super::transforms::{self, cut, pad_and_place};
 use super::*;
-use crate::transform_flags::TransformFlags;
+use tchrun::transform_flags::TransformFlags;
 
 /// What to do to each image.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -136,7 +136,7 @@ pub fn transform_image(
         } else if job.inference {
             let resize = job
                 .resize
-                .unwrap_or(crate::augment_flags::default_val_resize(s as u32));
+                .unwrap_or(tchrun::augment_flags::default_val_resize(s as u32));
             let b = center_crop_box(w as u32, h as u32, resize as usize, s);
             resized_crop(src, (b, BoxResize::WithinImage), s, job.interpolation)?
         } else {

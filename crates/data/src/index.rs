@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub const UPFRONT_VERIFY_LIMIT: usize = 50_000;
 /// `UPFRONT_VERIFY_LIMIT`, or `$TCHRUN_VERIFY_UPFRONT_MAX` when set to a number.
 pub fn upfront_limit() -> usize {
-    std::env::var(crate::env::TCHRUN_VERIFY_UPFRONT_MAX)
+    std::env::var(tchrun::env::TCHRUN_VERIFY_UPFRONT_MAX)
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(UPFRONT_VERIFY_LIMIT)
@@ -265,7 +265,7 @@ impl DatasetIndex {
     }
 
     pub fn read(path: &Path) -> Result<DatasetIndex, Stale> {
-        let bytes = crate::files::read_bounded(path, crate::files::caps::DATASET_INDEX)
+        let bytes = tchrun::files::read_bounded(path, tchrun::files::caps::DATASET_INDEX)
             .map_err(|e| Stale(e.to_string()))?;
         let body = bytes
             .strip_prefix(MAGIC.as_slice())
@@ -278,7 +278,7 @@ impl DatasetIndex {
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let mut bytes = MAGIC.to_vec();
         bytes.extend(postcard::to_stdvec(self).map_err(std::io::Error::other)?);
-        crate::files::write_atomic(path, &bytes).map_err(|e| e.source)
+        tchrun::files::write_atomic(path, &bytes).map_err(|e| e.source)
     }
 }
 

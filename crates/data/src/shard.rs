@@ -62,7 +62,7 @@ pub struct Sampling {
 
 impl Sampling {
     /// How a training job's epochs sample its images (`--ra-sampler`, `--ra-reps`).
-    pub fn of(recipe: &crate::recipe::RecipeFlags) -> Sampling {
+    pub fn of(recipe: &tchrun::recipe::RecipeFlags) -> Sampling {
         Sampling {
             ra_reps: recipe.ra_sampler.then_some(recipe.ra_reps as usize),
         }

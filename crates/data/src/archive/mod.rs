@@ -36,13 +36,10 @@ mod extract;
 
 pub use extract::member_path;
 use extract::{extract_checked, find_root};
+pub use tchrun::files::{cache_root, data_cache, CACHE_SUBDIR, DATA_CACHE_ENV};
 
-/// Environment variable naming the cache root for extracted archives.
-pub const DATA_CACHE_ENV: &str = "TCHRUN_DATA_CACHE";
 /// Environment variable overriding [`DEFAULT_MAX_UNPACKED_BYTES`] (a byte count).
 pub const MAX_UNPACKED_ENV: &str = "TCHRUN_DATA_MAX_UNPACKED_BYTES";
-/// The data cache's folder of extracted archives.
-pub const CACHE_SUBDIR: &str = "archives";
 /// Largest total unpacked size of one archive by default: 256 GiB.
 pub const DEFAULT_MAX_UNPACKED_BYTES: u64 = 256 << 30;
 /// Most members one archive may hold.
@@ -129,25 +126,6 @@ struct Marker {
     bytes: u64,
 }
 
-/// tchrun's data cache (extracted archives, dataset indexes): `$TCHRUN_DATA_CACHE`, else
-/// `$XDG_CACHE_HOME/tchrun`, else `~/.cache/tchrun`, else the temporary folder's `tchrun-cache`.
-pub fn data_cache() -> PathBuf {
-    let set = |name: &str| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    set(DATA_CACHE_ENV)
-        .or_else(|| set("XDG_CACHE_HOME").map(|d| d.join("tchrun")))
-        .or_else(|| set("HOME").map(|d| d.join(".cache/tchrun")))
-        .unwrap_or_else(|| std::env::temp_dir().join("tchrun-cache"))
-}
-
-/// Where archives are extracted: the data cache's `archives/` ([`data_cache`]).
-pub fn cache_root() -> PathBuf {
-    data_cache().join(CACHE_SUBDIR)
-}
-
 /// The unpacked-size limit: `$TCHRUN_DATA_MAX_UNPACKED_BYTES` or the default.
 pub fn max_unpacked_bytes() -> Result<u64, DatasetError> {
     match std::env::var(MAX_UNPACKED_ENV) {
@@ -180,7 +158,7 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
         return Ok(None);
     }
     // A FIFO or device named like an archive is refused here, never opened to block.
-    crate::files::open_regular(src, u64::MAX).map_err(|e| bad_archive(src, e.to_string()))?;
+    tchrun::files::open_regular(src, u64::MAX).map_err(|e| bad_archive(src, e.to_string()))?;
     let archive = if src.is_absolute() {
         src.to_path_buf()
     } else {
@@ -237,8 +215,8 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
     }
     // SIGINT/SIGTERM from here to the rename: the extraction stops at the next member (or
     // read), the partial folder is removed and the error says so (`DatasetError::Interrupted`).
-    let guard = crate::interrupt::Guard::install();
-    let stop_now = || crate::interrupt::received().map(|signal| interrupted(&archive, signal));
+    let guard = tchrun::interrupt::Guard::install();
+    let stop_now = || tchrun::interrupt::received().map(|signal| interrupted(&archive, signal));
     fs::create_dir(&partial).map_err(|e| io_err(&partial, e))?;
     let result = extract_checked(kind, &archive, &partial, cache).and_then(|(files, bytes)| {
         let root_rel = find_root(&archive, &partial)?;
@@ -257,7 +235,7 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
                 std::io::Error::other(e.to_string()),
             )
         })?;
-        crate::files::write_atomic(&partial.join(EXTRACTED_MARKER), &text)
+        tchrun::files::write_atomic(&partial.join(EXTRACTED_MARKER), &text)
             .map_err(|e| io_err(&e.path, e.source))?;
         match stop_now() {
             Some(e) => Err(e),
@@ -273,7 +251,7 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
     };
     let renamed = fs::rename(&partial, &dir);
     drop(guard);
-    if let Some(signal) = crate::interrupt::received() {
+    if let Some(signal) = tchrun::interrupt::received() {
         // Came after the last check: the extraction is complete (or gone); the signal now has
         // its usual effect.
         if let Ok(sig) = nix::sys::signal::Signal::try_from(signal) {
@@ -306,7 +284,7 @@ fn interrupted(archive: &Path, signal: i32) -> DatasetError {
 
 /// The test hook `TCHRUN_TEST_EXTRACT_DELAY_MS`: a pause before each member.
 fn test_delay() -> Option<std::time::Duration> {
-    std::env::var(crate::env::TCHRUN_TEST_EXTRACT_DELAY_MS)
+    std::env::var(tchrun::env::TCHRUN_TEST_EXTRACT_DELAY_MS)
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|ms| *ms > 0)
@@ -319,7 +297,7 @@ struct Stoppable<'a>(&'a mut dyn Read);
 
 impl Read for Stoppable<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if crate::interrupt::received().is_some() {
+        if tchrun::interrupt::received().is_some() {
             return Err(std::io::Error::other("interrupted by a signal"));
         }
         self.0.read(buf)
@@ -329,7 +307,8 @@ impl Read for Stoppable<'_> {
 /// A complete extraction of `archive` in `dir` (its marker matches), if any.
 fn read_complete(archive: &Path, dir: &Path) -> Option<Extracted> {
     let text =
-        crate::files::read_bounded(&dir.join(EXTRACTED_MARKER), crate::files::caps::RECORD).ok()?;
+        tchrun::files::read_bounded(&dir.join(EXTRACTED_MARKER), tchrun::files::caps::RECORD)
+            .ok()?;
     let m: Marker = serde_json::from_slice(&text).ok()?;
     let root = dir.join(&m.root);
     (m.format == 1 && m.archive == archive && root.is_dir()).then(|| Extracted {

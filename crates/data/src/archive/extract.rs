@@ -50,7 +50,7 @@ pub(super) struct Budget {
 impl Budget {
     /// Before each member: stop when a signal came (see `resolve`); the test hook's pause.
     fn next_member(&self, archive: &Path) -> Result<(), DatasetError> {
-        if let Some(signal) = crate::interrupt::received() {
+        if let Some(signal) = tchrun::interrupt::received() {
             return Err(interrupted(archive, signal));
         }
         if let Some(d) = self.delay {
@@ -113,12 +113,12 @@ pub(super) fn extract_checked(
 ) -> Result<(u64, u64), DatasetError> {
     let mut budget = Budget {
         limit: max_unpacked_bytes()?,
-        free: crate::files::free_bytes(cache),
+        free: tchrun::files::free_bytes(cache),
         used: 0,
         members: 0,
         delay: test_delay(),
     };
-    let (file, _) = crate::files::open_regular(archive, u64::MAX)
+    let (file, _) = tchrun::files::open_regular(archive, u64::MAX)
         .map_err(|e| bad_archive(archive, e.to_string()))?;
     match kind {
         ArchiveKind::Zip => extract_zip(archive, file, into, &mut budget),
@@ -165,7 +165,7 @@ fn write_member(
     };
     let mut limited = Stoppable(data).take(max.saturating_add(1));
     let n = std::io::copy(&mut limited, &mut out).map_err(|e| {
-        if let Some(signal) = crate::interrupt::received() {
+        if let Some(signal) = tchrun::interrupt::received() {
             return interrupted(archive, signal);
         }
         bad_archive(

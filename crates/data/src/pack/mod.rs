@@ -141,8 +141,8 @@ impl ShardFiles {
                 if self.open.len() >= Self::KEEP {
                     self.open.remove(0);
                 }
-                let (f, _) = crate::files::open_regular(shard, u64::MAX)
-                    .map_err(crate::files::BoundedReadError::into_io)?;
+                let (f, _) = tchrun::files::open_regular(shard, u64::MAX)
+                    .map_err(tchrun::files::BoundedReadError::into_io)?;
                 self.open.push((shard.clone(), f));
             }
         }
@@ -157,7 +157,7 @@ impl ShardFiles {
 pub fn sample_bytes(smp: &Sample, buf: &mut Vec<u8>) -> Result<(), DatasetError> {
     match &smp.member {
         Some(m) => m.read_into(buf),
-        None => crate::files::read_bounded_into(&smp.path, crate::files::caps::IMAGE, buf)
+        None => tchrun::files::read_bounded_into(&smp.path, tchrun::files::caps::IMAGE, buf)
             .map_err(|e| super::loader::bounded_err(&smp.path, e)),
     }
 }
@@ -236,7 +236,7 @@ pub fn member_name(i: usize, orig: &str) -> String {
 impl PackIndex {
     pub fn read(root: &Path) -> Result<PackIndex, DatasetError> {
         let path = root.join(PACK_INDEX);
-        let text = crate::files::read_bounded(&path, crate::files::caps::DATASET_INDEX)
+        let text = tchrun::files::read_bounded(&path, tchrun::files::caps::DATASET_INDEX)
             .map_err(|e| super::loader::bounded_err(&path, e))?;
         let stale = |detail: String| DatasetError::BadArchive {
             path: path.clone(),

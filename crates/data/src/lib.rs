@@ -33,8 +33,7 @@ pub const IMAGE_EXTENSIONS: [&str; 12] = [
 /// The formats, for messages.
 pub const IMAGE_FORMATS: &str = "JPEG, PNG, BMP, TIFF, WebP, PPM/PGM";
 
-/// `--max-image-pixels`'s default (Pillow's `Image.MAX_IMAGE_PIXELS`).
-pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 89_478_485;
+pub use tchrun::flags::DEFAULT_MAX_IMAGE_PIXELS;
 
 /// Largest decoded image (in bytes of 8-bit RGB) the loader accepts: 512 MiB, the
 /// `image` crate's default allocation limit.
@@ -67,7 +66,7 @@ pub enum DatasetError {
     /// extraction was removed.
     #[error(
         "interrupted ({}) while extracting {}; the partial extraction was removed",
-        crate::interrupt::signal_name(*signal),
+        tchrun::interrupt::signal_name(*signal),
         path.display()
     )]
     Interrupted { path: PathBuf, signal: i32 },
@@ -93,7 +92,7 @@ fn io_err(path: &Path, source: std::io::Error) -> DatasetError {
 // Normalization
 // ---------------------------------------------------------------------------------------------
 
-pub use crate::model::Normalization;
+pub use tchrun::model::Normalization;
 
 /// Lookup tables: `lut[c][v] = (v / 255 - mean[c]) / std[c]`.
 fn norm_lut(n: &Normalization) -> [[f32; 256]; 3] {
@@ -109,10 +108,14 @@ fn norm_lut(n: &Normalization) -> [[f32; 256]; 3] {
 pub mod archive;
 mod augment;
 pub mod auto_augment;
+pub mod comparison;
+pub mod evaluation;
 mod folder;
 pub mod index;
 mod loader;
+pub mod mcnemar;
 pub mod pack;
+pub mod preflight;
 mod shard;
 pub mod split;
 pub mod transform_folder;

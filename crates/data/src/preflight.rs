@@ -1,9 +1,9 @@
 //! The training job's input checks (the seed's errors), shared by the launcher's pre-flight
 //! (before any rank starts) and every rank (which also decodes every image header).
-use crate::data::{index, index::DatasetIndex, DatasetError, ImageFolder};
-use crate::flags::TrainJob;
-use crate::model::{self, ModelConfig};
+use crate::{index, index::DatasetIndex, DatasetError, ImageFolder};
 use std::path::{Path, PathBuf};
+use tchrun::flags::TrainJob;
+use tchrun::model::{self, ModelConfig};
 
 /// A training input that cannot be used; the message names the flag and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +35,7 @@ pub struct Inputs {
 /// Refuses an `--output` that holds a trained model (unless resuming or overwriting) or is not
 /// a directory.
 pub fn check_output(output: &Path, resume: bool, overwrite: bool) -> Result<(), PreflightError> {
-    let model_json = output.join(crate::files::MODEL_JSON);
+    let model_json = output.join(tchrun::files::MODEL_JSON);
     if output.exists() && !output.is_dir() {
         return Err(PreflightError::Output(format!(
             "--output {}: exists and is not a directory",
@@ -102,7 +102,7 @@ pub enum Headers {
 pub struct Checked {
     /// The archives among `--train`/`--valid`, extracted (or found extracted); the inputs'
     /// roots are their folders.
-    pub extracted: Vec<crate::data::archive::Extracted>,
+    pub extracted: Vec<crate::archive::Extracted>,
     pub inputs: Inputs,
     /// The dataset indexes of train and valid (`None`: not indexed), for the ranks.
     pub indexes: [Option<DatasetIndex>; 2],
@@ -129,9 +129,9 @@ fn ds(flag: &'static str) -> impl Fn(DatasetError) -> PreflightError {
 fn check_model(job: &TrainJob) -> Result<ModelConfig, PreflightError> {
     let cfg = model::load(&job.model, false).map_err(PreflightError::Model)?;
     check_output(&job.output, job.options.resume, job.options.overwrite)?;
-    let weights = job.model.join(crate::files::MODEL_WEIGHTS);
+    let weights = job.model.join(tchrun::files::MODEL_WEIGHTS);
     if weights.is_file() {
-        crate::weights::check(cfg.arch, &weights).map_err(|e| {
+        tchrun::weights::check(cfg.arch, &weights).map_err(|e| {
             PreflightError::Model(model::InvalidModelDirectory {
                 path: weights.clone(),
                 detail: format!(
@@ -179,7 +179,7 @@ fn list(
         })
     };
     // A packed directory has its own index (`tchrun-pack.json`): nothing to list.
-    if crate::data::pack::is_pack(root) {
+    if crate::pack::is_pack(root) {
         return scanned();
     }
     match verification {
@@ -253,10 +253,10 @@ pub fn check_train_job_with(
 ) -> Result<Checked, PreflightError> {
     let cfg = check_model(job)?;
     // Archives become their extracted folders (once, in the data cache).
-    let cache = crate::data::archive::cache_root();
+    let cache = crate::archive::cache_root();
     let mut extracted = Vec::new();
     let mut folder = |flag: &'static str, src: &Path| -> Result<PathBuf, PreflightError> {
-        match crate::data::archive::resolve(src, &cache).map_err(ds(flag))? {
+        match crate::archive::resolve(src, &cache).map_err(ds(flag))? {
             Some(x) => {
                 let root = x.root.clone();
                 extracted.push(x);
@@ -338,7 +338,7 @@ pub fn check_train_job_with(
 
 /// The job against its world size (launcher, before any rank starts; and every rank, for
 /// jobs started without the launcher): refuses a job that cannot learn anything meaningful and
-/// range-checks the counts and their products (`crate::counts`). Returns warnings for the
+/// range-checks the counts and their products (`tchrun::counts`). Returns warnings for the
 /// console.
 ///
 /// * A single class: refused. A classifier of one class learns nothing; it would predict that
@@ -375,7 +375,7 @@ pub fn check_job(
     (job.options.class_weights)
         .resolve(&train.classes, train.samples.iter().map(|s| s.label))
         .map_err(PreflightError::Flags)?;
-    let sampling = crate::data::Sampling::of(&job.options.recipe);
+    let sampling = crate::Sampling::of(&job.options.recipe);
     if sampling.epoch_len(train.samples.len()) == 0 && sampling.ra_reps.is_some() {
         return Err(PreflightError::Flags(format!(
             "--ra-sampler: --train {} has {} image(s); torchvision's RASampler keeps the first \
@@ -383,8 +383,8 @@ pub fn check_job(
              with --ra-sampler=false (which also overrides a --recipe that turns it on)",
             train.root.display(),
             train.samples.len(),
-            crate::data::RA_ROUND,
-            crate::data::RA_ROUND
+            crate::RA_ROUND,
+            crate::RA_ROUND
         )));
     }
     let n = sampling.epoch_len(train.samples.len()) as u64;
@@ -399,16 +399,16 @@ pub fn check_job(
     }
     let world32 = u32::try_from(world)
         .map_err(|_| PreflightError::Flags(format!("{world} ranks is more than tchrun runs")))?;
-    let counts = |e: crate::counts::CountError| PreflightError::Flags(e.0);
+    let counts = |e: tchrun::counts::CountError| PreflightError::Flags(e.0);
     let train_size = job.options.augment.crops(inputs.cfg.input_size).train;
-    crate::counts::batch_bytes("--batch-size", p.batch_size, train_size).map_err(counts)?;
+    tchrun::counts::batch_bytes("--batch-size", p.batch_size, train_size).map_err(counts)?;
     let per_step =
-        crate::counts::images_per_step(p.batch_size, world32, job.options.global_batch_size);
+        tchrun::counts::images_per_step(p.batch_size, world32, job.options.global_batch_size);
     let steps_per_epoch = n.div_ceil(per_step.max(1));
-    crate::counts::total_steps(p.epochs, p.warmup_epochs, steps_per_epoch).map_err(counts)?;
+    tchrun::counts::total_steps(p.epochs, p.warmup_epochs, steps_per_epoch).map_err(counts)?;
     let mut warnings = Vec::new();
     if let Some(g) = job.options.global_batch_size {
-        crate::counts::padded_epoch(g, n).map_err(counts)?;
+        tchrun::counts::padded_epoch(g, n).map_err(counts)?;
         if n < u64::from(g) {
             warnings.push(format!(
                 "warning: --global-batch-size {g}: --train {} has {n} image(s), fewer than one \

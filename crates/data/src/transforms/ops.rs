@@ -3,8 +3,8 @@
 //! `vertical_flip`, `rgb_to_grayscale(num_output_channels=3)`, `adjust_hue` (torch's float32
 //! HSV round trip), `pad` (constant 0, edge, reflect, symmetric), and `perspective` (its
 //! coefficients solved in f64 and kept as float32, its grid in float32). Pure: no RNG.
-use crate::data::auto_augment::{gray, sample, Fill, Rgb8};
-use crate::transform_flags::PadMode;
+use crate::auto_augment::{gray, sample, Fill, Rgb8};
+use tchrun::transform_flags::PadMode;
 
 /// `vertical_flip_image`: the rows in reverse order.
 pub fn vflip(img: &mut Rgb8) {

@@ -208,7 +208,7 @@ pub fn disagreement_rows(
     files: &[String],
     scored: [&[Scored]; 2],
 ) -> Vec<Vec<String>> {
-    let cell = crate::csv_out::cell;
+    let cell = tchrun::csv_out::cell;
     let name = |c: Option<usize>| cell(c.and_then(|c| classes.get(c)).map_or("?", String::as_str));
     let top = |s: &Scored| s.top.first().map_or(0.0, |&(_, p)| p);
     files

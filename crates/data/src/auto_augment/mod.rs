@@ -11,8 +11,8 @@ pub use ops::{apply as apply_op, inverse_affine, Fill, Op, Rgb8, ALL_OPS};
 /// colour jitter are these ops with other parameters).
 pub(crate) use ops::{brightness, contrast, gray, rotate, sample, saturation, warp};
 
-use crate::augment_flags::{AugmentFlags, AutoAugmentName, Interpolation};
 use rand::Rng;
+use tchrun::augment_flags::{AugmentFlags, AutoAugmentName, Interpolation};
 
 /// A policy with its parameters (`--auto-augment`, `--ra-magnitude`, `--augmix-severity`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub enum Policy {
     ImageNet,
 }
 
-pub use crate::augment_flags::{AUGMIX_MAX_SEVERITY, RA_MAGNITUDE_BINS as MAGNITUDE_BINS};
+pub use tchrun::augment_flags::{AUGMIX_MAX_SEVERITY, RA_MAGNITUDE_BINS as MAGNITUDE_BINS};
 
 /// Which table of magnitudes an op reads (torchvision's `_AUGMENTATION_SPACE`s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! true-class probability. Pure arithmetic, defined as scikit-learn defines it
 //! (`confusion_matrix`, `precision_recall_fscore_support(zero_division=0)`, `log_loss`), so a
 //! user can recompute every figure from `scores.csv`.
-use crate::data::DatasetError;
+use crate::DatasetError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -181,13 +181,13 @@ pub fn confusion_csv(classes: &[String], m: &[Vec<u64>]) -> String {
     let (header, rows) = confusion_table(classes, m);
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     // Writing into memory cannot fail.
-    String::from_utf8_lossy(&crate::csv_out::to_bytes(&header, rows).unwrap_or_default())
+    String::from_utf8_lossy(&tchrun::csv_out::to_bytes(&header, rows).unwrap_or_default())
         .into_owned()
 }
 
 /// `confusion_matrix.csv` as a header and rows for `csv_out` (class names made safe cells).
 pub fn confusion_table(classes: &[String], m: &[Vec<u64>]) -> (Vec<String>, Vec<Vec<String>>) {
-    let cell = crate::csv_out::cell;
+    let cell = tchrun::csv_out::cell;
     let mut header = vec!["true\\predicted".to_string()];
     header.extend(classes.iter().map(|c| cell(c)));
     let rows = classes
