@@ -349,6 +349,9 @@ pub fn cache_root() -> PathBuf {
     data_cache().join(CACHE_SUBDIR)
 }
 
+/// The model directory's folder of TensorBoard event files (`tchrun-tensorboard` writes them).
+pub const TENSORBOARD_DIR: &str = "tensorboard";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,12 +3,12 @@
 //! Both binaries (`tchrun`, `tchrun-worker`) call these; no name or code is written twice.
 //! Architecture Invariant: this crate links neither libtorch nor MPI.
 //!
-//! The modules below are in two groups. The contracts: what both sides must agree on (a name, a
-//! schema, a decision). The machinery: code both sides run that agrees on nothing by itself
-//! (TensorBoard event files, native stacks); it is here only so that both binaries share one
-//! copy. Below this crate: the torchvision tables (`crates/arch`, re-exported as [`arch`] and
-//! [`weights`]) and the `.pth` reader (`crates/pth`, re-exported as [`pth`]). Above it: the data
-//! pipeline (`crates/data`, `tchrun-data`), which writes through these contracts.
+//! Below this crate: the torchvision tables (`crates/arch`, re-exported as [`arch`] and
+//! [`weights`]) and the `.pth` reader (`crates/pth`, re-exported as [`pth`]). Above it, each
+//! job's machinery, which writes through these contracts: the data pipeline (`crates/data`),
+//! TensorBoard event files (`crates/tensorboard`), native stacks (`crates/stacks`); what only
+//! one binary runs is that binary's (MLflow's client and the straggler rule the worker's; the
+//! doctor's verdict, hostfiles and the failure-cause recognisers the launcher's).
 
 // Contracts.
 pub mod augment_flags;
@@ -24,18 +24,15 @@ pub mod env;
 pub mod epoch_lr;
 pub mod exit;
 pub mod export;
-pub mod faults;
 pub mod files;
 pub mod flags;
-pub mod hostfile;
-pub mod install;
 pub mod interrupt;
 pub mod job_record;
-pub mod kernel_log;
 pub mod layout;
 pub mod lock;
 pub mod memory;
 pub mod metrics;
+pub mod mlflow;
 pub mod model;
 pub mod openmpi;
 pub mod overlap;
@@ -44,13 +41,9 @@ pub mod recipe;
 pub mod recipe_preset;
 pub mod schedule;
 pub mod secret;
-pub mod straggler;
 pub mod transform_flags;
 
-// Machinery (no contract of its own).
-pub mod mlflow;
-pub mod stacks;
-pub mod tensorboard;
+// Below the contracts.
 pub use tchrun_arch as arch;
 pub use tchrun_arch::weights;
 pub use tchrun_pth as pth;

@@ -280,7 +280,7 @@ fn a_stuck_rank_that_still_beats_is_named_when_nothing_advances_for_the_hang_tim
         culprit
             .frames
             .iter()
-            .any(|f| f.contains("tchrun::faults::spin_for")),
+            .any(|f| f.contains("tchrun_faults::spin_for")),
         "{culprit:?}"
     );
     assert!(
@@ -291,7 +291,7 @@ fn a_stuck_rank_that_still_beats_is_named_when_nothing_advances_for_the_hang_tim
         "{culprit:?}"
     );
     assert!(
-        r.stderr.contains("tchrun::faults::spin_for"),
+        r.stderr.contains("tchrun_faults::spin_for"),
         "{}",
         r.explain()
     );

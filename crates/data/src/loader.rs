@@ -429,8 +429,8 @@ impl Working {
                 std::time::SystemTime::now(),
             ));
         }
-        tchrun::faults::maybe_stall_decode(rank);
-        tchrun::faults::maybe_slow_decode(rank);
+        tchrun_faults::maybe_stall_decode(rank);
+        tchrun_faults::maybe_slow_decode(rank);
         Working { thread }
     }
 }

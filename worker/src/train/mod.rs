@@ -169,8 +169,8 @@ fn layout(
     job: &TrainJob,
     device: Device,
     cfg: &tchrun::model::ModelConfig,
-) -> tchrun::layout::Layout {
-    tchrun::layout::choose(
+) -> crate::layout::Layout {
+    crate::layout::choose(
         job.options.layout_setting(),
         device.is_cuda(),
         cfg.arch,

@@ -15,7 +15,6 @@ use crate::train::optim::Optimizer;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Tensor};
-use tchrun::faults::FaultPlan;
 use tchrun::flags::{LrScaling, TrainJob};
 use tchrun::job_record::heartbeat::Phase;
 use tchrun::job_record::status::JobState;
@@ -23,6 +22,7 @@ use tchrun::metrics::EpochMetrics;
 use tchrun::model::ModelConfig;
 use tchrun::schedule::{EarlyStopping, LrSchedule};
 use tchrun_data::{self as data, Augment, GlobalCut, ImageFolder, LoaderConfig, TrainAugment};
+use tchrun_faults::FaultPlan;
 
 /// The steps and the LR of the run: the global-batch cut, steps per epoch, the schedule.
 pub(super) struct Plan {
@@ -291,7 +291,7 @@ impl<'a> Trainer<'a> {
                     "TCHRUN_TEST_STALL_AT_STEP: spinning for {d:?} before step {}",
                     self.s.step
                 );
-                tchrun::faults::spin_for(d);
+                tchrun_faults::spin_for(d);
             }
             if let Some(mib) = self.faults.allocate_before(self.s.step) {
                 tracing::warn!(

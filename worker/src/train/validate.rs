@@ -61,7 +61,7 @@ pub(super) fn validate(
     for batch in loader {
         // Each batch is progress the hang watch sees (a long validation is not a hang).
         crate::heartbeat::progressed();
-        tchrun::faults::maybe_slow_validation_batch();
+        tchrun_faults::maybe_slow_validation_batch();
         let batch = batch.map_err(TrainError::Data)?;
         skipped_here += bad_images.note(&batch.skipped);
         if batch.len == 0 {

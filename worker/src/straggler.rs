@@ -9,7 +9,7 @@
 //! Every rank runs the same `Detector` on the same gathered numbers, so each comes to the same
 //! findings in the same step (a decision taken from them, `--straggler-action exclude`, is
 //! taken by all ranks together). Pure: no rank, no clock.
-use crate::job_record::status::SlowKind;
+use tchrun::job_record::status::SlowKind;
 
 /// Compute per step over the others' median that counts as slow.
 pub const COMPUTE_FACTOR: f64 = 1.3;

@@ -2,11 +2,11 @@
 //! shared file system, the clock) and the limits (paths, disk, memory, GPU health); each link
 //! against the median of its kind; `doctor.json`'s summary, the console table and
 //! `hostfile.healthy`.
-use super::{
+use crate::hostfile::Host;
+use tchrun::doctor::{
     gpu_problems, median, DoctorChecks, DoctorReport, FailedHost, LinkVerdict, Network, NodeReport,
     MAX_CLOCK_OFFSET_MS, SCHEMA,
 };
-use crate::hostfile::Host;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -323,9 +323,9 @@ fn links_table(net: &Network) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::{Gpus, LinkReport};
     use clap::Parser;
     use std::path::PathBuf;
+    use tchrun::doctor::{Gpus, LinkReport};
 
     #[derive(Parser)]
     struct Cli {

@@ -1,9 +1,9 @@
 //! The test fault plan: every fault-injection hook a rank obeys (`TCHRUN_TEST_*`, see
-//! `crate::env`), read from the environment in one place into one value. The training loop
+//! `tchrun::env`), read from the environment in one place into one value. The training loop
 //! asks the plan ("die before this step?") instead of reading variables itself. Never set any
 //! of these in a real job.
-use crate::env::{self, EnvError};
 use std::time::Duration;
+use tchrun::env::{self, EnvError};
 
 /// What this rank is told to do wrong, and when.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -127,7 +127,7 @@ fn the_parameters_are_the_training_flags() {
 #[test]
 fn an_epochs_metrics_are_its_metrics_jsonl_numbers() {
     let line = r#"{"schema":1,"epoch":2,"train_loss":0.5,"train_images_per_sec":100.0,"val_loss":0.25,"top1":0.75,"top5":1.0,"lr":0.002,"epoch_time_s":3.5,"time":"2026-01-01T00:00:00Z","skipped_images":0}"#;
-    let m: crate::metrics::EpochMetrics = serde_json::from_str(line).expect("a row");
+    let m: tchrun::metrics::EpochMetrics = serde_json::from_str(line).expect("a row");
     let (step, values) = epoch_metrics(&m);
     assert_eq!(step, 2);
     let get = |k: &str| values.iter().find(|(n, _)| n == k).map(|(_, v)| *v);

@@ -1,7 +1,7 @@
 //! A Triton model's `config.pbtxt` (protobuf text format of Triton's `ModelConfig`): name,
 //! platform, max batch size, the input and output with their data types and dims (the batch
 //! axis left out when Triton batches), and the class-label file of the output.
-use super::{Batch, Preprocess, Target, LABELS_TXT, TRITON_MAX_BATCH};
+use tchrun::export::{Batch, Preprocess, Target, LABELS_TXT, TRITON_MAX_BATCH};
 
 /// `config.pbtxt` of the model `name` exported as `target`.
 pub fn config_pbtxt(
@@ -43,7 +43,7 @@ pub fn config_pbtxt(
          output [\n  {{\n    name: \"{output}\"\n    data_type: TYPE_FP32\n    dims: {out_dims}\n    label_filename: \"{LABELS_TXT}\"\n  }}\n]\n\
          instance_group [\n  {{\n    kind: KIND_AUTO\n  }}\n]\n",
         arch = pre.arch,
-        pre_file = super::PREPROCESS_JSON,
+        pre_file = tchrun::export::PREPROCESS_JSON,
         platform = target.platform(),
     )
 }

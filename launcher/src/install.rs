@@ -141,7 +141,7 @@ pub enum TorchMismatch {
         "tchrun {tchrun} is built for torch {TORCH_SERIES} but this environment has torch {found} \
          ({dir}); fix: `pip install 'torch=={TORCH_SERIES}.*'` in this environment, or install \
          tchrun into an environment with torch {TORCH_SERIES}",
-        tchrun = crate::VERSION,
+        tchrun = tchrun::VERSION,
         dir = dir.display()
     )]
     Version { found: String, dir: PathBuf },

@@ -25,7 +25,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Directory of the event files inside `--output`.
-pub const DIR: &str = "tensorboard";
+pub use tchrun::files::TENSORBOARD_DIR as DIR;
 /// The marker TensorBoard looks for in an event file's name.
 pub const FILE_MARKER: &str = "tfevents";
 /// The first event's `file_version` (version 2: restarts are marked by `SessionLog.START`).
@@ -257,7 +257,7 @@ impl EventWriter {
             .create(true)
             .truncate(true)
             .write(true)
-            .mode(crate::files::FILE_MODE)
+            .mode(tchrun::files::FILE_MODE)
             .open(&path)
             .map_err(io(&path))?;
         let mut w = EventWriter { file, path };
@@ -303,7 +303,7 @@ impl EventWriter {
         let tmp = dir.join(".tchrun-events.tmp");
         let path = Self::new_path(dir, host);
         let written = std::fs::write(&tmp, &bytes)
-            .and_then(|()| crate::files::narrow_mode(&tmp))
+            .and_then(|()| tchrun::files::narrow_mode(&tmp))
             .and_then(|()| File::open(&tmp)?.sync_all())
             .and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {

@@ -5,12 +5,12 @@
 //! cannot ptrace itself, its child can), by a rank for a stopped peer on its host, and by the
 //! launcher for a local rank that did not answer. Machinery: agrees on nothing by itself (the
 //! record is `job_record::stacks`).
-use crate::job_record::heartbeat::Heartbeat;
-use crate::job_record::stacks::{RankStacks, ThreadStack};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use tchrun::job_record::heartbeat::Heartbeat;
+use tchrun::job_record::stacks::{RankStacks, ThreadStack};
 
 /// `TCHRUN_STACK_TOOL`: `eu-stack`, `gdb` or `none` (default: the first of eu-stack and gdb
 /// found on PATH).
@@ -267,7 +267,7 @@ pub fn of_other_rank(b: &Heartbeat, id: u64, captured_by: String, limit: Duratio
         trace: Vec::new(),
         loaders: Vec::new(),
         threads,
-        time: crate::files::timestamp_now(),
+        time: tchrun::files::timestamp_now(),
         took_ms: t0.elapsed().as_millis() as u64,
     }
 }
@@ -340,7 +340,7 @@ fn tool() -> Result<&'static str, StackError> {
 
 fn on_path(name: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| crate::files::is_executable(&d.join(name)))
+        std::env::split_paths(&p).any(|d| tchrun::files::is_executable(&d.join(name)))
     })
 }
 
