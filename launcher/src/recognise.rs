@@ -7,30 +7,11 @@ use tchrun::driver_log::FailureKind;
 use tchrun::job_record::memory::RankMemory;
 use tchrun::job_record::Cause;
 
-/// Finds a [`Cause`] (the recognisers, the launcher's: `Cause::from_record` with this in scope).
+/// Finds a [`Cause`] (the recognisers, the launcher's: `Cause::from_record` with this in scope;
+/// the bodies are the trait's, `Cause` implements it as is).
 pub trait Recognise {
     /// The cause a rank's own failure record shows (its kind and libtorch's message), for a
     /// rank on `device` (`cuda:0`); `None` when the words say nothing more than the kind.
-    fn from_record(kind: FailureKind, message: &str, device: Option<&str>) -> Option<Cause>;
-
-    /// Slurm's own words in srun's output (`slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED
-    /// AT ... DUE TO TIME LIMIT ***`, `... DUE TO PREEMPTION ***`).
-    fn slurm(lines: &[String], signal: Option<i32>) -> Option<Cause>;
-
-    /// The cause of a rank killed by `signal` that wrote no failure record (the rank's `pid`),
-    /// from the evidence the launcher gathered: the kernel log since the attempt started (or
-    /// why it could not be read), the OOM kills its memory cgroup counts now, its last known
-    /// memory.
-    fn killed(
-        signal: i32,
-        pid: Option<u32>,
-        kernel: &Result<Vec<KernelEvent>, String>,
-        oom_kills_now: Option<u64>,
-        memory: Option<&RankMemory>,
-    ) -> Cause;
-}
-
-impl Recognise for Cause {
     fn from_record(kind: FailureKind, message: &str, device: Option<&str>) -> Option<Cause> {
         if let Some(evidence) = cuda_hardware_error(message) {
             return Some(Cause::Hardware {
@@ -66,6 +47,8 @@ impl Recognise for Cause {
         }
     }
 
+    /// Slurm's own words in srun's output (`slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED
+    /// AT ... DUE TO TIME LIMIT ***`, `... DUE TO PREEMPTION ***`).
     fn slurm(lines: &[String], signal: Option<i32>) -> Option<Cause> {
         lines.iter().find_map(|l| {
             let at = l.find("***")?;
@@ -86,6 +69,10 @@ impl Recognise for Cause {
         })
     }
 
+    /// The cause of a rank killed by `signal` that wrote no failure record (the rank's `pid`),
+    /// from the evidence the launcher gathered: the kernel log since the attempt started (or
+    /// why it could not be read), the OOM kills its memory cgroup counts now, its last known
+    /// memory.
     fn killed(
         signal: i32,
         pid: Option<u32>,
@@ -158,6 +145,8 @@ impl Recognise for Cause {
         }
     }
 }
+
+impl Recognise for Cause {}
 
 /// CUDA errors that mean the GPU failed, not the program (the CUDA runtime's texts of
 /// `cudaErrorECCUncorrectable`, `cudaErrorHardwareStackError`, `cudaErrorNvlinkUncorrectable`,
