@@ -3,7 +3,7 @@
 #   apt: OpenMPI (the ranks load it at run time under mpirun; the build needs neither its headers
 #        nor libclang), gloo headers (c10d shim), Slurm + munge (tests),
 #        iproute2 (network-namespace tests), strace (tests/index.rs counts system calls),
-#        elfutils (eu-stack: the native stacks of a hung rank, src/stacks.rs), debootstrap
+#        elfutils (eu-stack: the native stacks of a hung rank, crates/stacks/src/lib.rs), debootstrap
 #        (scripts/bullseye.sh: the Debian 11 build and run of tests/install.rs)
 #   venv: .venv with torch==2.11.0 (libtorch for tch 0.24), torchvision, test/bench deps, and
 #         python/ on its path (`import tchrun`, tchrun-dev.pth)

@@ -43,8 +43,8 @@ for t in strip objdump readelf python3; do
     command -v "$t" >/dev/null || die "'$t' is not installed (binutils, python3)"
 done
 
-# One source for the torch series and the Python versions: src/install.rs.
-INSTALL_RS="$ROOT/src/install.rs"
+# One source for the torch series and the Python versions: launcher/src/install.rs.
+INSTALL_RS="$ROOT/launcher/src/install.rs"
 SERIES="$(sed -n 's/^pub const TORCH_SERIES: &str = "\(.*\)";/\1/p' "$INSTALL_RS")"
 PYTHONS="$(sed -n 's/^pub const PYTHONS: &\[&str\] = &\[\(.*\)\];/\1/p' "$INSTALL_RS" | tr -d '" ' | tr ',' ' ')"
 [[ -n "$SERIES" && -n "$PYTHONS" ]] || die "cannot read TORCH_SERIES/PYTHONS from $INSTALL_RS"

@@ -325,6 +325,33 @@ fn job_dir_stamp(name: &str) -> Option<(String, u32)> {
     (at > 0).then(|| (format!("{}-{}", parts[at], parts[at + 1]), n))
 }
 
+/// Environment variable naming the cache root for extracted archives.
+pub const DATA_CACHE_ENV: &str = "TCHRUN_DATA_CACHE";
+/// The data cache's folder of extracted archives.
+pub const CACHE_SUBDIR: &str = "archives";
+
+/// tchrun's data cache (extracted archives, dataset indexes): `$TCHRUN_DATA_CACHE`, else
+/// `$XDG_CACHE_HOME/tchrun`, else `~/.cache/tchrun`, else the temporary folder's `tchrun-cache`.
+pub fn data_cache() -> PathBuf {
+    let set = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    set(DATA_CACHE_ENV)
+        .or_else(|| set("XDG_CACHE_HOME").map(|d| d.join("tchrun")))
+        .or_else(|| set("HOME").map(|d| d.join(".cache/tchrun")))
+        .unwrap_or_else(|| std::env::temp_dir().join("tchrun-cache"))
+}
+
+/// Where archives are extracted: the data cache's `archives/` ([`data_cache`]).
+pub fn cache_root() -> PathBuf {
+    data_cache().join(CACHE_SUBDIR)
+}
+
+/// The model directory's folder of TensorBoard event files (`tchrun-tensorboard` writes them).
+pub const TENSORBOARD_DIR: &str = "tensorboard";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -173,6 +173,8 @@ impl TrainParams {
 pub const DEFAULT_TIMEOUT_S: u64 = 300;
 /// Default log directory of jobs that have no `--output`.
 pub const DEFAULT_LOG_DIR: &str = "tchrun-logs";
+/// `--max-image-pixels`'s default (Pillow's `Image.MAX_IMAGE_PIXELS`).
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 89_478_485;
 
 #[cfg(test)]
 mod tests {
@@ -428,7 +430,7 @@ pub struct TrainOptions {
     #[arg(help_heading = "Data", long, env = "TCHRUN_SKIP_BAD_IMAGES")]
     pub skip_bad_images: bool,
     /// Refuse images whose header declares more pixels than this (decompression bombs).
-    #[arg(help_heading = "Data", long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = crate::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(help_heading = "Data", long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
     /// Decode/augment threads per rank (default: cores / ranks on the node).
     #[arg(help_heading = "Data", short = 'j', visible_alias = "workers", long, env = "TCHRUN_LOADER_THREADS", value_parser = clap::value_parser!(u32).range(1..=crate::counts::MAX_LOADER_THREADS as i64))]

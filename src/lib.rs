@@ -3,23 +3,19 @@
 //! Both binaries (`tchrun`, `tchrun-worker`) call these; no name or code is written twice.
 //! Architecture Invariant: this crate links neither libtorch nor MPI.
 //!
-//! The modules below are in two groups. The contracts: what both sides must agree on (a name, a
-//! schema, a decision). The machinery: code both sides run that agrees on nothing by itself (the
-//! image pipeline, TensorBoard event files, the `.pth` reader); it is here only so that both
-//! binaries share one copy. The `.pth` reader is its own crate (`crates/pth`, re-exported as
-//! [`pth`]); `data` and `tensorboard` stay modules of this crate because they write through
-//! [`files::write_atomic`] and the file mode of [`files`], and `data` reads [`env`](mod@env)'s
-//! variables, [`model`]'s `Normalization` and [`interrupt`]'s guard: a crate of their own would
-//! have to take those contracts with it.
+//! Below this crate: the torchvision tables (`crates/arch`, re-exported as [`arch`] and
+//! [`weights`]) and the `.pth` reader (`crates/pth`, re-exported as [`pth`]). Above it, each
+//! job's machinery, which writes through these contracts: the data pipeline (`crates/data`),
+//! TensorBoard event files (`crates/tensorboard`), native stacks (`crates/stacks`); what only
+//! one binary runs is that binary's (MLflow's client and the straggler rule the worker's; the
+//! doctor's verdict, hostfiles and the failure-cause recognisers the launcher's).
 
 // Contracts.
-pub mod arch;
 pub mod argv;
 pub mod augment_flags;
 pub mod bounded_read;
 pub mod checkpoint;
 pub mod class_weights;
-pub mod comparison;
 pub mod console;
 pub mod counts;
 pub mod csv_out;
@@ -27,40 +23,30 @@ pub mod doctor;
 pub mod driver_log;
 pub mod env;
 pub mod epoch_lr;
-pub mod evaluation;
 pub mod exit;
 pub mod export;
-pub mod faults;
 pub mod files;
 pub mod flags;
-pub mod hostfile;
-pub mod install;
 pub mod interrupt;
 pub mod job_record;
-pub mod kernel_log;
 pub mod layout;
 pub mod lock;
-pub mod mcnemar;
 pub mod memory;
 pub mod metrics;
+pub mod mlflow;
 pub mod model;
 pub mod openmpi;
 pub mod overlap;
-pub mod preflight;
 pub mod prometheus;
 pub mod recipe;
 pub mod recipe_preset;
 pub mod schedule;
 pub mod secret;
-pub mod straggler;
 pub mod transform_flags;
-pub mod weights;
 
-// Machinery (no contract of its own).
-pub mod data;
-pub mod mlflow;
-pub mod stacks;
-pub mod tensorboard;
+// Below the contracts.
+pub use tchrun_arch as arch;
+pub use tchrun_arch::weights;
 pub use tchrun_pth as pth;
 
 /// tchrun's version, written into every driver log header.

@@ -154,7 +154,7 @@ pub fn check_disjoint(outputs: &[Named], inputs: &[Named]) -> Result<(), Box<Ove
 /// extraction in the data cache (`archives/`, where `tchrun train` puts it and then gives the
 /// ranks the extracted folder) is tchrun's own copy, not an input to protect.
 pub fn train_job(job: &crate::flags::TrainJob, log_dir: &Path) -> (Vec<Named>, Vec<Named>) {
-    let cache = resolve(&crate::data::archive::cache_root());
+    let cache = resolve(&crate::files::cache_root());
     let data = [
         ("--train", "the training data", &job.train),
         ("--valid", "the validation data", &job.valid),
@@ -191,7 +191,7 @@ mod tests {
             job: crate::flags::TrainJob,
         }
         // A data cache inside the output (TCHRUN_DATA_CACHE set so) holds no input either.
-        let cache = crate::data::archive::data_cache();
+        let cache = crate::files::data_cache();
         let cli = Cli::parse_from([
             "t".to_string(),
             "--model=/m".into(),

@@ -7,7 +7,7 @@ mod common;
 use common::stats::same_distribution;
 use common::*;
 use std::time::Duration;
-use tchrun::data::{
+use tchrun_data::{
     center_crop_box, erase, erase_params, mix_params, mix_rng, resized_crop, BoxResize,
     Interpolation, Mix,
 };

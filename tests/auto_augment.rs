@@ -8,10 +8,10 @@ use common::*;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
-use tchrun::data::auto_augment::{
+use tchrun_data::auto_augment::{
     apply_op, magnitude, AugMixDraw, Draw, Op, Policy, Rgb8, Scratch, Space,
 };
-use tchrun::data::{mix_rng, Interpolation};
+use tchrun_data::{mix_rng, Interpolation};
 
 /// Draws per policy for the distribution tests (torchvision's and ours).
 const N: usize = 6000;

@@ -228,7 +228,7 @@ fn oom_killed(cg: &TestCgroup, data: &Path, model: &Path, out: &Path, launcher: 
             .any(|e| e.contains("OOM kill(s) since the rank started")),
         "{evidence:?}"
     );
-    if tchrun::kernel_log::read_after(None).is_ok() {
+    if tchrun_launcher::kernel_log::read_after(None).is_ok() {
         assert!(
             evidence
                 .iter()

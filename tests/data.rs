@@ -64,8 +64,7 @@ fn formats_decode_like_pillow() {
     assert_eq!(refs.len(), 14);
     for (name, r) in refs {
         let path = t.path().join("fmt").join(name);
-        let (w, h, rgb) =
-            tchrun::data::decode_rgb8(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (w, h, rgb) = tchrun_data::decode_rgb8(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(
             (w as u64, h as u64),
             (r["w"].as_u64().unwrap(), r["h"].as_u64().unwrap())
@@ -75,7 +74,7 @@ fn formats_decode_like_pillow() {
         assert!(rgb == want, "{name}: pixels differ from Pillow's");
     }
     // The scan takes every extension, and every header verifies.
-    let mut f = tchrun::data::ImageFolder::scan(t.path()).expect("scan");
+    let mut f = tchrun_data::ImageFolder::scan(t.path()).expect("scan");
     assert_eq!(f.classes, vec!["fmt"]);
     assert_eq!(f.samples.len(), 14);
     assert!(f.verify(false, 1_000_000).expect("verify").is_empty());

@@ -166,9 +166,9 @@ fn recipe_flags_train_the_same_model_at_any_world_size() {
         assert_eq!(e["ema"]["adjusted_decay"].as_f64(), Some(adjusted), "{e}");
         // TensorBoard has the EMA's validation of each epoch, metrics.jsonl's values.
         let mut tb: Vec<f32> = Vec::new();
-        let files = tchrun::tensorboard::event_files(&out.join("tensorboard")).expect("events");
+        let files = tchrun_tensorboard::event_files(&out.join("tensorboard")).expect("events");
         for f in files {
-            for ev in tchrun::tensorboard::read_events(&f).expect("read events") {
+            for ev in tchrun_tensorboard::read_events(&f).expect("read events") {
                 for (tag, v) in ev.scalars() {
                     if tag == "epoch/ema_valid_loss" {
                         tb.push(v);
@@ -517,9 +517,9 @@ fn the_micro_batch_does_not_change_the_lr_of_a_global_batch() {
             "{m}"
         );
         let mut lr: Vec<(i64, f32)> = Vec::new();
-        let files = tchrun::tensorboard::event_files(&out.join("tensorboard")).expect("events");
+        let files = tchrun_tensorboard::event_files(&out.join("tensorboard")).expect("events");
         for f in files {
-            for e in tchrun::tensorboard::read_events(&f).expect("read events") {
+            for e in tchrun_tensorboard::read_events(&f).expect("read events") {
                 for (tag, v) in e.scalars() {
                     if tag == "train/lr" {
                         lr.push((e.step, v));

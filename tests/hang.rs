@@ -281,7 +281,7 @@ fn a_stuck_rank_that_still_beats_is_named_when_nothing_advances_for_the_hang_tim
         culprit
             .frames
             .iter()
-            .any(|f| f.contains("tchrun::faults::spin_for")),
+            .any(|f| f.contains("tchrun_faults::spin_for")),
         "{culprit:?}"
     );
     assert!(
@@ -292,7 +292,7 @@ fn a_stuck_rank_that_still_beats_is_named_when_nothing_advances_for_the_hang_tim
         "{culprit:?}"
     );
     assert!(
-        r.stderr.contains("tchrun::faults::spin_for"),
+        r.stderr.contains("tchrun_faults::spin_for"),
         "{}",
         r.explain()
     );
@@ -352,7 +352,7 @@ fn a_rank_stuck_in_its_loader_is_named_in_the_data_wait_with_the_file() {
         loader
             .frames
             .iter()
-            .any(|f| f.contains("tchrun::data::loader")),
+            .any(|f| f.contains("tchrun_data::loader")),
         "{loader:?}"
     );
 }

@@ -96,7 +96,7 @@ fn the_wheel_holds_both_binaries_requires_torch_and_finds_it_from_its_own_place(
     };
     let dist = format!("tchrun-{}.dist-info", tchrun::VERSION);
     let meta = String::from_utf8(get(&format!("{dist}/METADATA"))).unwrap();
-    let series = tchrun::install::TORCH_SERIES;
+    let series = tchrun_launcher::install::TORCH_SERIES;
     assert!(
         meta.lines()
             .any(|l| l == format!("Requires-Dist: torch=={series}.*")),
@@ -123,11 +123,11 @@ fn the_wheel_holds_both_binaries_requires_torch_and_finds_it_from_its_own_place(
         } else {
             let want = format!(
                 "(RUNPATH)            Library runpath: [{}]",
-                tchrun::install::runpath()
+                tchrun_launcher::install::runpath()
             );
             assert!(
                 runpath.len() == 1 && runpath[0].contains(&want),
-                "{b}'s RUNPATH is not tchrun::install::runpath(): {runpath:?}"
+                "{b}'s RUNPATH is not tchrun_launcher::install::runpath(): {runpath:?}"
             );
         }
         // No debug info left, and no path of this repository where the loader looks.
@@ -356,7 +356,7 @@ fn a_user_installs_the_wheel_beside_their_torch_and_trains_with_or_without_open_
     // A CPU-only torch (no libtorch_cuda.so) under a worker built against the CUDA wheel.
     let worker = env.join("bin/tchrun-worker");
     let cuda = site.parent().unwrap().join("lib/libtorch_cuda.so");
-    if tchrun::install::needed(&worker)
+    if tchrun_launcher::install::needed(&worker)
         .unwrap()
         .iter()
         .any(|l| l == "libtorch_cuda.so")

@@ -355,7 +355,7 @@ for split, n in (("train", 12), ("valid", 1)):
 /// also rewrites the file without them: see the test above.)
 #[test]
 fn tensorboard_discards_steps_logged_after_a_marked_restart() {
-    use tchrun::tensorboard::{Event, EventWriter, SessionLog, What, SESSION_START};
+    use tchrun_tensorboard::{Event, EventWriter, SessionLog, What, SESSION_START};
     let t = tempdir();
     let out = t.path();
     let mut w = EventWriter::create(&out.join("tensorboard"), "host").expect("create");

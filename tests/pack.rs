@@ -82,7 +82,7 @@ fn webdataset_reads_the_pack_byte_for_byte() {
     let json = t.path().join("wds.json");
     py(&["read".as_ref(), out.as_os_str(), json.as_os_str()]);
     let mut rows: Vec<serde_json::Value> = serde_json::from_str(&read(&json)).expect("json");
-    let f = tchrun::data::ImageFolder::scan(&src).expect("scan");
+    let f = tchrun_data::ImageFolder::scan(&src).expect("scan");
     assert_eq!(rows.len(), f.samples.len());
     let first_shard: std::collections::BTreeSet<String> = rows
         .iter()
@@ -122,7 +122,7 @@ fn webdataset_reads_the_pack_byte_for_byte() {
     }
 
     // The packed directory as a dataset: the folder's samples, read from the shards.
-    let p = tchrun::data::ImageFolder::scan(&out).expect("open pack");
+    let p = tchrun_data::ImageFolder::scan(&out).expect("open pack");
     assert_eq!(p.classes, f.classes);
     assert_eq!(p.samples.len(), f.samples.len());
     for (a, b) in p.samples.iter().zip(&f.samples) {
@@ -182,7 +182,7 @@ fn a_bad_image_refuses_the_pack_or_is_left_out() {
         "{}",
         r.explain()
     );
-    let p = tchrun::data::ImageFolder::scan(&out).expect("open pack");
+    let p = tchrun_data::ImageFolder::scan(&out).expect("open pack");
     assert_eq!(p.samples.len(), 35);
     assert!(p
         .samples

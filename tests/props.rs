@@ -12,11 +12,12 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use std::path::Path;
 
-use tchrun::data::{self, Augment, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::env::{first_host, from_slurm, from_torchrun, tasks_per_node};
-use tchrun::hostfile::{parse_hostfile, Host};
 use tchrun::model::{self, Arch, ModelConfig, Normalization, TrainingRecord};
 use tchrun::schedule::LrSchedule;
+use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig, TrainAugment};
+use tchrun_launcher::hostfile::{parse_hostfile, Host};
+use tchrun_launcher::recognise::Recognise;
 
 /// `PROPTEST_CASES` (divided by `div`, at least 16) or `default`.
 fn cases(default: u32, div: u32) -> Config {
@@ -1078,8 +1079,8 @@ proptest! {
         use tchrun::job_record::Cause;
         let lossy = String::from_utf8_lossy(&bytes).into_owned();
         for t in [text.as_str(), lossy.as_str()] {
-            let _ = tchrun::kernel_log::parse(t);
-            let _ = tchrun::kernel_log::sequence(t);
+            let _ = tchrun_launcher::kernel_log::parse(t);
+            let _ = tchrun_launcher::kernel_log::sequence(t);
             let _ = tchrun::memory::Cgroup::parse_proc(t);
             let _ = tchrun::memory::oom_kill_count(t);
             let _ = tchrun::memory::parse_limit(t);
@@ -1098,8 +1099,8 @@ proptest! {
         let line = format!(
             "[ 1.5] Memory cgroup out of memory: Killed process {pid} ({name}) total-vm:1kB, anon-rss:{anon}kB, file-rss:{file}kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0"
         );
-        match tchrun::kernel_log::parse(&line) {
-            Some(tchrun::kernel_log::KernelEvent::OomKill { pid: p, name: n, rss_kib, cgroup, .. }) => {
+        match tchrun_launcher::kernel_log::parse(&line) {
+            Some(tchrun_launcher::kernel_log::KernelEvent::OomKill { pid: p, name: n, rss_kib, cgroup, .. }) => {
                 prop_assert_eq!(p, pid);
                 prop_assert_eq!(n, name);
                 prop_assert_eq!(rss_kib, Some(anon + file));

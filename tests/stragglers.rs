@@ -1,4 +1,4 @@
-//! Slow ranks named while training (`tchrun::straggler`, `worker/src/train/live.rs`) and rank
+//! Slow ranks named while training (`worker/src/straggler.rs`, `worker/src/train/live.rs`) and rank
 //! 0's `status.json` while the job runs: real 2- and 4-rank CPU jobs where a test hook slows
 //! one rank's step or its loader, and one where the ranks are equal and nobody may be named.
 mod common;

@@ -11,14 +11,14 @@ use common::stats::{same_distribution, same_rate};
 use common::*;
 use std::sync::OnceLock;
 use std::time::Duration;
-use tchrun::data::auto_augment::Rgb8;
-use tchrun::data::mix_rng;
-use tchrun::data::transforms::{
+use tchrun::transform_flags::{Affine, ColorJitter, PadMode, Perspective, TransformFlags};
+use tchrun_data::auto_augment::Rgb8;
+use tchrun_data::mix_rng;
+use tchrun_data::transforms::{
     self, adjust_hue, cut, grayscale, pad, perspective_coefficients, perspective_startpoints,
     random_crop_params, AffineDraw, Draw, JitterDraw,
 };
-use tchrun::data::Interpolation;
-use tchrun::transform_flags::{Affine, ColorJitter, PadMode, Perspective, TransformFlags};
+use tchrun_data::Interpolation;
 
 /// Draws per transform for the distribution tests (torchvision's and ours).
 const N: usize = 4000;
@@ -374,9 +374,9 @@ fn transform_draws_follow_torchvisions_distributions() {
 /// The PNGs under `dir`, by relative path: (width, height, RGB8).
 fn pngs(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u32, u32, Vec<u8>)> {
     let mut out = std::collections::BTreeMap::new();
-    for p in tchrun::data::transform_folder::list_images(dir).expect("list") {
+    for p in tchrun_data::transform_folder::list_images(dir).expect("list") {
         let rel = p.strip_prefix(dir).expect("under").display().to_string();
-        out.insert(rel, tchrun::data::decode_rgb8(&p).expect("decode"));
+        out.insert(rel, tchrun_data::decode_rgb8(&p).expect("decode"));
     }
     out
 }
@@ -487,7 +487,7 @@ fn data_transform_writes_torchvisions_transformed_folder() {
 /// padded image as it is.
 #[test]
 fn the_loader_pads_crops_flips_and_greys_in_order() {
-    use tchrun::data::{load_batches, Augment, ImageFolder, LoaderConfig, TrainAugment};
+    use tchrun_data::{load_batches, Augment, ImageFolder, LoaderConfig, TrainAugment};
     let t = tempdir();
     let mut g = mix_rng(3, 0, 0);
     use rand::Rng;

@@ -8,7 +8,7 @@
         [--device cpu|cuda] [--amp off|bf16] [--channels-last]
         [torchvision's recipe flags, below]
 
-Semantics matched to tchrun (worker/src/train.rs, src/data.rs, src/schedule.rs):
+Semantics matched to tchrun (worker/src/train/, crates/data/src/, src/schedule.rs):
 * model torchvision.models.<arch>(num_classes=C), seeded; DDP over Gloo on CPU; the loader's
   random draws seeded per rank (--seed x 1000 + rank), so the ranks' augmentations differ;
 * SGD(momentum 0.9, weight_decay 1e-4), effective LR = lr x world size, set per optimizer step:

@@ -21,7 +21,7 @@ pub enum JobError {
     },
     /// The training job's input checks (shared with the ranks).
     #[error(transparent)]
-    Preflight(tchrun::preflight::PreflightError),
+    Preflight(tchrun_data::preflight::PreflightError),
     /// An output or log directory that is, contains or lies inside an input (exit 2).
     #[error(transparent)]
     Overlap(#[from] Box<tchrun::overlap::OverlapError>),
@@ -37,7 +37,7 @@ pub enum JobError {
     Model(#[from] tchrun::model::InvalidModelDirectory),
     /// `--images`: not a usable image folder.
     #[error("--images {0}")]
-    Images(#[source] tchrun::data::DatasetError),
+    Images(#[source] tchrun_data::DatasetError),
     /// No rank made progress for `--hang-timeout`; the job was stopped (exit 4).
     #[error("{0}")]
     Hung(String),
@@ -55,9 +55,9 @@ impl From<tchrun::argv::ArgvError> for JobError {
     }
 }
 
-impl From<tchrun::preflight::PreflightError> for JobError {
-    fn from(e: tchrun::preflight::PreflightError) -> JobError {
-        use tchrun::preflight::PreflightError;
+impl From<tchrun_data::preflight::PreflightError> for JobError {
+    fn from(e: tchrun_data::preflight::PreflightError) -> JobError {
+        use tchrun_data::preflight::PreflightError;
         match e {
             PreflightError::Dataset { flag, error } => JobError::from_dataset(error, |error| {
                 JobError::Preflight(PreflightError::Dataset { flag, error })
@@ -71,11 +71,11 @@ impl JobError {
     /// A dataset error: an interrupted extraction becomes [`JobError::Interrupted`], anything
     /// else goes through `other`.
     pub fn from_dataset(
-        e: tchrun::data::DatasetError,
-        other: impl FnOnce(tchrun::data::DatasetError) -> JobError,
+        e: tchrun_data::DatasetError,
+        other: impl FnOnce(tchrun_data::DatasetError) -> JobError,
     ) -> JobError {
         match e {
-            e @ tchrun::data::DatasetError::Interrupted { signal, .. } => JobError::Interrupted {
+            e @ tchrun_data::DatasetError::Interrupted { signal, .. } => JobError::Interrupted {
                 signal,
                 message: e.to_string(),
             },

@@ -1,13 +1,11 @@
 //! `tchrun doctor`'s contract: the checks' flags (passed unchanged from the launcher to
 //! `tchrun-worker doctor`), the records a rank writes (`NodeReport`, `LinkReport`), the pairs
 //! of each round of the network test, and `doctor.json` (`DoctorReport`). The verdict (which
-//! host failed, which link is slow), the table and `hostfile.healthy` are in `verdict.rs`.
+//! host failed, which link is slow), the table and `hostfile.healthy` are the launcher's (`launcher/src/verdict.rs`).
 //! Knows no process group and spawns nothing.
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-
-pub mod verdict;
 
 /// The doctor's report in its log directory.
 pub const REPORT_JSON: &str = "doctor.json";
@@ -268,48 +266,6 @@ pub fn median(v: &[f64]) -> Option<f64> {
     })
 }
 
-/// `MemAvailable` of a /proc/meminfo text, in bytes.
-pub fn mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
-/// The GPUs of `nvidia-smi --query-gpu=index,name,driver_version,ecc.errors.uncorrected.volatile.total,retired_pages.pending,clocks_throttle_reasons.active --format=csv,noheader,nounits`.
-pub fn parse_smi(text: &str) -> (Option<String>, Vec<GpuHealth>) {
-    let mut driver = None;
-    let mut gpus = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        let Some(index) = f.first().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        let num = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok());
-        if driver.is_none() {
-            driver = f.get(2).map(|s| s.to_string());
-        }
-        let throttle = f.get(5).and_then(|s| {
-            let s = s.trim_start_matches("0x");
-            u64::from_str_radix(s, 16).ok()
-        });
-        gpus.push(GpuHealth {
-            index,
-            name: f.get(1).unwrap_or(&"").to_string(),
-            ecc_uncorrected: num(3),
-            retired_pending: f
-                .get(4)
-                .and_then(|s| match s.to_ascii_lowercase().as_str() {
-                    "yes" => Some(true),
-                    "no" => Some(false),
-                    _ => None,
-                }),
-            // Bit 0 is "GPU idle": not a throttle.
-            throttle_reasons: throttle.map(|t| t & !1),
-        });
-    }
-    (driver, gpus)
-}
-
 /// The problems of one GPU's health, in words.
 pub fn gpu_problems(g: &GpuHealth) -> Vec<String> {
     let mut p = Vec::new();
@@ -368,25 +324,5 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0]), Some(2.5));
         assert_eq!(median(&[]), None);
         assert_eq!(median(&[f64::NAN]), None);
-    }
-
-    #[test]
-    fn meminfo_and_smi_are_read() {
-        let m = "MemTotal: 100 kB\nMemAvailable:    2048 kB\n";
-        assert_eq!(mem_available(m), Some(2048 * 1024));
-        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
-        let smi = "0, NVIDIA H200, 550.54.15, 0, No, 0x0000000000000001\n\
-                   1, NVIDIA H200, 550.54.15, 3, Yes, 0x0000000000000004\n";
-        let (driver, gpus) = parse_smi(smi);
-        assert_eq!(driver.as_deref(), Some("550.54.15"));
-        assert_eq!(gpus.len(), 2);
-        assert_eq!(gpus[0].throttle_reasons, Some(0));
-        assert!(gpu_problems(&gpus[0]).is_empty());
-        let p = gpu_problems(&gpus[1]);
-        assert_eq!(p.len(), 2, "{p:?}");
-        assert!(p[0].contains("GPU 1 has 3 uncorrected ECC"), "{p:?}");
-        let (_, na) = parse_smi("0, T4, 535.1, [N/A], [N/A], [N/A]\n");
-        assert_eq!(na[0].ecc_uncorrected, None);
-        assert!(gpu_problems(&na[0]).is_empty());
     }
 }

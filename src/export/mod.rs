@@ -3,7 +3,6 @@
 //! worker's check record and the export report (`export.json`). The launcher runs the export;
 //! the worker traces the model with libtorch and checks it; the environment's torch writes the
 //! ONNX graph. Knows no libtorch.
-pub mod triton;
 
 use crate::model::ModelConfig;
 use serde::{Deserialize, Serialize};

@@ -7,11 +7,14 @@ pub mod comm;
 pub mod export;
 pub mod heartbeat;
 pub mod infer;
+pub mod layout;
 pub mod memory;
+pub mod mlflow;
 pub mod models;
 pub mod plot;
 pub mod rank;
 pub mod status;
+pub mod straggler;
 pub mod train;
 
 // The paths programs of their own use (`tchrun_worker::dist::init()`, `tchrun_worker::pg`).

@@ -151,7 +151,7 @@ fn failure_kind(f: &Fatal) -> FailureKind {
         if let Some(t) = cause.downcast_ref::<tch::TchError>() {
             return driver_log::torch_failure_kind(&t.to_string(), by_exit);
         }
-        if cause.downcast_ref::<tchrun::data::DatasetError>().is_some() {
+        if cause.downcast_ref::<tchrun_data::DatasetError>().is_some() {
             return FailureKind::Data;
         }
         if cause.downcast_ref::<std::io::Error>().is_some() {

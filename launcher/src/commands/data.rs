@@ -1,15 +1,15 @@
 //! `tchrun data ...`: dataset commands. `split` ("Split Image Directory") and `pack` (tar
-//! shards in the WebDataset layout): the logic is `tchrun::data::split` / `tchrun::data::pack`;
+//! shards in the WebDataset layout): the logic is `tchrun_data::split` / `tchrun_data::pack`;
 //! here the flags, archive sources and the report. `index`: the dataset index
-//! (`tchrun::data::index`) made and every header verified once for every later job.
-//! `transform` ("Apply Image Transformation"): the logic is `tchrun::data::transform_folder`.
+//! (`tchrun_data::index`) made and every header verified once for every later job.
+//! `transform` ("Apply Image Transformation"): the logic is `tchrun_data::transform_folder`.
 use crate::error::JobError;
 use crate::plan::preflight::{absolute, check_disjoint};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
-use tchrun::data::pack;
-use tchrun::data::split::{self, SPLIT_TRAIN, SPLIT_VALID};
 use tchrun::overlap::Named;
+use tchrun_data::pack;
+use tchrun_data::split::{self, SPLIT_TRAIN, SPLIT_VALID};
 
 #[derive(Subcommand, Debug)]
 pub enum DataCmd {
@@ -64,7 +64,7 @@ pub struct TransformArgs {
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub seed: i64,
     /// Refuse images whose header declares more pixels than this (decompression bombs).
-    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun_data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
     #[command(flatten)]
     pub transforms: tchrun::transform_flags::TransformFlags,
@@ -84,7 +84,7 @@ pub struct IndexArgs {
     pub dirs: Vec<PathBuf>,
     /// The pixel limit the headers are verified against (training's --max-image-pixels: a
     /// job with another limit verifies again).
-    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun_data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
 }
 
@@ -112,7 +112,7 @@ pub struct PackArgs {
     )]
     pub seed: i64,
     /// Refuse images whose header declares more pixels than this (decompression bombs).
-    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun::data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "TCHRUN_MAX_IMAGE_PIXELS", default_value_t = tchrun_data::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
 }
 
@@ -156,11 +156,11 @@ pub fn run(cmd: &DataCmd) -> Result<i32, JobError> {
 
 /// `SRC` of `split` and `pack`: an image folder, or an archive extracted into the data cache
 /// (said on the console); its path and its scan.
-fn source_folder(src: &std::path::Path) -> Result<(PathBuf, tchrun::data::ImageFolder), JobError> {
+fn source_folder(src: &std::path::Path) -> Result<(PathBuf, tchrun_data::ImageFolder), JobError> {
     let invalid = |e: &dyn std::fmt::Display| JobError::invalid(e.to_string());
     let src = absolute(src.to_path_buf());
-    let cache = tchrun::data::archive::cache_root();
-    let folder_path = match tchrun::data::archive::resolve(&src, &cache)
+    let cache = tchrun_data::archive::cache_root();
+    let folder_path = match tchrun_data::archive::resolve(&src, &cache)
         .map_err(|e| JobError::from_dataset(e, |e| invalid(&e)))?
     {
         Some(x) => {
@@ -169,7 +169,7 @@ fn source_folder(src: &std::path::Path) -> Result<(PathBuf, tchrun::data::ImageF
         }
         None => src,
     };
-    let folder = tchrun::data::ImageFolder::scan(&folder_path).map_err(|e| invalid(&e))?;
+    let folder = tchrun_data::ImageFolder::scan(&folder_path).map_err(|e| invalid(&e))?;
     Ok((folder_path, folder))
 }
 
@@ -226,7 +226,7 @@ fn run_pack(a: &PackArgs) -> Result<i32, JobError> {
 }
 
 fn run_transform(a: &TransformArgs) -> Result<i32, JobError> {
-    use tchrun::data::transform_folder::{self as tf, TransformError, TransformJob};
+    use tchrun_data::transform_folder::{self as tf, TransformError, TransformJob};
     let started = std::time::Instant::now();
     let job = TransformJob {
         transforms: a.transforms,
@@ -268,7 +268,7 @@ fn run_transform(a: &TransformArgs) -> Result<i32, JobError> {
 }
 
 fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
-    use tchrun::data::index;
+    use tchrun_data::index;
     // The indexes are written in the cache: never inside one of the folders.
     let dirs: Vec<PathBuf> = a.dirs.iter().map(|d| absolute(d.clone())).collect();
     check_disjoint(
@@ -276,7 +276,7 @@ fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
             .iter()
             .map(|d| {
                 Named::new(
-                    format!("${}", tchrun::data::archive::DATA_CACHE_ENV),
+                    format!("${}", tchrun_data::archive::DATA_CACHE_ENV),
                     "the dataset index, kept in the cache",
                     index::location(d),
                 )
@@ -289,14 +289,14 @@ fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
     )?;
     for dir in &a.dirs {
         let dir = absolute(dir.clone());
-        if tchrun::data::archive::ArchiveKind::of(&dir).is_some() {
+        if tchrun_data::archive::ArchiveKind::of(&dir).is_some() {
             return Err(JobError::invalid(format!(
                 "{}: an archive; training extracts archives and indexes the extracted folder \
                  itself (or extract it and index that folder)",
                 dir.display()
             )));
         }
-        if tchrun::data::pack::is_pack(&dir) {
+        if tchrun_data::pack::is_pack(&dir) {
             return Err(JobError::invalid(format!(
                 "{}: a packed directory (`tchrun data pack`): it has its own index and its \
                  headers were verified when it was packed; nothing to index",
@@ -310,7 +310,7 @@ fn run_index(a: &IndexArgs) -> Result<i32, JobError> {
                 "{}: the index could not be kept ({}); set {} to a writable folder",
                 dir.display(),
                 opened.note,
-                tchrun::data::archive::DATA_CACHE_ENV
+                tchrun_data::archive::DATA_CACHE_ENV
             )));
         };
         if opened.index.headers_for(a.max_image_pixels).is_none() {

@@ -2,17 +2,16 @@
 //! rank per node (`tchrun-worker doctor --phase nodes`: versions, paths, shared file system,
 //! disk, memory, clock, GPUs), then the job's layout on the hosts that passed (`--phase links`:
 //! pairwise bandwidth in log2(N) rounds). Writes `doctor.json` and `hostfile.healthy` into its
-//! log directory and prints the table; the verdict is `tchrun::doctor::verdict`'s.
+//! log directory and prints the table; the verdict is `tchrun_launcher::verdict`'s.
 use crate::error::JobError;
 use crate::plan::{gpus, launch, preflight};
 use crate::run;
 use clap::Args;
 use std::path::{Path, PathBuf};
-use tchrun::doctor::{
-    self, verdict, DoctorChecks, DoctorReport, FailedHost, Network, NodeReport, Phase,
-};
+use tchrun::doctor::{self, DoctorChecks, DoctorReport, FailedHost, Network, NodeReport, Phase};
 use tchrun::exit::ErrorKind;
 use tchrun::flags::RankFlags;
+use tchrun_launcher::verdict;
 
 #[derive(Args, Debug)]
 pub struct DoctorArgs {

@@ -46,10 +46,10 @@ fn check_outputs(
 }
 
 /// `--images` as a folder: an archive becomes its extracted folder (in the data cache,
-/// `tchrun::data::archive::cache_root`).
+/// `tchrun_data::archive::cache_root`).
 fn images_folder(images: &Path) -> Result<PathBuf, JobError> {
-    let cache = tchrun::data::archive::cache_root();
-    match tchrun::data::archive::resolve(images, &cache)
+    let cache = tchrun_data::archive::cache_root();
+    match tchrun_data::archive::resolve(images, &cache)
         .map_err(|e| JobError::from_dataset(e, JobError::Images))?
     {
         Some(x) => {
@@ -155,7 +155,7 @@ fn check_models(job: &InferenceJob) -> Result<tchrun::model::ModelConfig, JobErr
         cfgs.push(check_model(m, job.batch_size)?);
     }
     if let [a, b] = &cfgs[..] {
-        tchrun::comparison::check_same_classes(
+        tchrun_data::comparison::check_same_classes(
             (&job.model[0], &a.class_names),
             (&job.model[1], &b.class_names),
         )
@@ -178,8 +178,8 @@ pub fn run_evaluate(
     let cfg = check_models(&job)?;
     job.images = images_folder(&job.images)?;
     check_images_dir(&job.images)?;
-    let folder = tchrun::data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;
-    tchrun::evaluation::map_classes(&job.images, &folder.classes, &cfg.class_names)
+    let folder = tchrun_data::ImageFolder::scan(&job.images).map_err(JobError::Images)?;
+    tchrun_data::evaluation::map_classes(&job.images, &folder.classes, &cfg.class_names)
         .map_err(JobError::Images)?;
     if job.output.is_file() {
         return Err(JobError::invalid(format!(

@@ -97,7 +97,7 @@ pub struct LaunchArgs {
     pub mpirun_args: Option<String>,
 }
 
-pub use tchrun::hostfile::{parse_hostfile, Host};
+pub use tchrun_launcher::hostfile::{parse_hostfile, Host};
 
 /// A validated launch.
 #[derive(Debug, Clone)]

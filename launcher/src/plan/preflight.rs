@@ -72,7 +72,7 @@ fn worker(args: &LaunchArgs) -> Result<PathBuf, JobError> {
         )));
     }
     // Installed into an environment (the wheel): the worker loads that environment's torch.
-    tchrun::install::check(&worker).map_err(|e| JobError::invalid(e.to_string()))?;
+    tchrun_launcher::install::check(&worker).map_err(|e| JobError::invalid(e.to_string()))?;
     Ok(worker)
 }
 

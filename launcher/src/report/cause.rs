@@ -8,11 +8,12 @@ use std::path::Path;
 use tchrun::driver_log::FailureKind;
 use tchrun::job_record::memory::RankMemory;
 use tchrun::job_record::Cause;
+use tchrun_launcher::recognise::Recognise;
 
 /// What the launcher knows of an attempt beside the driver logs.
 pub struct Evidence<'a> {
     pub log_dir: &'a Path,
-    /// The kernel log's newest record when the attempt started (`tchrun::kernel_log::mark`).
+    /// The kernel log's newest record when the attempt started (`tchrun_launcher::kernel_log::mark`).
     pub kernel_mark: Option<u64>,
     /// The launcher's output (mpirun's or srun's), last lines.
     pub launcher_tail: &'a [String],
@@ -74,12 +75,14 @@ fn kernel_hardware(culprit: &RankLog, ev: &Evidence) -> Option<Cause> {
     if !is_here(&culprit.host) {
         return None;
     }
-    let events = tchrun::kernel_log::events_after(ev.kernel_mark).ok()?;
+    let events = tchrun_launcher::kernel_log::events_after(ev.kernel_mark).ok()?;
     events.into_iter().find_map(|e| match e {
-        tchrun::kernel_log::KernelEvent::Hardware { device, line } => Some(Cause::Hardware {
-            device,
-            evidence: format!("kernel log: {line}"),
-        }),
+        tchrun_launcher::kernel_log::KernelEvent::Hardware { device, line } => {
+            Some(Cause::Hardware {
+                device,
+                evidence: format!("kernel log: {line}"),
+            })
+        }
         _ => None,
     })
 }
@@ -106,7 +109,7 @@ fn killed(culprit: &RankLog, signal: i32, ev: &Evidence) -> Cause {
         .map(|m| m.host.as_str())
         .unwrap_or(culprit.host.as_str());
     let (kernel, oom_kills_now) = if is_here(host) {
-        let kernel = tchrun::kernel_log::events_after(ev.kernel_mark);
+        let kernel = tchrun_launcher::kernel_log::events_after(ev.kernel_mark);
         let kills = memory
             .as_ref()
             .and_then(|m| m.cgroup.as_ref())

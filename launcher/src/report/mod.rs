@@ -488,7 +488,7 @@ pub fn training_report(output: &Path) -> Vec<String> {
     for s in tchrun::metrics::straggler_lines(&rows) {
         lines.push(format!("tchrun: {s}"));
     }
-    let tb = output.join(tchrun::tensorboard::DIR);
+    let tb = output.join(tchrun::files::TENSORBOARD_DIR);
     if tb.is_dir() {
         lines.push(format!(
             "tchrun: TensorBoard: {}",
@@ -662,7 +662,7 @@ mod tests {
     #[test]
     fn the_training_report_gives_the_verdict_from_metrics_jsonl() {
         let dir = std::env::temp_dir().join(format!("tchrun-verdict-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join(tchrun::tensorboard::DIR)).expect("mkdir");
+        std::fs::create_dir_all(dir.join(tchrun::files::TENSORBOARD_DIR)).expect("mkdir");
         assert_eq!(
             training_report(&dir).len(),
             1,

@@ -10,7 +10,7 @@ use tchrun::job_record::heartbeat::{clock, Heartbeat, Phase};
 use tchrun::job_record::stacks::{
     group_main_threads, groups_text, CaptureRequest, CaptureSummary, RankStacks,
 };
-use tchrun::stacks;
+use tchrun_stacks as stacks;
 
 /// The ranks' answers are waited for this long at most.
 pub const ANSWER_LIMIT: Duration = Duration::from_secs(20);

@@ -322,7 +322,7 @@ fn launch_holding_the_reserve(
     let attempt = env.attempt.unwrap_or(1);
     ranks::write_table(plan, attempt);
     // The kernel log's newest record now: after a rank dies, only what follows is its.
-    let kernel_mark = tchrun::kernel_log::mark();
+    let kernel_mark = tchrun_launcher::kernel_log::mark();
     let supervised = supervise::run(&specs, mpi_log, &settings)
         .map_err(|e| JobError::launch(format!("{e} (see {})", mpi_log_path.display())))?;
     let logs = report::read_driver_logs(&plan.log_dir);

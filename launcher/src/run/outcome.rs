@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 use tchrun::exit::ErrorKind;
 use tchrun::job_record::Heartbeat;
+use tchrun_launcher::recognise::Recognise;
 
 /// What one attempt came to.
 #[derive(Debug)]

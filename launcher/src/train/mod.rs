@@ -200,10 +200,10 @@ fn prepare(
     // UPFRONT_VERIFY_LIMIT unverified images a corrupt file is refused before any rank starts
     // or anything is written to --output; on a larger one each image is checked when first
     // decoded. The ranks read copies of the indexes instead of listing the folders.
-    let checked = tchrun::preflight::check_train_job_with(
+    let checked = tchrun_data::preflight::check_train_job_with(
         &job,
-        tchrun::preflight::Verification::Launcher {
-            upfront_limit: tchrun::data::index::upfront_limit(),
+        tchrun_data::preflight::Verification::Launcher {
+            upfront_limit: tchrun_data::index::upfront_limit(),
         },
     )?;
     // What the job does with --output's checkpoint: resume, refuse (an interrupted run without
@@ -248,7 +248,7 @@ fn prepare(
     // A job that cannot learn (one class, fewer images than one step needs), counts out of
     // range, flags the data refuses: refused before any rank starts, and before the lock makes
     // --output.
-    for w in tchrun::preflight::check_job(&checked.inputs, &job, plan.world_size() as usize)? {
+    for w in tchrun_data::preflight::check_job(&checked.inputs, &job, plan.world_size() as usize)? {
         errln!("tchrun: {w}");
     }
     // One job at a time on --output (and --log-dir), for every attempt; none for a dry run.
@@ -265,7 +265,10 @@ fn prepare(
     }
     rank.log_dir = Some(log_dir.clone());
     let mut handoff = TrainHandoff {
-        verify_on_decode: matches!(checked.headers, tchrun::preflight::Headers::OnDecode { .. }),
+        verify_on_decode: matches!(
+            checked.headers,
+            tchrun_data::preflight::Headers::OnDecode { .. }
+        ),
         ..TrainHandoff::default()
     };
     if !launch.dry_run {
@@ -283,7 +286,7 @@ fn prepare(
 /// The dataset indexes, copied into the log directory for the ranks (only a shortcut: where a
 /// copy cannot be written, the ranks list the folder themselves).
 fn hand_over_indexes(
-    indexes: &[Option<tchrun::data::index::DatasetIndex>; 2],
+    indexes: &[Option<tchrun_data::index::DatasetIndex>; 2],
     log_dir: &Path,
     handoff: &mut TrainHandoff,
 ) {

@@ -337,7 +337,7 @@ impl Attempts<'_> {
         failures: &mut HostFailures,
         plan: &mut Plan,
     ) -> Result<(), JobError> {
-        use tchrun::doctor::verdict::same_host;
+        use tchrun_launcher::verdict::same_host;
         let dir = plan.log_dir.join("doctor");
         let (rank, checks) = (&self.health.rank, &self.health.checks);
         // A host where mpirun cannot start a rank is found by the doctor itself (each host
@@ -345,7 +345,7 @@ impl Attempts<'_> {
         let Some(d) = crate::commands::doctor::diagnose(self.launch, rank, checks, &dir)? else {
             return Ok(());
         };
-        outln!("{}", tchrun::doctor::verdict::table(&d.report).trim_end());
+        outln!("{}", tchrun_launcher::verdict::table(&d.report).trim_end());
         outln!("tchrun: --preflight doctor: {}", d.report_path.display());
         for l in &d.report.bad_links {
             errln!("tchrun: warning: --preflight doctor: {l}");

@@ -4,8 +4,8 @@
 //! `benches/reference/bench_loader.py`; used by `scripts/bench.sh`.
 use std::path::PathBuf;
 use std::time::Instant;
-use tchrun::data::{self, Augment, ImageFolder, LoaderConfig, TrainAugment};
 use tchrun::model::Normalization;
+use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig, TrainAugment};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -76,7 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 rank: 0,
                 first_position: 0,
                 skip_bad: false,
-                max_pixels: tchrun::data::DEFAULT_MAX_IMAGE_PIXELS,
+                max_pixels: tchrun_data::DEFAULT_MAX_IMAGE_PIXELS,
                 global: None,
             },
         );

@@ -123,7 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.channels_last
     };
     let channels_last =
-        tchrun::layout::choose(setting, device.is_cuda(), a.arch, a.size).channels_last;
+        crate::layout::choose(setting, device.is_cuda(), a.arch, a.size).channels_last;
     if channels_last {
         models::to_channels_last(&named);
     }

@@ -4,9 +4,9 @@ use super::ExportError;
 use crate::infer::score;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
-use tchrun::data::{self, ImageFolder, Sample};
 use tchrun::export::{Difference, Preprocess, CHECK_IMAGES, SYNTHETIC_IMAGES};
 use tchrun::model::ModelConfig;
+use tchrun_data::{self as data, ImageFolder, Sample};
 
 /// The images the check runs, as the model takes them (`floats`: normalized NCHW float32)
 /// and as a client of `--with-preprocess` sends them (`pixels`: NHWC uint8).

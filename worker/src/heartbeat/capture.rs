@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 use tchrun::job_record::heartbeat::{Heartbeat, Phase};
 use tchrun::job_record::stacks::{CaptureRequest, LoaderWork, RankStacks};
-use tchrun::stacks;
+use tchrun_stacks as stacks;
 
 /// The time one process's stacks may take (a thread in the kernel can hold the tool up).
 pub const STACK_LIMIT: Duration = Duration::from_secs(8);
@@ -81,7 +81,7 @@ fn answer(id: &Identity, req: &CaptureRequest) {
 
 /// The loader threads' files in progress.
 fn loaders() -> Vec<LoaderWork> {
-    tchrun::data::in_progress()
+    tchrun_data::in_progress()
         .into_iter()
         .map(|(thread, file, since)| LoaderWork {
             thread,

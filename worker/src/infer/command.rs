@@ -177,7 +177,7 @@ pub fn run_evaluate(EvaluateArgs { job: a, rank }: EvaluateArgs) -> RankResult {
 }
 
 /// `evaluate`'s report on rank 0's console: one model's figures on one line; two models' side
-/// by side (`tchrun::comparison::table`) with the verdict.
+/// by side (`tchrun_data::comparison::table`) with the verdict.
 fn report_evaluated(e: &Evaluated, world: usize, output: &std::path::Path, say: &dyn Fn(&str)) {
     match e {
         Evaluated::One { images, metrics: m } => say(&format!(
@@ -195,7 +195,7 @@ fn report_evaluated(e: &Evaluated, world: usize, output: &std::path::Path, say: 
                 "evaluated {images} image(s) with 2 models on {}:",
                 tchrun::counts::ranks(world)
             ));
-            for line in tchrun::comparison::table(comparison) {
+            for line in tchrun_data::comparison::table(comparison) {
                 say(&line);
             }
             say(&format!(

@@ -1,17 +1,17 @@
 //! `tchrun-worker evaluate` ("Evaluate Model"): a labeled ImageFolder scored by one model
 //! (`scores.csv`, `metrics.json`, `confusion_matrix.csv` and `.png` in `--output`), or by two
 //! compared (each model's four files in `a/` and `b/`, and `comparison.json` and
-//! `disagreements.csv` of `tchrun::comparison`). Every rank scores its batches with each
+//! `disagreements.csv` of `tchrun_data::comparison`). Every rank scores its batches with each
 //! model; rank 0 gathers the rows and writes.
 use super::score::{
     gather, infer, out_err, relative, shard, top_cells, write_csv, Compute, Ranks, Row, ScoreError,
 };
 use std::path::{Path, PathBuf};
-use tchrun::comparison::{self, Comparison};
 use tchrun::csv_out::cell;
-use tchrun::data::ImageFolder;
-use tchrun::evaluation::{self, EvalMetrics, Scored};
 use tchrun::model::{self, ModelConfig};
+use tchrun_data::comparison::{self, Comparison};
+use tchrun_data::evaluation::{self, EvalMetrics, Scored};
+use tchrun_data::ImageFolder;
 
 /// What `evaluate` found, for the console.
 pub enum Evaluated {

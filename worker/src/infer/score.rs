@@ -9,8 +9,8 @@
 use crate::models;
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
-use tchrun::data::{self, Augment, ImageFolder, LoaderConfig, Sample};
 use tchrun::model::{self, ModelConfig};
+use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig, Sample};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScoreError {
@@ -28,7 +28,7 @@ pub enum ScoreError {
     Torch(#[from] tch::TchError),
     #[error("gathering the scores on rank 0: {0}")]
     Gather(String),
-    /// Two models that cannot be compared (`tchrun::comparison::check_same_classes`).
+    /// Two models that cannot be compared (`tchrun_data::comparison::check_same_classes`).
     #[error("{0}")]
     Models(String),
 }
@@ -175,7 +175,7 @@ pub(crate) fn val_loader(cfg: &ModelConfig, batch_size: usize, threads: usize) -
         rank: 0,
         first_position: 0,
         skip_bad: false,
-        max_pixels: tchrun::data::DEFAULT_MAX_IMAGE_PIXELS,
+        max_pixels: tchrun_data::DEFAULT_MAX_IMAGE_PIXELS,
         global: None,
     }
 }

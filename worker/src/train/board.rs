@@ -1,4 +1,4 @@
-//! Rank 0's TensorBoard events (`<output>/tensorboard/`, see `tchrun::tensorboard`) and the
+//! Rank 0's TensorBoard events (`<output>/tensorboard/`, see `tchrun_tensorboard`) and the
 //! per-step training losses and learning rates the metrics plot draws (kept across
 //! `--resume`: they come back from the events file).
 //!
@@ -6,7 +6,7 @@
 //! the reason) and the run goes on without them; it never stops a long job.
 use std::path::Path;
 use tchrun::metrics::EpochMetrics;
-use tchrun::tensorboard::{self, EventWriter};
+use tchrun_tensorboard::{self as tensorboard, EventWriter};
 
 /// Per-step scalars (every `--print-freq` iterations and at each epoch's end).
 pub const STEP_LOSS: &str = "train/loss";

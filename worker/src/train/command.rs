@@ -63,7 +63,7 @@ pub fn run(a: TrainArgs) -> RankResult {
     let is_rank0 = pg.rank() == 0;
     // The job against the world size (as the launcher's pre-flight; a rank started by hand,
     // srun or sbatch has had no other check).
-    match tchrun::preflight::check_job(&inputs, &a.job, pg.size()) {
+    match tchrun_data::preflight::check_job(&inputs, &a.job, pg.size()) {
         Ok(warnings) => {
             // `tchrun train` (which sets TCHRUN_ATTEMPT) said them already on the console; else
             // rank 0 says them, once for the job.

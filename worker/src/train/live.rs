@@ -1,19 +1,19 @@
 //! A run seen while it trains: every window of `--print-freq` steps the ranks' time split is
 //! gathered (one all-gather of six numbers a rank), every rank runs the same straggler rule on
-//! it (`tchrun::straggler`), and rank 0 names the stragglers (console, driver log, TensorBoard,
+//! it (`crate::straggler`), and rank 0 names the stragglers (console, driver log, TensorBoard,
 //! `metrics.jsonl`) and publishes the window into `status.json` (`crate::status`). The epoch's
 //! slowest rank and host go into its metrics row.
 use super::board::Board;
 use super::state::Epoch;
 use super::{RankCtx, TrainError};
 use crate::comm::pg::ProcessGroup;
+use crate::straggler::{Detector, Finding, Sample};
 use std::time::Instant;
 use tch::{Device, Tensor};
 use tchrun::job_record::status::{
     JobState, JobStatus, RankStatus, Shares, SlowKind, Straggler, WindowMark,
 };
 use tchrun::metrics::Slowest;
-use tchrun::straggler::{Detector, Finding, Sample};
 
 /// The numbers each rank adds to the gather: a `Sample`'s five, then its resident memory.
 const GATHERED: usize = 6;

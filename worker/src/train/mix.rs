@@ -1,13 +1,13 @@
 //! `--mixup-alpha` and `--cutmix-alpha` on the training micro-batch tensor: torchvision's
 //! `v2.MixUp` and `v2.CutMix` (one chosen per micro-batch when both are on, as
 //! `v2.RandomChoice`), the batch mixed with itself rolled by one, the labels made one-hot and
-//! mixed alike. The draw is `tchrun::data::mix_params`, seeded by the micro-batch's global
+//! mixed alike. The draw is `tchrun_data::mix_params`, seeded by the micro-batch's global
 //! position, so `--global-batch-size` mixes the same micro-batches alike at any world size and
 //! a resume draws what the uninterrupted run drew. The model's random layers (dropout,
 //! stochastic depth) are seeded by the same global position (`seed_random_layers`).
 use super::trainer::Trainer;
 use tch::{Kind, Tensor};
-use tchrun::data::{layer_seed, mix_params, mix_rng, Mix};
+use tchrun_data::{layer_seed, mix_params, mix_rng, Mix};
 
 /// `v2.MixUp`/`v2.CutMix`'s transform of images `x` (N x C x H x W) and index labels `y` (N)
 /// of `classes` classes with the drawn `mix`: (images, probability labels N x classes).
@@ -73,7 +73,7 @@ impl Trainer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tchrun::data::cutmix_box;
+    use tchrun_data::cutmix_box;
 
     fn reference() -> serde_json::Value {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -27,12 +27,13 @@ pub(crate) mod window;
 
 use ctx::{layout, loader_threads, time_split, to_input};
 use tchrun::flags::TrainJob;
+use tchrun_data::{self as data, DatasetError};
 use trainer::Trainer;
 
 pub use ctx::RankCtx;
 pub use error::TrainError;
 
-pub use tchrun::preflight::Inputs;
+pub use tchrun_data::preflight::Inputs;
 
 /// Model directory, image directories, output: before any step. `indexes`: the launcher's
 /// copies of the train and valid dataset indexes, used (instead of listing the folders) when
@@ -44,7 +45,7 @@ pub fn check_inputs(
     indexes: [Option<&std::path::Path>; 2],
     on_decode: bool,
 ) -> Result<(Inputs, Vec<String>), TrainError> {
-    use tchrun::preflight::{check_train_job_with, Verification};
+    use tchrun_data::preflight::{check_train_job_with, Verification};
     let [train, valid] = indexes;
     let v = Verification::Rank {
         train,

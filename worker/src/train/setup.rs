@@ -17,11 +17,11 @@ use crate::train::optim::Optimizer;
 use crate::train::outputs;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
-use tchrun::data::{self, GlobalCut};
-use tchrun::faults::FaultPlan;
 use tchrun::flags::{Amp, LrScaling, TrainJob};
 use tchrun::model::ModelConfig;
 use tchrun::schedule::{EarlyStopping, LrSchedule};
+use tchrun_data::{self as data, GlobalCut};
+use tchrun_faults::FaultPlan;
 
 /// The model built: its variables, the network, the initial weights `model.json` records.
 struct Built {

@@ -1,15 +1,15 @@
-//! Rank 0's MLflow run (`--mlflow-tracking-uri`, see `tchrun::mlflow`): made in the
+//! Rank 0's MLflow run (`--mlflow-tracking-uri`, see `crate::mlflow`): made in the
 //! background before training with the job's flags as parameters, fed each epoch's metrics
 //! (those of `metrics.jsonl`), ended with the model directory as artifacts and the run's
 //! status. Other ranks, and jobs without a tracking server, hold `Tracking::off()`: every call
 //! does nothing. Nothing here can fail or stall training.
 use super::TrainError;
+use crate::mlflow::{self, Note, RunStatus, Tracker};
 use std::path::Path;
 use std::sync::Arc;
 use tchrun::files::{METRICS_JSONL, METRICS_PLOT, MODEL_JSON, MODEL_WEIGHTS};
 use tchrun::flags::TrainJob;
 use tchrun::metrics::EpochMetrics;
-use tchrun::mlflow::{self, Note, RunStatus, Tracker};
 
 /// The artifact folder of the model directory's files in the run.
 pub const ARTIFACT_DIR: &str = "model";

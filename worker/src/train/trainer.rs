@@ -16,8 +16,8 @@ use crate::train::checkpoint;
 use crate::train::optim::Optimizer;
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Tensor};
-use tchrun::data::{self, Augment, ImageFolder, LoaderConfig, TrainAugment};
-use tchrun::faults::FaultPlan;
+use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig, TrainAugment};
+use tchrun_faults::FaultPlan;
 use tchrun::flags::TrainJob;
 use tchrun::job_record::heartbeat::Phase;
 use tchrun::job_record::status::JobState;
@@ -224,7 +224,7 @@ impl<'a> Trainer<'a> {
                     "TCHRUN_TEST_STALL_AT_STEP: spinning for {d:?} before step {}",
                     self.s.step
                 );
-                tchrun::faults::spin_for(d);
+                tchrun_faults::spin_for(d);
             }
             if let Some(mib) = self.faults.allocate_before(self.s.step) {
                 tracing::warn!(

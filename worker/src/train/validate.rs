@@ -3,9 +3,9 @@
 use super::{loader_threads, to_input, RankCtx, TrainError};
 use crate::comm::pg::ReduceOp;
 use tch::{nn::ModuleT, Device, Kind, Tensor};
-use tchrun::data::{self, Augment, ImageFolder, LoaderConfig};
 use tchrun::flags::TrainJob;
 use tchrun::model::ModelConfig;
+use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig};
 
 /// Validation of one epoch, reduced over every rank.
 pub(super) struct Validation {
@@ -61,7 +61,7 @@ pub(super) fn validate(
     for batch in loader {
         // Each batch is progress the hang watch sees (a long validation is not a hang).
         crate::heartbeat::progressed();
-        tchrun::faults::maybe_slow_validation_batch();
+        tchrun_faults::maybe_slow_validation_batch();
         let batch = batch.map_err(TrainError::Data)?;
         skipped_here += bad_images.note(&batch.skipped);
         if batch.len == 0 {

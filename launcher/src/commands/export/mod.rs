@@ -4,13 +4,14 @@
 //! (`onnx`); everything is made in a staging folder inside `--output` and each model folder
 //! renamed into place only once every check passed: nothing half-written.
 mod onnx;
+mod triton;
 
 use crate::error::JobError;
 use crate::plan::preflight::{absolute, check_disjoint};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tchrun::exit::ErrorKind;
-use tchrun::export::{self as contract, triton, Check, ExportJob, Preprocess, Report, Target};
+use tchrun::export::{self as contract, Check, ExportJob, Preprocess, Report, Target};
 use tchrun::overlap::Named;
 
 /// The staging folder, removed on drop (a failed or interrupted export leaves nothing).

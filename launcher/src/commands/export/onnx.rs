@@ -74,7 +74,7 @@ pub fn export(
             "the ONNX export needs the Python module '{m}' in {}: pip install onnx onnxruntime \
              (torch=={}.* is tchrun's own), pass --python PATH, or use --format torchscript",
             python.display(),
-            tchrun::install::TORCH_SERIES
+            tchrun_launcher::install::TORCH_SERIES
         )));
     }
     let runs = match (

@@ -188,10 +188,10 @@ pub fn batch_job(a: &SbatchArgs) -> Result<BatchJob, JobError> {
     }
     let launch_args = a.launch.to_launch();
     crate::plan::preflight::check_disjoint(&outputs, inputs, Some(&launch_args))?;
-    let inputs = tchrun::preflight::check_train_job(&tj, false)?;
+    let inputs = tchrun_data::preflight::check_train_job(&tj, false)?;
     let world = tchrun::counts::world_size(a.launch.nodes, a.launch.procs_per_node)
         .map_err(|e| JobError::invalid(e.0))?;
-    for w in tchrun::preflight::check_job(&inputs, &tj, world as usize)? {
+    for w in tchrun_data::preflight::check_job(&inputs, &tj, world as usize)? {
         errln!("tchrun: {w}");
     }
     match a.rank.device {
