@@ -6,7 +6,7 @@ use super::TrainError;
 use crate::comm::pg::ProcessGroup;
 use crate::models;
 use tch::{Device, Kind, Tensor};
-use tchrun::data;
+use tchrun_data as data;
 use tchrun::flags::TrainJob;
 
 /// What the training loop needs from the rank.
@@ -30,8 +30,8 @@ pub(super) fn layout(
     job: &TrainJob,
     device: Device,
     cfg: &tchrun::model::ModelConfig,
-) -> tchrun::layout::Layout {
-    tchrun::layout::choose(
+) -> crate::layout::Layout {
+    crate::layout::choose(
         job.options.layout_setting(),
         device.is_cuda(),
         cfg.arch,

@@ -11,7 +11,7 @@ use crate::comm::ddp::Replicator;
 use crate::models;
 use std::collections::BTreeMap;
 use tch::{nn, Device, Kind, Tensor};
-use tchrun::data::ImageFolder;
+use tchrun_data::ImageFolder;
 use tchrun::flags::TrainJob;
 use tchrun::model::ModelConfig;
 use tchrun::recipe::EmaRecord;

@@ -1,7 +1,7 @@
 //! `TrainError`: how training fails, with the failure kind the driver log records and the
 //! error kind the exit code comes from. A leaf of `train`: every part of it returns this.
 use crate::comm::pg::C10dError;
-use tchrun::data::DatasetError;
+use tchrun_data::DatasetError;
 use tchrun::driver_log::FailureKind;
 use tchrun::exit::ErrorKind;
 
@@ -11,7 +11,7 @@ pub enum TrainError {
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
-    Preflight(#[from] tchrun::preflight::PreflightError),
+    Preflight(#[from] tchrun_data::preflight::PreflightError),
     #[error("data error during training: {0}")]
     Data(DatasetError),
     #[error(
@@ -74,7 +74,7 @@ impl TrainError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             // A hand-started rank's archive extraction interrupted (the partial folder removed).
-            TrainError::Preflight(tchrun::preflight::PreflightError::Dataset {
+            TrainError::Preflight(tchrun_data::preflight::PreflightError::Dataset {
                 error: DatasetError::Interrupted { signal, .. },
                 ..
             }) => {

@@ -27,7 +27,6 @@ pub(crate) mod window;
 
 use ctx::{layout, loader_threads, time_split, to_input};
 use tchrun::flags::TrainJob;
-use tchrun_data::{self as data, DatasetError};
 use trainer::Trainer;
 
 pub use ctx::RankCtx;

@@ -7,7 +7,7 @@ use crate::comm::ddp::Accumulation;
 use std::collections::BTreeMap;
 use std::time::Instant;
 use tch::Tensor;
-use tchrun::data::GlobalCut;
+use tchrun_data::GlobalCut;
 use tchrun::flags::LrScaling;
 use tchrun::metrics::EpochMetrics;
 use tchrun::schedule::{EarlyStopping, LrSchedule};
