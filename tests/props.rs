@@ -928,8 +928,8 @@ proptest! {
         argv.extend(args);
         if let Ok(cli) = Cli::try_parse_from(&argv) {
             let mut again = vec!["x".to_string()];
-            again.extend(cli.job.to_args());
-            again.extend(cli.rank.to_args());
+            again.extend(cli.job.to_args().expect("flags parsed from UTF-8 argv become argv"));
+            again.extend(cli.rank.to_args().expect("flags parsed from UTF-8 argv become argv"));
             match Cli::try_parse_from(&again) {
                 Ok(c2) => {
                     prop_assert_eq!(&c2.job, &cli.job, "{:?} -> {:?}", argv, again);
