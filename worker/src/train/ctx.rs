@@ -6,8 +6,8 @@ use super::TrainError;
 use crate::comm::pg::ProcessGroup;
 use crate::models;
 use tch::{Device, Kind, Tensor};
-use tchrun_data as data;
 use tchrun::flags::TrainJob;
+use tchrun_data as data;
 
 /// What the training loop needs from the rank.
 pub struct RankCtx<'a> {

@@ -11,10 +11,10 @@ use crate::comm::ddp::Replicator;
 use crate::models;
 use std::collections::BTreeMap;
 use tch::{nn, Device, Kind, Tensor};
-use tchrun_data::ImageFolder;
 use tchrun::flags::TrainJob;
 use tchrun::model::ModelConfig;
 use tchrun::recipe::EmaRecord;
+use tchrun_data::ImageFolder;
 
 /// The names of the EMA's tensors in a checkpoint and in the best weights: `ema.<name>`, and
 /// its update count.

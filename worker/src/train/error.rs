@@ -1,9 +1,9 @@
 //! `TrainError`: how training fails, with the failure kind the driver log records and the
 //! error kind the exit code comes from. A leaf of `train`: every part of it returns this.
 use crate::comm::pg::C10dError;
-use tchrun_data::DatasetError;
 use tchrun::driver_log::FailureKind;
 use tchrun::exit::ErrorKind;
+use tchrun_data::DatasetError;
 
 /// Why training stopped early.
 #[derive(Debug, thiserror::Error)]

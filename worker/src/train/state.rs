@@ -7,10 +7,10 @@ use crate::comm::ddp::Accumulation;
 use std::collections::BTreeMap;
 use std::time::Instant;
 use tch::Tensor;
-use tchrun_data::GlobalCut;
 use tchrun::flags::LrScaling;
 use tchrun::metrics::EpochMetrics;
 use tchrun::schedule::{EarlyStopping, LrSchedule};
+use tchrun_data::GlobalCut;
 
 /// The steps and the LR of the run: the global-batch cut, steps per epoch, the schedule.
 pub(super) struct Plan {

@@ -16,12 +16,12 @@ use crate::train::checkpoint;
 use crate::train::optim::Optimizer;
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Tensor};
-use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig, TrainAugment};
-use tchrun_faults::FaultPlan;
 use tchrun::flags::TrainJob;
 use tchrun::job_record::heartbeat::Phase;
 use tchrun::job_record::status::JobState;
 use tchrun::model::ModelConfig;
+use tchrun_data::{self as data, Augment, ImageFolder, LoaderConfig, TrainAugment};
+use tchrun_faults::FaultPlan;
 
 /// A model that trains, and everything it trains with.
 pub(super) struct Trainer<'a> {
