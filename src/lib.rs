@@ -31,11 +31,9 @@ pub mod interrupt;
 pub mod job_record;
 pub mod layout;
 pub mod lock;
-pub mod memory;
 pub mod metrics;
 pub mod mlflow;
 pub mod model;
-pub mod openmpi;
 pub mod overlap;
 pub mod prometheus;
 pub mod recipe;
@@ -47,6 +45,7 @@ pub mod transform_flags;
 // Below the contracts.
 pub use tchrun_arch as arch;
 pub use tchrun_arch::weights;
+pub use tchrun_probe::{memory, openmpi};
 pub use tchrun_pth as pth;
 
 /// tchrun's version, written into every driver log header.

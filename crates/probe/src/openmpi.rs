@@ -14,6 +14,9 @@ pub const LIBMPI: &str = "libmpi.so.40";
 /// The program that starts MPI ranks.
 pub const MPIRUN: &str = "mpirun";
 
+/// The search path variable (`tchrun::env::PATH`).
+const PATH: &str = "PATH";
+
 /// The system's library folders the dynamic loader searches after its cache.
 const SYSTEM_DIRS: &[&str] = &[
     "/lib64",
@@ -40,7 +43,7 @@ fn split(v: Option<OsString>) -> Vec<PathBuf> {
 
 /// `mpirun` on `PATH` (a regular file; a program covered by `/dev/null` is not one).
 pub fn mpirun(get: &dyn Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
-    split(get(crate::env::PATH))
+    split(get(PATH))
         .into_iter()
         .map(|d| d.join(MPIRUN))
         .find(|p| p.is_file())
