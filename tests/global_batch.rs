@@ -792,10 +792,10 @@ fn the_torchvision_v2_recipe_sets_its_flags_and_yours_win() {
     let r = job(&[], &["--batch-size", "32", "--dry-run"]);
     ok(&r);
     for want in [
-        "--epochs 1",
-        "--batch-size 32",
+        "--epochs=1",
+        "--batch-size=32",
         "--lr-scheduler=cosineannealinglr",
-        "--warmup-epochs 5",
+        "--warmup-epochs=5",
         "--lr-reference-batch=1024",
         "--weight-decay=2e-5",
         "--norm-weight-decay=0e0",
@@ -921,7 +921,7 @@ fn a_familys_torchvision_recipe_is_suggested_once_and_applied_only_when_asked() 
     for want in [
         "--opt=adamw",
         "--lr-scheduler=cosineannealinglr",
-        "--epochs 1 --batch-size 16",
+        "--epochs=1 --batch-size=16",
     ] {
         assert!(r.stdout.contains(want), "{want}: {}", r.explain());
     }
