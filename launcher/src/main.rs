@@ -202,7 +202,7 @@ fn main() -> ExitCode {
         Cmd::Data(c) => data_cmd::run(&c),
         Cmd::Stacks { dir } => stacks::run(dir.as_deref()),
         Cmd::Status(a) => status::run(&a),
-        Cmd::Logs { dir } => match report::logs_command(dir.as_deref()) {
+        Cmd::Logs { dir } => match report::logs::logs_command(dir.as_deref()) {
             Ok(text) => {
                 {
                     use std::io::Write as _;

@@ -77,6 +77,10 @@ pub fn run(a: ExecArgs) -> RankResult {
             )
         })
         .map_err(|e| (None, Fatal::rank(e)))?;
+    if let Err(e) = super::signals::install() {
+        let e = anyhow::Error::from(e).context("cannot install the rank's signal handlers");
+        return Err((Some(console), Fatal::rank(e)));
+    }
     // The program may use either backend: both variables are checked.
     if let Err(e) = id.check_network(a.ifname.as_deref(), true, true) {
         return Err((Some(console), Fatal::bootstrap(e, "joining the job")));
