@@ -325,7 +325,7 @@ impl Amp {
     }
 }
 
-/// What a straggler (`tchrun::straggler`) makes the job do.
+/// What a straggler (`tchrun_worker::straggler`) makes the job do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StragglerAction {
     /// Name it (console, driver log, metrics, TensorBoard, status.json); the job goes on.
