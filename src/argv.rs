@@ -11,6 +11,10 @@
 //! fields in order, joined by commas; an enum its clap value name ([`value_enum_serde!`]).
 //! Every value is written `--name=value`, so one that starts with `-` stays a value.
 //!
+//! A positional argument's values come after the flags; a trailing one (`last = true`, `exec`'s
+//! program) behind `--`. [`flag`] gives one flag of a group alone (a sweep run's `--output`);
+//! [`named`] the one flag whose name is data (a sweep's `--param NAME=V`).
+//!
 //! [`argv`] passes every flag the group serialises; [`argv_changed`] only those whose value
 //! differs from clap's default (the recipe and augmentation groups: a rank gets what the user
 //! changed). Round trip: `parse(argv(x)) == x` (the property tests in `tests/props.rs`).
@@ -135,7 +139,16 @@ fn render(
             .any(|(a, t)| a.get_id() == id && !t.is_empty() && explicit(a))
     };
     let mut out = Vec::new();
+    let mut positional = Vec::new();
     for (arg, t) in &per_arg {
+        if arg.is_positional() {
+            // After the flags; a trailing list (`last = true`) behind `--`.
+            if arg.is_last_set() && !t.is_empty() {
+                positional.push("--".to_string());
+            }
+            positional.extend(t.iter().cloned());
+            continue;
+        }
         let conflicted = !explicit(arg)
             && cmd.get_arguments().any(|other| {
                 given(other.get_id())
@@ -146,11 +159,38 @@ fn render(
             out.extend(t.iter().cloned());
         }
     }
+    out.extend(positional);
     Ok(out)
 }
 
-/// The arguments of one flag holding `r`.
+/// The argument(s) of one flag of group `T` (clap id `id`, its field name) holding `value`:
+/// for a command line that names a group's flag alone (a sweep run's `--output`).
+pub fn flag<T: Args, V: Serialize + ?Sized>(id: &str, value: &V) -> Result<Vec<String>, ArgvError> {
+    let cmd = T::augment_args(Command::new("argv"));
+    let arg = cmd
+        .get_arguments()
+        .find(|a| a.get_id().as_str() == id)
+        .ok_or_else(|| ArgvError::NotAFlag(id.to_string()))?;
+    let r = value.serialize(ValueSer)?;
+    tokens(arg, &r)
+}
+
+/// `--NAME=VALUE` for a flag whose name is data, not a field (a sweep's `--param NAME=V`,
+/// checked later by the parser of the command that receives it).
+pub fn named(name: &str, value: &str) -> String {
+    format!("--{name}={value}")
+}
+
+/// The arguments of one flag holding `r` (a positional argument: its values).
 fn tokens(arg: &clap::Arg, r: &Rendered) -> Result<Vec<String>, ArgvError> {
+    if arg.is_positional() {
+        return match r {
+            Rendered::Absent => Ok(Vec::new()),
+            Rendered::One(s) => Ok(vec![s.clone()]),
+            Rendered::Many(v) => Ok(v.clone()),
+            Rendered::Switch(b) => Ok(vec![b.to_string()]),
+        };
+    }
     let long = arg.get_long().unwrap_or_else(|| arg.get_id().as_str());
     let bad = |reason: String| ArgvError::Value {
         flag: long.to_string(),

@@ -135,7 +135,7 @@ pub struct RankFlags {
 
 /// `--console` of `tchrun exec` and `tchrun-worker exec`: the same selection as the other
 /// commands', said in a program's terms (its stdout and stderr lines).
-#[derive(Args, Debug, Clone, PartialEq)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct ProgramConsole {
     /// Whose output reaches the terminal, line by line as the program prints it: all, ranks (0,3
     /// or 0-3) or host:NAME[,NAME]. These ranks' stdout and stderr lines are shown; of every

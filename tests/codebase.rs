@@ -600,9 +600,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "crates/data/src: augment.rs folder.rs lib.rs loader.rs pack/mod.rs pack/write.rs shard.rs verify.rs",
     "src: job_record/failure.rs job_record/hang.rs job_record/heartbeat.rs job_record/mod.rs job_record/stacks.rs job_record/status.rs",
     "crates/pth/src: lib.rs values.rs vm.rs",
-    "launcher/src: commands/export/mod.rs commands/export/onnx.rs",
-    "launcher/src: commands/sweep/array.rs commands/sweep/mod.rs",
-    "launcher/src: commands/sweep/record.rs commands/sweep/results.rs",
     "src: checkpoint/mod.rs checkpoint/resume.rs",
     "src: driver_log/failure.rs driver_log/header.rs driver_log/mod.rs",
     "src: recipe_preset.rs recipe_preset/families.rs",
@@ -686,5 +683,99 @@ fn architecture_names_every_source_file() {
         "ARCHITECTURE.md does not name these files (as `path/from/src.rs`, a folder's mod.rs \
          as `folder/`):\n{}",
         missing.join("\n")
+    );
+}
+
+/// The lines of `text` (before its `#[cfg(test)] mod`) where a `format!("--…")` is an
+/// argument being built: handed to `.arg(`, `.args(`, `.push(`, `.extend(`, opening a list
+/// (`vec![`, `[`), or alone on its line inside a list opened by a line ending in `[`. A
+/// command line for another process is derived from its clap group (`tchrun::argv`), so a
+/// flag's spelling is its `#[arg]` alone (issue 47). Messages naming a flag are not argv, nor
+/// is a format string with a space in it (`"--recipe {}"`: words for people; one argument
+/// never holds a flag and its value apart).
+fn hand_built_argv(text: &str) -> Vec<(usize, String)> {
+    const AT: &str = "format!(\"--";
+    const BUILDS: &[&str] = &[".arg(", ".args(", ".push(", ".extend(", "["];
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut in_list = false;
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim();
+        let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
+        if t == "#[cfg(test)]" && next.starts_with("mod ") && !next.ends_with(';') {
+            break;
+        }
+        if t.starts_with("//") {
+            continue;
+        }
+        let mut rest = *line;
+        let mut found = false;
+        while let Some(k) = rest.find(AT) {
+            let before = rest[..k].trim_end();
+            rest = &rest[k + AT.len()..];
+            let literal = rest.split('"').next().unwrap_or("");
+            let built =
+                BUILDS.iter().any(|b| before.ends_with(b)) || (in_list && before.is_empty());
+            found |= built && !literal.contains(' ');
+        }
+        if found {
+            out.push((i + 1, t.to_string()));
+        }
+        if t.ends_with('[') {
+            in_list = true;
+        } else if t.starts_with(']') {
+            in_list = false;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_argv_finder_finds_hand_built_flags_and_not_messages() {
+    let text = r#"fn a(v: &mut Vec<String>, c: &mut Command, n: u32) {
+    v.push(format!("--nodes={n}"));
+    c.arg(format!("--json={}", p.display()));
+    let w = vec![format!("--phase={}", x)];
+    v.extend([
+        "--mpi=pmix".into(),
+        format!("--ntasks={n}"),
+    ]);
+    let e = JobError::invalid(format!("--hostfile {e}"));
+    out.push((format!("--{name}"), was, is, fix));
+    let words = vec![format!("--recipe {}", r)];
+    // v.push(format!("--in-a-comment"));
+}
+#[cfg(test)]
+mod tests {
+    fn t() { v.push(format!("--in-a-test")); }
+}
+"#;
+    let found: Vec<usize> = hand_built_argv(text).iter().map(|(n, _)| *n).collect();
+    assert_eq!(found, [2, 3, 4, 7]);
+}
+
+#[test]
+fn no_hand_formatted_flag_in_a_command_line_outside_argv() {
+    let mut found = Vec::new();
+    for root in source_roots() {
+        let mut files = Vec::new();
+        rust_files(&root, &mut files);
+        for f in files {
+            let rel = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+            if rel == "src/argv.rs" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).expect("read a source file");
+            for (n, line) in hand_built_argv(&text) {
+                found.push(format!("{rel}:{n}: {line}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a flag formatted by hand into a command line: derive the argv from the flags' clap \
+         group instead (`tchrun::argv::argv`, `argv_changed`, `flag`; `named` for a flag whose \
+         name is data):\n{}",
+        found.join("\n")
     );
 }
