@@ -603,7 +603,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "launcher/src: commands/sweep/array.rs commands/sweep/mod.rs",
     "launcher/src: commands/sweep/record.rs commands/sweep/results.rs",
     "launcher/src: report/logs.rs report/mod.rs",
-    "src: driver_log/failure.rs driver_log/header.rs driver_log/mod.rs",
     "src: recipe_preset.rs recipe_preset/families.rs",
     "worker/src: export/check.rs export/mod.rs",
     "worker/src: heartbeat/capture.rs heartbeat/mod.rs heartbeat/trace.rs",
