@@ -598,7 +598,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "crates/arch/src: weights.rs weights/convnext.rs weights/mobilenet.rs weights/regnet.rs weights/swin.rs",
     "crates/data/src: archive/extract.rs archive/mod.rs",
     "crates/data/src: augment.rs folder.rs lib.rs loader.rs pack/mod.rs pack/write.rs shard.rs verify.rs",
-    "crates/pth/src: lib.rs values.rs vm.rs",
     "launcher/src: commands/export/mod.rs commands/export/onnx.rs",
     "launcher/src: commands/sweep/array.rs commands/sweep/mod.rs",
     "launcher/src: commands/sweep/record.rs commands/sweep/results.rs",
