@@ -3,8 +3,9 @@
 //! members or reads; the zip and tar readers; the image folder's root inside the extraction.
 use super::kind::ArchiveKind;
 use super::limits::{max_unpacked_bytes, DEFLATE_MAX_RATIO, MAX_ARCHIVE_MEMBERS, MAX_UNPACKED_ENV};
-use crate::folder::{list_dir, name_of};
-use crate::{io_err, DatasetError, ImageFolder};
+use crate::dataset::{name_of, ImageFolder};
+use crate::error::{io_err, DatasetError};
+use crate::folder::list_dir;
 use std::fs;
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
