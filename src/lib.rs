@@ -35,7 +35,6 @@ pub mod metrics;
 pub mod mlflow;
 pub mod model;
 pub mod overlap;
-pub mod prometheus;
 pub mod recipe;
 pub mod recipe_preset;
 pub mod schedule;

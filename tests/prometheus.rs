@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tchrun::job_record::Heartbeat;
-use tchrun::prometheus::Textfile;
+use tchrun_prometheus::Textfile;
 
 const LIMIT: Duration = Duration::from_secs(300);
 /// Time for a daemon to answer, and for a value to show in the server's API (1 s scrapes of a

@@ -5,7 +5,7 @@
 //! second. A thread, so that the file still moves while the main thread waits in a
 //! collective for a rank that hangs, and a slow shared file system never delays a step. With
 //! `--prometheus-textfile` the same thread writes the job's `.prom` file every
-//! `tchrun::prometheus::EVERY` and at each new state (`tchrun::prometheus`). On each other host
+//! `tchrun_prometheus::EVERY` and at each new state (`tchrun_prometheus`). On each other host
 //! of a multi-node job its local rank 0 runs the same thread for that host's `.prom` file only
 //! ([`start_host`]: the ranks on it, from the heartbeats in its log directory and the windows
 //! every rank gathers; no `status.json`), and writes its end itself ([`end_host`]: no launcher
@@ -17,7 +17,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tchrun::job_record::status::{CheckpointMark, JobState, JobStatus};
 use tchrun::job_record::{Heartbeat, Record};
-use tchrun::prometheus::Textfile;
+use tchrun_prometheus::Textfile;
 
 /// How often the thread rewrites the file.
 const EVERY: Duration = Duration::from_secs(1);
@@ -113,7 +113,7 @@ fn run(shared: Shared) {
                 if shared.job_file {
                     write(&shared.log_dir, &mut s, &mut warned);
                 }
-                if textfile_at.is_none_or(|t| t.elapsed() >= tchrun::prometheus::EVERY) {
+                if textfile_at.is_none_or(|t| t.elapsed() >= tchrun_prometheus::EVERY) {
                     write_textfile(shared, &s);
                     textfile_at = Some(Instant::now());
                 }
@@ -185,7 +185,7 @@ fn write_textfile(shared: &Shared, s: &JobStatus) {
             tracing::warn!(
                 "cannot write {e} ({}): Prometheus does not see this job's metrics; training \
                  goes on",
-                tchrun::prometheus::FLAG
+                tchrun_prometheus::FLAG
             );
         }
     }

@@ -162,10 +162,10 @@ fn clear_stale(log_dir: &Path) {
 }
 
 /// The job's `--prometheus-textfile` file (`tchrun train`), set once before its first status.
-static TEXTFILE: std::sync::OnceLock<tchrun::prometheus::Textfile> = std::sync::OnceLock::new();
+static TEXTFILE: std::sync::OnceLock<tchrun_prometheus::Textfile> = std::sync::OnceLock::new();
 
 /// `--prometheus-textfile`: [`write_status`] also writes the job's `.prom` file.
-pub fn set_textfile(textfile: tchrun::prometheus::Textfile) {
+pub fn set_textfile(textfile: tchrun_prometheus::Textfile) {
     let _ = TEXTFILE.set(textfile);
 }
 
@@ -187,7 +187,7 @@ pub fn write_status(log_dir: &Path, status: &JobStatus) {
                 errln!(
                     "tchrun: warning: cannot write {e}: Prometheus does not see this job's \
                      metrics ({})",
-                    tchrun::prometheus::FLAG
+                    tchrun_prometheus::FLAG
                 );
             }
         }

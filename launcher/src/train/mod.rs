@@ -180,8 +180,8 @@ fn prepare(
     job.output = absolute(job.output);
     if let Some(dir) = &mut job.options.prometheus_textfile {
         *dir = absolute(dir.clone());
-        tchrun::prometheus::check_dir(dir).map_err(JobError::invalid)?;
-        crate::run::set_textfile(tchrun::prometheus::Textfile::new(dir, &job.output));
+        tchrun_prometheus::check_dir(dir).map_err(JobError::invalid)?;
+        crate::run::set_textfile(tchrun_prometheus::Textfile::new(dir, &job.output));
     }
     // MLflow's own variables where the flags are silent, passed to the ranks as flags.
     if let Some(w) = job.options.mlflow.resolve(|k| std::env::var(k).ok()) {

@@ -69,7 +69,7 @@ impl Live {
         ctx: &RankCtx,
         first: JobStatus,
         output: &std::path::Path,
-        textfile: Option<tchrun::prometheus::Textfile>,
+        textfile: Option<tchrun_prometheus::Textfile>,
     ) -> Live {
         let (rank, world) = (ctx.pg.rank(), ctx.pg.size());
         let on = std::env::var(tchrun::env::TCHRUN_LIVE_STATUS).map_or(true, |v| v.trim() != "0");
@@ -112,7 +112,7 @@ impl Live {
                     gpu_bytes: None,
                 })
                 .collect();
-            let textfile = textfile.filter(|t| match tchrun::prometheus::check_dir(&t.dir) {
+            let textfile = textfile.filter(|t| match tchrun_prometheus::check_dir(&t.dir) {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!("{e} (no Prometheus metrics from this job)");

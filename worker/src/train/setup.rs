@@ -188,7 +188,7 @@ fn start_live(job: &TrainJob, ctx: &RankCtx, plan: &Plan, resume: &Resume) -> su
         .options
         .prometheus_textfile
         .as_ref()
-        .map(|dir| tchrun::prometheus::Textfile::new(dir, &job.output));
+        .map(|dir| tchrun_prometheus::Textfile::new(dir, &job.output));
     super::live::Live::start(ctx, first, &job.output, textfile)
 }
 

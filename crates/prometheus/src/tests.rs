@@ -1,8 +1,8 @@
 use super::*;
-use crate::job_record::heartbeat::Phase;
-use crate::job_record::status::{CheckpointMark, JobEnd, RankStatus, Shares, SlowKind, Straggler};
 use std::collections::BTreeSet;
 use std::time::Duration;
+use tchrun::job_record::heartbeat::Phase;
+use tchrun::job_record::status::{CheckpointMark, JobEnd, RankStatus, Shares, SlowKind, Straggler};
 
 fn at(s: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(s)

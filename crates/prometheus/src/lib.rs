@@ -9,10 +9,10 @@
 //! a `job` label of the file would be renamed `exported_job`); per-rank metrics add `rank`
 //! and `host`. All are gauges: they say where the job is, and a restart from a checkpoint
 //! moves the step back.
-use crate::job_record::status::{JobState, JobStatus};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
+use tchrun::job_record::status::{JobState, JobStatus};
 
 /// The flag, as messages name it.
 pub const FLAG: &str = "--prometheus-textfile";
@@ -72,7 +72,7 @@ impl Textfile {
         &self,
         status: &JobStatus,
         now: SystemTime,
-    ) -> Result<(), crate::files::AtomicWriteError> {
+    ) -> Result<(), tchrun::files::AtomicWriteError> {
         let text = match &self.host {
             None => {
                 let first = status.ranks.iter().find(|r| r.rank == 0);
@@ -80,7 +80,7 @@ impl Textfile {
             }
             Some(h) => render_host(status, &self.job, h, now),
         };
-        crate::files::write_atomic_mode(&self.path(), text.as_bytes(), FILE_MODE)
+        tchrun::files::write_atomic_mode(&self.path(), text.as_bytes(), FILE_MODE)
     }
 }
 
@@ -450,7 +450,7 @@ fn ranks(out: &mut Exposition, status: &JobStatus, job: &str, on: Option<&str>) 
             ("host", host.to_string()),
         ]
     };
-    let per_rank = |f: &dyn Fn(&crate::job_record::status::RankStatus) -> Option<f64>| {
+    let per_rank = |f: &dyn Fn(&tchrun::job_record::status::RankStatus) -> Option<f64>| {
         status
             .ranks
             .iter()
