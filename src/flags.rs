@@ -642,11 +642,27 @@ impl TrainHandoff {
     }
 }
 
-/// Parses the command line of either binary (a `--recipe` expanded: `recipe_preset`); a bad
-/// flag prints clap's message (naming the flag) and exits with the invalid-input code,
-/// `--help`/`--version` exit 0.
-pub fn parse_or_exit<C: clap::Parser>() -> C {
-    match crate::recipe_preset::try_parse_from::<C>(std::env::args_os().collect()) {
+/// Parses `args` (the program's name first) as `C`, once, with the arguments the user gave
+/// its subcommand (`Given`: what a `--recipe` leaves alone; `TrainJob::with_recipe` applies
+/// one after this). A flag given twice takes its last value, as argparse (and so torchrun, a
+/// Python script's flags) does: `$COMMON --epochs 3` after a `$COMMON` holding `--epochs`.
+pub fn try_parse_from<C: clap::Parser>(
+    args: Vec<std::ffi::OsString>,
+) -> Result<(C, crate::recipe_preset::Given), clap::Error> {
+    let m = C::command()
+        .args_override_self(true)
+        .try_get_matches_from(args)?;
+    Ok((
+        C::from_arg_matches(&m)?,
+        crate::recipe_preset::Given::of_subcommand(&m),
+    ))
+}
+
+/// Parses the command line of either binary (`try_parse_from`); a bad flag prints clap's
+/// message (naming the flag) and exits with the invalid-input code, `--help`/`--version` exit
+/// 0.
+pub fn parse_or_exit<C: clap::Parser>() -> (C, crate::recipe_preset::Given) {
+    match try_parse_from::<C>(std::env::args_os().collect()) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() {

@@ -606,7 +606,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "launcher/src: report/logs.rs report/mod.rs",
     "src: checkpoint/mod.rs checkpoint/resume.rs",
     "src: driver_log/failure.rs driver_log/header.rs driver_log/mod.rs",
-    "src: recipe_preset.rs recipe_preset/families.rs",
     "worker/src: export/check.rs export/mod.rs",
     "worker/src: heartbeat/capture.rs heartbeat/mod.rs heartbeat/trace.rs",
     "worker/src: rank/driver_log.rs rank/signals.rs",
