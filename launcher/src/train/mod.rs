@@ -16,7 +16,7 @@ use std::path::Path;
 use tchrun::files;
 use tchrun::flags::{RankFlags, TrainHandoff, TrainJob};
 use tchrun::job_record::status::{JobEnd, JobState};
-use tchrun::job_record::{Attempt, JobStatus, Record};
+use tchrun::job_record::{Attempt, Classification, JobStatus, Record};
 use tchrun::recipe_preset::Given;
 
 /// A training job that passed every check before its first attempt.
@@ -165,7 +165,8 @@ fn cause_class(summary: &FailureSummary) -> Option<String> {
         let v = serde_json::to_value(cause).ok()?;
         return v.get("class")?.as_str().map(str::to_string);
     }
-    (summary.hang.is_some() || summary.classification == "hang").then(|| "hang".to_string())
+    (summary.hang.is_some() || summary.classification == Classification::Hang)
+        .then(|| "hang".to_string())
 }
 
 /// The trainer's input checks and the launch pre-flight, before the first attempt: the job
