@@ -46,11 +46,32 @@ enum Rendered {
     Many(Vec<String>),
 }
 
+/// One flag as a rank gets it: its long name and its value (`None`: a switch turned on).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flag {
+    pub name: String,
+    pub value: Option<String>,
+}
+
+impl Flag {
+    /// The flag as one argument: `--name=value` (a switch: `--name`).
+    pub fn arg(&self) -> String {
+        match &self.value {
+            Some(v) => format!("--{}={v}", self.name),
+            None => format!("--{}", self.name),
+        }
+    }
+}
+
+/// The flags as arguments (`Flag::arg`).
+pub fn args(flags: &[Flag]) -> Vec<String> {
+    flags.iter().map(Flag::arg).collect()
+}
+
 /// Every flag of `value` that it serialises, as `--name=value` (a switch: `--name`), in clap's
 /// declaration order.
 pub fn argv<T: Args + Serialize>(value: &T) -> Result<Vec<String>, ArgvError> {
-    let cmd = T::augment_args(Command::new("argv"));
-    render(&cmd, fields(value)?, None)
+    Ok(args(&flags(value)?))
 }
 
 /// Like [`argv`], but only the flags whose value differs from clap's default (read with no
@@ -58,6 +79,19 @@ pub fn argv<T: Args + Serialize>(value: &T) -> Result<Vec<String>, ArgvError> {
 pub fn argv_changed<T: Args + FromArgMatches + Serialize>(
     value: &T,
 ) -> Result<Vec<String>, ArgvError> {
+    Ok(args(&flags_changed(value)?))
+}
+
+/// [`argv`]'s flags, typed.
+pub fn flags<T: Args + Serialize>(value: &T) -> Result<Vec<Flag>, ArgvError> {
+    let cmd = T::augment_args(Command::new("argv"));
+    render(&cmd, fields(value)?, None)
+}
+
+/// [`argv_changed`]'s flags, typed.
+pub fn flags_changed<T: Args + FromArgMatches + Serialize>(
+    value: &T,
+) -> Result<Vec<Flag>, ArgvError> {
     let cmd = T::augment_args(Command::new("argv")).mut_args(|a| a.env(None::<&str>));
     let matches = cmd
         .clone()
@@ -103,14 +137,14 @@ fn render(
     cmd: &Command,
     fields: Vec<(String, Rendered)>,
     defaults: Option<Vec<(String, Rendered)>>,
-) -> Result<Vec<String>, ArgvError> {
+) -> Result<Vec<Flag>, ArgvError> {
     let ids: Vec<&str> = cmd.get_arguments().map(|a| a.get_id().as_str()).collect();
     if let Some((name, _)) = fields.iter().find(|(n, _)| !ids.contains(&n.as_str())) {
         return Err(ArgvError::NotAFlag(name.clone()));
     }
     let values: HashMap<String, Rendered> = fields.into_iter().collect();
     let defaults: Option<HashMap<String, Rendered>> = defaults.map(|d| d.into_iter().collect());
-    let mut per_arg: Vec<(&clap::Arg, Vec<String>)> = Vec::new();
+    let mut per_arg: Vec<(&clap::Arg, Vec<Flag>)> = Vec::new();
     for arg in cmd.get_arguments() {
         let Some(r) = values.get(arg.get_id().as_str()) else {
             continue;
@@ -149,28 +183,30 @@ fn render(
     Ok(out)
 }
 
-/// The arguments of one flag holding `r`.
-fn tokens(arg: &clap::Arg, r: &Rendered) -> Result<Vec<String>, ArgvError> {
+/// The flags of one argument holding `r` (none, one, or one per value of a list).
+fn tokens(arg: &clap::Arg, r: &Rendered) -> Result<Vec<Flag>, ArgvError> {
     let long = arg.get_long().unwrap_or_else(|| arg.get_id().as_str());
     let bad = |reason: String| ArgvError::Value {
         flag: long.to_string(),
         reason,
     };
+    let flag = |value: Option<String>| Flag {
+        name: long.to_string(),
+        value,
+    };
     let check = |s: &str| {
         let pv = arg.get_possible_values();
         if pv.is_empty() || pv.iter().any(|p| p.matches(s, false)) {
-            Ok(format!("--{long}={s}"))
+            Ok(flag(Some(s.to_string())))
         } else {
             Err(bad(format!("'{s}' is none of its values")))
         }
     };
     match (arg.get_action(), r) {
         (_, Rendered::Absent) => Ok(Vec::new()),
-        (ArgAction::SetTrue, Rendered::Switch(on)) => Ok(if *on {
-            vec![format!("--{long}")]
-        } else {
-            Vec::new()
-        }),
+        (ArgAction::SetTrue, Rendered::Switch(on)) => {
+            Ok(if *on { vec![flag(None)] } else { Vec::new() })
+        }
         (ArgAction::Set, Rendered::Switch(b)) => Ok(vec![check(&b.to_string())?]),
         (ArgAction::Set | ArgAction::Append, Rendered::One(s)) => Ok(vec![check(s)?]),
         (ArgAction::Append, Rendered::Many(v)) => v.iter().map(|s| check(s)).collect(),

@@ -557,11 +557,11 @@ impl TrainOptions {
     /// The nested groups' flags for a rank: the recipe and augmentation flags not at their
     /// default, the class weights (a file's path made absolute: ranks may start elsewhere),
     /// MLflow's. `--recipe` itself is not passed: the ranks get what it expanded to.
-    pub fn nested_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
-        let mut v = crate::argv::argv_changed(&self.recipe)?;
-        v.extend(crate::argv::argv_changed(&self.augment)?);
-        v.extend(crate::argv::argv(&self.class_weights.absolute())?);
-        v.extend(crate::argv::argv(&self.mlflow)?);
+    pub fn nested_flags(&self) -> Result<Vec<crate::argv::Flag>, crate::argv::ArgvError> {
+        let mut v = crate::argv::flags_changed(&self.recipe)?;
+        v.extend(crate::argv::flags_changed(&self.augment)?);
+        v.extend(crate::argv::flags(&self.class_weights.absolute())?);
+        v.extend(crate::argv::flags(&self.mlflow)?);
         Ok(v)
     }
 }
@@ -606,9 +606,24 @@ impl TrainJob {
     /// The job as arguments for `tchrun-worker train` (paths as given: make them absolute
     /// first), derived from the flags (`argv`).
     pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
-        let mut v = crate::argv::argv(self)?;
-        v.extend(self.options.nested_args()?);
+        Ok(crate::argv::args(&self.flags()?))
+    }
+
+    /// The job's flags as a rank gets them (`to_args`), typed.
+    pub fn flags(&self) -> Result<Vec<crate::argv::Flag>, crate::argv::ArgvError> {
+        let mut v = crate::argv::flags(self)?;
+        v.extend(self.options.nested_flags()?);
         Ok(v)
+    }
+
+    /// The job's MLflow parameters: each flag a rank gets (`flags`) as its name and value (a
+    /// switch: `true`), MLflow's own flags left out.
+    pub fn params(&self) -> Result<Vec<(String, String)>, crate::argv::ArgvError> {
+        let flags = self.flags()?.into_iter();
+        let tracked = flags.filter(|f| !f.name.starts_with("mlflow-"));
+        Ok(tracked
+            .map(|f| (f.name, f.value.unwrap_or_else(|| "true".to_string())))
+            .collect())
     }
 }
 
