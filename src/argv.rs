@@ -11,6 +11,10 @@
 //! fields in order, joined by commas; an enum its clap value name ([`value_enum_serde!`]).
 //! Every value is written `--name=value`, so one that starts with `-` stays a value.
 //!
+//! A positional argument's values come after the flags; a trailing one (`last = true`, `exec`'s
+//! program) behind `--`. [`flag`] gives one flag of a group alone (a sweep run's `--output`);
+//! [`named`] the one flag whose name is data (a sweep's `--param NAME=V`).
+//!
 //! [`argv`] passes every flag the group serialises; [`argv_changed`] only those whose value
 //! differs from clap's default (the recipe and augmentation groups: a rank gets what the user
 //! changed). Round trip: `parse(argv(x)) == x` (the property tests in `tests/props.rs`).
@@ -18,6 +22,9 @@ use clap::{ArgAction, Args, Command, FromArgMatches};
 use serde::ser::{self, Impossible, Serialize};
 use std::collections::HashMap;
 use std::fmt::Display;
+
+mod flag;
+pub use flag::{args, Flag};
 
 /// Why a group could not be turned into argv (a path that is not UTF-8, or a group whose
 /// serde form does not match its clap form: a test finds the latter).
@@ -44,28 +51,6 @@ enum Rendered {
     Switch(bool),
     One(String),
     Many(Vec<String>),
-}
-
-/// One flag as a rank gets it: its long name and its value (`None`: a switch turned on).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Flag {
-    pub name: String,
-    pub value: Option<String>,
-}
-
-impl Flag {
-    /// The flag as one argument: `--name=value` (a switch: `--name`).
-    pub fn arg(&self) -> String {
-        match &self.value {
-            Some(v) => format!("--{}={v}", self.name),
-            None => format!("--{}", self.name),
-        }
-    }
-}
-
-/// The flags as arguments (`Flag::arg`).
-pub fn args(flags: &[Flag]) -> Vec<String> {
-    flags.iter().map(Flag::arg).collect()
 }
 
 /// Every flag of `value` that it serialises, as `--name=value` (a switch: `--name`), in clap's
@@ -169,7 +154,16 @@ fn render(
             .any(|(a, t)| a.get_id() == id && !t.is_empty() && explicit(a))
     };
     let mut out = Vec::new();
+    let mut positional = Vec::new();
     for (arg, t) in &per_arg {
+        if arg.is_positional() {
+            // After the flags; a trailing list (`last = true`) behind `--`.
+            if arg.is_last_set() && !t.is_empty() {
+                positional.push(Flag::Plain("--".to_string()));
+            }
+            positional.extend(t.iter().cloned());
+            continue;
+        }
         let conflicted = !explicit(arg)
             && cmd.get_arguments().any(|other| {
                 given(other.get_id())
@@ -180,17 +174,46 @@ fn render(
             out.extend(t.iter().cloned());
         }
     }
+    out.extend(positional);
     Ok(out)
 }
 
-/// The flags of one argument holding `r` (none, one, or one per value of a list).
+/// The argument(s) of one flag of group `T` (clap id `id`, its field name) holding `value`:
+/// for a command line that names a group's flag alone (a sweep run's `--output`).
+pub fn flag<T: Args, V: Serialize + ?Sized>(id: &str, value: &V) -> Result<Vec<String>, ArgvError> {
+    let cmd = T::augment_args(Command::new("argv"));
+    let arg = cmd
+        .get_arguments()
+        .find(|a| a.get_id().as_str() == id)
+        .ok_or_else(|| ArgvError::NotAFlag(id.to_string()))?;
+    let r = value.serialize(ValueSer)?;
+    Ok(args(&tokens(arg, &r)?))
+}
+
+/// `--NAME=VALUE` for a flag whose name is data, not a field (a sweep's `--param NAME=V`,
+/// checked later by the parser of the command that receives it).
+pub fn named(name: &str, value: &str) -> String {
+    format!("--{name}={value}")
+}
+
+/// The flags of one argument holding `r` (none, one, or one per value of a list; a positional
+/// argument: its values).
 fn tokens(arg: &clap::Arg, r: &Rendered) -> Result<Vec<Flag>, ArgvError> {
+    if arg.is_positional() {
+        let plain = |v: &[String]| v.iter().cloned().map(Flag::Plain).collect();
+        return match r {
+            Rendered::Absent => Ok(Vec::new()),
+            Rendered::One(s) => Ok(vec![Flag::Plain(s.clone())]),
+            Rendered::Many(v) => Ok(plain(v)),
+            Rendered::Switch(b) => Ok(vec![Flag::Plain(b.to_string())]),
+        };
+    }
     let long = arg.get_long().unwrap_or_else(|| arg.get_id().as_str());
     let bad = |reason: String| ArgvError::Value {
         flag: long.to_string(),
         reason,
     };
-    let flag = |value: Option<String>| Flag {
+    let flag = |value: Option<String>| Flag::Named {
         name: long.to_string(),
         value,
     };

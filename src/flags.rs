@@ -135,7 +135,7 @@ pub struct RankFlags {
 
 /// `--console` of `tchrun exec` and `tchrun-worker exec`: the same selection as the other
 /// commands', said in a program's terms (its stdout and stderr lines).
-#[derive(Args, Debug, Clone, PartialEq)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct ProgramConsole {
     /// Whose output reaches the terminal, line by line as the program prints it: all, ranks (0,3
     /// or 0-3) or host:NAME[,NAME]. These ranks' stdout and stderr lines are shown; of every
@@ -325,7 +325,7 @@ impl Amp {
     }
 }
 
-/// What a straggler (`tchrun::straggler`) makes the job do.
+/// What a straggler (`tchrun_worker::straggler`) makes the job do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StragglerAction {
     /// Name it (console, driver log, metrics, TensorBoard, status.json); the job goes on.
@@ -619,11 +619,13 @@ impl TrainJob {
     /// The job's MLflow parameters: each flag a rank gets (`flags`) as its name and value (a
     /// switch: `true`), MLflow's own flags left out.
     pub fn params(&self) -> Result<Vec<(String, String)>, crate::argv::ArgvError> {
-        let flags = self.flags()?.into_iter();
-        let tracked = flags.filter(|f| !f.name.starts_with("mlflow-"));
-        Ok(tracked
-            .map(|f| (f.name, f.value.unwrap_or_else(|| "true".to_string())))
-            .collect())
+        let pair = |f: crate::argv::Flag| match f {
+            crate::argv::Flag::Named { name, value } if !name.starts_with("mlflow-") => {
+                Some((name, value.unwrap_or_else(|| "true".to_string())))
+            }
+            _ => None,
+        };
+        Ok(self.flags()?.into_iter().filter_map(pair).collect())
     }
 }
 

@@ -41,6 +41,7 @@ pub mod recipe_preset;
 pub mod schedule;
 pub mod secret;
 pub mod transform_flags;
+pub mod worker_flags;
 
 // Below the contracts.
 pub use tchrun_arch as arch;

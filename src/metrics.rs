@@ -48,7 +48,7 @@ pub struct EpochMetrics {
     pub compute_max_s: f64,
     #[serde(default)]
     pub comm_max_s: f64,
-    /// The ranks named slower than the others in this epoch (`tchrun::straggler`), each with
+    /// The ranks named slower than the others in this epoch (`tchrun_worker::straggler`), each with
     /// its last finding. Absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stragglers: Vec<Straggler>,

@@ -5,10 +5,13 @@ use clap::{ArgAction, Args, Command, FromArgMatches};
 use proptest::prelude::*;
 use std::fmt::Debug;
 use tchrun::augment_flags::AugmentFlags;
+use tchrun::doctor::DoctorRank;
+use tchrun::export::TraceArgs;
 use tchrun::flags::{InferenceJob, RankFlags, TrainHandoff, TrainJob};
 use tchrun::mlflow::MlflowFlags;
 use tchrun::recipe::RecipeFlags;
 use tchrun::transform_flags::TransformFlags;
+use tchrun::worker_flags::{ExecRank, SelftestRank};
 
 /// Values tried for a flag without possible values, from the pick on: the first that clap
 /// takes (with the flags chosen so far) is used.
@@ -46,8 +49,14 @@ fn generated<T: Args + FromArgMatches>(picks: &[u16]) -> (Vec<String>, T) {
     let cmd = command::<T>();
     let mut argv = vec!["x".to_string()];
     for arg in cmd.get_arguments().filter(|a| a.is_required_set()) {
-        let long = arg.get_long().expect("a long flag");
-        argv.push(format!("--{long}=/tmp/required"));
+        let Some(long) = arg.get_long() else {
+            continue;
+        };
+        let value = match arg.get_possible_values().first() {
+            Some(p) => p.get_name().to_string(),
+            None => "/tmp/required".to_string(),
+        };
+        argv.push(format!("--{long}={value}"));
     }
     for (i, arg) in cmd.get_arguments().enumerate() {
         let Some(long) = arg.get_long() else {
@@ -85,6 +94,17 @@ fn generated<T: Args + FromArgMatches>(picks: &[u16]) -> (Vec<String>, T) {
                 break;
             }
         }
+    }
+    // A trailing program (`exec`'s): its own flags stay its own.
+    if cmd.get_arguments().any(|a| a.is_last_set()) {
+        let n = 1 + usize::from(picks[0]) % 3;
+        argv.push("--".into());
+        argv.extend(
+            ["/bin/prog", "--lr=1", "a b", "-x"]
+                .iter()
+                .take(n + 1)
+                .map(|s| s.to_string()),
+        );
     }
     (argv.clone(), parse(&cmd, argv))
 }
@@ -151,6 +171,18 @@ proptest! {
         let (given, x) = generated::<MlflowFlags>(&p);
         round_trip(&given, &x, x.to_args().expect("argv"));
     }
+
+    #[test]
+    fn doctor_selftest_exec_export(p in picks()) {
+        let (given, x) = generated::<DoctorRank>(&p);
+        round_trip(&given, &x, x.to_args().expect("argv"));
+        let (given, x) = generated::<SelftestRank>(&p);
+        round_trip(&given, &x, x.to_args().expect("argv"));
+        let (given, x) = generated::<ExecRank>(&p);
+        round_trip(&given, &x, x.to_args().expect("argv"));
+        let (given, x) = generated::<TraceArgs>(&p);
+        round_trip(&given, &x, x.to_args().expect("argv"));
+    }
 }
 
 /// Defaults: a group parsed from nothing gives the argv of today's ranks (the switches off,
@@ -210,4 +242,39 @@ fn record_enums_are_the_flag_names() {
         assert_eq!(&serde_json::from_str::<Amp>(&json).expect("back"), v);
     }
     assert!(serde_json::from_str::<Amp>("\"fp8\"").is_err());
+}
+
+/// `exec`'s program follows `--` after the flags (its own flags stay its own); `selftest`'s
+/// checks at their defaults are left out, as the ranks got them before.
+#[test]
+fn exec_program_follows_the_flags_and_selftest_defaults_are_left_out() {
+    let argv = ["x", "--log-dir=/l", "--", "python", "--lr=1", "-x"].map(String::from);
+    let x: ExecRank = parse(&command::<ExecRank>(), argv.to_vec());
+    assert_eq!(
+        x.to_args().expect("argv"),
+        [
+            "--log-dir=/l",
+            "--console=0",
+            "--",
+            "python",
+            "--lr=1",
+            "-x"
+        ]
+    );
+    let x: SelftestRank = parse(&command::<SelftestRank>(), vec!["x".into()]);
+    let derived = x.to_args().expect("argv");
+    assert!(
+        !derived
+            .iter()
+            .any(|a| a.starts_with("--sizes") || a.starts_with("--iters")),
+        "{derived:?}"
+    );
+    let x: SelftestRank = parse(
+        &command::<SelftestRank>(),
+        vec!["x".into(), "--iters=3".into()],
+    );
+    assert!(x
+        .to_args()
+        .expect("argv")
+        .contains(&"--iters=3".to_string()));
 }

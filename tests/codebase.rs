@@ -154,20 +154,46 @@ fn functions(text: &str) -> Vec<(String, usize, usize)> {
     done
 }
 
-/// The file's lines without its unit tests: an inline `#[cfg(test)] mod tests { ... }` ends the
-/// count (it comes last); a `#[cfg(test)] mod tests;` in another file is two lines skipped.
+/// A file's unit tests, as they start at one of its lines.
+#[derive(Debug, PartialEq)]
+enum UnitTests {
+    /// `#[cfg(test)] mod tests;`: the tests are in another file; these two lines are not code.
+    Declared,
+    /// `#[cfg(test)] mod tests { ... }`: the tests come last; the file's code ends here.
+    Inline,
+}
+
+/// Whether the unit tests start at line `i` of `lines`. Only a `#[cfg(test)]` module counts:
+/// another `#[cfg(test)]` item (a test helper among the code) is code.
+fn unit_tests_at(lines: &[&str], i: usize) -> Option<UnitTests> {
+    if lines.get(i).map(|l| l.trim()) != Some("#[cfg(test)]") {
+        return None;
+    }
+    let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
+    if !next.starts_with("mod ") {
+        return None;
+    }
+    Some(if next.ends_with(';') {
+        UnitTests::Declared
+    } else {
+        UnitTests::Inline
+    })
+}
+
+/// The file's lines without its unit tests (`unit_tests_at`): an inline `#[cfg(test)] mod tests
+/// { ... }` ends the count (it comes last); a `#[cfg(test)] mod tests;` is two lines skipped.
 fn code_lines(text: &str) -> usize {
     let lines: Vec<&str> = text.lines().collect();
     let mut n = 0;
     let mut i = 0;
     while i < lines.len() {
-        if lines[i].trim() == "#[cfg(test)]" {
-            let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
-            if next.starts_with("mod ") && next.ends_with(';') {
+        match unit_tests_at(&lines, i) {
+            Some(UnitTests::Declared) => {
                 i += 2;
                 continue;
             }
-            break;
+            Some(UnitTests::Inline) => break,
+            None => {}
         }
         n += 1;
         i += 1;
@@ -186,6 +212,8 @@ fn the_function_finder_measures_what_it_should() {
     );
     assert_eq!(code_lines("a\nb\n#[cfg(test)]\nmod tests {}\n"), 2);
     assert_eq!(code_lines("a\n#[cfg(test)]\nmod tests;\nb\n"), 2);
+    // A test helper among the code is code; only a test module ends or skips lines.
+    assert_eq!(code_lines("a\n#[cfg(test)]\nfn helper() {}\nb\n"), 4);
 }
 
 #[test]
@@ -314,23 +342,21 @@ fn use_tree(t: &[String], i: &mut usize, prefix: &[String], out: &mut Vec<Import
     }
 }
 
-/// The code of a file without its tests: comments and strings blanked, an inline
-/// `#[cfg(test)] mod tests { ... }` ends it, a `#[cfg(test)] mod tests;` is skipped.
+/// The code of a file without its tests (`unit_tests_at`): comments and strings blanked, an
+/// inline `#[cfg(test)] mod tests { ... }` ends it, a `#[cfg(test)] mod tests;` is skipped.
 fn production_code(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let (mut in_block, mut in_str) = (false, false);
     let mut out = String::new();
     let mut i = 0;
     while i < lines.len() {
-        if lines[i].trim() == "#[cfg(test)]" {
-            let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
-            if next.starts_with("mod ") && next.ends_with(';') {
+        match unit_tests_at(&lines, i) {
+            Some(UnitTests::Declared) => {
                 i += 2;
                 continue;
             }
-            if next.starts_with("mod ") {
-                break;
-            }
+            Some(UnitTests::Inline) => break,
+            None => {}
         }
         out.push_str(&code_of(lines[i], &mut in_block, &mut in_str));
         out.push('\n');
@@ -396,14 +422,14 @@ fn crate_files(sources: &[(String, String)]) -> BTreeMap<ModPath, FileRefs> {
     let mut test_only = Vec::new();
     for (rel, text) in sources {
         let lines: Vec<&str> = text.lines().map(str::trim).collect();
-        for w in lines.windows(2) {
-            if let ("#[cfg(test)]", Some(m)) = (w[0], w[1].strip_prefix("mod ")) {
-                if let Some(name) = m.strip_suffix(';') {
-                    let mut p = mod_path(rel, has_lib);
-                    p.push(name.trim().to_string());
-                    test_only.push(p);
-                }
+        for i in 0..lines.len() {
+            if unit_tests_at(&lines, i) != Some(UnitTests::Declared) {
+                continue;
             }
+            let decl = lines[i + 1].strip_prefix("mod ").unwrap_or_default();
+            let mut p = mod_path(rel, has_lib);
+            p.push(decl.trim_end_matches(';').trim().to_string());
+            test_only.push(p);
         }
     }
     sources
@@ -593,23 +619,7 @@ fn the_cycle_finder_finds_a_three_file_circle_through_re_exports() {
 /// is a changed line. Most are a folder's `mod.rs` that calls its children and holds what
 /// they share (`super::X`): moving the shared part into a leaf file of its own cuts them.
 /// When a folder moves to another crate, its line moves with it (the key names the crate).
-const KNOWN_CYCLES: &[&str] = &[
-    "crates/arch/src: efficientnet.rs lib.rs mobilenet.rs regnet.rs swin.rs",
-    "crates/arch/src: weights.rs weights/convnext.rs weights/mobilenet.rs weights/regnet.rs weights/swin.rs",
-    "crates/data/src: archive/extract.rs archive/mod.rs",
-    "crates/data/src: augment.rs folder.rs lib.rs loader.rs pack/mod.rs pack/write.rs shard.rs verify.rs",
-    "src: job_record/failure.rs job_record/hang.rs job_record/heartbeat.rs job_record/mod.rs job_record/stacks.rs job_record/status.rs",
-    "crates/pth/src: lib.rs values.rs vm.rs",
-    "launcher/src: commands/export/mod.rs commands/export/onnx.rs",
-    "launcher/src: commands/sweep/array.rs commands/sweep/mod.rs",
-    "launcher/src: commands/sweep/record.rs commands/sweep/results.rs",
-    "launcher/src: report/logs.rs report/mod.rs",
-    "src: checkpoint/mod.rs checkpoint/resume.rs",
-    "src: driver_log/failure.rs driver_log/header.rs driver_log/mod.rs",
-    "worker/src: export/check.rs export/mod.rs",
-    "worker/src: heartbeat/capture.rs heartbeat/mod.rs heartbeat/trace.rs",
-    "worker/src: rank/driver_log.rs rank/signals.rs",
-];
+const KNOWN_CYCLES: &[&str] = &[];
 
 #[test]
 fn no_import_cycle_among_a_crates_files() {
@@ -689,6 +699,100 @@ fn architecture_names_every_source_file() {
         "ARCHITECTURE.md does not name these files (as `path/from/src.rs`, a folder's mod.rs \
          as `folder/`):\n{}",
         missing.join("\n")
+    );
+}
+
+/// The lines of `text` (before its `#[cfg(test)] mod`) where a `format!("--…")` is an
+/// argument being built: handed to `.arg(`, `.args(`, `.push(`, `.extend(`, opening a list
+/// (`vec![`, `[`), or alone on its line inside a list opened by a line ending in `[`. A
+/// command line for another process is derived from its clap group (`tchrun::argv`), so a
+/// flag's spelling is its `#[arg]` alone (issue 47). Messages naming a flag are not argv, nor
+/// is a format string with a space in it (`"--recipe {}"`: words for people; one argument
+/// never holds a flag and its value apart).
+fn hand_built_argv(text: &str) -> Vec<(usize, String)> {
+    const AT: &str = "format!(\"--";
+    const BUILDS: &[&str] = &[".arg(", ".args(", ".push(", ".extend(", "["];
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut in_list = false;
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim();
+        let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
+        if t == "#[cfg(test)]" && next.starts_with("mod ") && !next.ends_with(';') {
+            break;
+        }
+        if t.starts_with("//") {
+            continue;
+        }
+        let mut rest = *line;
+        let mut found = false;
+        while let Some(k) = rest.find(AT) {
+            let before = rest[..k].trim_end();
+            rest = &rest[k + AT.len()..];
+            let literal = rest.split('"').next().unwrap_or("");
+            let built =
+                BUILDS.iter().any(|b| before.ends_with(b)) || (in_list && before.is_empty());
+            found |= built && !literal.contains(' ');
+        }
+        if found {
+            out.push((i + 1, t.to_string()));
+        }
+        if t.ends_with('[') {
+            in_list = true;
+        } else if t.starts_with(']') {
+            in_list = false;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_argv_finder_finds_hand_built_flags_and_not_messages() {
+    let text = r#"fn a(v: &mut Vec<String>, c: &mut Command, n: u32) {
+    v.push(format!("--nodes={n}"));
+    c.arg(format!("--json={}", p.display()));
+    let w = vec![format!("--phase={}", x)];
+    v.extend([
+        "--mpi=pmix".into(),
+        format!("--ntasks={n}"),
+    ]);
+    let e = JobError::invalid(format!("--hostfile {e}"));
+    out.push((format!("--{name}"), was, is, fix));
+    let words = vec![format!("--recipe {}", r)];
+    // v.push(format!("--in-a-comment"));
+}
+#[cfg(test)]
+mod tests {
+    fn t() { v.push(format!("--in-a-test")); }
+}
+"#;
+    let found: Vec<usize> = hand_built_argv(text).iter().map(|(n, _)| *n).collect();
+    assert_eq!(found, [2, 3, 4, 7]);
+}
+
+#[test]
+fn no_hand_formatted_flag_in_a_command_line_outside_argv() {
+    let mut found = Vec::new();
+    for root in source_roots() {
+        let mut files = Vec::new();
+        rust_files(&root, &mut files);
+        for f in files {
+            let rel = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+            if rel == "src/argv.rs" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).expect("read a source file");
+            for (n, line) in hand_built_argv(&text) {
+                found.push(format!("{rel}:{n}: {line}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a flag formatted by hand into a command line: derive the argv from the flags' clap \
+         group instead (`tchrun::argv::argv`, `argv_changed`, `flag`; `named` for a flag whose \
+         name is data):\n{}",
+        found.join("\n")
     );
 }
 

@@ -8,7 +8,7 @@ mod common;
 use common::stranger::Stranger;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(300);

@@ -206,7 +206,7 @@ fn main() -> ExitCode {
         Cmd::Data(c) => data_cmd::run(&c),
         Cmd::Stacks { dir } => stacks::run(dir.as_deref()),
         Cmd::Status(a) => status::run(&a),
-        Cmd::Logs { dir } => match report::logs_command(dir.as_deref()) {
+        Cmd::Logs { dir } => match report::logs::logs_command(dir.as_deref()) {
             Ok(text) => {
                 {
                     use std::io::Write as _;
@@ -278,14 +278,14 @@ fn run_selftest(a: &SelftestArgs) -> Result<i32, error::JobError> {
         a.launch.dry_run,
     )?;
     rank.log_dir = Some(log_dir.clone());
-    args.extend(rank.to_args()?);
+    let mut checks = tchrun::worker_flags::SelftestChecks::defaults();
     if !a.sizes.is_empty() {
-        let s: Vec<String> = a.sizes.iter().map(|s| s.to_string()).collect();
-        args.push(format!("--sizes={}", s.join(",")));
+        checks.sizes = a.sizes.clone();
     }
     if let Some(i) = a.iters {
-        args.push(format!("--iters={i}"));
+        checks.iters = i;
     }
+    args.extend(tchrun::worker_flags::SelftestRank { rank, checks }.to_args()?);
     let usage = gpus::GpuUse::Ranks(a.rank.device);
     run::run_job(&a.launch, log_dir, args, usage, &a.rank.console)
 }
@@ -298,20 +298,16 @@ fn run_exec(a: &ExecArgs) -> Result<i32, error::JobError> {
         "exec",
         a.launch.dry_run,
     )?;
-    let mut args = vec![
-        "exec".to_string(),
-        format!("--log-dir={}", log_dir.display()),
-    ];
     // Each rank checks its own node too (where the launcher cannot see the GPUs).
-    if let Some(d) = a.device {
-        args.push(format!("--device={}", d.as_str()));
-    }
-    if let Some(n) = &a.ifname {
-        args.push(format!("--ifname={n}"));
-    }
-    args.push(format!("--console={}", a.console.console));
-    args.push("--".into());
-    args.extend(a.program.iter().cloned());
+    let rank = tchrun::worker_flags::ExecRank {
+        device: a.device,
+        log_dir: log_dir.clone(),
+        ifname: a.ifname.clone(),
+        console: a.console.clone(),
+        program: a.program.clone(),
+    };
+    let mut args = vec!["exec".to_string()];
+    args.extend(rank.to_args()?);
     let usage = a.device.map_or(gpus::GpuUse::Program, gpus::GpuUse::Ranks);
     run::run_job(&a.launch, log_dir, args, usage, &a.console.console)
 }

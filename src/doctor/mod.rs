@@ -3,6 +3,7 @@
 //! of each round of the network test, and `doctor.json` (`DoctorReport`). The verdict (which
 //! host failed, which link is slow), the table and `hostfile.healthy` are the launcher's (`launcher/src/verdict.rs`).
 //! Knows no process group and spawns nothing.
+use crate::flags::RankFlags;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -40,7 +41,7 @@ impl Phase {
 }
 
 /// The doctor's checks, shared by `tchrun doctor` and `tchrun-worker doctor`.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
 pub struct DoctorChecks {
     /// An input path every node must see (a training job's --train/--valid folders or
     /// archives); repeat or separate with commas.
@@ -71,27 +72,6 @@ pub struct DoctorChecks {
 }
 
 impl DoctorChecks {
-    /// The checks as command-line arguments for a rank.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        for d in &self.data {
-            v.push(format!("--data={}", d.display()));
-        }
-        if let Some(o) = &self.output {
-            v.push(format!("--output={}", o.display()));
-        }
-        v.push(format!("--min-free-disk-gib={}", self.min_free_disk_gib));
-        v.push(format!(
-            "--min-free-memory-gib={}",
-            self.min_free_memory_gib
-        ));
-        v.push(format!("--link-bytes={}", self.link_bytes));
-        v.push(format!("--link-iters={}", self.link_iters));
-        v.push(format!("--slow-link-ratio={}", self.slow_link_ratio));
-        v.push(format!("--link-timeout={}", self.link_timeout));
-        v
-    }
-
     /// The checks at their defaults for a training job's inputs and output (`train
     /// --preflight doctor`, the per-node checks of a spare host before it joins).
     pub fn for_job(data: Vec<PathBuf>, output: PathBuf) -> DoctorChecks {
@@ -104,6 +84,31 @@ impl DoctorChecks {
         checks.data = data;
         checks.output = Some(output);
         checks
+    }
+}
+
+/// `tchrun-worker doctor`'s flags: one phase of the doctor as a rank. The launcher's argv for
+/// it is [`DoctorRank::to_args`], derived (`crate::argv`).
+#[derive(Args, Debug, Clone, PartialEq, Serialize)]
+pub struct DoctorRank {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub rank: RankFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub checks: DoctorChecks,
+    /// The phase this rank runs.
+    #[arg(long, value_enum)]
+    pub phase: Phase,
+    /// Where rank 0 writes the phase's records (JSON).
+    #[arg(long)]
+    pub json: PathBuf,
+}
+
+impl DoctorRank {
+    /// The flags as command-line arguments for a rank (after `doctor`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv(self)
     }
 }
 

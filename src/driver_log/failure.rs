@@ -2,7 +2,8 @@
 //! its kind, and a panic's message as the record holds it.
 use serde::{Deserialize, Serialize};
 
-use super::FAILURE_RECORD_PREFIX;
+/// What starts a failure record line (the JSON body follows).
+pub const FAILURE_RECORD_PREFIX: &str = "tchrun failure record: ";
 
 /// What kind of failure a rank recorded; the launcher's summary names it (`classification`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

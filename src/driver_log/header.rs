@@ -1,6 +1,23 @@
 //! The driver log's header: `tchrun driver log`, `key: value` lines (one line each, escaped),
 //! `---`.
-use super::{DriverLogError, HEADER_END, MAGIC};
+
+/// The first line of every driver log.
+pub const MAGIC: &str = "tchrun driver log";
+/// The line that ends the header.
+pub const HEADER_END: &str = "---";
+
+/// A driver log that does not follow the contract.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DriverLogError {
+    #[error("not a tchrun driver log (its first line is not '{MAGIC}')")]
+    NotADriverLog,
+    #[error("the driver log header ends before '{HEADER_END}'")]
+    UnterminatedHeader,
+    #[error("the driver log header lacks '{0}'")]
+    MissingKey(&'static str),
+    #[error("the driver log header has an invalid '{key}': {value:?}")]
+    InvalidValue { key: &'static str, value: String },
+}
 
 /// The header of a driver log: who the rank is, where it runs, what it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,31 +29,13 @@ mod records;
 #[cfg(test)]
 mod tests;
 
-pub use failure::{panic_message, FailureKind, FailureRecord};
-pub use header::Header;
+pub use failure::{panic_message, FailureKind, FailureRecord, FAILURE_RECORD_PREFIX};
+pub use header::{DriverLogError, Header, HEADER_END, MAGIC};
 pub use records::{parse_event, Event, Level, Progress, RankExit, RankSummary, TrainingStart};
 
-/// The first line of every driver log.
-pub const MAGIC: &str = "tchrun driver log";
-/// The line that ends the header.
-pub const HEADER_END: &str = "---";
-/// What starts a failure record line (the JSON body follows).
-pub const FAILURE_RECORD_PREFIX: &str = "tchrun failure record: ";
 /// The line a rank logs when it knows how rank 0's address was chosen (issue 33).
 pub const BOOTSTRAP_PREFIX: &str = "bootstrap: ";
 
-/// A driver log that does not follow the contract.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DriverLogError {
-    #[error("not a tchrun driver log (its first line is not '{MAGIC}')")]
-    NotADriverLog,
-    #[error("the driver log header ends before '{HEADER_END}'")]
-    UnterminatedHeader,
-    #[error("the driver log header lacks '{0}'")]
-    MissingKey(&'static str),
-    #[error("the driver log header has an invalid '{key}': {value:?}")]
-    InvalidValue { key: &'static str, value: String },
-}
 /// The prefix a rank puts before each line on its console (`<host>:<rank> `).
 pub fn console_prefix(host: &str, rank: usize) -> String {
     format!("{host}:{rank} ")

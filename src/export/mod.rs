@@ -115,6 +115,13 @@ impl std::str::FromStr for Batch {
     }
 }
 
+/// As its flag's value (`dynamic`, `8`).
+impl Serialize for Batch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl std::fmt::Display for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -293,7 +300,7 @@ impl Preprocess {
 /// The hidden `tchrun-worker export` command's flags: trace the model into `--staging`
 /// (`model.pt`), check it and leave the check batch (`check.npz`) and its record
 /// (`check.json`).
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, PartialEq, Serialize)]
 pub struct TraceArgs {
     #[arg(long)]
     pub model: PathBuf,
@@ -310,25 +317,9 @@ pub struct TraceArgs {
 }
 
 impl TraceArgs {
-    pub fn to_args(&self) -> Vec<String> {
-        let mut v = vec![
-            "--model".to_string(),
-            self.model.display().to_string(),
-            "--staging".into(),
-            self.staging.display().to_string(),
-            format!("--batch={}", self.batch),
-        ];
-        if self.fp16 {
-            v.push("--fp16".into());
-        }
-        if self.with_preprocess {
-            v.push("--with-preprocess".into());
-        }
-        if let Some(d) = &self.check_images {
-            v.push("--check-images".into());
-            v.push(d.display().to_string());
-        }
-        v
+    /// The flags as command-line arguments for `tchrun-worker export` (derived, `crate::argv`).
+    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
+        crate::argv::argv(self)
     }
 }
 

@@ -145,7 +145,7 @@ pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
 
 /// The rank of a heartbeat file's name.
 pub fn rank_of(file_name: &str) -> Option<usize> {
-    super::rank_of_file(file_name, "heartbeat-")
+    super::per_rank::rank_of_file(file_name, "heartbeat-")
 }
 
 /// `HH:MM:SS` of an RFC 3339 time (the whole text if it is not one).
@@ -154,10 +154,10 @@ pub fn clock(time: &str) -> &str {
 }
 
 impl Heartbeat {
-    /// Rewrites the rank's file in place (`super::write_in_place`: padded, at offset 0,
+    /// Rewrites the rank's file in place (`super::per_rank::write_in_place`: padded, at offset 0,
     /// closed; a full disk does not stop the beats).
     pub fn write(&self, log_dir: &Path) -> std::io::Result<()> {
-        super::write_in_place(&path(log_dir, self.rank), self)
+        super::per_rank::write_in_place(&path(log_dir, self.rank), self)
     }
 
     /// Every rank's heartbeat in `log_dir`, by rank; unreadable files are left out.
@@ -168,7 +168,7 @@ impl Heartbeat {
         let mut beats: Vec<Heartbeat> = rd
             .flatten()
             .filter(|e| rank_of(&e.file_name().to_string_lossy()).is_some())
-            .filter_map(|e| super::read_small(&e.path()))
+            .filter_map(|e| super::per_rank::read_small(&e.path()))
             .filter_map(|b| serde_json::from_slice(&b).ok())
             .collect();
         beats.sort_by_key(|b| b.rank);

@@ -56,19 +56,19 @@ pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
 
 /// The rank of a memory file's name.
 pub fn rank_of(file_name: &str) -> Option<usize> {
-    super::rank_of_file(file_name, "memory-")
+    super::per_rank::rank_of_file(file_name, "memory-")
 }
 
 impl RankMemory {
-    /// Rewrites the rank's file in place, as a heartbeat (`super::write_in_place`): a full
+    /// Rewrites the rank's file in place, as a heartbeat (`super::per_rank::write_in_place`): a full
     /// disk does not stop it.
     pub fn write(&self, log_dir: &Path) -> std::io::Result<()> {
-        super::write_in_place(&path(log_dir, self.rank), self)
+        super::per_rank::write_in_place(&path(log_dir, self.rank), self)
     }
 
     /// The rank's last record in `log_dir`, if there is a readable one.
     pub fn read(log_dir: &Path, rank: usize) -> Option<RankMemory> {
-        serde_json::from_slice(&super::read_small(&path(log_dir, rank))?).ok()
+        serde_json::from_slice(&super::per_rank::read_small(&path(log_dir, rank))?).ok()
     }
 
     /// "3012 MiB (peak 3050 MiB) of the memory cgroup /x's limit of 3072 MiB".

@@ -44,7 +44,7 @@ impl CaptureRequest {
         if !meta.file_type().is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
             return None;
         }
-        let text = super::read_small(&path)?;
+        let text = super::per_rank::read_small(&path)?;
         serde_json::from_slice(&text).ok()
     }
 
@@ -157,7 +157,7 @@ pub fn path(log_dir: &Path, rank: usize) -> PathBuf {
 /// Whether `file_name` is a capture's file (`stacks-<rank>.json`, `capture-request.json`):
 /// cleared before a job and moved with an attempt's logs.
 pub fn is_capture_file(file_name: &str) -> bool {
-    file_name == REQUEST_FILE || super::rank_of_file(file_name, "stacks-").is_some()
+    file_name == REQUEST_FILE || super::per_rank::rank_of_file(file_name, "stacks-").is_some()
 }
 
 impl RankStacks {
@@ -169,7 +169,7 @@ impl RankStacks {
 
     /// The rank's answer in `log_dir`, if it answered request `id`.
     pub fn read(log_dir: &Path, rank: usize, id: u64) -> Option<RankStacks> {
-        let text = super::read_small(&path(log_dir, rank))?;
+        let text = super::per_rank::read_small(&path(log_dir, rank))?;
         serde_json::from_slice::<RankStacks>(&text)
             .ok()
             .filter(|s| s.id == id)

@@ -103,7 +103,7 @@ pub struct JobStatus {
     /// One row a rank, by rank.
     #[serde(default)]
     pub ranks: Vec<RankStatus>,
-    /// The ranks slower than the others now (see `tchrun::straggler`).
+    /// The ranks slower than the others now (see `tchrun_worker::straggler`).
     #[serde(default)]
     pub stragglers: Vec<Straggler>,
     /// `--straggler-action exclude`: the hosts whose ranks were stragglers for a whole epoch,

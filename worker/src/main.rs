@@ -29,7 +29,7 @@ enum Cmd {
     /// Check collectives across all ranks with exact values, then measure all-reduce bandwidth.
     Selftest(checks::SelftestArgs),
     /// One phase of `tchrun doctor`: this node's checks, or the pairwise link bandwidth.
-    Doctor(doctor::DoctorArgs),
+    Doctor(tchrun::doctor::DoctorRank),
     /// Set torchrun's environment contract (RANK, WORLD_SIZE, MASTER_ADDR, ...) and exec PROGRAM.
     Exec(exec::ExecArgs),
     /// Train an image classifier data-parallel (one rank; start N with mpirun/srun/tchrun).

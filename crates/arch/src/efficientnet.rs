@@ -1,7 +1,7 @@
 //! EfficientNet's and EfficientNetV2's layouts as torchvision builds them: the block tables
 //! (`_efficientnet_conf`), the per-size batch norm, and the blocks after the width and depth
 //! multipliers and `_make_divisible`.
-use super::make_divisible;
+use crate::channels::make_divisible;
 
 /// Which of torchvision's EfficientNet block tables (`_efficientnet_conf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

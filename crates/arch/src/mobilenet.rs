@@ -2,7 +2,7 @@
 //! dilation, full tail): the inverted-residual table of `mobilenet_v3_large` and
 //! `mobilenet_v3_small` after `_make_divisible`, the last convolution's and the classifier's
 //! widths, the batch norm and the dropout.
-use super::make_divisible;
+use crate::channels::make_divisible;
 
 /// Which of torchvision's MobileNetV3 tables (`_mobilenet_v3_conf(arch)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! widths, depths and group widths of `BlockParams.from_init_params` (float32 arithmetic and
 //! round-half-even as torch computes them, then `_adjust_widths_groups_compatibilty`), and the
 //! `ResBottleneckBlock`s of each stage with their projection, groups and squeeze-and-excitation.
-use super::make_divisible_by;
+use crate::channels::make_divisible_by;
 
 /// `_regnet`'s `norm_layer`: `partial(nn.BatchNorm2d, eps=1e-05, momentum=0.1)`.
 pub const REGNET_BN_EPS: f64 = 1e-5;

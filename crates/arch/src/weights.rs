@@ -9,13 +9,14 @@ use crate::{swin::SwinShape, vit, Arch, EfficientnetLayout, Family};
 
 mod convnext;
 mod finite;
+mod layers;
 mod mobilenet;
 mod regnet;
 mod swin;
 pub use swin::RELATIVE_POSITION_INDEX;
 
-/// `(name, shape)` of a `state_dict`'s tensors, in order.
-type Spec = Vec<(String, Vec<usize>)>;
+use layers::{bn, conv_norm};
+
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
@@ -124,24 +125,6 @@ pub fn spec_at(arch: Arch, classes: usize, image_size: u32) -> Vec<(String, Vec<
         }
     }
     out
-}
-
-/// A batch-norm layer's tensors, in a `state_dict`'s order.
-/// A `Conv2dNormActivation`'s tensors: `.0` the convolution without bias, `[c_out,
-/// c_in_per_group, k]` (k x k), and `.1` its batch norm.
-fn conv_norm(out: &mut Spec, name: &str, [c_out, c_in_per_group, k]: [usize; 3]) {
-    out.push((
-        format!("{name}.0.weight"),
-        vec![c_out, c_in_per_group, k, k],
-    ));
-    bn(out, &format!("{name}.1"), c_out);
-}
-
-fn bn(out: &mut Vec<(String, Vec<usize>)>, name: &str, c: usize) {
-    for p in ["weight", "bias", "running_mean", "running_var"] {
-        out.push((format!("{name}.{p}"), vec![c]));
-    }
-    out.push((format!("{name}.num_batches_tracked"), vec![]));
 }
 
 /// torchvision's EfficientNet: every `Conv2dNormActivation` is `.0` a convolution without bias

@@ -1,8 +1,11 @@
 //! Augmentation: torchvision's `RandomResizedCrop` + horizontal flip (+ an auto-augment policy,
 //! `auto_augment/`; + `RandomErasing` after normalisation) for training, resize + center crop for evaluation; the per-micro-batch draws
 //! of MixUp and CutMix (`mix_params`: pure, the worker applies them to the batch tensor).
-use super::*;
+use fast_image_resize as fr;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 pub use tchrun::augment_flags::Interpolation;
+use tchrun::model::Normalization;
 
 // ---------------------------------------------------------------------------------------------
 // Augmentation
@@ -196,7 +199,6 @@ pub enum Mix {
 /// The RNG of a micro-batch's mixing: from (seed, epoch, the micro-batch's global index),
 /// apart from every image's (`image_rng`).
 pub fn mix_rng(seed: i64, epoch: u64, micro_batch: usize) -> ChaCha8Rng {
-    use super::loader::splitmix64;
     let mut h = splitmix64(seed as u64 ^ 0x6d69_7875_705f_6375); // "mixup_cu"
     h = splitmix64(h ^ epoch);
     h = splitmix64(h ^ micro_batch as u64);
@@ -209,7 +211,6 @@ pub fn mix_rng(seed: i64, epoch: u64, micro_batch: usize) -> ChaCha8Rng {
 /// would draw the same masks on every rank, and one stream per process another sequence on 1
 /// rank accumulating than on 2). Non-negative, as `manual_seed` takes it.
 pub fn layer_seed(seed: i64, epoch: u64, micro_batch: usize) -> i64 {
-    use super::loader::splitmix64;
     let mut h = splitmix64(seed as u64 ^ 0x6c61_7965_725f_7264); // "layer_rd"
     h = splitmix64(h ^ epoch);
     h = splitmix64(h ^ micro_batch as u64);
@@ -427,4 +428,22 @@ pub(super) fn normalize(
             }
         }
     }
+}
+
+/// Lookup tables: `lut[c][v] = (v / 255 - mean[c]) / std[c]`.
+pub(crate) fn norm_lut(n: &Normalization) -> [[f32; 256]; 3] {
+    let mut lut = [[0f32; 256]; 3];
+    for c in 0..3 {
+        for v in 0..256 {
+            lut[c][v] = (v as f32 / 255.0 - n.mean[c]) / n.std[c];
+        }
+    }
+    lut
+}
+
+pub(crate) fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

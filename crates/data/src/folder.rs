@@ -1,27 +1,18 @@
 //! The image folder scan: torchvision's `ImageFolder` layout (`ROOT/<class>/<image>`), the
 //! seed's dataset errors, and the class sets of train and valid compared.
-use super::*;
+use crate::dataset::{name_of, ImageFolder, Sample};
+use crate::error::{io_err, DatasetError};
+use crate::images::IMAGE_EXTENSIONS;
+use crate::pack;
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
 
 // ---------------------------------------------------------------------------------------------
 // ImageFolder
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sample {
-    /// The image file; for a packed sample, where it was in the packed folder (the pack's
-    /// root joined with its original relative path), for messages and listings.
-    pub path: PathBuf,
-    pub label: usize,
-    /// A packed sample (`tchrun data pack`): its bytes are this member of a shard.
-    pub member: Option<Member>,
-}
-
-#[derive(Debug, Clone)]
-pub struct ImageFolder {
-    pub root: PathBuf,
-    pub classes: Vec<String>,
-    pub samples: Vec<Sample>,
-}
+const LAYOUT_HINT: &str = "images must be in one sub-folder per class: ROOT/<class>/<image>";
 
 pub(super) fn is_hidden(name: &std::ffi::OsStr) -> bool {
     name.as_encoded_bytes().first() == Some(&b'.')
@@ -97,12 +88,6 @@ impl FileStat {
     pub fn read(path: &Path) -> Option<FileStat> {
         fs::metadata(path).ok().map(|m| FileStat::of(&m))
     }
-}
-
-pub(super) fn name_of(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 impl ImageFolder {

@@ -8,85 +8,16 @@
 //!
 //! No torch dependency: batches are plain buffers.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::fs;
-use std::io::{Cursor, Read};
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, Sender};
-use fast_image_resize as fr;
-use image::{ColorType, DynamicImage, ImageDecoder, ImageReader};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Image extensions accepted by [`ImageFolder::scan`] (compared case-insensitively): the
-/// formats of Azure ML's "Convert to Image Directory" (JPEG, PNG, BMP, TIFF, WebP, PPM/PGM;
-/// `.pnm`/`.pbm` are the same decoder's other names).
-pub const IMAGE_EXTENSIONS: [&str; 12] = [
-    "jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "ppm", "pgm", "pnm", "pbm", "dib",
-];
-
-/// The formats, for messages.
-pub const IMAGE_FORMATS: &str = "JPEG, PNG, BMP, TIFF, WebP, PPM/PGM";
-
 pub use tchrun::flags::DEFAULT_MAX_IMAGE_PIXELS;
-
-/// Largest decoded image (in bytes of 8-bit RGB) the loader accepts: 512 MiB, the
-/// `image` crate's default allocation limit.
-pub const MAX_DECODED_BYTES: u64 = 512 * 1024 * 1024;
-
-const LAYOUT_HINT: &str = "images must be in one sub-folder per class: ROOT/<class>/<image>";
-
-// ---------------------------------------------------------------------------------------------
-// Errors
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Debug, thiserror::Error)]
-pub enum DatasetError {
-    /// The folder is not laid out as `ROOT/<class>/<image>`.
-    #[error("NotLabeledDatasetError: {}: {detail}", path.display())]
-    NotLabeled { path: PathBuf, detail: String },
-    /// Train and valid disagree (class sets), or an argument is inconsistent.
-    #[error("InvalidDatasetError: {detail}")]
-    InvalidDataset { detail: String },
-    /// Empty dataset or an empty class folder.
-    #[error("EmptyDatasetError: {}: {detail}", path.display())]
-    Empty { path: PathBuf, detail: String },
-    /// An archive (`.zip`, `.tar`, `.tar.gz`) that cannot be used safely.
-    #[error("BadArchiveError: {}: {detail}", path.display())]
-    BadArchive { path: PathBuf, detail: String },
-    /// Corrupt, unreadable, unsupported or too large image.
-    #[error("BadImageError: {}: {detail}", path.display())]
-    BadImage { path: PathBuf, detail: String },
-    /// SIGINT/SIGTERM (`signal`) arrived while an archive was being extracted; the partial
-    /// extraction was removed.
-    #[error(
-        "interrupted ({}) while extracting {}; the partial extraction was removed",
-        tchrun::interrupt::signal_name(*signal),
-        path.display()
-    )]
-    Interrupted { path: PathBuf, signal: i32 },
-    #[error(
-        "IoError: {}: {source} (check that the path exists, is readable and is on a mounted volume)",
-        path.display()
-    )]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-fn io_err(path: &Path, source: std::io::Error) -> DatasetError {
-    DatasetError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Normalization
@@ -94,23 +25,15 @@ fn io_err(path: &Path, source: std::io::Error) -> DatasetError {
 
 pub use tchrun::model::Normalization;
 
-/// Lookup tables: `lut[c][v] = (v / 255 - mean[c]) / std[c]`.
-fn norm_lut(n: &Normalization) -> [[f32; 256]; 3] {
-    let mut lut = [[0f32; 256]; 3];
-    for c in 0..3 {
-        for v in 0..256 {
-            lut[c][v] = (v as f32 / 255.0 - n.mean[c]) / n.std[c];
-        }
-    }
-    lut
-}
-
 pub mod archive;
 mod augment;
 pub mod auto_augment;
 pub mod comparison;
+mod dataset;
+mod error;
 pub mod evaluation;
 mod folder;
+mod images;
 pub mod index;
 mod loader;
 pub mod mcnemar;
@@ -123,7 +46,12 @@ pub mod transforms;
 mod verify;
 
 pub use augment::*;
+use dataset::name_of;
+pub use dataset::{ImageFolder, Sample};
+use error::io_err;
+pub use error::DatasetError;
 pub use folder::*;
+pub use images::{IMAGE_EXTENSIONS, IMAGE_FORMATS, MAX_DECODED_BYTES};
 pub use loader::*;
 pub use pack::Member;
 pub use shard::*;

@@ -1,8 +1,28 @@
 //! The threaded decode/augment loader: bounded prefetch, batches in order, augmentation
 //! seeded per (seed, epoch, rank, position), images that fail to decode dropped alone under
 //! `--skip-bad-images`.
-use super::augment::normalize;
-use super::*;
+use crate::augment::{
+    crop_params, erase, erase_params, norm_lut, normalize, resize_box, splitmix64, Augment,
+    BoxResize,
+};
+use crate::dataset::{ImageFolder, Sample};
+use crate::error::{bad, bounded_err, io_err, DatasetError};
+use crate::images::{IMAGE_FORMATS, MAX_DECODED_BYTES};
+use crate::pack::{self, Member};
+use crate::shard::GlobalCut;
+use crate::{auto_augment, transforms};
+use crossbeam_channel::{Receiver, Sender};
+use fast_image_resize as fr;
+use image::{ColorType, DynamicImage, ImageDecoder, ImageReader};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tchrun::model::Normalization;
 
 // ---------------------------------------------------------------------------------------------
 // Loader
@@ -47,13 +67,6 @@ pub struct LoaderConfig {
     /// `--global-batch-size`: augmentation seeded by the sample's global position in the epoch
     /// (not rank and shard position), so an image gets the same crop at any world size.
     pub global: Option<GlobalCut>,
-}
-
-pub(super) fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Per-image RNG derived from (seed, epoch, rank, position); independent of threads.
@@ -106,22 +119,6 @@ impl WorkerState {
             padded: Vec::new(),
             transform_scratch: Vec::new(),
         }
-    }
-}
-
-/// A refused or failed bounded read of an image (`files::read_bounded`): not a regular file or
-/// too large is a bad image (skipped under `--skip-bad-images`); an I/O error stays one.
-pub(super) fn bounded_err(path: &Path, e: tchrun::files::BoundedReadError) -> DatasetError {
-    match e {
-        tchrun::files::BoundedReadError::Io { source, .. } => io_err(path, source),
-        e => bad(path, e.to_string()),
-    }
-}
-
-pub(super) fn bad(path: &Path, detail: impl Into<String>) -> DatasetError {
-    DatasetError::BadImage {
-        path: path.to_path_buf(),
-        detail: detail.into(),
     }
 }
 

@@ -1,7 +1,9 @@
 //! `torch.utils.data.DistributedSampler` sharding (`drop_last=False`), torchvision's `RASampler`
 //! (`--ra-sampler`: repeated augmentation, `Sampling`), and `--global-batch-size`'s fixed cut of
 //! an epoch into optimizer steps and micro-batches (`GlobalCut`).
-use super::*;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 
 // ---------------------------------------------------------------------------------------------
 // Distributed sharding

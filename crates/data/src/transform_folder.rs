@@ -8,7 +8,8 @@
 //! and renamed into place at the end; an existing non-empty output is refused, and a failure
 //! leaves nothing.
 use super::augment::crop_params;
-use super::loader::{bad, image_rng};
+use super::error::bad;
+use super::loader::image_rng;
 use super::transforms::{self, cut, pad_and_place};
 use super::*;
 use tchrun::transform_flags::TransformFlags;

@@ -1,7 +1,12 @@
 //! Verification of every image header before a step (dimensions, truncated JPEGs,
 //! decompression bombs), in parallel; under `--skip-bad-images` bad files are dropped and
 //! listed.
-use super::*;
+use crate::dataset::{ImageFolder, Sample};
+use crate::error::DatasetError;
+use crate::images::IMAGE_FORMATS;
+use image::ImageReader;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 /// Reason string for an image whose header cannot be read or is too large.
 /// Whether a JPEG file ends with its end-of-image marker. FF D9 cannot occur inside

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use crate::error::FIX;
+use crate::limits::MAX_DIMS;
 use crate::values::{elem_size, Fail, Global, Obj, Storage, TensorRef, V};
 use crate::vm::Vm;
-use crate::{FIX, MAX_DIMS};
 
 impl<'a> Vm<'a> {
     /// `('storage', torch.FloatStorage, key, location, numel)`.

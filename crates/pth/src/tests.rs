@@ -1,6 +1,7 @@
 //! The unpickler on hand-made pickles (scalars, containers, memo, refused globals and opcodes,
 //! bounds, tensor views) and a whole archive converted to safetensors.
 use super::*;
+use crate::limits::{MAX_MARKS, MAX_MEMO, MAX_VALUES};
 use crate::values::{Fail, Obj, V};
 
 fn unpickle(p: &[u8]) -> Result<(Vm<'_>, V), Fail> {

@@ -5,7 +5,7 @@ use safetensors::Dtype;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::PthError;
+use crate::error::PthError;
 
 /// What the reader may meet: the only globals a state_dict's pickle names.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use crate::limits::{MAX_MARKS, MAX_MEMO, MAX_VALUES};
 use crate::values::{opcode_name, resolve_global, Fail, Obj, V};
-use crate::{MAX_MARKS, MAX_MEMO, MAX_VALUES};
 
 pub(crate) struct Vm<'a> {
     data: &'a [u8],

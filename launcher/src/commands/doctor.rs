@@ -106,10 +106,14 @@ fn worker_args(
 ) -> Result<Vec<String>, JobError> {
     let mut r = rank.clone();
     r.log_dir = Some(dir.to_path_buf());
-    let mut args = vec!["doctor".to_string(), format!("--phase={}", phase.as_str())];
-    args.extend(r.to_args()?);
-    args.extend(checks.to_args());
-    args.push(format!("--json={}", json.display()));
+    let flags = doctor::DoctorRank {
+        rank: r,
+        checks: checks.clone(),
+        phase,
+        json: json.to_path_buf(),
+    };
+    let mut args = vec!["doctor".to_string()];
+    args.extend(flags.to_args()?);
     Ok(args)
 }
 

@@ -9,9 +9,9 @@ use crate::run::capture;
 use std::path::Path;
 use tchrun::job_record::heartbeat::{Heartbeat, Phase};
 
-/// `dir`: the log directory given, if any (`report::find_log_dir` picks the one meant).
+/// `dir`: the log directory given, if any (`report::logs::find_log_dir` picks the one meant).
 pub fn run(dir: Option<&Path>) -> Result<i32, JobError> {
-    let (dir, note) = crate::report::find_log_dir(dir);
+    let (dir, note) = crate::report::logs::find_log_dir(dir);
     let dir = dir.as_path();
     let beats = Heartbeat::read_all(dir);
     if beats.is_empty() {

@@ -79,7 +79,7 @@ fn locate(path: &Path) -> Result<PathBuf, JobError> {
         )));
     }
     let holds = |d: &Path| JobStatus::path(d).exists();
-    Ok(report::log_dir_of(path, holds).unwrap_or_else(|| path.to_path_buf()))
+    Ok(report::logs::log_dir_of(path, holds).unwrap_or_else(|| path.to_path_buf()))
 }
 
 fn missing(dir: &Path) -> String {

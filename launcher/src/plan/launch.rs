@@ -251,17 +251,17 @@ fn single_node_transport(plan: &Plan) -> Vec<String> {
 
 /// `srun --nodes N --ntasks-per-node P --mpi=pmix ... WORKER ARGS` (inside an allocation).
 pub fn srun_command(plan: &Plan, worker_args: &[String]) -> CommandSpec {
-    let mut args = vec![
-        format!("--nodes={}", plan.nodes),
-        format!("--ntasks={}", plan.world_size()),
-        format!("--ntasks-per-node={}", plan.procs_per_node),
-        "--mpi=pmix".into(),
-        "--kill-on-bad-exit=1".into(),
-        "--export=ALL".into(),
-    ];
-    if plan.oversubscribe {
-        args.push("--overcommit".into());
-    }
+    let options = super::slurm_flags::SrunOptions {
+        nodes: plan.nodes,
+        ntasks: plan.world_size(),
+        ntasks_per_node: plan.procs_per_node,
+        mpi: "pmix".into(),
+        kill_on_bad_exit: 1,
+        export: "ALL".into(),
+        overcommit: plan.oversubscribe,
+    };
+    let mut args =
+        tchrun::argv::argv(&options).expect("srun's options are numbers and words (srun_line)");
     args.push(plan.worker.display().to_string());
     args.extend(worker_args.iter().cloned());
     CommandSpec {

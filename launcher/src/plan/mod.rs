@@ -6,3 +6,4 @@
 pub mod gpus;
 pub mod launch;
 pub mod preflight;
+pub mod slurm_flags;

@@ -6,11 +6,9 @@
 //! and which log directory a user means; `tensorboard.rs`: a TensorBoard command that runs
 //! here.
 pub mod cause;
-mod logs;
+pub mod logs;
 pub mod reserve;
 mod tensorboard;
-
-pub use logs::{find_log_dir, log_dir_of, logs_command};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

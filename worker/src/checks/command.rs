@@ -8,24 +8,7 @@ use clap::Args;
 use std::path::PathBuf;
 use tchrun::flags::{RankFlags, DEFAULT_LOG_DIR};
 
-#[derive(Args, Debug)]
-pub struct SelftestArgs {
-    #[command(flatten)]
-    pub rank: RankFlags,
-    /// Message sizes in bytes for the bandwidth table.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "4096,65536,1048576,16777216"
-    )]
-    pub sizes: Vec<usize>,
-    /// Timed all-reduce iterations per size.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
-    pub iters: u64,
-    /// Write the bandwidth table as JSON to this file (rank 0).
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-}
+pub use tchrun::worker_flags::SelftestRank as SelftestArgs;
 
 #[derive(Args, Debug)]
 pub struct GradcheckArgs {
@@ -64,8 +47,8 @@ pub fn run_selftest(a: SelftestArgs) -> RankResult {
         tracing::info!(
             "collectives correct: all_reduce sum/avg/max, broadcast, all_gather, barrier"
         );
-        let rows =
-            selftest::bandwidth(&pg, &a.sizes, a.iters as usize).map_err(|e| fail(e.into()))?;
+        let rows = selftest::bandwidth(&pg, &a.checks.sizes, a.checks.iters as usize)
+            .map_err(|e| fail(e.into()))?;
         let table = selftest::format_table(&rows, pg.size(), pg.backend().name());
         tracing::info!("\n{table}");
         if pg.rank() == 0 {
@@ -76,7 +59,7 @@ pub fn run_selftest(a: SelftestArgs) -> RankResult {
                 pg.backend().name()
             ));
             console.out(table.trim_end());
-            if let Some(path) = &a.json {
+            if let Some(path) = &a.checks.json {
                 let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
                 std::fs::write(path, text)
                     .with_context(|| format!("writing {}", path.display()))

@@ -8,32 +8,17 @@ use crate::comm::bootstrap::Joined;
 use crate::comm::pg::{C10dError, ProcessGroup, ReduceOp};
 use crate::rank::start::{command_line, cuda_devices, leave, start_rank, Fatal, Rank, RankResult};
 use anyhow::Context;
-use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tch::{Kind, Tensor};
-use tchrun::doctor::{self, DoctorChecks, LinkReport, LinkVerdict, Network, NodeReport, Phase};
-use tchrun::flags::{RankFlags, DEFAULT_LOG_DIR};
-
-#[derive(Args, Debug)]
-pub struct DoctorArgs {
-    #[command(flatten)]
-    pub rank: RankFlags,
-    #[command(flatten)]
-    pub checks: DoctorChecks,
-    /// The phase this rank runs.
-    #[arg(long, value_enum)]
-    pub phase: Phase,
-    /// Where rank 0 writes the phase's records (JSON).
-    #[arg(long)]
-    pub json: PathBuf,
-}
+use tchrun::doctor::{self, DoctorRank, LinkReport, LinkVerdict, Network, NodeReport, Phase};
+use tchrun::flags::DEFAULT_LOG_DIR;
 
 /// Clock samples taken (their median is the offset).
 const CLOCK_SAMPLES: usize = 5;
 
 /// One phase of the doctor, as this rank.
-pub fn run(a: DoctorArgs) -> RankResult {
+pub fn run(a: DoctorRank) -> RankResult {
     let rank = start_rank(
         &a.rank,
         PathBuf::from(DEFAULT_LOG_DIR),
@@ -79,7 +64,7 @@ fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), Fatal> 
         .map_err(Fatal::rank)
 }
 
-fn nodes(a: &DoctorArgs, joined: &Joined, pg: &ProcessGroup, log_dir: &Path) -> Result<(), Fatal> {
+fn nodes(a: &DoctorRank, joined: &Joined, pg: &ProcessGroup, log_dir: &Path) -> Result<(), Fatal> {
     let (rank, world) = (pg.rank(), pg.size());
     let host = joined.info.place.host.clone();
     let paths = node_probe::paths(&a.checks);
@@ -190,7 +175,7 @@ fn clock_offset(pg: &ProcessGroup) -> Result<f64, C10dError> {
     Ok(doctor::median(&samples).unwrap_or(0.0))
 }
 
-fn links(a: &DoctorArgs, joined: &Joined, pg: &ProcessGroup) -> Result<(), Fatal> {
+fn links(a: &DoctorRank, joined: &Joined, pg: &ProcessGroup) -> Result<(), Fatal> {
     let (rank, world) = (pg.rank(), pg.size());
     let store = &joined.store;
     store
@@ -260,7 +245,7 @@ fn links(a: &DoctorArgs, joined: &Joined, pg: &ProcessGroup) -> Result<(), Fatal
 /// each side's fastest of `--link-iters` all-reduces, the slower side's; or why it could not
 /// be measured.
 fn measure_pair(
-    a: &DoctorArgs,
+    a: &DoctorRank,
     joined: &Joined,
     pg: &ProcessGroup,
     round: u32,

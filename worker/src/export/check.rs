@@ -1,6 +1,6 @@
 //! The export's check batch (`--check-images` through `score`'s own preprocessing, or a
 //! seeded synthetic batch) and the difference of two probability tables.
-use super::ExportError;
+use super::error::ExportError;
 use crate::infer::score;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};

@@ -4,46 +4,15 @@
 //! and the check batch with tchrun's probabilities left (`check.npz`) for the ONNX step.
 //! Writes only into `--staging` (the launcher's, renamed into place when all is checked).
 pub mod check;
+mod error;
+
+pub use error::ExportError;
 
 use crate::models;
 use std::path::Path;
 use tch::{nn, CModule, Device, Kind, Tensor};
 use tchrun::export::{self as contract, Batch, Check, Target, TraceArgs};
 use tchrun::model::ModelConfig;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    #[error(transparent)]
-    Model(#[from] tchrun::model::InvalidModelDirectory),
-    #[error(transparent)]
-    Weights(#[from] models::WeightsError),
-    #[error("--check-images {path}: {why}")]
-    Images {
-        path: std::path::PathBuf,
-        why: String,
-    },
-    #[error("{0}")]
-    Mismatch(String),
-    #[error("tracing the model: {0}")]
-    Torch(#[from] tch::TchError),
-    #[error("{path}: {why}")]
-    Write {
-        path: std::path::PathBuf,
-        why: String,
-    },
-}
-
-impl ExportError {
-    /// Exit 2 for what the user gave, 4 for a graph that does not agree or cannot be made.
-    pub fn kind(&self) -> tchrun::exit::ErrorKind {
-        match self {
-            ExportError::Model(_) | ExportError::Weights(_) | ExportError::Images { .. } => {
-                tchrun::exit::ErrorKind::InvalidInput
-            }
-            _ => tchrun::exit::ErrorKind::RankFailed,
-        }
-    }
-}
 
 /// The model as the exported graph computes it: (uint8 NHWC →) normalized float NCHW → (half
 /// →) the network → float32 probabilities.

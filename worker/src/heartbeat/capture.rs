@@ -4,7 +4,9 @@
 //! this process within `STACK_LIMIT`, the collective trace, the loader threads' files, the
 //! heartbeat). A rank that cannot answer (stopped) is answered for by the lowest-numbered rank
 //! on its host that can. The beats go on meanwhile.
-use super::{now_ms, record, rfc3339, trace, Identity};
+use super::beat::{record, Identity};
+use super::state::{now_ms, rfc3339};
+use super::trace;
 use std::path::Path;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 use tchrun::job_record::heartbeat::{Heartbeat, Phase};

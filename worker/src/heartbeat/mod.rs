@@ -1,70 +1,27 @@
-//! The rank's heartbeat: its phase, step and collective sequence number in atomics (cheap to
-//! set at every phase change: no file write, no collective), and a thread that rewrites
-//! `<log_dir>/heartbeat-<rank>.json` (`tchrun::job_record::heartbeat`) about once a second.
+//! The rank's heartbeat: its phase, step and collective sequence number in atomics (`state.rs`;
+//! cheap to set at every phase change: no file write, no collective), and a thread that rewrites
+//! `<log_dir>/heartbeat-<rank>.json` (`beat.rs`, `tchrun::job_record::heartbeat`) about once a
+//! second.
 //! The thread is its own: a rank whose main thread is stuck keeps beating with an old `since`;
 //! a stopped or dead one stops. The same thread answers a capture request (`capture.rs`: the
 //! rank's stacks, its collective trace `trace.rs`). A leaf: imports nothing of this crate
 //! (comm, rank and train set phases here).
+mod beat;
 pub mod capture;
+mod state;
 pub mod trace;
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tchrun::job_record::heartbeat::{Heartbeat, Phase};
+use beat::{record, Identity};
+pub use state::{buckets, current_phase, phase, progressed, step};
+use state::{now_ms, PHASE, SINCE_MS, STARTED};
 
-static PHASE: AtomicU64 = AtomicU64::new(0);
-static SINCE_MS: AtomicU64 = AtomicU64::new(0);
-static STEP: AtomicU64 = AtomicU64::new(0);
-static PROGRESS: AtomicU64 = AtomicU64::new(0);
-static BUCKETS: AtomicU64 = AtomicU64::new(0);
-static STARTED: AtomicBool = AtomicBool::new(false);
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tchrun::job_record::heartbeat::Phase;
 
 /// How often the thread beats.
 const EVERY: Duration = Duration::from_secs(1);
-
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-pub(crate) fn rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-}
-
-/// The rank is now in `p` (its `since` starts now unless it already was).
-pub fn phase(p: Phase) {
-    let code = p.code() as u64;
-    if PHASE.swap(code, Ordering::Relaxed) != code {
-        SINCE_MS.store(now_ms(), Ordering::Relaxed);
-    }
-}
-
-/// Optimizer steps done.
-pub fn step(done: u64) {
-    STEP.store(done, Ordering::Relaxed);
-}
-
-/// Work done that is not a step (a validation batch): the hang watch counts it as progress.
-pub fn progressed() {
-    PROGRESS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// The phase the rank is in now.
-pub fn current_phase() -> Phase {
-    Phase::from_code(PHASE.load(Ordering::Relaxed) as u8)
-}
-
-pub(crate) fn current_step() -> u64 {
-    STEP.load(Ordering::Relaxed)
-}
-
-/// The last gradient reduction had this many buckets.
-pub fn buckets(n: usize) {
-    BUCKETS.store(n as u64, Ordering::Relaxed);
-}
 
 /// Inside a collective (`p`) until dropped; then back to the phase before.
 #[must_use]
@@ -101,30 +58,6 @@ impl Drop for Collective {
         }
         PHASE.store(self.before, Ordering::Relaxed);
         SINCE_MS.store(self.since, Ordering::Relaxed);
-    }
-}
-
-/// The identity a beat carries.
-pub(crate) struct Identity {
-    pub log_dir: PathBuf,
-    pub rank: usize,
-    pub host: String,
-}
-
-pub(crate) fn record(id: &Identity, beat: u64) -> Heartbeat {
-    let buckets = BUCKETS.load(Ordering::Relaxed);
-    Heartbeat {
-        rank: id.rank,
-        host: id.host.clone(),
-        pid: std::process::id(),
-        phase: Phase::from_code(PHASE.load(Ordering::Relaxed) as u8),
-        step: STEP.load(Ordering::Relaxed),
-        seq: trace::seq(),
-        progress: PROGRESS.load(Ordering::Relaxed),
-        buckets: (buckets > 0).then_some(buckets),
-        since: rfc3339(SINCE_MS.load(Ordering::Relaxed)),
-        time: rfc3339(now_ms()),
-        beat,
     }
 }
 

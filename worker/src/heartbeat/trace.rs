@@ -56,8 +56,8 @@ pub fn enter(op: Phase, bucket: Option<u32>, bytes: u64) -> u64 {
             op: op.code(),
             bucket: bucket.unwrap_or(NO_BUCKET),
             bytes,
-            step: super::current_step(),
-            entered_ms: super::now_ms(),
+            step: super::state::current_step(),
+            entered_ms: super::state::now_ms(),
             completed_ms: 0,
         };
         let mut ring = RING.lock().unwrap_or_else(|e| e.into_inner());
@@ -79,7 +79,7 @@ pub fn complete(seq: u64) {
     if !on() {
         return;
     }
-    let now = super::now_ms();
+    let now = super::state::now_ms();
     let mut ring = RING.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = ring.get_mut(index(seq)).filter(|s| s.seq == seq) {
         s.completed_ms = now;
@@ -99,8 +99,8 @@ pub fn snapshot() -> Vec<TraceEntry> {
             bucket: (s.bucket != NO_BUCKET).then_some(s.bucket),
             bytes: s.bytes,
             step: s.step,
-            entered: super::rfc3339(s.entered_ms),
-            completed: (s.completed_ms != 0).then(|| super::rfc3339(s.completed_ms)),
+            entered: super::state::rfc3339(s.entered_ms),
+            completed: (s.completed_ms != 0).then(|| super::state::rfc3339(s.completed_ms)),
         })
         .collect()
 }

@@ -233,7 +233,8 @@ fn dup_file(fd: i32) -> std::io::Result<File> {
 }
 
 /// Opens `<log_dir>/70_driver_log_<rank>`, writes the header, moves fds 1 and 2 into it, installs
-/// the tracing subscriber and a panic hook. Returns the console for user-facing lines, which
+/// the tracing subscriber and a panic hook (the caller installs the signal handlers next:
+/// `signals::install`). Returns the console for user-facing lines, which
 /// prints them when `selection` selects this rank.
 pub fn open(
     log_dir: &Path,
@@ -316,6 +317,5 @@ pub fn open(
         // The console gets the error the panic becomes (main's `tchrun-worker: error:`).
         tracing::error!(target: LOG_ONLY, "rank {rank} panicked: {info}\n{bt}");
     }));
-    crate::rank::signals::install()?;
     Ok((path, console))
 }

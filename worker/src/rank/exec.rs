@@ -5,29 +5,9 @@ use crate::comm::bootstrap;
 use crate::rank::start::{command_line, cuda_devices, Fatal, RankResult};
 use crate::rank::{driver_log, output};
 use anyhow::Context;
-use clap::Args;
-use std::path::PathBuf;
-use tchrun::flags::{Device as DeviceFlag, DEFAULT_LOG_DIR};
+use tchrun::flags::Device as DeviceFlag;
 
-#[derive(Args, Debug)]
-pub struct ExecArgs {
-    /// The device the program's ranks use (one GPU per rank): with cuda or auto, more ranks on
-    /// this node than its GPUs is refused before the program starts; cpu checks nothing.
-    #[arg(long, env = "TCHRUN_DEVICE", value_enum)]
-    pub device: Option<DeviceFlag>,
-    /// Directory of the per-rank driver logs.
-    #[arg(long, env = "TCHRUN_LOG_DIR", default_value = DEFAULT_LOG_DIR)]
-    pub log_dir: PathBuf,
-    /// The network interface every rank uses (see `tchrun train --help`); the program gets
-    /// GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME set to it unless they are set.
-    #[arg(long, env = "TCHRUN_IFNAME", value_name = "NAME")]
-    pub ifname: Option<String>,
-    #[command(flatten)]
-    pub console: tchrun::flags::ProgramConsole,
-    /// The program and its arguments.
-    #[arg(last = true, required = true)]
-    pub program: Vec<String>,
-}
+pub use tchrun::worker_flags::ExecRank as ExecArgs;
 
 /// Runs the program as this rank (returns only on failure).
 pub fn run(a: ExecArgs) -> RankResult {
@@ -77,6 +57,10 @@ pub fn run(a: ExecArgs) -> RankResult {
             )
         })
         .map_err(|e| (None, Fatal::rank(e)))?;
+    if let Err(e) = super::signals::install() {
+        let e = anyhow::Error::from(e).context("cannot install the rank's signal handlers");
+        return Err((Some(console), Fatal::rank(e)));
+    }
     // The program may use either backend: both variables are checked.
     if let Err(e) = id.check_network(a.ifname.as_deref(), true, true) {
         return Err((Some(console), Fatal::bootstrap(e, "joining the job")));

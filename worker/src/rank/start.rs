@@ -284,6 +284,10 @@ pub fn start_rank(
             )
         })
         .map_err(|e| (None, Fatal::rank(e)))?;
+    if let Err(e) = super::signals::install() {
+        let e = anyhow::Error::from(e).context("cannot install the rank's signal handlers");
+        return Err((Some(console), Fatal::rank(e)));
+    }
     crate::heartbeat::start(log_dir.clone(), id.place.rank, &id.place.host);
     crate::memory::start(log_dir.clone(), id.place.rank, &id.place.host);
     set_threads(flags, id.place.local_rank, id.place.local_size);

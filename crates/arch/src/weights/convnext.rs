@@ -1,5 +1,5 @@
 //! torchvision's ConvNeXt `state_dict` (`weights::spec` for `Family::Convnext`).
-use super::Spec;
+use super::layers::Spec;
 
 /// torchvision's ConvNeXt: `features.0` the stem (4x4 convolution, LayerNorm2d), odd
 /// `features.N` the stages of CNBlocks (`layer_scale`, then `block.0` the 7x7 depthwise

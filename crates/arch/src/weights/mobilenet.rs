@@ -1,6 +1,6 @@
 //! torchvision's MobileNetV3 `state_dict` (`weights::spec` for `Family::Mobilenet`), from the
 //! one layout `arch` computes.
-use super::{conv_norm, Spec};
+use super::layers::{conv_norm, Spec};
 use crate::MobilenetLayout;
 
 /// torchvision's MobileNetV3: every `Conv2dNormActivation` is `.0` a convolution without bias

@@ -1,6 +1,6 @@
 //! torchvision's RegNet `state_dict` (`weights::spec` for `Family::Regnet`), from the one layout
 //! `arch` computes.
-use super::{conv_norm, Spec};
+use super::layers::{conv_norm, Spec};
 use crate::RegnetLayout;
 
 /// torchvision's RegNet: every `Conv2dNormActivation` is `.0` a convolution without bias and

@@ -1,5 +1,5 @@
 //! torchvision's Swin Transformer `state_dict` (`weights::spec` for `Family::Swin`).
-use super::Spec;
+use super::layers::Spec;
 use crate::swin::{bias_table_rows, SwinShape, MLP_RATIO, PATCH, WINDOW};
 
 /// The buffer every block's attention keeps in the `state_dict` (`int64`, `window⁴` values,

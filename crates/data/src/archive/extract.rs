@@ -1,8 +1,15 @@
 //! Extracting an archive's members with the checks of `archive`'s module docs: member paths,
 //! links, sizes (declared and real), the unpacked-size and free-space budget, a signal between
 //! members or reads; the zip and tar readers; the image folder's root inside the extraction.
-use super::*;
-use std::io::{BufReader, Write};
+use super::kind::ArchiveKind;
+use super::limits::{max_unpacked_bytes, DEFLATE_MAX_RATIO, MAX_ARCHIVE_MEMBERS, MAX_UNPACKED_ENV};
+use crate::dataset::{name_of, ImageFolder};
+use crate::error::{io_err, DatasetError};
+use crate::folder::list_dir;
+use std::fs;
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use tchrun::files::DATA_CACHE_ENV;
 
 /// The member's path inside the extraction folder, or why it is refused. Both `/` and `\`
 /// count as separators for the checks (archives made on Windows).
@@ -357,5 +364,41 @@ pub(super) fn find_root(archive: &Path, dir: &Path) -> Result<String, DatasetErr
             )),
         }),
         Err(e) => Err(e),
+    }
+}
+
+pub(super) fn bad_archive(path: &Path, detail: impl Into<String>) -> DatasetError {
+    DatasetError::BadArchive {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+pub(super) fn interrupted(archive: &Path, signal: i32) -> DatasetError {
+    DatasetError::Interrupted {
+        path: archive.to_path_buf(),
+        signal,
+    }
+}
+
+/// The test hook `TCHRUN_TEST_EXTRACT_DELAY_MS`: a pause before each member.
+fn test_delay() -> Option<std::time::Duration> {
+    std::env::var(tchrun::env::TCHRUN_TEST_EXTRACT_DELAY_MS)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(std::time::Duration::from_millis)
+}
+
+/// A reader that fails once a signal was received (`interrupt::received`), so that a large
+/// member's copy stops too.
+struct Stoppable<'a>(&'a mut dyn Read);
+
+impl Read for Stoppable<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if tchrun::interrupt::received().is_some() {
+            return Err(std::io::Error::other("interrupted by a signal"));
+        }
+        self.0.read(buf)
     }
 }

@@ -34,49 +34,19 @@ use super::*;
 
 mod extract;
 
+mod kind;
+mod limits;
+
 pub use extract::member_path;
-use extract::{extract_checked, find_root};
+use extract::{bad_archive, extract_checked, find_root, interrupted};
+pub use kind::{ArchiveKind, ARCHIVE_SUFFIXES};
+pub use limits::{
+    max_unpacked_bytes, DEFAULT_MAX_UNPACKED_BYTES, MAX_ARCHIVE_MEMBERS, MAX_UNPACKED_ENV,
+};
 pub use tchrun::files::{cache_root, data_cache, CACHE_SUBDIR, DATA_CACHE_ENV};
 
-/// Environment variable overriding [`DEFAULT_MAX_UNPACKED_BYTES`] (a byte count).
-pub const MAX_UNPACKED_ENV: &str = "TCHRUN_DATA_MAX_UNPACKED_BYTES";
-/// Largest total unpacked size of one archive by default: 256 GiB.
-pub const DEFAULT_MAX_UNPACKED_BYTES: u64 = 256 << 30;
-/// Most members one archive may hold.
-pub const MAX_ARCHIVE_MEMBERS: u64 = 10_000_000;
 /// The completion marker inside an extracted folder (hidden: scans skip it).
 pub const EXTRACTED_MARKER: &str = ".tchrun-extracted.json";
-/// Deflate's largest possible expansion (258 bytes from 2 bits).
-const DEFLATE_MAX_RATIO: u64 = 1032;
-
-/// Archive suffixes recognised (case-insensitive), longest first.
-pub const ARCHIVE_SUFFIXES: [&str; 4] = [".tar.gz", ".tgz", ".tar", ".zip"];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArchiveKind {
-    Zip,
-    Tar,
-    TarGz,
-}
-
-impl ArchiveKind {
-    /// The kind of `path` by its name, `None` for anything else (a folder, an image).
-    pub fn of(path: &Path) -> Option<(ArchiveKind, String)> {
-        let name = path.file_name()?.to_string_lossy().into_owned();
-        let lower = name.to_ascii_lowercase();
-        for suffix in ARCHIVE_SUFFIXES {
-            if lower.ends_with(suffix) && lower.len() > suffix.len() {
-                let kind = match suffix {
-                    ".zip" => ArchiveKind::Zip,
-                    ".tar" => ArchiveKind::Tar,
-                    _ => ArchiveKind::TarGz,
-                };
-                return Some((kind, name[..name.len() - suffix.len()].to_string()));
-            }
-        }
-        None
-    }
-}
 
 /// An archive ready to use as an image folder.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,26 +94,6 @@ struct Marker {
     root: String,
     files: u64,
     bytes: u64,
-}
-
-/// The unpacked-size limit: `$TCHRUN_DATA_MAX_UNPACKED_BYTES` or the default.
-pub fn max_unpacked_bytes() -> Result<u64, DatasetError> {
-    match std::env::var(MAX_UNPACKED_ENV) {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .map_err(|e| DatasetError::InvalidDataset {
-                detail: format!("{MAX_UNPACKED_ENV}={v:?}: not a byte count ({e})"),
-            }),
-        Err(_) => Ok(DEFAULT_MAX_UNPACKED_BYTES),
-    }
-}
-
-fn bad_archive(path: &Path, detail: impl Into<String>) -> DatasetError {
-    DatasetError::BadArchive {
-        path: path.to_path_buf(),
-        detail: detail.into(),
-    }
 }
 
 /// `src` itself when it is not an archive; otherwise the image folder extracted from it
@@ -273,35 +223,6 @@ pub fn resolve(src: &Path, cache: &Path) -> Result<Option<Extracted>, DatasetErr
         files,
         bytes,
     }))
-}
-
-fn interrupted(archive: &Path, signal: i32) -> DatasetError {
-    DatasetError::Interrupted {
-        path: archive.to_path_buf(),
-        signal,
-    }
-}
-
-/// The test hook `TCHRUN_TEST_EXTRACT_DELAY_MS`: a pause before each member.
-fn test_delay() -> Option<std::time::Duration> {
-    std::env::var(tchrun::env::TCHRUN_TEST_EXTRACT_DELAY_MS)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map(std::time::Duration::from_millis)
-}
-
-/// A reader that fails once a signal was received (`interrupt::received`), so that a large
-/// member's copy stops too.
-struct Stoppable<'a>(&'a mut dyn Read);
-
-impl Read for Stoppable<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if tchrun::interrupt::received().is_some() {
-            return Err(std::io::Error::other("interrupted by a signal"));
-        }
-        self.0.read(buf)
-    }
 }
 
 /// A complete extraction of `archive` in `dir` (its marker matches), if any.

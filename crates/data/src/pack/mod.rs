@@ -22,222 +22,36 @@
 //! from the index is refused when the pack is opened, a changed member when it is read; both
 //! name the shard (and the member) and say to pack again.
 //!
-//! Here: reading a pack (the index, [`Member`]s, shard files); `write.rs`: packing a folder.
-use super::*;
-use std::os::unix::fs::FileExt;
+//! Here: reading a pack (the index, [`open`]); `format.rs`: the index's shape and the names;
+//! `member.rs`: [`Member`]s and the shard files; `write.rs`: packing a folder.
+use crate::dataset::{ImageFolder, Sample};
+use crate::error::DatasetError;
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
 
+mod format;
+mod member;
 mod write;
 
+pub use crate::dataset::sample_bytes;
+pub use format::{
+    member_name, sample_key, shard_name, shard_order, PackIndex, SampleEntry, ShardEntry,
+    DEFAULT_SHARD_SIZE, PACK_INDEX,
+};
+use format::{FORMAT, VERSION};
+pub use member::{Member, ShardFiles};
 pub use write::{check_output, pack, parse_size, PackError, PackOptions, PackReport};
-
-/// The index file that makes a directory a pack.
-pub const PACK_INDEX: &str = "tchrun-pack.json";
-/// Default `--shard-size`: 256 MiB.
-pub const DEFAULT_SHARD_SIZE: u64 = 256 << 20;
-const FORMAT: &str = "tchrun-pack";
-const VERSION: u32 = 1;
-const BLOCK: u64 = 512;
-
-/// Where a packed sample's image bytes lie.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    /// The shard file.
-    pub shard: Arc<Path>,
-    /// The member's name in the shard (`KEY.EXT`).
-    pub name: Box<str>,
-    /// The original path, relative to the packed folder.
-    pub orig: Box<str>,
-    /// Byte offset and length of the member's data in the shard.
-    pub offset: u64,
-    pub len: u64,
-    pub crc32c: u32,
-    /// Width x height, read from the header at pack time.
-    pub pixels: u64,
-}
-
-impl Member {
-    /// `shard-000003.tar member 00000123.jpg (orig c07/img_9.jpg)`, for messages.
-    pub fn describe(&self) -> String {
-        format!(
-            "{} member {} (orig {})",
-            self.shard.display(),
-            self.name,
-            self.orig
-        )
-    }
-
-    /// Reads the member's data into `buf` (one positioned read) and checks its CRC.
-    pub fn read_into(&self, buf: &mut Vec<u8>) -> Result<(), DatasetError> {
-        self.read_with(buf, &mut ShardFiles::default())
-    }
-
-    /// [`Member::read_into`] through `files`, the shards a loader thread keeps open.
-    pub fn read_with(&self, buf: &mut Vec<u8>, files: &mut ShardFiles) -> Result<(), DatasetError> {
-        let len = usize::try_from(self.len).map_err(|_| self.bad("member too large"))?;
-        buf.clear();
-        buf.resize(len, 0);
-        files
-            .get(&self.shard)
-            .and_then(|f| f.read_exact_at(buf, self.offset))
-            .map_err(|e| self.bad(format!("cannot read: {e}")))?;
-        if crc32c::crc32c(buf) != self.crc32c {
-            return Err(self.bad(
-                "its bytes changed since it was packed (CRC-32C mismatch); run `tchrun data pack` \
-                 again",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Header check from the dimensions recorded at pack time (the full check ran then).
-    pub fn check_pixels(&self, max_pixels: u64) -> Result<(), String> {
-        if self.pixels > max_pixels {
-            return Err(format!(
-                "member {} (orig {}): {} pixels exceed the limit of {max_pixels} pixels (possible \
-                 decompression bomb); raise the pixel limit or pack without it",
-                self.name, self.orig, self.pixels
-            ));
-        }
-        Ok(())
-    }
-
-    fn bad(&self, detail: impl std::fmt::Display) -> DatasetError {
-        DatasetError::BadImage {
-            path: self.shard.to_path_buf(),
-            detail: format!("member {} (orig {}): {detail}", self.name, self.orig),
-        }
-    }
-
-    /// An error of decoding this member's bytes, re-addressed to the shard and the member.
-    pub fn locate(&self, e: DatasetError) -> DatasetError {
-        match e {
-            DatasetError::BadImage { path, detail } if *path == *self.shard => {
-                DatasetError::BadImage { path, detail }
-            }
-            DatasetError::BadImage { detail, .. } => self.bad(detail),
-            DatasetError::Io { source, .. } => self.bad(format!("cannot read: {source}")),
-            e => e,
-        }
-    }
-}
-
-/// The shard files one loader thread keeps open (the most recently used few), so that
-/// reading a member costs one positioned read, not an open (a round trip on NFS) as well.
-#[derive(Debug, Default)]
-pub struct ShardFiles {
-    open: Vec<(Arc<Path>, fs::File)>,
-}
-
-impl ShardFiles {
-    const KEEP: usize = 16;
-
-    fn get(&mut self, shard: &Arc<Path>) -> std::io::Result<&fs::File> {
-        match self.open.iter().position(|(p, _)| p == shard) {
-            Some(i) => {
-                let hit = self.open.remove(i);
-                self.open.push(hit);
-            }
-            None => {
-                if self.open.len() >= Self::KEEP {
-                    self.open.remove(0);
-                }
-                let (f, _) = tchrun::files::open_regular(shard, u64::MAX)
-                    .map_err(tchrun::files::BoundedReadError::into_io)?;
-                self.open.push((shard.clone(), f));
-            }
-        }
-        match self.open.last() {
-            Some((_, f)) => Ok(f),
-            None => Err(std::io::Error::other("no open shard")),
-        }
-    }
-}
-
-/// The bytes of one sample's image: its file, or its member of a shard.
-pub fn sample_bytes(smp: &Sample, buf: &mut Vec<u8>) -> Result<(), DatasetError> {
-    match &smp.member {
-        Some(m) => m.read_into(buf),
-        None => tchrun::files::read_bounded_into(&smp.path, tchrun::files::caps::IMAGE, buf)
-            .map_err(|e| super::loader::bounded_err(&smp.path, e)),
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The index
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PackIndex {
-    pub format: String,
-    pub version: u32,
-    /// The folder that was packed (for the message that says to pack again).
-    pub source: String,
-    pub classes: Vec<String>,
-    pub shards: Vec<ShardEntry>,
-    /// In the source folder's scan order (what training reads); each names its shard.
-    pub samples: Vec<SampleEntry>,
-    /// The seed of the order in which the samples were written to the shards ([`shard_order`]);
-    /// absent in packs written in scan order (before this field existed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shuffle_seed: Option<i64>,
-}
-
-/// The order in which `n` samples are written to the shards: a permutation of `0..n` (Fisher-Yates,
-/// `rand` 0.8's `SliceRandom::shuffle`, by a ChaCha8 generator seeded with `seed`), so that each
-/// shard holds a random mix of the classes and the same seed and folder give the same pack.
-pub fn shard_order(n: usize, seed: i64) -> Vec<usize> {
-    use rand::seq::SliceRandom;
-    use rand::SeedableRng;
-    let mut order: Vec<usize> = (0..n).collect();
-    order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed as u64));
-    order
-}
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ShardEntry {
-    pub name: String,
-    pub bytes: u64,
-    pub samples: usize,
-}
-
-/// One sample, as a JSON array (compact for a million samples): `[shard, offset, len, crc32c,
-/// label, width, height, original relative path]`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SampleEntry(
-    pub usize,
-    pub u64,
-    pub u64,
-    pub u32,
-    pub usize,
-    pub u32,
-    pub u32,
-    pub String,
-);
-
-/// `shard-000003.tar`.
-pub fn shard_name(i: usize) -> String {
-    format!("shard-{i:06}.tar")
-}
-
-/// The WebDataset key of sample `i`: 8 digits, no dot.
-pub fn sample_key(i: usize) -> String {
-    format!("{i:08}")
-}
-
-/// `KEY.EXT`: the original extension, lower-cased.
-pub fn member_name(i: usize, orig: &str) -> String {
-    let ext = Path::new(orig)
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
-    format!("{}.{ext}", sample_key(i))
-}
-
 impl PackIndex {
     pub fn read(root: &Path) -> Result<PackIndex, DatasetError> {
         let path = root.join(PACK_INDEX);
         let text = tchrun::files::read_bounded(&path, tchrun::files::caps::DATASET_INDEX)
-            .map_err(|e| super::loader::bounded_err(&path, e))?;
+            .map_err(|e| crate::error::bounded_err(&path, e))?;
         let stale = |detail: String| DatasetError::BadArchive {
             path: path.clone(),
             detail,
@@ -341,6 +155,7 @@ pub fn open(root: &Path) -> Result<ImageFolder, DatasetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
     fn image(path: &Path, fill: u8, format: image::ImageFormat) {
         fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");

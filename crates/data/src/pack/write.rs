@@ -1,7 +1,16 @@
 //! `tchrun data pack`: an image folder written as tar shards (`KEY.ext` + `KEY.cls`) and the
 //! index, built beside the output and renamed.
-use super::*;
+use super::format::{
+    member_name, sample_key, shard_name, shard_order, PackIndex, SampleEntry, ShardEntry, BLOCK,
+    FORMAT, PACK_INDEX, VERSION,
+};
+use crate::dataset::{name_of, sample_bytes, ImageFolder};
+use crate::error::{io_err, DatasetError};
+use image::ImageReader;
+use std::fs;
+use std::io::Cursor;
 use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {

@@ -3,14 +3,15 @@
 //! checks the TorchScript module, the environment's Python writes and checks the ONNX graph
 //! (`onnx`); everything is made in a staging folder inside `--output` and each model folder
 //! renamed into place only once every check passed: nothing half-written.
+mod failed;
 mod onnx;
 mod triton;
 
 use crate::error::JobError;
 use crate::plan::preflight::{absolute, check_disjoint};
+use failed::failed;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tchrun::exit::ErrorKind;
 use tchrun::export::{self as contract, Check, ExportJob, Preprocess, Report, Target};
 use tchrun::overlap::Named;
 
@@ -20,13 +21,6 @@ struct Staging(PathBuf);
 impl Drop for Staging {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn failed(message: String) -> JobError {
-    JobError::RankFailed {
-        kind: ErrorKind::RankFailed,
-        report: message,
     }
 }
 
@@ -108,9 +102,10 @@ fn trace(a: &ExportJob, staging: &Path) -> Result<Check, JobError> {
         with_preprocess: a.with_preprocess,
         check_images: a.check_images.clone(),
     };
+    let argv = args.to_args()?;
     let out = std::process::Command::new(&worker)
         .arg("export")
-        .args(args.to_args())
+        .args(argv)
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| JobError::invalid(format!("{}: {e}", worker.display())))?;

@@ -2,7 +2,7 @@
 //! writes `model.onnx` from the traced `model.pt` with torch's TorchScript-based exporter, adds
 //! the preprocessing as `metadata_props`, runs `onnx.checker` and checks the graph in ONNX
 //! Runtime against tchrun's probabilities.
-use super::failed;
+use super::failed::failed;
 use crate::error::JobError;
 use std::path::{Path, PathBuf};
 use tchrun::export::{self as contract, Batch, Check, ExportJob, Preprocess, Target};

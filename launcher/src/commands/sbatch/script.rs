@@ -4,6 +4,7 @@
 //! allocation. Unit-tested here; `bash -n` checks the syntax.
 use crate::error::JobError;
 use crate::plan::launch;
+use crate::plan::slurm_flags::SbatchDirectives;
 use std::path::PathBuf;
 use tchrun::files;
 
@@ -131,39 +132,27 @@ pub fn check_extra(line: &str) -> Result<(), JobError> {
 /// a job array's `--array=` value.
 fn directives(b: &BatchJob, log: &str, array: Option<&str>) -> Vec<String> {
     let d = &b.directives;
-    let mpi_log = log;
-    let mut v = vec![format!("--job-name={}", b.job_name)];
-    if let Some(a) = array {
-        v.push(format!("--array={a}"));
-    }
-    v.extend([
-        format!("--nodes={}", b.nodes),
-        format!("--ntasks-per-node={}", b.procs_per_node),
-    ]);
-    if d.cpus_per_task > 0 {
-        v.push(format!("--cpus-per-task={}", d.cpus_per_task));
-    }
-    if b.gpus_per_node > 0 {
-        v.push(format!("--gpus-per-node={}", b.gpus_per_node));
-    }
-    let named = [
-        ("partition", &d.partition),
-        ("time", &d.time),
-        ("account", &d.account),
-        ("qos", &d.qos),
-        ("constraint", &d.constraint),
-        ("mem", &d.mem),
-    ];
-    for (name, value) in named {
-        if let Some(x) = value {
-            v.push(format!("--{name}={x}"));
-        }
-    }
-    v.push(format!("--output={mpi_log}"));
-    v.push(format!("--error={mpi_log}"));
-    v.push("--open-mode=append".into());
-    v.push(format!("--signal=B:USR1@{SIGNAL_LEAD_SECS}"));
-    v.push("--requeue".into());
+    let own = SbatchDirectives {
+        job_name: b.job_name.clone(),
+        array: array.map(str::to_string),
+        nodes: b.nodes,
+        ntasks_per_node: b.procs_per_node,
+        cpus_per_task: Some(d.cpus_per_task).filter(|&c| c > 0),
+        gpus_per_node: Some(b.gpus_per_node).filter(|&g| g > 0),
+        partition: d.partition.clone(),
+        time: d.time.clone(),
+        account: d.account.clone(),
+        qos: d.qos.clone(),
+        constraint: d.constraint.clone(),
+        mem: d.mem.clone(),
+        output: log.to_string(),
+        error: log.to_string(),
+        open_mode: "append".into(),
+        signal: format!("B:USR1@{SIGNAL_LEAD_SECS}"),
+        requeue: true,
+    };
+    let mut v = tchrun::argv::argv(&own)
+        .expect("the #SBATCH options are numbers and words (sbatch_directives_round_trip)");
     v.extend(d.extra.iter().cloned());
     v
 }

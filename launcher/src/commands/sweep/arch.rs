@@ -8,6 +8,7 @@
 use super::grid::{flag_pairs, Point};
 use crate::error::JobError;
 use std::path::{Path, PathBuf};
+use tchrun::flags::TrainJob;
 use tchrun::model::{self, Arch, ModelConfig};
 
 /// The parameter's name (`--param arch=...`).
@@ -28,23 +29,24 @@ pub fn of(flags: &[String]) -> Option<String> {
 }
 
 /// A run's flags with its `--arch A` replaced by `--model=DIR/models/A` (`dir`: the sweep's).
-pub fn translate(flags: &[String], dir: &Path) -> Vec<String> {
+pub fn translate(flags: &[String], dir: &Path) -> Result<Vec<String>, JobError> {
+    let model = |v: &str| tchrun::argv::flag::<TrainJob, _>("model", &model_dir(dir, v));
     let mut out = Vec::with_capacity(flags.len());
     let mut i = 0;
     while i < flags.len() {
         let f = &flags[i];
         if let Some(v) = f.strip_prefix("--arch=") {
-            out.push(format!("--model={}", model_dir(dir, v).display()));
+            out.extend(model(v)?);
         } else if f == "--arch" {
             let v = flags.get(i + 1).cloned().unwrap_or_default();
-            out.push(format!("--model={}", model_dir(dir, &v).display()));
+            out.extend(model(&v)?);
             i += 1;
         } else {
             out.push(f.clone());
         }
         i += 1;
     }
-    out
+    Ok(out)
 }
 
 /// The architectures the points name, checked (see the module documentation) against the
@@ -167,7 +169,7 @@ mod tests {
             .to_vec();
         assert_eq!(of(&flags).as_deref(), Some("vgg11"));
         assert_eq!(
-            translate(&flags, Path::new("/s")),
+            translate(&flags, Path::new("/s")).expect("translate"),
             [
                 "--lr=0.1",
                 "--model=/s/models/resnet18",

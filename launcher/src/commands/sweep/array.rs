@@ -2,8 +2,8 @@
 //! `tchrun sbatch`'s script for its run (`SbatchArgs` → `batch_job`: the same pre-flight,
 //! preemption, requeue with `--resume` and `--max-restarts`), and with `--submit` its
 //! submission, recorded in `sweep.json`.
+use super::args::SweepArgs;
 use super::record::{ArrayJob, SweepRecord};
-use super::SweepArgs;
 use crate::commands::sbatch::script::{array_script, BatchJob};
 use crate::commands::sbatch::{batch_job, submit, write_script, SbatchArgs};
 use crate::error::JobError;

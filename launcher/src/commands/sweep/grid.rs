@@ -197,7 +197,7 @@ pub fn grid(params: &[Param]) -> Vec<Point> {
         for base in &points {
             for v in &p.values {
                 let mut q = base.clone();
-                q.flags.push(format!("--{}={v}", p.name));
+                q.flags.push(tchrun::argv::named(&p.name, v));
                 if !q.origin.is_empty() {
                     q.origin.push_str(", ");
                 }

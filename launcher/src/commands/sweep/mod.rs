@@ -5,19 +5,24 @@
 //! once); `tchrun sweep results`. Every point is checked by the real `train`/`sbatch` parser
 //! (main's, passed in) before anything starts. Knows nothing of how a run trains.
 pub mod arch;
+mod args;
 mod array;
 pub mod grid;
 mod local;
 pub mod record;
 pub mod results;
+mod row;
 
 use crate::commands::sbatch::SbatchArgs;
 use crate::error::JobError;
 use crate::plan::preflight::absolute;
+use args::SweepArgs;
 use clap::Parser;
 use grid::{Param, Point};
 use record::{RunRecord, RunState, SweepRecord};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use tchrun::argv;
+use tchrun::flags::TrainJob;
 
 /// What main's parser made of one run's command line.
 pub enum Parsed {
@@ -27,49 +32,6 @@ pub enum Parsed {
 
 /// Main's parser of `tchrun train ...` / `tchrun sbatch ...` (argv without the program name).
 pub type Parse<'a> = &'a dyn Fn(&[String]) -> Result<Parsed, clap::Error>;
-
-/// `tchrun sweep`'s own flags (the launch flags before `--` and the train flags after it are
-/// every run's, checked by `tchrun train`'s or `tchrun sbatch`'s parser).
-#[derive(Parser, Debug)]
-#[command(
-    name = "tchrun sweep",
-    about = "Train one run per point of a grid of train flags, each into DIR/<name>/ (locally in turn, or as one Slurm job array with --sbatch); `tchrun sweep results DIR` tabulates them",
-    override_usage = "tchrun sweep --param NAME=V1,V2 [--param ...] [--param-file F] --output DIR [--sbatch [--submit] [--max-parallel N]] [--extend] [LAUNCH FLAGS] -- [TRAIN FLAGS]\n       tchrun sweep results DIR [--sort top1|top5|loss|images-per-sec|name]",
-    after_help = "LAUNCH FLAGS are `tchrun train`'s (--procs-per-node, --launcher, ...) or, with --sbatch, `tchrun sbatch`'s (--partition, --time, --cpus-per-task, ...); TRAIN FLAGS (after --) are every run's. Re-running the same command continues the sweep. Docs: docs/sweeps.md"
-)]
-pub struct SweepArgs {
-    /// A train flag and its values (repeatable; the grid is every combination), e.g.
-    /// --param lr=0.1,0.05 --param batch-size=16,32; vary the architecture with
-    /// --param arch=resnet18,efficientnet_b0 (each from scratch at the input size of the runs'
-    /// --model) or --param model=DIR1,DIR2 (directories of `tchrun model init`).
-    #[arg(long = "param", value_name = "NAME=V1,V2")]
-    pub params: Vec<String>,
-    /// A file with one run's flags a line (e.g. `--lr 0.1 --batch-size 32`), for searches that
-    /// are not a grid; combined with every --param point when both are given.
-    #[arg(long, value_name = "FILE")]
-    pub param_file: Option<PathBuf>,
-    /// The sweep's directory: DIR/sweep.json, DIR/<run>/ (each run's --output), DIR/results.csv.
-    #[arg(long, value_name = "DIR")]
-    pub output: PathBuf,
-    /// Write the runs as one Slurm job array, DIR/sweep.sbatch (`tchrun sbatch`'s script).
-    #[arg(long)]
-    pub sbatch: bool,
-    /// With --sbatch: submit the array.
-    #[arg(long, requires = "sbatch")]
-    pub submit: bool,
-    /// With --sbatch: at most N runs at once (`#SBATCH --array=...%N`).
-    #[arg(long, requires = "sbatch", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_parallel: Option<u32>,
-    /// Add the points of a changed grid to the sweep in DIR (its runs are kept).
-    #[arg(long)]
-    pub extend: bool,
-    /// Every run's train flags (after --).
-    #[arg(last = true, value_name = "TRAIN FLAGS")]
-    pub run_flags: Vec<String>,
-    /// The launch flags (before --), not sweep's own: filled by `split`.
-    #[arg(skip)]
-    pub launch: Vec<String>,
-}
 
 /// Sweep's own flags that take a value, and its switches.
 const OWN_VALUED: &[&str] = &["--param", "--param-file", "--output", "--max-parallel"];
@@ -288,25 +250,25 @@ fn base_argv(a: &SweepArgs) -> Vec<String> {
 
 /// One run's command line for main's parser: the common flags, the point's flags (or only
 /// `only`), its `--output`, and `--resume` when it has a checkpoint.
-fn run_argv(a: &SweepArgs, run: &RunRecord, only: Option<&str>) -> Vec<String> {
+fn run_argv(a: &SweepArgs, run: &RunRecord, only: Option<&str>) -> Result<Vec<String>, JobError> {
     let mut v = base_argv(a);
     let dir = run.output.parent().unwrap_or(Path::new("."));
     match only {
-        Some(f) => v.extend(arch::translate(&[f.to_string()], dir)),
-        None => v.extend(arch::translate(&run.point.flags, dir)),
+        Some(f) => v.extend(arch::translate(&[f.to_string()], dir)?),
+        None => v.extend(arch::translate(&run.point.flags, dir)?),
     }
-    v.push(format!("--output={}", run.output.display()));
+    v.extend(argv::flag::<TrainJob, _>("output", &run.output)?);
     if only.is_none() && record::has_checkpoint(&run.output) {
-        v.push("--resume".into());
+        v.extend(argv::flag::<TrainJob, _>("resume", &true)?);
     }
-    v
+    Ok(v)
 }
 
 /// Every run's command line through main's parser; the first refused names its parameter.
 fn validate(a: &SweepArgs, rec: &SweepRecord, parse: Parse) -> Result<Vec<Parsed>, JobError> {
     if let Some(first) = rec.runs.first() {
         let mut common = base_argv(a);
-        common.push(format!("--output={}", first.output.display()));
+        common.extend(argv::flag::<TrainJob, _>("output", &first.output)?);
         if let Err(e) = parse(&common) {
             return Err(JobError::invalid(format!(
                 "the flags every run gets (before and after --): {}",
@@ -316,7 +278,7 @@ fn validate(a: &SweepArgs, rec: &SweepRecord, parse: Parse) -> Result<Vec<Parsed
     }
     let mut parsed = Vec::with_capacity(rec.runs.len());
     for run in &rec.runs {
-        match parse(&run_argv(a, run, None)) {
+        match parse(&run_argv(a, run, None)?) {
             Ok(p) => parsed.push(p),
             Err(e) => return Err(JobError::invalid(blame(a, run, &e, parse))),
         }
@@ -328,7 +290,8 @@ fn validate(a: &SweepArgs, rec: &SweepRecord, parse: Parse) -> Result<Vec<Parsed
 fn blame(a: &SweepArgs, run: &RunRecord, e: &clap::Error, parse: Parse) -> String {
     let why = first_error_line(e);
     for f in &run.point.flags {
-        if f.starts_with("--") && parse(&run_argv(a, run, Some(f))).is_err() {
+        let refused = run_argv(a, run, Some(f)).map_or(true, |v| parse(&v).is_err());
+        if f.starts_with("--") && refused {
             let name = f.trim_start_matches('-').split('=').next().unwrap_or(f);
             if run.point.origin.starts_with("--param ") {
                 return format!(
@@ -429,7 +392,7 @@ fn run_in_turn(
             run.point.flags.join(" "),
             run.output.display()
         );
-        match local::run_one(&run_argv(a, run, None))? {
+        match local::run_one(&run_argv(a, run, None)?)? {
             local::Ended::Code(0) => {}
             local::Ended::Code(c) => outln!(
                 "tchrun sweep: {} failed (exit {c}); going on with the next run",

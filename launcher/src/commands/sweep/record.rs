@@ -49,7 +49,7 @@ pub struct SweepRecord {
     pub arrays: Vec<ArrayJob>,
     /// The table `tchrun sweep results` printed last (also `results.csv`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub results: Option<Vec<super::results::Row>>,
+    pub results: Option<Vec<super::row::Row>>,
 }
 
 /// `sweep.json` could not be read or written.

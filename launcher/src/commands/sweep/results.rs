@@ -4,9 +4,9 @@
 //! `metrics.jsonl` and records; printed as a table, written to `DIR/results.csv` and into
 //! `DIR/sweep.json`.
 use super::record::{run_state, RunRecord, RunState, SweepRecord};
+pub use super::row::Row;
 use crate::error::JobError;
 use clap::{Parser, ValueEnum};
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tchrun::files;
 use tchrun::metrics::EpochMetrics;
@@ -40,27 +40,6 @@ pub enum SortBy {
     Speed,
     /// The point's name.
     Name,
-}
-
-/// One run's row.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Row {
-    pub index: usize,
-    /// The run's folder name.
-    pub point: String,
-    /// Its flags (the point's part).
-    pub flags: Vec<String>,
-    pub best_epoch: Option<u32>,
-    pub top1: Option<f64>,
-    pub top5: Option<f64>,
-    pub val_loss: Option<f64>,
-    /// Mean training images per second over its epochs.
-    pub images_per_sec: Option<f64>,
-    pub state: String,
-    /// The trained model directory (finished runs).
-    pub model: Option<PathBuf>,
-    /// An unfinished run's cause (`failure.json`) or where it stopped.
-    pub cause: String,
 }
 
 fn metrics_rows(output: &Path) -> Vec<EpochMetrics> {
