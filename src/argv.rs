@@ -23,6 +23,9 @@ use serde::ser::{self, Impossible, Serialize};
 use std::collections::HashMap;
 use std::fmt::Display;
 
+mod flag;
+pub use flag::{args, Flag};
+
 /// Why a group could not be turned into argv (a path that is not UTF-8, or a group whose
 /// serde form does not match its clap form: a test finds the latter).
 #[derive(Debug, thiserror::Error)]
@@ -53,8 +56,7 @@ enum Rendered {
 /// Every flag of `value` that it serialises, as `--name=value` (a switch: `--name`), in clap's
 /// declaration order.
 pub fn argv<T: Args + Serialize>(value: &T) -> Result<Vec<String>, ArgvError> {
-    let cmd = T::augment_args(Command::new("argv"));
-    render(&cmd, fields(value)?, None)
+    Ok(args(&flags(value)?))
 }
 
 /// Like [`argv`], but only the flags whose value differs from clap's default (read with no
@@ -62,6 +64,19 @@ pub fn argv<T: Args + Serialize>(value: &T) -> Result<Vec<String>, ArgvError> {
 pub fn argv_changed<T: Args + FromArgMatches + Serialize>(
     value: &T,
 ) -> Result<Vec<String>, ArgvError> {
+    Ok(args(&flags_changed(value)?))
+}
+
+/// [`argv`]'s flags, typed.
+pub fn flags<T: Args + Serialize>(value: &T) -> Result<Vec<Flag>, ArgvError> {
+    let cmd = T::augment_args(Command::new("argv"));
+    render(&cmd, fields(value)?, None)
+}
+
+/// [`argv_changed`]'s flags, typed.
+pub fn flags_changed<T: Args + FromArgMatches + Serialize>(
+    value: &T,
+) -> Result<Vec<Flag>, ArgvError> {
     let cmd = T::augment_args(Command::new("argv")).mut_args(|a| a.env(None::<&str>));
     let matches = cmd
         .clone()
@@ -107,14 +122,14 @@ fn render(
     cmd: &Command,
     fields: Vec<(String, Rendered)>,
     defaults: Option<Vec<(String, Rendered)>>,
-) -> Result<Vec<String>, ArgvError> {
+) -> Result<Vec<Flag>, ArgvError> {
     let ids: Vec<&str> = cmd.get_arguments().map(|a| a.get_id().as_str()).collect();
     if let Some((name, _)) = fields.iter().find(|(n, _)| !ids.contains(&n.as_str())) {
         return Err(ArgvError::NotAFlag(name.clone()));
     }
     let values: HashMap<String, Rendered> = fields.into_iter().collect();
     let defaults: Option<HashMap<String, Rendered>> = defaults.map(|d| d.into_iter().collect());
-    let mut per_arg: Vec<(&clap::Arg, Vec<String>)> = Vec::new();
+    let mut per_arg: Vec<(&clap::Arg, Vec<Flag>)> = Vec::new();
     for arg in cmd.get_arguments() {
         let Some(r) = values.get(arg.get_id().as_str()) else {
             continue;
@@ -144,7 +159,7 @@ fn render(
         if arg.is_positional() {
             // After the flags; a trailing list (`last = true`) behind `--`.
             if arg.is_last_set() && !t.is_empty() {
-                positional.push("--".to_string());
+                positional.push(Flag::Plain("--".to_string()));
             }
             positional.extend(t.iter().cloned());
             continue;
@@ -172,7 +187,7 @@ pub fn flag<T: Args, V: Serialize + ?Sized>(id: &str, value: &V) -> Result<Vec<S
         .find(|a| a.get_id().as_str() == id)
         .ok_or_else(|| ArgvError::NotAFlag(id.to_string()))?;
     let r = value.serialize(ValueSer)?;
-    tokens(arg, &r)
+    Ok(args(&tokens(arg, &r)?))
 }
 
 /// `--NAME=VALUE` for a flag whose name is data, not a field (a sweep's `--param NAME=V`,
@@ -181,14 +196,16 @@ pub fn named(name: &str, value: &str) -> String {
     format!("--{name}={value}")
 }
 
-/// The arguments of one flag holding `r` (a positional argument: its values).
-fn tokens(arg: &clap::Arg, r: &Rendered) -> Result<Vec<String>, ArgvError> {
+/// The flags of one argument holding `r` (none, one, or one per value of a list; a positional
+/// argument: its values).
+fn tokens(arg: &clap::Arg, r: &Rendered) -> Result<Vec<Flag>, ArgvError> {
     if arg.is_positional() {
+        let plain = |v: &[String]| v.iter().cloned().map(Flag::Plain).collect();
         return match r {
             Rendered::Absent => Ok(Vec::new()),
-            Rendered::One(s) => Ok(vec![s.clone()]),
-            Rendered::Many(v) => Ok(v.clone()),
-            Rendered::Switch(b) => Ok(vec![b.to_string()]),
+            Rendered::One(s) => Ok(vec![Flag::Plain(s.clone())]),
+            Rendered::Many(v) => Ok(plain(v)),
+            Rendered::Switch(b) => Ok(vec![Flag::Plain(b.to_string())]),
         };
     }
     let long = arg.get_long().unwrap_or_else(|| arg.get_id().as_str());
@@ -196,21 +213,23 @@ fn tokens(arg: &clap::Arg, r: &Rendered) -> Result<Vec<String>, ArgvError> {
         flag: long.to_string(),
         reason,
     };
+    let flag = |value: Option<String>| Flag::Named {
+        name: long.to_string(),
+        value,
+    };
     let check = |s: &str| {
         let pv = arg.get_possible_values();
         if pv.is_empty() || pv.iter().any(|p| p.matches(s, false)) {
-            Ok(format!("--{long}={s}"))
+            Ok(flag(Some(s.to_string())))
         } else {
             Err(bad(format!("'{s}' is none of its values")))
         }
     };
     match (arg.get_action(), r) {
         (_, Rendered::Absent) => Ok(Vec::new()),
-        (ArgAction::SetTrue, Rendered::Switch(on)) => Ok(if *on {
-            vec![format!("--{long}")]
-        } else {
-            Vec::new()
-        }),
+        (ArgAction::SetTrue, Rendered::Switch(on)) => {
+            Ok(if *on { vec![flag(None)] } else { Vec::new() })
+        }
         (ArgAction::Set, Rendered::Switch(b)) => Ok(vec![check(&b.to_string())?]),
         (ArgAction::Set | ArgAction::Append, Rendered::One(s)) => Ok(vec![check(s)?]),
         (ArgAction::Append, Rendered::Many(v)) => v.iter().map(|s| check(s)).collect(),

@@ -557,11 +557,11 @@ impl TrainOptions {
     /// The nested groups' flags for a rank: the recipe and augmentation flags not at their
     /// default, the class weights (a file's path made absolute: ranks may start elsewhere),
     /// MLflow's. `--recipe` itself is not passed: the ranks get what it expanded to.
-    pub fn nested_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
-        let mut v = crate::argv::argv_changed(&self.recipe)?;
-        v.extend(crate::argv::argv_changed(&self.augment)?);
-        v.extend(crate::argv::argv(&self.class_weights.absolute())?);
-        v.extend(crate::argv::argv(&self.mlflow)?);
+    pub fn nested_flags(&self) -> Result<Vec<crate::argv::Flag>, crate::argv::ArgvError> {
+        let mut v = crate::argv::flags_changed(&self.recipe)?;
+        v.extend(crate::argv::flags_changed(&self.augment)?);
+        v.extend(crate::argv::flags(&self.class_weights.absolute())?);
+        v.extend(crate::argv::flags(&self.mlflow)?);
         Ok(v)
     }
 }
@@ -606,9 +606,26 @@ impl TrainJob {
     /// The job as arguments for `tchrun-worker train` (paths as given: make them absolute
     /// first), derived from the flags (`argv`).
     pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
-        let mut v = crate::argv::argv(self)?;
-        v.extend(self.options.nested_args()?);
+        Ok(crate::argv::args(&self.flags()?))
+    }
+
+    /// The job's flags as a rank gets them (`to_args`), typed.
+    pub fn flags(&self) -> Result<Vec<crate::argv::Flag>, crate::argv::ArgvError> {
+        let mut v = crate::argv::flags(self)?;
+        v.extend(self.options.nested_flags()?);
         Ok(v)
+    }
+
+    /// The job's MLflow parameters: each flag a rank gets (`flags`) as its name and value (a
+    /// switch: `true`), MLflow's own flags left out.
+    pub fn params(&self) -> Result<Vec<(String, String)>, crate::argv::ArgvError> {
+        let pair = |f: crate::argv::Flag| match f {
+            crate::argv::Flag::Named { name, value } if !name.starts_with("mlflow-") => {
+                Some((name, value.unwrap_or_else(|| "true".to_string())))
+            }
+            _ => None,
+        };
+        Ok(self.flags()?.into_iter().filter_map(pair).collect())
     }
 }
 
@@ -642,11 +659,27 @@ impl TrainHandoff {
     }
 }
 
-/// Parses the command line of either binary (a `--recipe` expanded: `recipe_preset`); a bad
-/// flag prints clap's message (naming the flag) and exits with the invalid-input code,
-/// `--help`/`--version` exit 0.
-pub fn parse_or_exit<C: clap::Parser>() -> C {
-    match crate::recipe_preset::try_parse_from::<C>(std::env::args_os().collect()) {
+/// Parses `args` (the program's name first) as `C`, once, with the arguments the user gave
+/// its subcommand (`Given`: what a `--recipe` leaves alone; `TrainJob::with_recipe` applies
+/// one after this). A flag given twice takes its last value, as argparse (and so torchrun, a
+/// Python script's flags) does: `$COMMON --epochs 3` after a `$COMMON` holding `--epochs`.
+pub fn try_parse_from<C: clap::Parser>(
+    args: Vec<std::ffi::OsString>,
+) -> Result<(C, crate::recipe_preset::Given), clap::Error> {
+    let m = C::command()
+        .args_override_self(true)
+        .try_get_matches_from(args)?;
+    Ok((
+        C::from_arg_matches(&m)?,
+        crate::recipe_preset::Given::of_subcommand(&m),
+    ))
+}
+
+/// Parses the command line of either binary (`try_parse_from`); a bad flag prints clap's
+/// message (naming the flag) and exits with the invalid-input code, `--help`/`--version` exit
+/// 0.
+pub fn parse_or_exit<C: clap::Parser>() -> (C, crate::recipe_preset::Given) {
+    match try_parse_from::<C>(std::env::args_os().collect()) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() {

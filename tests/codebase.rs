@@ -619,7 +619,7 @@ fn the_cycle_finder_finds_a_three_file_circle_through_re_exports() {
 /// is a changed line. Most are a folder's `mod.rs` that calls its children and holds what
 /// they share (`super::X`): moving the shared part into a leaf file of its own cuts them.
 /// When a folder moves to another crate, its line moves with it (the key names the crate).
-const KNOWN_CYCLES: &[&str] = &["src: recipe_preset.rs recipe_preset/families.rs"];
+const KNOWN_CYCLES: &[&str] = &[];
 
 #[test]
 fn no_import_cycle_among_a_crates_files() {
@@ -793,5 +793,98 @@ fn no_hand_formatted_flag_in_a_command_line_outside_argv() {
          group instead (`tchrun::argv::argv`, `argv_changed`, `flag`; `named` for a flag whose \
          name is data):\n{}",
         found.join("\n")
+    );
+}
+
+/// The `TCHRUN_*` variables still read by more than one `#[arg]` (issue 47: each variable one
+/// declaration, a shared group flattened where several commands take it). The list only
+/// shrinks: a variable declared twice that is not in it fails, and so does one in it that is
+/// declared once now.
+const KNOWN_DUPLICATE_ENVS: &[&str] = &[
+    "TCHRUN_CONSOLE",
+    "TCHRUN_DEVICE",
+    "TCHRUN_DRY_RUN",
+    "TCHRUN_IFNAME",
+    "TCHRUN_LOG_DIR",
+    "TCHRUN_MAX_IMAGE_PIXELS",
+    "TCHRUN_MODEL",
+    "TCHRUN_NODES",
+    "TCHRUN_OUTPUT",
+    "TCHRUN_PROCS_PER_NODE",
+    "TCHRUN_SEED",
+    "TCHRUN_SKIP_BAD_IMAGES",
+    "TCHRUN_WORKER",
+];
+
+/// The `env = "TCHRUN_..."` of a file's `#[arg]`s outside its tests and comments: each
+/// variable's name, once per declaration.
+fn arg_envs(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    // Inside an inline test module: its braces open so far.
+    let mut test_module: Option<usize> = None;
+    for (i, line) in lines.iter().enumerate() {
+        let next = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
+        if let Some(open) = test_module {
+            let open = (open + line.matches('{').count()).saturating_sub(line.matches('}').count());
+            // The `mod x {` line (next after the attribute) opens it; its last `}` ends it.
+            test_module = (open > 0).then_some(open);
+            continue;
+        }
+        if line.trim() == "#[cfg(test)]" && next.starts_with("mod ") && next.ends_with('{') {
+            test_module = Some(0);
+            continue;
+        }
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        let mut rest = *line;
+        while let Some(at) = rest.find("env = \"TCHRUN_") {
+            let name = &rest[at + "env = \"".len()..];
+            let end = name.find('"').unwrap_or(name.len());
+            out.push(name[..end].to_string());
+            rest = &name[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn each_tchrun_variable_is_on_one_arg() {
+    assert_eq!(
+        arg_envs("#[arg(long, env = \"TCHRUN_A\")]\n// env = \"TCHRUN_B\"\n#[cfg(test)]\nmod tests {\nfn f() {\n#[arg(env = \"TCHRUN_C\")]\n}\n}\n#[arg(\n  env = \"TCHRUN_A\",\n)]"),
+        ["TCHRUN_A", "TCHRUN_A"],
+        "the finder counts declarations, not comments or tests"
+    );
+    let mut count: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for root in source_roots() {
+        let mut files = Vec::new();
+        rust_files(&root, &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).expect("read a source file");
+            for name in arg_envs(&text) {
+                let at = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+                count.entry(name).or_default().push(at);
+            }
+        }
+    }
+    let twice: BTreeMap<&String, &Vec<String>> =
+        count.iter().filter(|(_, v)| v.len() > 1).collect();
+    let known: BTreeSet<&str> = KNOWN_DUPLICATE_ENVS.iter().copied().collect();
+    let new: Vec<String> = twice
+        .iter()
+        .filter(|(k, _)| !known.contains(k.as_str()))
+        .map(|(k, v)| format!("{k}: {v:?}"))
+        .collect();
+    let gone: Vec<&&str> = KNOWN_DUPLICATE_ENVS
+        .iter()
+        .filter(|k| !twice.contains_key(&k.to_string()))
+        .collect();
+    assert!(
+        new.is_empty() && gone.is_empty(),
+        "TCHRUN_* variables on more than one #[arg] (give each one declaration: a shared \
+         #[derive(clap::Args)] group):\n{}\nlisted in KNOWN_DUPLICATE_ENVS but declared once now \
+         (remove them):\n{gone:?}",
+        new.join("\n")
     );
 }

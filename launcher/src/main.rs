@@ -187,13 +187,17 @@ struct ExecArgs {
 }
 
 fn main() -> ExitCode {
-    let cli: Cli = tchrun::flags::parse_or_exit();
+    let (cli, given): (Cli, _) = tchrun::flags::parse_or_exit();
     let result = match cli.cmd {
         Cmd::Selftest(a) => run_selftest(&a),
         Cmd::Doctor(a) => doctor::run(&a),
         Cmd::Exec(a) => run_exec(&a),
-        Cmd::Train(a) => train::run_train(&a.job, &a.launch, &a.rank, &a.restarts),
-        Cmd::Sbatch(a) => sbatch::run(&a),
+        Cmd::Train(a) => with_recipe(&a.job, &given)
+            .and_then(|job| train::run_train(&job, &given, &a.launch, &a.rank, &a.restarts)),
+        Cmd::Sbatch(mut a) => with_recipe(&a.job, &given).and_then(|job| {
+            a.job = job;
+            sbatch::run(&a)
+        }),
         Cmd::Sweep { args } => sweep::run(&args, &parse_run),
         Cmd::Model(ModelCmd::Init(a)) => model_init::run(&a).map(|_| 0),
         Cmd::Score(a) => inference::run_score(&a.job, &a.launch, &a.rank),
@@ -225,17 +229,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// The job with its `--recipe` applied (`TrainJob::with_recipe`), the sizes scaled to the
+/// input size in `--model`'s `model.json` (unknown when it cannot be read: the pre-flight then
+/// refuses the model directory).
+fn with_recipe(
+    job: &tchrun::flags::TrainJob,
+    given: &tchrun::recipe_preset::Given,
+) -> Result<tchrun::flags::TrainJob, error::JobError> {
+    let input_size = job.options.preset.recipe.and_then(|_| {
+        let cfg = tchrun::model::load(&job.model, false).ok()?;
+        Some(cfg.input_size)
+    });
+    job.with_recipe(given, input_size)
+        .map_err(|e| error::JobError::invalid(e.to_string()))
+}
+
 /// One run of a sweep through the real `tchrun train` / `tchrun sbatch` parser (`argv` without
-/// the program name).
+/// the program name), a `--recipe` applied.
 fn parse_run(argv: &[String]) -> Result<sweep::Parsed, clap::Error> {
     let all = std::iter::once("tchrun".to_string())
         .chain(argv.iter().cloned())
         .map(std::ffi::OsString::from)
         .collect();
-    let cli: Cli = tchrun::recipe_preset::try_parse_from(all)?;
+    let (cli, given): (Cli, _) = tchrun::flags::try_parse_from(all)?;
     match cli.cmd {
         Cmd::Train(_) => Ok(sweep::Parsed::Train),
-        Cmd::Sbatch(a) => Ok(sweep::Parsed::Sbatch(Box::new(a))),
+        Cmd::Sbatch(mut a) => {
+            a.job = with_recipe(&a.job, &given).map_err(|e| {
+                clap::Error::raw(clap::error::ErrorKind::ValueValidation, e.to_string())
+            })?;
+            Ok(sweep::Parsed::Sbatch(Box::new(a)))
+        }
         _ => Err(clap::Error::raw(
             clap::error::ErrorKind::InvalidSubcommand,
             "a sweep's runs are `train` or `sbatch` jobs",

@@ -2,6 +2,7 @@
 //! the tail of its log; with `--max-restarts`, the earlier attempts), written by the launcher
 //! when a job fails and read back by `tchrun logs`.
 use super::cause::Cause;
+use super::classification::Classification;
 use super::hang::HangVerdict;
 use super::restarts::Attempt;
 use crate::exit::ErrorKind;
@@ -21,7 +22,7 @@ pub struct FailureSummary {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub time: Option<String>,
-    pub classification: String,
+    pub classification: Classification,
     pub message: String,
     pub log: Option<PathBuf>,
     pub tail: Vec<String>,
@@ -54,7 +55,7 @@ impl FailureSummary {
             exit_code: None,
             signal: None,
             time: Some(files::timestamp_now()),
-            classification: "hang".into(),
+            classification: Classification::Hang,
             message,
             log: None,
             tail: Vec::new(),
@@ -80,7 +81,7 @@ impl FailureSummary {
             exit_code: Some(launcher_code),
             signal: None,
             time: None,
-            classification: "launch error".into(),
+            classification: Classification::LaunchError,
             message,
             log: None,
             tail: output

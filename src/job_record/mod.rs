@@ -6,6 +6,7 @@
 //! Owns the JSON shapes (field names and order are documented); knows nothing of how a job is
 //! launched or supervised.
 pub mod cause;
+pub mod classification;
 pub mod failure;
 pub mod hang;
 pub mod heartbeat;
@@ -18,6 +19,7 @@ pub mod stacks;
 pub mod status;
 
 pub use cause::Cause;
+pub use classification::Classification;
 pub use failure::FailureSummary;
 pub use hang::HangVerdict;
 pub use heartbeat::Heartbeat;

@@ -67,7 +67,7 @@ pub struct Attempt {
     /// The first failing rank, its host, and why it failed.
     pub rank: Option<usize>,
     pub host: Option<String>,
-    pub classification: String,
+    pub classification: super::classification::Classification,
     pub cause: String,
     /// tchrun's exit status had it not restarted.
     pub exit_status: i32,

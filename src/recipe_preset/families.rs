@@ -1,7 +1,9 @@
-//! torchvision's training recipes for the families whose recipe is not tchrun's defaults (the
-//! source component's SGD with polynomial decay), from `references/classification/README.md`
-//! of torchvision, each as a `--recipe`; and the suggestion `model init` writes into
-//! `model.json` and `train` prints once. Nothing is applied unless the user gives `--recipe`.
+//! torchvision's training recipes, each as a `--recipe`, and the arguments one adds
+//! (`expand`): ResNet-50's V2 recipe and those of the families whose recipe is not tchrun's
+//! defaults (the source component's SGD with polynomial decay), from
+//! `references/classification/README.md` of torchvision; and the suggestion `model init`
+//! writes into `model.json` and `train` prints once. Nothing is applied unless the user gives
+//! `--recipe`.
 //!
 //! Two translations, as for `torchvision-v2`: each command's `--lr` is the LR of its 8 GPUs ×
 //! `--batch-size` images per step, hence `--lr-reference-batch` (tchrun scales `--lr` by the
@@ -9,9 +11,65 @@
 //! scaled to the model's. Flags tchrun does not have are left out and said in the docs
 //! (`--amp`, device-dependent; Swin's `--transformer-embedding-decay`; Swin's `--interpolation
 //! bicubic`, which tchrun's auto-augment ops refuse, as torchvision's tensor ops do).
-use super::{on, sized, text, Preset, Setting};
+use super::setting::{on, sized, text, Preset, Setting};
 use crate::arch::Arch;
 use crate::model::SuggestedRecipe;
+
+impl Preset {
+    /// The recipe's settings, in the order torchvision's command line gives them.
+    pub fn settings(self) -> &'static [Setting] {
+        match self {
+            Preset::TorchvisionV2 => TORCHVISION_V2,
+            Preset::TorchvisionConvnext => CONVNEXT,
+            Preset::TorchvisionEfficientnetV2 => EFFICIENTNET_V2,
+            Preset::TorchvisionMobilenetV3 => MOBILENET_V3,
+            Preset::TorchvisionRegnet => REGNET,
+            Preset::TorchvisionSwin => SWIN,
+            Preset::TorchvisionVit => VIT,
+        }
+    }
+}
+
+/// The arguments the recipe adds: every setting whose flag was not `given`, the sizes scaled to
+/// `input_size` (left out when the model's input size is unknown: the pre-flight then refuses
+/// the model directory itself).
+pub fn expand(
+    preset: Preset,
+    given: impl Fn(&str) -> bool,
+    input_size: Option<u32>,
+) -> Vec<String> {
+    let settings = preset.settings().iter().filter(|s| !given(s.id));
+    settings.filter_map(|s| s.arg("=", input_size)).collect()
+}
+
+/// torchvision's command for `ResNet50_Weights.IMAGENET1K_V2` (8 GPUs):
+/// `--batch-size 128 --lr 0.5 --lr-scheduler cosineannealinglr --lr-warmup-epochs 5
+/// --lr-warmup-method linear --auto-augment ta_wide --epochs 600 --random-erase 0.1
+/// --weight-decay 0.00002 --norm-weight-decay 0.0 --label-smoothing 0.1 --mixup-alpha 0.2
+/// --cutmix-alpha 1.0 --train-crop-size 176 --model-ema --val-resize-size 232 --ra-sampler
+/// --ra-reps 4`. Its `--lr 0.5` is the LR of 8 × 128 = 1024 images per step, hence
+/// `--lr-reference-batch 1024` (tchrun scales `--lr` by the batch, torchvision does not).
+const TORCHVISION_V2: &[Setting] = &[
+    text("batch_size", "--batch-size", "128"),
+    text("lr", "--lr", "0.5"),
+    text("lr_reference_batch", "--lr-reference-batch", "1024"),
+    text("lr_scheduler", "--lr-scheduler", "cosineannealinglr"),
+    text("warmup_epochs", "--warmup-epochs", "5"),
+    text("lr_warmup_method", "--lr-warmup-method", "linear"),
+    text("auto_augment", "--auto-augment", "ta_wide"),
+    text("epochs", "--epochs", "600"),
+    text("random_erase", "--random-erase", "0.1"),
+    text("weight_decay", "--weight-decay", "0.00002"),
+    text("norm_weight_decay", "--norm-weight-decay", "0.0"),
+    text("label_smoothing", "--label-smoothing", "0.1"),
+    text("mixup_alpha", "--mixup-alpha", "0.2"),
+    text("cutmix_alpha", "--cutmix-alpha", "1.0"),
+    sized("train_crop_size", "--train-crop-size", 176, 224),
+    on("model_ema", "--model-ema"),
+    sized("val_resize_size", "--val-resize-size", 232, 224),
+    on("ra_sampler", "--ra-sampler"),
+    text("ra_reps", "--ra-reps", "4"),
+];
 
 /// `--model convnext_* --batch-size 128 --opt adamw --lr 1e-3 --lr-scheduler cosineannealinglr
 /// --lr-warmup-epochs 5 --lr-warmup-method linear --auto-augment ta_wide --epochs 600
@@ -226,7 +284,7 @@ pub fn suggestion(arch: Arch) -> Option<Suggestion> {
 impl Suggestion {
     /// The record `model init` writes.
     pub fn record(&self, input_size: u32) -> SuggestedRecipe {
-        let sets = super::expand(self.recipe, |_| false, Some(input_size));
+        let sets = expand(self.recipe, |_| false, Some(input_size));
         SuggestedRecipe {
             flags: self.flags(input_size),
             sets: sets.join(" "),
@@ -294,7 +352,7 @@ mod tests {
                 .map(|a| a.to_string())
                 .collect();
             line.push("--output=o".into());
-            line.extend(super::super::expand(*p, |_| false, Some(224)));
+            line.extend(expand(*p, |_| false, Some(224)));
             let m = cmd.clone().try_get_matches_from(&line);
             let job = m.map(|m| crate::flags::TrainJob::from_arg_matches(&m));
             assert!(matches!(job, Ok(Ok(_))), "{}: {job:?}", p.as_str());
@@ -339,7 +397,7 @@ mod tests {
         assert!(!s.chosen(|id| id == "data"));
         assert!(!s.chosen(|id| id == "epochs" || id == "batch_size"));
         // The EfficientNetV2 sizes are the S variant's at its 384 px, scaled.
-        let e = super::super::expand(Preset::TorchvisionEfficientnetV2, |_| false, Some(384));
+        let e = expand(Preset::TorchvisionEfficientnetV2, |_| false, Some(384));
         assert!(e.iter().any(|a| a == "--train-crop-size=300"), "{e:?}");
         assert!(e.iter().any(|a| a == "--val-crop-size=384"), "{e:?}");
     }

@@ -56,7 +56,8 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli: Cli = tchrun::flags::parse_or_exit();
+    // A rank's `--recipe` was expanded by the launcher: its flags are the plain ones.
+    let (cli, _given): (Cli, _) = tchrun::flags::parse_or_exit();
     // A panic (in tch usually a libtorch exception) ends the rank like any fatal error: its
     // record and the panic are already in the driver log (the hook); here it gets its exit code.
     let run = std::panic::AssertUnwindSafe(move || match cli.cmd {

@@ -12,10 +12,10 @@ mod tensorboard;
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use tchrun::driver_log::{self, FailureRecord, RankExit};
+use tchrun::driver_log::{self, FailureKind, FailureRecord, RankExit};
 use tchrun::files;
 pub use tchrun::job_record::FailureSummary;
-use tchrun::job_record::Record;
+use tchrun::job_record::{Classification, Record};
 
 /// What a driver log says about its rank (read with `tchrun::driver_log`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -226,14 +226,20 @@ pub fn rank_failure(
 ) -> FailureSummary {
     let cause = culprit.and_then(classify);
     let (message, classification) = match &cause {
-        Some((_, class, msg)) => (msg.clone(), class.clone()),
+        Some((_, class, msg)) => (msg.clone(), Classification::parse(class)),
         None => match signal {
-            Some(s) => (format!("killed by signal {s}"), "killed by signal".into()),
+            Some(s) => (
+                format!("killed by signal {s}"),
+                Classification::KilledBySignal,
+            ),
             None if code > 128 => (
                 format!("killed by signal {}", code - 128),
-                "killed by signal".into(),
+                Classification::KilledBySignal,
             ),
-            None => (format!("exited with code {code}"), "error".into()),
+            None => (
+                format!("exited with code {code}"),
+                Classification::Rank(FailureKind::Internal),
+            ),
         },
     };
     FailureSummary {
@@ -360,7 +366,7 @@ pub fn one_line(s: &FailureSummary) -> String {
     if s.hang.is_some() {
         return format!("the job hung: {message}");
     }
-    let mut what = if message.starts_with(&s.classification) {
+    let mut what = if message.starts_with(s.classification.as_str()) {
         message.to_string()
     } else {
         format!("{}: {message}", s.classification)

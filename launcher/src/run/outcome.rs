@@ -188,7 +188,7 @@ pub fn conclude(
     // console, rather than "exited with code 4".
     if signal.is_none() && culprit.and_then(report::classify).is_none() {
         if let Some(m) = report::console_error(&outcome.tail) {
-            summary.classification = report::guess(&m).to_string();
+            summary.classification = tchrun::job_record::Classification::parse(report::guess(&m));
             summary.message = m;
         }
     }

@@ -16,7 +16,8 @@ use std::path::Path;
 use tchrun::files;
 use tchrun::flags::{RankFlags, TrainHandoff, TrainJob};
 use tchrun::job_record::status::{JobEnd, JobState};
-use tchrun::job_record::{Attempt, JobStatus, Record};
+use tchrun::job_record::{Attempt, Classification, JobStatus, Record};
+use tchrun::recipe_preset::Given;
 
 /// A training job that passed every check before its first attempt.
 struct Ready {
@@ -34,6 +35,7 @@ struct Ready {
 /// `tchrun train`: the trainer's input checks, then the job.
 pub fn run_train(
     job: &TrainJob,
+    given: &Given,
     launch: &LaunchArgs,
     rank: &RankFlags,
     restarts: &RestartArgs,
@@ -41,7 +43,7 @@ pub fn run_train(
     restarts.check(launch)?;
     restart::check_straggler_action(job, launch, restarts)?;
     let spares = hosts::read_spares(launch, restarts.spare_hosts.as_deref())?;
-    let Some(ready) = prepare(job, launch, rank)? else {
+    let Some(ready) = prepare(job, given, launch, rank)? else {
         return Ok(0);
     };
     let Ready {
@@ -163,13 +165,15 @@ fn cause_class(summary: &FailureSummary) -> Option<String> {
         let v = serde_json::to_value(cause).ok()?;
         return v.get("class")?.as_str().map(str::to_string);
     }
-    (summary.hang.is_some() || summary.classification == "hang").then(|| "hang".to_string())
+    (summary.hang.is_some() || summary.classification == Classification::Hang)
+        .then(|| "hang".to_string())
 }
 
 /// The trainer's input checks and the launch pre-flight, before the first attempt: the job
 /// ready to run, or `None` when there is nothing to do (its training is complete).
 fn prepare(
     job: &TrainJob,
+    given: &Given,
     launch: &LaunchArgs,
     rank: &RankFlags,
 ) -> Result<Option<Ready>, JobError> {
@@ -226,7 +230,7 @@ fn prepare(
     let cfg = &checked.inputs.cfg;
     let resuming = matches!(decision, tchrun::checkpoint::Decision::Resume { .. });
     if let Some(s) = tchrun::recipe_preset::suggestion(cfg.arch) {
-        if !resuming && !s.chosen(tchrun::recipe_preset::user_gave) {
+        if !resuming && !s.chosen(|id| given.contains(id)) {
             outln!("tchrun: {}", s.note(cfg.arch, cfg.input_size));
         }
     }

@@ -278,7 +278,7 @@ impl Attempts<'_> {
                 classification: summary
                     .as_ref()
                     .map(|s| s.classification.clone())
-                    .unwrap_or_else(|| "error".into()),
+                    .unwrap_or(tchrun::driver_log::FailureKind::Internal.into()),
                 cause,
                 exit_status: failure.kind().exit_code(),
                 resumed_from_step: now,

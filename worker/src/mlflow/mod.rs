@@ -24,35 +24,6 @@ pub const QUEUE: usize = 256;
 /// After a failed call, the calls of the next this many seconds are dropped without trying
 /// (so a server that is down costs one connection attempt per this time, not one per event).
 pub const RETRY_AFTER: Duration = Duration::from_secs(30);
-/// The parameters of a run from a rank's training arguments (`TrainJob::to_args`): `--k=v`
-/// and `--k v` give `k: v`, a lone `--flag` gives `flag: true`; the MLflow flags themselves
-/// are left out.
-pub fn params_from_args(args: &[String]) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let Some(flag) = args[i].strip_prefix("--") else {
-            i += 1;
-            continue;
-        };
-        let (key, value) = match flag.split_once('=') {
-            Some((k, v)) => (k.to_string(), v.to_string()),
-            None => match args.get(i + 1).filter(|v| !v.starts_with("--")) {
-                Some(v) => {
-                    i += 1;
-                    (flag.to_string(), v.clone())
-                }
-                None => (flag.to_string(), "true".to_string()),
-            },
-        };
-        if !key.starts_with("mlflow-") {
-            out.push((key, value));
-        }
-        i += 1;
-    }
-    out
-}
-
 /// An epoch's metrics as MLflow metrics: every number of its `metrics.jsonl` row, under the
 /// same name (`epoch` is the step, `schema` is not a metric; nested records are left out).
 pub fn epoch_metrics(m: &tchrun::metrics::EpochMetrics) -> (u64, Vec<(String, f64)>) {

@@ -93,10 +93,17 @@ fn mlflows_variables_fill_what_the_flags_leave_out() {
     );
 }
 
+/// The parameters are the job's flags, typed (`TrainJob::params`): the names and values of
+/// the flags a rank gets, a switch `true`, MLflow's own left out.
 #[test]
 fn the_parameters_are_the_training_flags() {
-    let args: Vec<String> = [
+    use clap::{Args, FromArgMatches};
+    let line = [
+        "train",
         "--model=/m",
+        "--train=/t",
+        "--valid=/v",
+        "--output=/o",
         "--epochs",
         "2",
         "--seed=-3",
@@ -105,23 +112,43 @@ fn the_parameters_are_the_training_flags() {
         "1e-3",
         "--mlflow-tracking-uri=http://h:1",
         "--resume",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let p = params_from_args(&args);
-    let p: Vec<(&str, &str)> = p.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    assert_eq!(
-        p,
-        [
-            ("model", "/m"),
-            ("epochs", "2"),
-            ("seed", "-3"),
-            ("no-hflip", "true"),
-            ("lr", "1e-3"),
-            ("resume", "true")
-        ]
-    );
+    ];
+    let cmd = tchrun::flags::TrainJob::augment_args(clap::Command::new("train"))
+        .mut_args(|a| a.env(None::<&str>));
+    let m = cmd.try_get_matches_from(line).expect("flags");
+    let job = tchrun::flags::TrainJob::from_arg_matches(&m).expect("a job");
+    let p = job.params().expect("params");
+    let get = |k: &str| -> Vec<&str> {
+        p.iter()
+            .filter(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    for (k, v) in [
+        ("model", "/m"),
+        ("epochs", "2"),
+        ("seed", "-3"),
+        ("no-hflip", "true"),
+        ("lr", "1e-3"),
+        ("resume", "true"),
+    ] {
+        assert_eq!(get(k), [v], "{k}: {p:?}");
+    }
+    assert!(p.iter().all(|(k, _)| !k.starts_with("mlflow-")), "{p:?}");
+    // The same pairs as the rank's argv holds, flag by flag.
+    let args = job.to_args().expect("argv");
+    let as_args: Vec<String> = p
+        .iter()
+        .map(|(k, v)| match args.contains(&format!("--{k}")) {
+            true => format!("--{k}"),
+            false => format!("--{k}={v}"),
+        })
+        .collect();
+    let tracked: Vec<String> = args
+        .into_iter()
+        .filter(|a| !a.starts_with("--mlflow-"))
+        .collect();
+    assert_eq!(as_args, tracked);
 }
 
 #[test]

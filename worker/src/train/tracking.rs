@@ -65,11 +65,10 @@ impl Tracking {
         let auth = mlflow::rest::auth_from(|k| std::env::var(k).ok());
         match Tracker::start(uri, flags.mlflow_experiment, tags, auth, notes) {
             Ok(t) => {
-                let argv = job.to_args().unwrap_or_else(|e| {
+                let mut params = job.params().unwrap_or_else(|e| {
                     tracing::warn!("MLflow parameters left out: {e}");
                     Vec::new()
                 });
-                let mut params = mlflow::params_from_args(&argv);
                 params.push(("world_size".into(), world.to_string()));
                 t.params(params);
                 Tracking { tracker: Some(t) }
