@@ -352,6 +352,52 @@ pub fn cache_root() -> PathBuf {
 /// The model directory's folder of TensorBoard event files (`tchrun-tensorboard` writes them).
 pub const TENSORBOARD_DIR: &str = "tensorboard";
 
+/// A failed write of `what` (`needed` bytes) to `path`, in words: a full file system (or
+/// quota) says so with the space needed and the space left, since the error itself may only
+/// say "os error 28" (or a library's Debug text of it); anything else keeps its error.
+pub fn describe_write_error(what: &str, path: &Path, error: &str, needed: u64) -> String {
+    let folder = path.parent().unwrap_or(path);
+    let fs = nix::sys::statvfs::statvfs(folder).ok().map(|s| {
+        let block = s.fragment_size();
+        (s.blocks_available() * block, s.blocks() * block)
+    });
+    let full = [
+        "StorageFull",
+        "No space left",
+        "os error 28",
+        "QuotaExceeded",
+        "os error 122",
+    ]
+    .iter()
+    .any(|w| error.contains(w))
+        || fs.is_some_and(|(free, _)| free < needed);
+    let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
+    if full {
+        format!(
+            "no space left on the file system of {} (No space left on device): {what} needs \
+             {:.1} MB ({}) and {}; free some space or use a larger file system, then run the job \
+             again (with --resume when a checkpoint was kept)",
+            folder.display(),
+            mb(needed),
+            path.display(),
+            fs.map(|(free, total)| format!(
+                "{:.1} MB are free of the file system's {:.1} MB",
+                mb(free),
+                mb(total)
+            ))
+            .unwrap_or_else(|| "the free space is unknown".into())
+        )
+    } else {
+        format!("cannot write {}: {error}", path.display())
+    }
+}
+
+/// Now as RFC 3339 UTC with milliseconds: the one timestamp format of tchrun's files
+/// (driver logs, `failure.json`, `metrics.jsonl`).
+pub fn timestamp_now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,50 +508,4 @@ mod tests {
         assert_eq!(job_dir_stamp("20261124-153000"), None);
         let _ = std::fs::remove_dir_all(&base);
     }
-}
-
-/// A failed write of `what` (`needed` bytes) to `path`, in words: a full file system (or
-/// quota) says so with the space needed and the space left, since the error itself may only
-/// say "os error 28" (or a library's Debug text of it); anything else keeps its error.
-pub fn describe_write_error(what: &str, path: &Path, error: &str, needed: u64) -> String {
-    let folder = path.parent().unwrap_or(path);
-    let fs = nix::sys::statvfs::statvfs(folder).ok().map(|s| {
-        let block = s.fragment_size();
-        (s.blocks_available() * block, s.blocks() * block)
-    });
-    let full = [
-        "StorageFull",
-        "No space left",
-        "os error 28",
-        "QuotaExceeded",
-        "os error 122",
-    ]
-    .iter()
-    .any(|w| error.contains(w))
-        || fs.is_some_and(|(free, _)| free < needed);
-    let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
-    if full {
-        format!(
-            "no space left on the file system of {} (No space left on device): {what} needs \
-             {:.1} MB ({}) and {}; free some space or use a larger file system, then run the job \
-             again (with --resume when a checkpoint was kept)",
-            folder.display(),
-            mb(needed),
-            path.display(),
-            fs.map(|(free, total)| format!(
-                "{:.1} MB are free of the file system's {:.1} MB",
-                mb(free),
-                mb(total)
-            ))
-            .unwrap_or_else(|| "the free space is unknown".into())
-        )
-    } else {
-        format!("cannot write {}: {error}", path.display())
-    }
-}
-
-/// Now as RFC 3339 UTC with milliseconds: the one timestamp format of tchrun's files
-/// (driver logs, `failure.json`, `metrics.jsonl`).
-pub fn timestamp_now() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }

@@ -3,7 +3,7 @@
 use crate::console::Selection;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Parses `--lr`: a finite float >= f64::EPSILON ("Train PyTorch Model"'s `>=double.Epsilon`).
 pub fn parse_lr(s: &str) -> Result<f64, String> {
@@ -175,107 +175,6 @@ pub const DEFAULT_TIMEOUT_S: u64 = 300;
 pub const DEFAULT_LOG_DIR: &str = "tchrun-logs";
 /// `--max-image-pixels`'s default (Pillow's `Image.MAX_IMAGE_PIXELS`).
 pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 89_478_485;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser, Debug)]
-    struct Cli {
-        #[command(flatten)]
-        p: TrainParams,
-        #[command(flatten)]
-        r: RankFlags,
-    }
-
-    #[test]
-    fn defaults_are_the_seeds() {
-        let c = Cli::try_parse_from(["x"]).expect("defaults parse");
-        assert_eq!(
-            (
-                c.p.epochs,
-                c.p.batch_size,
-                c.p.warmup_epochs,
-                c.p.seed,
-                c.p.patience,
-                c.p.print_freq
-            ),
-            (5, 16, 0, 1, 3, 10)
-        );
-        assert_eq!(c.p.lr, 0.001);
-    }
-
-    #[derive(Parser, Debug)]
-    struct Handed {
-        #[command(flatten)]
-        h: TrainHandoff,
-    }
-
-    #[test]
-    fn the_launchers_handoff_is_what_the_worker_parses() {
-        assert!(TrainHandoff::default().to_args().expect("argv").is_empty());
-        let mut h = TrainHandoff {
-            verify_on_decode: true,
-            ..TrainHandoff::default()
-        };
-        *h.indexes_mut()[1] = Some(PathBuf::from("/o/logs/dataset-index-valid.v1"));
-        let args = h.to_args().expect("argv");
-        assert_eq!(
-            args,
-            [
-                "--verify-on-decode",
-                "--valid-index=/o/logs/dataset-index-valid.v1"
-            ]
-        );
-        let parsed = Handed::try_parse_from(std::iter::once("x".to_string()).chain(args))
-            .expect("the worker parses what the launcher writes");
-        assert_eq!(parsed.h, h);
-    }
-
-    #[test]
-    fn ranges_are_enforced() {
-        for bad in [
-            ["x", "--epochs", "0"],
-            ["x", "--batch-size", "0"],
-            ["x", "--lr", "0"],
-            ["x", "--lr", "nan"],
-            ["x", "--patience", "0"],
-            ["x", "--print-freq", "0"],
-            ["x", "--warmup-epochs", "-1"],
-            ["x", "--timeout", "31536001"],
-            ["x", "--timeout", "18446744073709551615"],
-        ] {
-            let err = Cli::try_parse_from(bad).expect_err("out of range");
-            assert!(err.to_string().contains(bad[1]), "{err}");
-        }
-        assert!(Cli::try_parse_from(["x", "--seed", "-7"]).is_ok());
-    }
-
-    #[test]
-    fn args_round_trip() {
-        let c = Cli::try_parse_from([
-            "x",
-            "--epochs",
-            "7",
-            "--lr",
-            "0.05",
-            "--seed",
-            "-3",
-            "--backend",
-            "gloo",
-            "--threads",
-            "3",
-        ])
-        .expect("parse");
-        let mut argv = vec!["x".to_string()];
-        argv.extend(c.p.to_args().expect("argv"));
-        argv.extend(c.r.to_args().expect("argv"));
-        let d = Cli::try_parse_from(argv).expect("reparse");
-        assert_eq!(c.p, d.p);
-        assert_eq!(c.r, d.r);
-    }
-}
 
 /// How the effective LR follows the batch of one optimizer step: k = its images / the batch
 /// `--lr` is given for (`schedule::lr_reference_batch`): the world size by default, 1 with
@@ -693,117 +592,103 @@ pub fn parse_or_exit<C: clap::Parser>() -> (C, crate::recipe_preset::Given) {
     }
 }
 
-/// Which inference command a job is: `score` ("Score Image Model") or `evaluate` ("Evaluate
-/// Model"). Their flags are the same (`InferenceJob`); the help of `--images` and `--output`
-/// and the default log directory differ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Inference {
-    Score,
-    Evaluate,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
 
-impl Inference {
-    /// `--images`' help (each command sets it with `mut_arg`).
-    pub const fn images_help(self) -> &'static str {
-        match self {
-            Inference::Score => {
-                "Directory of images to score (searched recursively), or a .zip/.tar/.tar.gz \
-                 archive of one"
-            }
-            Inference::Evaluate => {
-                "Labeled images: one sub-folder per class (ImageFolder layout), each a class of \
-                 the model; or a .zip/.tar/.tar.gz archive of such a folder"
-            }
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        p: TrainParams,
+        #[command(flatten)]
+        r: RankFlags,
+    }
+
+    #[test]
+    fn defaults_are_the_seeds() {
+        let c = Cli::try_parse_from(["x"]).expect("defaults parse");
+        assert_eq!(
+            (
+                c.p.epochs,
+                c.p.batch_size,
+                c.p.warmup_epochs,
+                c.p.seed,
+                c.p.patience,
+                c.p.print_freq
+            ),
+            (5, 16, 0, 1, 3, 10)
+        );
+        assert_eq!(c.p.lr, 0.001);
+    }
+
+    #[derive(Parser, Debug)]
+    struct Handed {
+        #[command(flatten)]
+        h: TrainHandoff,
+    }
+
+    #[test]
+    fn the_launchers_handoff_is_what_the_worker_parses() {
+        assert!(TrainHandoff::default().to_args().expect("argv").is_empty());
+        let mut h = TrainHandoff {
+            verify_on_decode: true,
+            ..TrainHandoff::default()
+        };
+        *h.indexes_mut()[1] = Some(PathBuf::from("/o/logs/dataset-index-valid.v1"));
+        let args = h.to_args().expect("argv");
+        assert_eq!(
+            args,
+            [
+                "--verify-on-decode",
+                "--valid-index=/o/logs/dataset-index-valid.v1"
+            ]
+        );
+        let parsed = Handed::try_parse_from(std::iter::once("x".to_string()).chain(args))
+            .expect("the worker parses what the launcher writes");
+        assert_eq!(parsed.h, h);
+    }
+
+    #[test]
+    fn ranges_are_enforced() {
+        for bad in [
+            ["x", "--epochs", "0"],
+            ["x", "--batch-size", "0"],
+            ["x", "--lr", "0"],
+            ["x", "--lr", "nan"],
+            ["x", "--patience", "0"],
+            ["x", "--print-freq", "0"],
+            ["x", "--warmup-epochs", "-1"],
+            ["x", "--timeout", "31536001"],
+            ["x", "--timeout", "18446744073709551615"],
+        ] {
+            let err = Cli::try_parse_from(bad).expect_err("out of range");
+            assert!(err.to_string().contains(bad[1]), "{err}");
         }
+        assert!(Cli::try_parse_from(["x", "--seed", "-7"]).is_ok());
     }
 
-    /// `--model`'s help.
-    pub const fn model_help(self) -> &'static str {
-        match self {
-            Inference::Score => "Trained model directory (model.json + model.safetensors)",
-            Inference::Evaluate => {
-                "Trained model directory (model.json + model.safetensors); give it twice \
-                 (--model A --model B) to compare two models on the same images: both side by \
-                 side and McNemar's exact test of the difference in top-1"
-            }
-        }
-    }
-
-    /// `--output`'s help.
-    pub const fn output_help(self) -> &'static str {
-        match self {
-            Inference::Score => "CSV file to write",
-            Inference::Evaluate => {
-                "Evaluation directory to write: scores.csv, metrics.json, confusion_matrix.csv \
-                 and .png; with two models, those of each in a/ and b/, comparison.json and \
-                 disagreements.csv"
-            }
-        }
-    }
-}
-
-/// The inputs and outputs of scoring and evaluation: `tchrun score|evaluate` and
-/// `tchrun-worker score|evaluate` take the same flags, defined here once (each command sets the
-/// help of `--images` and `--output` from its `Inference`). The device and the other rank
-/// settings are [`RankFlags`].
-#[derive(Args, Debug, Clone, PartialEq, Serialize)]
-pub struct InferenceJob {
-    /// Trained model directory (model.json + model.safetensors). Given more than once (the
-    /// help: `Inference::model_help`) only by `evaluate`, to compare two models; `models`
-    /// checks the count.
-    #[arg(long, env = "TCHRUN_MODEL", action = clap::ArgAction::Append, required = true)]
-    pub model: Vec<PathBuf>,
-    /// The images (help: `Inference::images_help`).
-    #[arg(long)]
-    pub images: PathBuf,
-    /// What to write (help: `Inference::output_help`).
-    #[arg(long)]
-    pub output: PathBuf,
-    /// Images per forward pass (per rank).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch_size: u32,
-}
-
-impl InferenceJob {
-    /// The model directories, checked against what `kind` takes: `score` one, `evaluate` one
-    /// or two (the second compared with the first). The error names the count and the fix.
-    pub fn models(&self, kind: Inference) -> Result<&[PathBuf], String> {
-        let n = self.model.len();
-        match kind {
-            Inference::Score if n == 1 => Ok(&self.model),
-            Inference::Evaluate if n == 1 || n == 2 => Ok(&self.model),
-            Inference::Score => Err(format!(
-                "--model given {n} times; score takes one model directory (to compare two \
-                 models on labeled images: tchrun evaluate --model A --model B)"
-            )),
-            Inference::Evaluate => Err(format!(
-                "--model given {n} times; evaluate takes one model directory, or two to compare \
-                 them (--model A --model B): compare more models two at a time"
-            )),
-        }
-    }
-
-    /// The first model directory (the only one of `score` and of a one-model `evaluate`).
-    pub fn first_model(&self) -> &Path {
-        self.model.first().map_or(Path::new(""), PathBuf::as_path)
-    }
-
-    /// The job as arguments for `tchrun-worker score|evaluate` (`argv`).
-    pub fn to_args(&self) -> Result<Vec<String>, crate::argv::ArgvError> {
-        crate::argv::argv(self)
-    }
-
-    /// Driver logs without `--log-dir`: for `score`, `tchrun-logs` beside the CSV (a job's
-    /// logs stay with its output, not in the current directory); for `evaluate`,
-    /// `<output>/logs`.
-    pub fn default_log_dir(&self, kind: Inference) -> PathBuf {
-        match kind {
-            Inference::Score => self
-                .output
-                .parent()
-                .map(|p| p.join(DEFAULT_LOG_DIR))
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_LOG_DIR)),
-            Inference::Evaluate => self.output.join(crate::files::DEFAULT_LOG_SUBDIR),
-        }
+    #[test]
+    fn args_round_trip() {
+        let c = Cli::try_parse_from([
+            "x",
+            "--epochs",
+            "7",
+            "--lr",
+            "0.05",
+            "--seed",
+            "-3",
+            "--backend",
+            "gloo",
+            "--threads",
+            "3",
+        ])
+        .expect("parse");
+        let mut argv = vec!["x".to_string()];
+        argv.extend(c.p.to_args().expect("argv"));
+        argv.extend(c.r.to_args().expect("argv"));
+        let d = Cli::try_parse_from(argv).expect("reparse");
+        assert_eq!(c.p, d.p);
+        assert_eq!(c.r, d.r);
     }
 }

@@ -27,6 +27,7 @@ pub mod exit;
 pub mod export;
 pub mod files;
 pub mod flags;
+pub mod inference_flags;
 pub mod interrupt;
 pub mod job_record;
 pub mod layout;

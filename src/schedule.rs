@@ -186,6 +186,79 @@ impl LrSchedule {
     }
 }
 
+/// Early stopping on validation loss: stop once it has not decreased for `patience` epochs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EarlyStopping {
+    pub patience: u32,
+    /// Lowest validation loss so far and its 1-based epoch.
+    pub best: Option<(f64, u32)>,
+    /// Epochs since the best one.
+    pub since_best: u32,
+}
+
+/// What to do after an epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// A new best model: keep it, go on.
+    Improved,
+    /// No improvement, patience left.
+    Continue,
+    /// No improvement for `patience` epochs.
+    Stop,
+}
+
+impl EarlyStopping {
+    pub fn new(patience: u32) -> EarlyStopping {
+        EarlyStopping {
+            patience,
+            best: None,
+            since_best: 0,
+        }
+    }
+
+    /// Records epoch `epoch` (1-based) with validation loss `loss` (NaN never improves).
+    pub fn update(&mut self, epoch: u32, loss: f64) -> Decision {
+        let improved = match self.best {
+            None => !loss.is_nan(),
+            Some((b, _)) => loss < b,
+        };
+        if improved {
+            self.best = Some((loss, epoch));
+            self.since_best = 0;
+            Decision::Improved
+        } else {
+            self.since_best += 1;
+            if self.since_best >= self.patience {
+                Decision::Stop
+            } else {
+                Decision::Continue
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod early_stopping_tests {
+    use super::*;
+
+    #[test]
+    fn stops_after_patience_epochs_without_improvement() {
+        let mut e = EarlyStopping::new(2);
+        assert_eq!(e.update(1, 1.0), Decision::Improved);
+        assert_eq!(e.update(2, 0.5), Decision::Improved);
+        assert_eq!(e.update(3, 0.5), Decision::Continue); // equal is not a decrease
+        assert_eq!(e.update(4, 0.7), Decision::Stop);
+        assert_eq!(e.best, Some((0.5, 2)));
+        let mut e = EarlyStopping::new(1);
+        assert_eq!(e.update(1, f64::NAN), Decision::Stop);
+        let mut e = EarlyStopping::new(3);
+        for (i, l) in [3.0, 2.0, 2.5, 2.4, 1.9, 2.0].iter().enumerate() {
+            assert_ne!(e.update(i as u32 + 1, *l), Decision::Stop);
+        }
+        assert_eq!(e.best, Some((1.9, 5)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,78 +335,5 @@ mod tests {
         assert!(accumulation_steps(8, 8, 2).is_err());
         let e = accumulation_steps(7, 1, 2).expect_err("odd over 2 ranks");
         assert!(e.contains("must be a multiple of 2"), "{e}");
-    }
-}
-
-/// Early stopping on validation loss: stop once it has not decreased for `patience` epochs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EarlyStopping {
-    pub patience: u32,
-    /// Lowest validation loss so far and its 1-based epoch.
-    pub best: Option<(f64, u32)>,
-    /// Epochs since the best one.
-    pub since_best: u32,
-}
-
-/// What to do after an epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// A new best model: keep it, go on.
-    Improved,
-    /// No improvement, patience left.
-    Continue,
-    /// No improvement for `patience` epochs.
-    Stop,
-}
-
-impl EarlyStopping {
-    pub fn new(patience: u32) -> EarlyStopping {
-        EarlyStopping {
-            patience,
-            best: None,
-            since_best: 0,
-        }
-    }
-
-    /// Records epoch `epoch` (1-based) with validation loss `loss` (NaN never improves).
-    pub fn update(&mut self, epoch: u32, loss: f64) -> Decision {
-        let improved = match self.best {
-            None => !loss.is_nan(),
-            Some((b, _)) => loss < b,
-        };
-        if improved {
-            self.best = Some((loss, epoch));
-            self.since_best = 0;
-            Decision::Improved
-        } else {
-            self.since_best += 1;
-            if self.since_best >= self.patience {
-                Decision::Stop
-            } else {
-                Decision::Continue
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod early_stopping_tests {
-    use super::*;
-
-    #[test]
-    fn stops_after_patience_epochs_without_improvement() {
-        let mut e = EarlyStopping::new(2);
-        assert_eq!(e.update(1, 1.0), Decision::Improved);
-        assert_eq!(e.update(2, 0.5), Decision::Improved);
-        assert_eq!(e.update(3, 0.5), Decision::Continue); // equal is not a decrease
-        assert_eq!(e.update(4, 0.7), Decision::Stop);
-        assert_eq!(e.best, Some((0.5, 2)));
-        let mut e = EarlyStopping::new(1);
-        assert_eq!(e.update(1, f64::NAN), Decision::Stop);
-        let mut e = EarlyStopping::new(3);
-        for (i, l) in [3.0, 2.0, 2.5, 2.4, 1.9, 2.0].iter().enumerate() {
-            assert_ne!(e.update(i as u32 + 1, *l), Decision::Stop);
-        }
-        assert_eq!(e.best, Some((1.9, 5)));
     }
 }

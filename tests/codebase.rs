@@ -243,6 +243,60 @@ fn no_function_over_150_lines_and_no_file_over_600() {
     assert!(over.is_empty(), "split these:\n{}", over.join("\n"));
 }
 
+/// What follows a file's inline unit-test module (`unit_tests_at`) other than blank lines: the
+/// size count and the finders stop reading there, so code after it would go unseen.
+fn code_after_unit_tests(text: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut at = (0..lines.len()).find(|&i| unit_tests_at(&lines, i) == Some(UnitTests::Inline))?;
+    // Each module's closing brace is the first line after it that is `}` at column 0; more test
+    // modules may follow it.
+    loop {
+        let end = (at + 2..lines.len()).find(|&i| lines[i] == "}")?;
+        let next = (end + 1..lines.len()).find(|&i| !lines[i].trim().is_empty())?;
+        if unit_tests_at(&lines, next) != Some(UnitTests::Inline) {
+            return Some(next + 1);
+        }
+        at = next;
+    }
+}
+
+#[test]
+fn an_inline_unit_test_module_comes_last_in_its_file() {
+    assert_eq!(
+        code_after_unit_tests(
+            "fn a() {}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\nfn b() {}\n"
+        ),
+        Some(6),
+        "the finder sees code after a test module"
+    );
+    assert_eq!(
+        code_after_unit_tests("fn a() {}\n\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n\n"),
+        None
+    );
+    assert_eq!(
+        code_after_unit_tests("#[cfg(test)]\nmod a {\n}\n#[cfg(test)]\nmod b {\n}\nfn c() {}\n"),
+        Some(7),
+        "a second test module does not hide what follows it"
+    );
+    let mut after = Vec::new();
+    for root in source_roots() {
+        let mut files = Vec::new();
+        rust_files(&root, &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).expect("read a source file");
+            if let Some(line) = code_after_unit_tests(&text) {
+                let rel = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+                after.push(format!("{rel}:{line}"));
+            }
+        }
+    }
+    assert!(
+        after.is_empty(),
+        "code after the unit-test module (move the module to the end of its file):\n{}",
+        after.join("\n")
+    );
+}
+
 /// A module's path inside its crate: `["train", "ema"]` for `train/ema.rs`, `[]` for the root.
 type ModPath = Vec<String>;
 

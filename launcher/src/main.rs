@@ -34,7 +34,8 @@ use plan::{gpus, launch, preflight};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tchrun::flags::{Inference, RankFlags};
+use tchrun::flags::RankFlags;
+use tchrun::inference_flags::Inference;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -139,7 +140,7 @@ enum ModelCmd {
 )]
 struct ScoreArgs {
     #[command(flatten)]
-    job: tchrun::flags::InferenceJob,
+    job: tchrun::inference_flags::InferenceJob,
     #[command(flatten)]
     launch: launch::LaunchArgs,
     #[command(flatten)]
@@ -154,7 +155,7 @@ struct ScoreArgs {
 )]
 struct EvaluateArgs {
     #[command(flatten)]
-    job: tchrun::flags::InferenceJob,
+    job: tchrun::inference_flags::InferenceJob,
     #[command(flatten)]
     launch: launch::LaunchArgs,
     #[command(flatten)]

@@ -11,7 +11,8 @@ use crate::plan::preflight::{
 use crate::run::{run_planned, RankEnv};
 use std::path::{Path, PathBuf};
 use tchrun::files::NewLogDir;
-use tchrun::flags::{Inference, InferenceJob, RankFlags};
+use tchrun::flags::RankFlags;
+use tchrun::inference_flags::{Inference, InferenceJob};
 use tchrun::overlap::Named;
 
 fn check_model(model: &Path, batch_size: u32) -> Result<tchrun::model::ModelConfig, JobError> {

@@ -6,7 +6,8 @@ use crate::rank::start::{command_line, leave, start_rank, Fatal, Rank, RankResul
 use clap::Args;
 use std::path::PathBuf;
 use tchrun::exit::ErrorKind;
-use tchrun::flags::{Inference, RankFlags};
+use tchrun::flags::RankFlags;
+use tchrun::inference_flags::Inference;
 
 #[derive(Args, Debug)]
 #[command(
@@ -16,7 +17,7 @@ use tchrun::flags::{Inference, RankFlags};
 )]
 pub struct ScoreArgs {
     #[command(flatten)]
-    pub job: tchrun::flags::InferenceJob,
+    pub job: tchrun::inference_flags::InferenceJob,
     #[command(flatten)]
     pub rank: RankFlags,
 }
@@ -29,7 +30,7 @@ pub struct ScoreArgs {
 )]
 pub struct EvaluateArgs {
     #[command(flatten)]
-    pub job: tchrun::flags::InferenceJob,
+    pub job: tchrun::inference_flags::InferenceJob,
     #[command(flatten)]
     pub rank: RankFlags,
 }
@@ -99,7 +100,7 @@ fn check_inference_paths(
     kind: Inference,
     output: (&str, &std::path::Path),
     log_dir: &std::path::Path,
-    job: &tchrun::flags::InferenceJob,
+    job: &tchrun::inference_flags::InferenceJob,
 ) -> RankResult {
     use tchrun::overlap::Named;
     let models = job

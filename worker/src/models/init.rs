@@ -90,6 +90,82 @@ pub fn linear_normal(std: f64) -> nn::LinearConfig {
     }
 }
 
+/// Every tensor of a from-scratch model against torchvision's own from-scratch model
+/// (`tests/python/init_reference.py`): one architecture of each code path.
+#[cfg(test)]
+mod against_torchvision {
+    use crate::models::build;
+    use tch::{nn, Device};
+    use tchrun::model::Arch;
+
+    const ARCHS: [Arch; 14] = [
+        Arch::Resnet18,
+        Arch::Resnet50,
+        Arch::Resnext50_32x4d,
+        Arch::Densenet121,
+        Arch::ConvnextTiny,
+        Arch::EfficientnetB0,
+        Arch::EfficientnetV2S,
+        Arch::MobilenetV3Small,
+        Arch::MobilenetV3Large,
+        Arch::RegnetY400mf,
+        Arch::RegnetX400mf,
+        Arch::VitB32,
+        Arch::SwinT,
+        Arch::WideResnet50_2,
+    ];
+
+    /// Every tensor of each architecture, whatever its size (the 9 408-value ResNet stem, a
+    /// bias of 10 values), is drawn from torchvision's law: the constants equal, every other
+    /// tensor passes the two-sample Kolmogorov-Smirnov test against torchvision's tensor of the
+    /// same name (p ≥ 1e-6, `init_reference.py`), and no tensor of torchvision's is missing.
+    #[test]
+    fn every_tensor_follows_torchvisions_law() {
+        let _seed = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!("tchrun-init-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for (i, arch) in ARCHS.iter().enumerate() {
+            tch::manual_seed(10 + i as i64);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _model = build(*arch, &vs.root(), 10, 32, false);
+            vs.save(dir.join(format!("{}.safetensors", arch.name())))
+                .expect("save");
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = std::process::Command::new(root.join(".venv/bin/python"))
+            .arg(root.join("tests/python/init_reference.py"))
+            .args(["32", "10"])
+            .arg(&dir)
+            .output()
+            .expect("the venv's python (scripts/setup.sh)");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        for arch in ARCHS {
+            let r = &v[arch.name()];
+            let compared = r["compared"].as_u64().expect("compared");
+            assert!(
+                compared > 10,
+                "{}: {compared} tensors compared",
+                arch.name()
+            );
+            for list in ["differ", "missing", "extra"] {
+                assert_eq!(
+                    r[list].as_array().map_or(0, Vec::len),
+                    0,
+                    "{}: {list}: {}",
+                    arch.name(),
+                    r[list]
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::models::build;
@@ -468,81 +544,5 @@ mod tests {
         assert_eq!((linears, tables.len()), (12 * 4 + 3 + 1, 12));
         let (std, _) = stats(&tch::Tensor::cat(&tables, 0));
         assert!(close(std, 0.02, 23_322), "bias tables: std {std}");
-    }
-}
-
-/// Every tensor of a from-scratch model against torchvision's own from-scratch model
-/// (`tests/python/init_reference.py`): one architecture of each code path.
-#[cfg(test)]
-mod against_torchvision {
-    use crate::models::build;
-    use tch::{nn, Device};
-    use tchrun::model::Arch;
-
-    const ARCHS: [Arch; 14] = [
-        Arch::Resnet18,
-        Arch::Resnet50,
-        Arch::Resnext50_32x4d,
-        Arch::Densenet121,
-        Arch::ConvnextTiny,
-        Arch::EfficientnetB0,
-        Arch::EfficientnetV2S,
-        Arch::MobilenetV3Small,
-        Arch::MobilenetV3Large,
-        Arch::RegnetY400mf,
-        Arch::RegnetX400mf,
-        Arch::VitB32,
-        Arch::SwinT,
-        Arch::WideResnet50_2,
-    ];
-
-    /// Every tensor of each architecture, whatever its size (the 9 408-value ResNet stem, a
-    /// bias of 10 values), is drawn from torchvision's law: the constants equal, every other
-    /// tensor passes the two-sample Kolmogorov-Smirnov test against torchvision's tensor of the
-    /// same name (p ≥ 1e-6, `init_reference.py`), and no tensor of torchvision's is missing.
-    #[test]
-    fn every_tensor_follows_torchvisions_law() {
-        let _seed = crate::TEST_RNG.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = std::env::temp_dir().join(format!("tchrun-init-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        for (i, arch) in ARCHS.iter().enumerate() {
-            tch::manual_seed(10 + i as i64);
-            let vs = nn::VarStore::new(Device::Cpu);
-            let _model = build(*arch, &vs.root(), 10, 32, false);
-            vs.save(dir.join(format!("{}.safetensors", arch.name())))
-                .expect("save");
-        }
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = std::process::Command::new(root.join(".venv/bin/python"))
-            .arg(root.join("tests/python/init_reference.py"))
-            .args(["32", "10"])
-            .arg(&dir)
-            .output()
-            .expect("the venv's python (scripts/setup.sh)");
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-        for arch in ARCHS {
-            let r = &v[arch.name()];
-            let compared = r["compared"].as_u64().expect("compared");
-            assert!(
-                compared > 10,
-                "{}: {compared} tensors compared",
-                arch.name()
-            );
-            for list in ["differ", "missing", "extra"] {
-                assert_eq!(
-                    r[list].as_array().map_or(0, Vec::len),
-                    0,
-                    "{}: {list}: {}",
-                    arch.name(),
-                    r[list]
-                );
-            }
-        }
     }
 }
