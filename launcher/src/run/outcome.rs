@@ -185,8 +185,11 @@ pub fn conclude(
     };
     let mut summary = report::rank_failure(culprit, code, signal, first.at, kind.exit_code());
     // Nothing in the logs (a rank that could not write its own): what the ranks said on the
-    // console, rather than "exited with code 4".
-    if signal.is_none() && culprit.and_then(report::classify).is_none() {
+    // console, rather than "exited with code 4". Not for a rank a signal ended (mpirun reports
+    // it as 128 + the signal): it said nothing, and an error line there is another rank's (the
+    // peer that lost it), which would hide "killed by signal 9".
+    let ended_by_signal = signal.is_some() || code > 128;
+    if !ended_by_signal && culprit.and_then(report::classify).is_none() {
         if let Some(m) = report::console_error(&outcome.tail) {
             summary.classification = tchrun::job_record::Classification::parse(report::guess(&m));
             summary.message = m;
