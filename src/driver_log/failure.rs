@@ -35,6 +35,21 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// Every kind, in declaration order (reading a classification's words back).
+    pub const ALL: [FailureKind; 11] = [
+        FailureKind::InvalidInput,
+        FailureKind::Data,
+        FailureKind::Diverged,
+        FailureKind::OutOfMemory,
+        FailureKind::Cuda,
+        FailureKind::Communication,
+        FailureKind::Io,
+        FailureKind::Interrupted,
+        FailureKind::Straggler,
+        FailureKind::Panic,
+        FailureKind::Internal,
+    ];
+
     /// The summary's words for this kind.
     pub fn classification(self) -> &'static str {
         match self {

@@ -22,21 +22,6 @@ pub enum Classification {
     Other(String),
 }
 
-/// Every rank kind, for reading their words back.
-const KINDS: [FailureKind; 11] = [
-    FailureKind::InvalidInput,
-    FailureKind::Data,
-    FailureKind::Diverged,
-    FailureKind::OutOfMemory,
-    FailureKind::Cuda,
-    FailureKind::Communication,
-    FailureKind::Io,
-    FailureKind::Interrupted,
-    FailureKind::Straggler,
-    FailureKind::Panic,
-    FailureKind::Internal,
-];
-
 impl Classification {
     /// The words on disk and in the summary.
     pub fn as_str(&self) -> &str {
@@ -56,7 +41,10 @@ impl Classification {
             Classification::LaunchError,
             Classification::KilledBySignal,
         ];
-        let mut all = KINDS.into_iter().map(Classification::Rank).chain(known);
+        let mut all = FailureKind::ALL
+            .into_iter()
+            .map(Classification::Rank)
+            .chain(known);
         all.find(|c| c.as_str() == words)
             .unwrap_or_else(|| Classification::Other(words.to_string()))
     }
@@ -118,7 +106,10 @@ mod tests {
     /// themselves and are written back unchanged.
     #[test]
     fn the_words_read_back_and_unknown_words_are_kept() {
-        let mut all: Vec<Classification> = KINDS.into_iter().map(Classification::from).collect();
+        let mut all: Vec<Classification> = FailureKind::ALL
+            .into_iter()
+            .map(Classification::from)
+            .collect();
         all.extend([
             Classification::Hang,
             Classification::LaunchError,
